@@ -1,0 +1,70 @@
+# The two commands of the README: `make demo` and `make test`. Everything else here
+# is a faster target for daily work.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+VENV ?= .venv
+PY := $(VENV)/bin/python
+BIN := $(VENV)/bin
+export CONTAINERS_CONF := $(CURDIR)/sandbox/containers.conf
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+SCENARIO ?= common
+SYSTEM_PACKAGES := podman runc debootstrap rsync openssh-client libnfs-utils python3-venv
+
+.PHONY: help deps venv lint unit molecule molecule-all sandbox-tests e2e test demo clean
+
+help:
+	@echo "make demo            2-node sandbox cluster: provision it and train on it"
+	@echo "make test            everything CI runs: lint, unit, molecule, sandbox and e2e tests"
+	@echo "make unit            unit tests only (seconds)"
+	@echo "make lint            ansible-lint (production profile) and syntax checks"
+	@echo "make molecule SCENARIO=common   one molecule scenario"
+	@echo "make clean           remove the virtualenv and caches (not sandboxes)"
+
+# System packages (Debian/Ubuntu). Skipped when everything is already there.
+deps:
+	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing system packages: $$missing"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	fi
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test,train]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+lint: venv
+	$(BIN)/ansible-lint
+	$(BIN)/ansible-playbook --syntax-check -i inventory/hosts.yml site.yml
+
+unit: venv
+	$(BIN)/pytest -m "not sandbox and not e2e" -q
+
+molecule: deps venv
+	cd $(CURDIR) && $(BIN)/molecule test -s $(SCENARIO)
+
+sandbox-tests: deps venv
+	$(BIN)/pytest -m "sandbox and not e2e" -q
+
+molecule-all: deps venv
+	$(BIN)/molecule test --all
+
+e2e: deps venv
+	$(BIN)/pytest -m e2e -q
+
+# Everything CI runs (.ci/run calls this). Stops at the first failing stage.
+test: deps venv
+	$(MAKE) lint
+	$(BIN)/pytest -m "not e2e" -q
+	$(MAKE) molecule-all
+	$(BIN)/pytest -m e2e -q
+
+demo: deps venv
+	bash sandbox/demo.sh
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache

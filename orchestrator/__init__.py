@@ -1,0 +1,1 @@
+"""Cluster orchestration: sandbox clusters, preflight, code sync, torchrun launch, logs."""

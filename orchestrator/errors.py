@@ -1,0 +1,25 @@
+"""Errors the user can act on. Every message names the problem and the fix."""
+
+
+class ClusterError(Exception):
+    """Base class: the CLI prints the message and exits non-zero, without a traceback."""
+
+    exit_code = 2
+
+
+class SandboxError(ClusterError):
+    """The local sandbox cluster could not be created, inspected or removed."""
+
+
+class InventoryError(ClusterError):
+    """The Ansible inventory does not describe a usable cluster."""
+
+
+class PreflightError(ClusterError):
+    """A node is not ready to run a job."""
+
+
+class LaunchError(ClusterError):
+    """A job could not be started, or failed on a node."""
+
+    exit_code = 1

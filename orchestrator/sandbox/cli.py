@@ -1,0 +1,71 @@
+"""`python -m orchestrator sandbox up|status|down|list`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from . import cluster
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sandbox", help="a local cluster of real Debian 12 containers",
+                       description="Create, inspect and remove local sandbox clusters: "
+                       "Debian 12 containers with systemd and sshd, reachable over SSH "
+                       "like servers.")
+    verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+
+    v = verbs.add_parser("up", help="create and start a sandbox cluster")
+    v.add_argument("--nodes", type=int, default=2, help="training nodes (default 2)")
+    v.add_argument("--outsiders", type=int, default=0,
+                   help="extra containers on the same network that are not cluster "
+                        "members (for firewall tests)")
+    v.add_argument("--name", default="sandbox", help="sandbox name (default: sandbox)")
+    v.add_argument("--json", action="store_true", help="print the result as JSON")
+    v.set_defaults(func=_up)
+
+    v = verbs.add_parser("status", help="nodes, addresses, state, inventory path")
+    v.add_argument("--name", default="sandbox")
+    v.add_argument("--json", action="store_true")
+    v.set_defaults(func=_status)
+
+    v = verbs.add_parser("down", help="remove the containers, network and keys of a sandbox")
+    v.add_argument("--name", default="sandbox")
+    v.set_defaults(func=_down)
+
+    v = verbs.add_parser("list", help="names of the sandboxes on this machine")
+    v.set_defaults(func=lambda a: print("\n".join(cluster.list_names())) or 0)
+
+
+def _print_status(info: dict) -> None:
+    print(f"sandbox {info['name']}  subnet {info['subnet']}")
+    print(f"  inventory: {info['inventory']}")
+    print(f"  ssh key:   {info['key']}")
+    print(f"  share:     {info['share']}")
+    print(f"  {'NODE':<12} {'ADDRESS':<16} {'STATE':<10} CONTAINER")
+    for n in info["nodes"]:
+        name = n["name"] + (" (outsider)" if n["outsider"] else "")
+        print(f"  {name:<12} {n['address']:<16} {n['state']:<10} {n['container']}")
+
+
+def _up(args) -> int:
+    log = (lambda *_: None) if args.json else print
+    cluster.up(args.name, args.nodes, args.outsiders, log=log)
+    info = cluster.status(args.name)
+    if args.json:
+        print(json.dumps(info, indent=2))
+    else:
+        _print_status(info)
+        print(f"\nProvision it: ansible-playbook site.yml -i {info['inventory']}")
+    return 0
+
+
+def _status(args) -> int:
+    info = cluster.status(args.name)
+    print(json.dumps(info, indent=2)) if args.json else _print_status(info)
+    return 0
+
+
+def _down(args) -> int:
+    cluster.down(args.name)
+    return 0
