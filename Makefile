@@ -10,12 +10,14 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 SCENARIO ?= common
 SYSTEM_PACKAGES := podman runc debootstrap rsync openssh-client libnfs-utils python3-venv
 
-.PHONY: help deps venv lint unit molecule molecule-all sandbox-tests e2e test demo clean
+.PHONY: help deps venv lint unit molecule molecule-all sandbox-tests e2e bench test demo clean
 
 help:
 	@echo "make demo            2-node sandbox cluster: provision it and train on it"
 	@echo "make test            everything CI runs: lint, unit, molecule, sandbox and e2e tests"
 	@echo "make unit            unit tests only (seconds)"
+	@echo "make sandbox-tests   orchestrator and e2e tests on one provisioned sandbox cluster"
+	@echo "make bench           benchmarks (results in bench/results/)"
 	@echo "make lint            ansible-lint (production profile) and syntax checks"
 	@echo "make molecule SCENARIO=common   one molecule scenario"
 	@echo "make clean           remove the virtualenv and caches (not sandboxes)"
@@ -41,14 +43,16 @@ lint: venv
 	$(BIN)/ansible-lint
 	$(BIN)/ansible-playbook --syntax-check -i inventory/hosts.yml site.yml
 
+# Pure unit tests: seconds. `make test` also runs the slow ones.
 unit: venv
-	$(BIN)/pytest -m "not sandbox and not e2e" -q
+	$(BIN)/pytest -m "not sandbox and not e2e and not slow" -q
 
 molecule: deps venv
 	cd $(CURDIR) && $(BIN)/molecule test -s $(SCENARIO)
 
+# Sandbox and end-to-end tests in one session: they share one cluster provisioned by site.yml.
 sandbox-tests: deps venv
-	$(BIN)/pytest -m "sandbox and not e2e" -q
+	$(BIN)/pytest -m "sandbox or e2e" -q
 
 molecule-all: deps venv
 	$(BIN)/molecule test --all
@@ -56,12 +60,16 @@ molecule-all: deps venv
 e2e: deps venv
 	$(BIN)/pytest -m e2e -q
 
+bench: deps venv
+	$(PY) bench/ddp_overhead.py
+	$(PY) bench/launch_fanout.py
+
 # Everything CI runs (.ci/run calls this). Stops at the first failing stage.
 test: deps venv
 	$(MAKE) lint
-	$(BIN)/pytest -m "not e2e" -q
+	$(BIN)/pytest -m "not sandbox and not e2e" -q
+	$(MAKE) sandbox-tests
 	$(MAKE) molecule-all
-	$(BIN)/pytest -m e2e -q
 
 demo: deps venv
 	bash sandbox/demo.sh

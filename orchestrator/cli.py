@@ -14,6 +14,13 @@ from .errors import ClusterError
 
 COMMANDS = (
     "orchestrator.sandbox.cli",
+    "orchestrator.data",
+    "orchestrator.preflight",
+    "orchestrator.train",
+    "orchestrator.stop",
+    "orchestrator.runlogs",
+    "orchestrator.provision",
+    "orchestrator.wheelhouse",
 )
 
 

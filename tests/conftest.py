@@ -27,3 +27,40 @@ def sandbox_name():
     yield make
     for name in names:
         cluster.down(name, log=lambda *_: None)
+
+
+@pytest.fixture(scope="session")
+def sandbox_cluster():
+    """One 2-node sandbox provisioned by the real site.yml (wheelhouse and the generated
+    dataset on its share), shared by the orchestrator's sandbox tests and the e2e tests:
+    provisioning takes minutes on two cores and every such test needs exactly this."""
+    import json
+    import secrets
+    import sys
+    import time
+    from pathlib import Path
+
+    from .cluster import BIN, ProvisionedCluster, orchestrator, run
+
+    name = f"cl-{secrets.token_hex(3)}"
+    up = orchestrator("sandbox", "up", "--nodes", "2", "--name", name, "--json")
+    assert up.returncode == 0, up.stderr
+    try:
+        info = json.loads(up.stdout)
+        share = Path(info["share"])
+        wheelhouse = Path(__file__).resolve().parents[1] / ".cache" / "wheelhouse"
+        wh = orchestrator("wheelhouse", "--env", "environment.yml", "--dest", str(wheelhouse))
+        assert wh.returncode == 0, wh.stdout + wh.stderr
+        run("cp", "-al", str(wheelhouse), str(share / "wheelhouse"), check=True)
+        data = orchestrator("data", "synthetic", "--dest", str(share / "data" / "cifar10"))
+        assert data.returncode == 0, data.stderr
+        started = time.monotonic()
+        site = run(str(BIN / "ansible-playbook"), "-i", info["inventory"], "site.yml")
+        assert site.returncode == 0, site.stdout[-6000:] + site.stderr[-2000:]
+        print(f"\n{name}: site.yml took {time.monotonic() - started:.0f} s", file=sys.stderr)
+        nodes = [n for n in info["nodes"] if not n["outsider"]]
+        yield ProvisionedCluster(name, Path(info["inventory"]), share,
+                                 {n["name"]: n["address"] for n in nodes},
+                                 {n["name"]: n["container"] for n in nodes})
+    finally:
+        orchestrator("sandbox", "down", "--name", name)

@@ -1,0 +1,173 @@
+"""Benchmark: how long from "go" until torchrun has started on every node.
+
+For 2, 4 and 8 sandbox nodes (one 8-node sandbox; the first N nodes are used), with the
+code already synced, a trivial script is started three ways:
+
+  launch   the orchestrator's launch path in-process: SSH connect to every node and
+           start torchrun on all of them at once (what `train` does after preflight/sync)
+  train    the whole `python -m orchestrator train` command line, preflight and sync included
+  ansible  `ansible train_nodes -m shell` with the same torchrun command (forks = N)
+
+"Started" is when the node's shell execs torchrun: it writes a timestamp file just before.
+Sandbox nodes share the controller's kernel clock, so node and controller times compare
+exactly. To keep setup short, torch is installed once into the sandbox's shared directory
+and every node's python_env.json points at it (a benchmark shortcut, not a provisioned node).
+
+    python bench/launch_fanout.py [--sizes 2,4,8] [--repeats 3]
+
+Writes bench/results/launch_fanout.json and prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from orchestrator.command import NodeCommand  # noqa: E402
+from orchestrator.inventory import load_cluster  # noqa: E402
+from orchestrator.job import Job, connect_all  # noqa: E402
+from orchestrator.runs import RunDir, new_run_id  # noqa: E402
+from orchestrator.sync import sync_code  # noqa: E402
+
+ENV = {**os.environ, "CONTAINERS_CONF": str(REPO / "sandbox" / "containers.conf"),
+       "ANSIBLE_CONFIG": str(REPO / "ansible.cfg")}
+VENV = "/mnt/cluster/bench-venv"
+TRIVIAL = "import os\nprint('rank', os.environ['RANK'], flush=True)\n"
+
+
+def sh(*argv: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    p = subprocess.run(argv, env=ENV, capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        raise SystemExit(f"{' '.join(argv[:6])}... failed:\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
+    return p
+
+
+def node_exec(container: str, command: str) -> str:
+    return sh("podman", "exec", container, "sh", "-c", command).stdout
+
+
+def setup(name: str, nodes: int) -> dict:
+    info = json.loads(sh(sys.executable, "-m", "orchestrator", "sandbox", "up", "--nodes",
+                         str(nodes), "--name", name, "--json").stdout)
+    wheels = REPO / ".cache" / "wheelhouse"
+    if not list(wheels.glob("torch-2.13.0*.whl")):
+        sh(sys.executable, "-m", "pip", "download", "-q", "-d", str(wheels), "torch==2.13.0")
+    sh("cp", "-al", str(wheels), str(Path(info["share"]) / "wheelhouse"))
+    first = info["nodes"][0]["container"]
+    node_exec(first, f"python3 -m venv {VENV} && {VENV}/bin/pip install -q --no-index "
+                     "--find-links /mnt/cluster/wheelhouse torch==2.13.0")
+    env = json.dumps({"backend": "venv", "prefix": VENV, "python": f"{VENV}/bin/python",
+                      "torchrun": f"{VENV}/bin/torchrun"})
+    fp = json.dumps({"python": "3.11", "packages": {"torch": "2.13.0+cpu"},
+                     "torch": "2.13.0+cpu", "cuda": None, "nccl": None, "driver": None,
+                     "sha256": "bench"})
+    for n in info["nodes"]:
+        node_exec(n["container"], f"mkdir -p /etc/clustertrain && echo '{env}' > "
+                                  f"/etc/clustertrain/python_env.json && echo '{fp}' > "
+                                  "/etc/clustertrain/fingerprint.json")
+    return info
+
+
+def started_times(containers: list[str], path: str) -> list[float]:
+    return [float(node_exec(c, f"stat -c %.9Y {path}").strip()) for c in containers]
+
+
+def bench_launch(cluster, containers, workdir: Path, runs: Path) -> float:
+    run_id = new_run_id()
+    sync_code(cluster, workdir, run_id)  # code already synced before the clock starts
+    rundir = RunDir(runs, run_id)
+    rundir.path.mkdir(parents=True)
+    t0 = time.time()
+    clients = connect_all(list(cluster.nodes))
+    commands = [NodeCommand(run_id=run_id, node_rank=i, nnodes=len(cluster.nodes), nproc=1,
+                            master_addr=cluster.nodes[0].cluster_address, master_port=29500,
+                            torchrun=f"{VENV}/bin/torchrun", script="trivial.py")
+                for i in range(len(cluster.nodes))]
+    result = Job(rundir, list(zip(cluster.nodes, commands)), clients,
+                 out=open(os.devnull, "w")).run()
+    for c in clients.values():
+        c.close()
+    assert result.ok, result.outcomes
+    return max(started_times(containers, f"{commands[0].job_dir}/pgid")) - t0
+
+
+def bench_train(inventory: str, n: int, containers, workdir: Path, runs: Path) -> float:
+    t0 = time.time()
+    sh(sys.executable, "-m", "orchestrator", "train", "-i", inventory, "--nodes", str(n),
+       "--workdir", str(workdir), "--runs-dir", str(runs), "trivial.py")
+    run_id = sorted(p.name for p in runs.iterdir())[-1]
+    return max(started_times(containers, f"/var/lib/clustertrain/jobs/{run_id}/pgid")) - t0
+
+
+def bench_ansible(inventory: str, n: int, containers) -> float:
+    stamp = "/tmp/bench-ansible-start"
+    cmd = (f"date +%s.%N > {stamp}; cd /var/lib/clustertrain/code/latest && exec "
+           f"{VENV}/bin/torchrun --nnodes {n} "
+           "--node-rank {{ groups['train_nodes'].index(inventory_hostname) }} "
+           "--nproc-per-node 1 --master-addr {{ hostvars[groups['train_nodes'][0]].cluster_address }} "
+           "--master-port 29500 trivial.py")
+    t0 = time.time()
+    sh(str(Path(sys.executable).parent / "ansible"), f"train_nodes[0:{n - 1}]", "-i",
+       inventory, "-f", str(n), "-m", "ansible.builtin.shell", "-a", cmd)
+    return max(started_times(containers, stamp)) - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="2,4,8")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--name", default=f"orch-bench-{os.getpid()}")
+    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "launch_fanout.json"))
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    work = Path(f"/tmp/{args.name}")
+    (work / "code").mkdir(parents=True, exist_ok=True)
+    (work / "code" / "trivial.py").write_text(TRIVIAL)
+    info = setup(args.name, max(sizes))
+    results = []
+    try:
+        cluster_all = load_cluster(info["inventory"])
+        for n in sizes:
+            cluster = cluster_all.select(nodes=n)
+            containers = [x["container"] for x in info["nodes"][:n]]
+            row = {"nodes": n}
+            for label, fn in (
+                    ("launch", lambda: bench_launch(cluster, containers, work / "code",
+                                                    work / "runs")),
+                    ("train", lambda: bench_train(info["inventory"], n, containers,
+                                                  work / "code", work / "runs")),
+                    ("ansible", lambda: bench_ansible(info["inventory"], n, containers))):
+                times = [fn() for _ in range(args.repeats)]
+                row[label] = {"median_s": round(statistics.median(times), 3),
+                              "all_s": [round(t, 3) for t in times]}
+            results.append(row)
+            print(json.dumps(row), flush=True)
+    finally:
+        subprocess.run([sys.executable, "-m", "orchestrator", "sandbox", "down", "--name",
+                        args.name], env=ENV, capture_output=True)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({
+        "what": "seconds from start until torchrun started on every node (code already "
+                "synced); median of repeats",
+        "machine": f"{os.cpu_count()} cores, shared with other work; sandbox containers",
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "results": results}, indent=2) + "\n")
+    print("\n| nodes | orchestrator launch (s) | `train` CLI incl. preflight+sync (s) | "
+          "`ansible -m shell` (s) |\n|---|---|---|---|")
+    for r in results:
+        print(f"| {r['nodes']} | {r['launch']['median_s']:.2f} | {r['train']['median_s']:.2f} "
+              f"| {r['ansible']['median_s']:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

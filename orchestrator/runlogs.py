@@ -1,0 +1,69 @@
+"""`runs` (list the recorded runs) and `logs RUN [--node NAME] [--follow]`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from .errors import ClusterError
+from .runs import DEFAULT_RUNS_DIR, RunDir, list_runs, open_run
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("runs", help="list the runs recorded in the runs directory")
+    p.add_argument("--runs-dir", default=str(DEFAULT_RUNS_DIR))
+    p.set_defaults(func=_runs)
+
+    p = sub.add_parser("logs", help="show a run's logs (all nodes, or one)")
+    p.add_argument("run", help="run id (see `python -m orchestrator runs`)")
+    p.add_argument("--node", help="only this node's log")
+    p.add_argument("--follow", "-f", action="store_true",
+                   help="keep printing new lines until the run ends")
+    p.add_argument("--runs-dir", default=str(DEFAULT_RUNS_DIR))
+    p.set_defaults(func=_logs)
+
+
+def _runs(args: argparse.Namespace) -> int:
+    runs = list_runs(Path(args.runs_dir))
+    if not runs:
+        print(f"no runs in {args.runs_dir}/")
+        return 0
+    print(f"{'RUN':<24} {'STATUS':<12} {'NODES':<20} {'DURATION':>9}  SCRIPT")
+    for run in runs:
+        info, summary = run.info(), run.summary()
+        status = summary["status"] if summary else "running?"
+        duration = f"{summary['duration_s']:.1f}s" if summary else "-"
+        print(f"{run.run_id:<24} {status:<12} {','.join(info['nodes']):<20} {duration:>9}  "
+              f"{info['script']} {' '.join(info.get('script_args', []))}".rstrip())
+    return 0
+
+
+def _log_paths(run: RunDir, node: str | None) -> list[Path]:
+    nodes = run.info()["nodes"]
+    if node is not None and node not in nodes:
+        raise ClusterError(f"run {run.run_id} ran on {', '.join(nodes)}, not on {node!r}")
+    return [run.log(n) for n in ([node] if node else nodes)]
+
+
+def _logs(args: argparse.Namespace) -> int:
+    run = open_run(Path(args.runs_dir), args.run)
+    paths = _log_paths(run, args.node)
+    offsets = {p: 0 for p in paths}
+    while True:
+        finished = run.summary() is not None  # read before the logs: nothing is missed
+        for path in paths:
+            if not path.exists():
+                continue
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                fh.seek(offsets[path])
+                data = fh.read()
+                # Keep a partial last line for the next round.
+                cut = data.rfind("\n") + 1 if args.follow and not finished else len(data)
+                sys.stdout.write(data[:cut])
+                offsets[path] += len(data[:cut].encode("utf-8", errors="replace"))
+        sys.stdout.flush()
+        if not args.follow or finished:
+            return 0
+        time.sleep(0.5)

@@ -1,0 +1,99 @@
+"""The local record of a run: runs/<run-id>/ with one log per node, run.json, summary.json."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from .errors import ClusterError
+
+DEFAULT_RUNS_DIR = Path("runs")
+
+
+class RunNotFound(ClusterError):
+    """No run by that id in the runs directory."""
+
+
+def new_run_id(now: float | None = None) -> str:
+    stamp = datetime.fromtimestamp(now or time.time(), tz=timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return f"{stamp}-{secrets.token_hex(3)}"
+
+
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="milliseconds")
+
+
+def code_revision(workdir: Path) -> str | None:
+    """`git describe --always --dirty` of the code directory, if it is in a git work tree."""
+    try:
+        out = subprocess.run(["git", "-C", str(workdir), "describe", "--always", "--dirty",
+                              "--tags"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+@dataclass(frozen=True)
+class RunDir:
+    root: Path
+    run_id: str
+
+    @property
+    def path(self) -> Path:
+        return self.root / self.run_id
+
+    def log(self, node: str) -> Path:
+        return self.path / f"{node}.log"
+
+    @property
+    def run_json(self) -> Path:
+        return self.path / "run.json"
+
+    @property
+    def summary_json(self) -> Path:
+        return self.path / "summary.json"
+
+    def create(self, info: dict[str, Any]) -> None:
+        self.path.mkdir(parents=True, exist_ok=False)
+        _write_json(self.run_json, info)
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        _write_json(self.summary_json, summary)
+
+    def info(self) -> dict[str, Any]:
+        return json.loads(self.run_json.read_text())
+
+    def summary(self) -> dict[str, Any] | None:
+        try:
+            return json.loads(self.summary_json.read_text())
+        except FileNotFoundError:
+            return None
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def open_run(root: Path, run_id: str) -> RunDir:
+    run = RunDir(root, run_id)
+    if not run.run_json.exists():
+        known = ", ".join(r.run_id for r in list_runs(root)[-5:]) or "none"
+        raise RunNotFound(f"no run {run_id!r} in {root}/ (recent: {known}); see "
+                          "`python -m orchestrator runs`, or pass --runs-dir")
+    return run
+
+
+def list_runs(root: Path) -> list[RunDir]:
+    if not root.is_dir():
+        return []
+    return sorted((RunDir(root, p.name) for p in root.iterdir() if (p / "run.json").exists()),
+                  key=lambda r: r.run_id)

@@ -1,0 +1,68 @@
+"""`stop RUN`: stop a running job on all its nodes, from any terminal.
+
+Only that run's processes are signalled (its recorded process group and their
+descendants); other runs on the same nodes keep running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from . import ssh
+from .errors import ClusterError
+from .inventory import load_cluster
+from .runs import DEFAULT_RUNS_DIR, open_run
+from .teardown import DEFAULT_GRACE, StopResult, stop_job
+
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("stop", help="stop a running job on every node",
+                       description="SIGTERM to the run's process group on each node, "
+                       "SIGKILL after the grace period. Other runs are not touched.")
+    p.add_argument("run", help="run id (see `python -m orchestrator runs`)")
+    p.add_argument("--runs-dir", default=str(DEFAULT_RUNS_DIR))
+    p.add_argument("--grace", type=float, default=DEFAULT_GRACE,
+                   help="seconds between SIGTERM and SIGKILL (default: %(default)s)")
+    p.set_defaults(func=_main)
+
+
+def stop_run(runs_dir: Path, run_id: str, grace: float = DEFAULT_GRACE) -> list[StopResult]:
+    if not RUN_ID.match(run_id):
+        raise ClusterError(f"{run_id!r} is not a run id; see `python -m orchestrator runs`")
+    run = open_run(runs_dir, run_id)
+    info = run.info()
+    cluster = load_cluster(info["inventory"]).select(hosts=",".join(info["nodes"]))
+    (run.path / "stop-requested").write_text(f"{time.time()}\n")
+
+    def one(spec):
+        client = ssh.connect(spec)
+        try:
+            return stop_job(client, spec.name, spec.python, run_id, grace)
+        finally:
+            client.close()
+
+    with ThreadPoolExecutor(max_workers=min(len(cluster.nodes), 32)) as pool:
+        return list(pool.map(one, cluster.nodes))
+
+
+def _main(args: argparse.Namespace) -> int:
+    results = stop_run(Path(args.runs_dir), args.run, args.grace)
+    left = False
+    for r in results:
+        if not r.found:
+            print(f"{r.node}: no job of run {args.run} was recorded on this node")
+        elif not r.was_running:
+            print(f"{r.node}: run {args.run} was not running")
+        elif r.left:
+            left = True
+            print(f"{r.node}: processes {r.left} are still alive after SIGKILL")
+        else:
+            extra = f" ({len(r.killed)} needed SIGKILL)" if r.killed else ""
+            print(f"{r.node}: stopped{extra}")
+    return 1 if left else 0

@@ -1,0 +1,76 @@
+"""Copy the training code to every node, into a per-run snapshot, with ansible-runner.
+
+Each run gets CODE_ROOT/<run-id>/ on every node; rsync --link-dest against the previous
+snapshot (CODE_ROOT/latest) hard-links unchanged files, so a re-sync with no changes
+copies nothing, and editing code locally never changes a job that is already running.
+Excludes follow the .gitignore files of the code directory (rsync dir-merge filter).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from .command import CODE_ROOT
+from .errors import LaunchError
+from .inventory import Cluster
+from .runner import REPO_ROOT, run_playbook
+
+
+def sync_playbook(workdir: Path, run_id: str) -> list[dict]:
+    dest = f"{CODE_ROOT}/{run_id}/"
+    return [{
+        "name": "Sync the training code into a per-run snapshot",
+        "hosts": "train_nodes",
+        "gather_facts": False,
+        "tasks": [
+            {"name": "Create the snapshot root",
+             "ansible.builtin.file": {"path": CODE_ROOT, "state": "directory", "mode": "0755"}},
+            {"name": "Find the previous snapshot",
+             "ansible.builtin.stat": {"path": f"{CODE_ROOT}/latest"},
+             "register": "previous"},
+            {"name": "Copy the code (hard links to the previous snapshot where unchanged)",
+             "ansible.posix.synchronize": {
+                 "src": f"{workdir}/",
+                 "dest": dest,
+                 "archive": True,
+                 "delete": True,
+                 "use_ssh_args": True,
+                 "link_dest": "{{ [previous.stat.lnk_source] if previous.stat.islnk | "
+                              "default(false) else omit }}",
+                 "rsync_opts": ["--filter=:-_.gitignore", "--exclude=.git/",
+                                "--exclude=__pycache__/"],
+             }},
+            {"name": "Point 'latest' at this snapshot",
+             "ansible.builtin.file": {"src": dest.rstrip("/"), "dest": f"{CODE_ROOT}/latest",
+                                      "state": "link", "force": True}},
+        ],
+    }]
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    run_id: str
+    seconds: float
+
+
+def sync_code(cluster: Cluster, workdir: Path, run_id: str, quiet: bool = True) -> SyncResult:
+    workdir = workdir.resolve()
+    if not workdir.is_dir():
+        raise LaunchError(f"code directory {workdir} does not exist; pass --workdir DIR")
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="clustertrain-sync-") as tmp:
+        playbook = Path(tmp) / "project" / "sync.yml"
+        playbook.parent.mkdir()
+        playbook.write_text(yaml.safe_dump(sync_playbook(workdir, run_id), sort_keys=False))
+        result = run_playbook(tmp, playbook, cluster.inventory,
+                              limit=",".join(cluster.names), quiet=quiet)
+    if result.rc != 0:
+        raise LaunchError("code sync failed (nothing was started):\n  "
+                          + "\n  ".join(result.failures or result.output_tail.splitlines()
+                                        or [f"ansible-runner status {result.status}"]))
+    return SyncResult(run_id, time.monotonic() - start)

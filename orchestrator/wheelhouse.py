@@ -1,0 +1,190 @@
+"""`python -m orchestrator wheelhouse`: the pip: section of environment.yml as local wheels.
+
+A wheelhouse is built once on the controller (`pip download`) and installed on nodes
+with `pip install --no-index --find-links DIR`: what air-gapped clusters need, and much
+faster than every node fetching torch on its own. A stamp file records what the
+wheelhouse was built from, so a second build with the same inputs does nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from .errors import ClusterError
+
+STAMP = ".clustertrain-wheelhouse.json"
+
+
+class WheelhouseError(ClusterError):
+    """The environment file cannot be read, or its pip: section cannot be downloaded."""
+
+
+@dataclass(frozen=True)
+class EnvironmentSpec:
+    """What a conda-style environment.yml asks for."""
+
+    name: str
+    channels: tuple[str, ...]
+    conda: tuple[str, ...]
+    pip: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class WheelhouseRequest:
+    env_file: Path
+    dest: Path
+    python_version: str | None = None
+    platform: str | None = None
+    extra_index_url: str | None = None
+
+    def key(self, spec: EnvironmentSpec) -> str:
+        """Hash of everything that decides the wheelhouse's content."""
+        inputs = {"pip": list(spec.pip), "python_version": self.python_version,
+                  "platform": self.platform, "extra_index_url": self.extra_index_url}
+        blob = json.dumps(inputs, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+@dataclass
+class WheelhouseResult:
+    dest: Path
+    files: list[str] = field(default_factory=list)
+    up_to_date: bool = False
+
+
+def load_environment(path: Path) -> EnvironmentSpec:
+    """Parse and check a conda-style environment file."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise WheelhouseError(f"environment file {path} does not exist; pass the repository's "
+                              "environment.yml with --env") from None
+    except yaml.YAMLError as exc:
+        raise WheelhouseError(f"environment file {path} is not valid YAML ({exc}); fix its "
+                              "syntax") from None
+    if not isinstance(data, dict) or not isinstance(data.get("dependencies"), list):
+        raise WheelhouseError(f"environment file {path} has no 'dependencies:' list; write it "
+                              "in conda's format (name, channels, dependencies with a pip: "
+                              "section)")
+    conda: list[str] = []
+    pip: list[str] = []
+    for dep in data["dependencies"]:
+        if isinstance(dep, str):
+            conda.append(dep)
+        elif isinstance(dep, dict) and set(dep) == {"pip"} and isinstance(dep["pip"], list):
+            pip.extend(str(p) for p in dep["pip"])
+        else:
+            raise WheelhouseError(f"environment file {path}: dependency {dep!r} is neither a "
+                                  "package string nor a 'pip:' list; fix that entry")
+    return EnvironmentSpec(name=str(data.get("name") or ""),
+                           channels=tuple(str(c) for c in data.get("channels") or ()),
+                           conda=tuple(conda), pip=tuple(pip))
+
+
+def _read_stamp(dest: Path) -> dict:
+    try:
+        return json.loads((dest / STAMP).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def is_up_to_date(request: WheelhouseRequest, spec: EnvironmentSpec) -> bool:
+    stamp = _read_stamp(request.dest)
+    return (stamp.get("key") == request.key(spec)
+            and bool(stamp.get("files"))
+            and all((request.dest / f).is_file() for f in stamp["files"]))
+
+
+def _pip_download(request: WheelhouseRequest, spec: EnvironmentSpec, into: Path) -> None:
+    reqs = into / "requirements.txt"
+    reqs.write_text("".join(f"{line}\n" for line in spec.pip))
+    cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check",
+           "--dest", str(into), "-r", str(reqs)]
+    if request.dest.is_dir():
+        # Wheels already in the old wheelhouse are copied, not fetched again.
+        cmd += ["--find-links", str(request.dest)]
+    if request.python_version or request.platform:
+        cmd.append("--only-binary=:all:")
+    if request.python_version:
+        cmd += ["--python-version", request.python_version]
+    if request.platform:
+        cmd += ["--platform", request.platform]
+    if request.extra_index_url:
+        cmd += ["--extra-index-url", request.extra_index_url]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    reqs.unlink()
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-6:])
+        raise WheelhouseError(
+            f"pip download of the pip: section of {request.env_file} failed:\n{tail}\n"
+            "Fix the requirement in that file, or point --extra-index-url at an index "
+            "that has it (e.g. https://download.pytorch.org/whl/cu128 for CUDA torch)")
+
+
+def build(request: WheelhouseRequest) -> WheelhouseResult:
+    """Download the environment's pip: section into request.dest unless already there."""
+    spec = load_environment(request.env_file)
+    if not spec.pip:
+        raise WheelhouseError(f"environment file {request.env_file} has no pip: packages; "
+                              "add a '- pip:' list under dependencies (e.g. torch==2.13.0)")
+    if is_up_to_date(request, spec):
+        return WheelhouseResult(request.dest, sorted(_read_stamp(request.dest)["files"]), True)
+    if request.dest.exists() and not request.dest.is_dir():
+        raise WheelhouseError(f"{request.dest} exists and is not a directory; choose another "
+                              "--dest")
+    request.dest.parent.mkdir(parents=True, exist_ok=True)
+    old = set(_read_stamp(request.dest).get("files", []))
+    with tempfile.TemporaryDirectory(prefix=".wheelhouse-", dir=request.dest.parent) as tmp:
+        _pip_download(request, spec, Path(tmp))
+        files = sorted(p.name for p in Path(tmp).iterdir() if p.is_file())
+        request.dest.mkdir(exist_ok=True)
+        for name in files:
+            os.replace(Path(tmp) / name, request.dest / name)
+    for name in old - set(files):
+        (request.dest / name).unlink(missing_ok=True)
+    stamp = {"key": request.key(spec), "env_file": str(request.env_file),
+             "pip": list(spec.pip), "files": files}
+    (request.dest / STAMP).write_text(json.dumps(stamp, indent=2) + "\n")
+    return WheelhouseResult(request.dest, files, False)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "wheelhouse", help="download the environment's pip packages for offline nodes",
+        description="Download the pip: section of a conda-style environment file into a "
+        "directory of wheels, for `pip install --no-index --find-links DIR` on nodes "
+        "(variable python_env_wheelhouse). Does nothing when DIR is already up to date.")
+    p.add_argument("--env", type=Path, default=Path("environment.yml"),
+                   help="environment file (default: environment.yml)")
+    p.add_argument("--dest", type=Path, required=True, help="wheelhouse directory")
+    p.add_argument("--python-version", help="nodes' python, e.g. 3.11, when it differs from "
+                   "this machine's (wheels only)")
+    p.add_argument("--platform", help="nodes' wheel platform, e.g. manylinux_2_28_x86_64, "
+                   "when it differs from this machine's (wheels only)")
+    p.add_argument("--extra-index-url", help="extra package index, e.g. "
+                   "https://download.pytorch.org/whl/cu128 for CUDA builds of torch")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    result = build(WheelhouseRequest(env_file=args.env, dest=args.dest,
+                                     python_version=args.python_version,
+                                     platform=args.platform,
+                                     extra_index_url=args.extra_index_url))
+    state = "up to date" if result.up_to_date else "built"
+    print(f"wheelhouse {result.dest}: {state}, {len(result.files)} files")
+    return 0
+
+
+__all__ = ["EnvironmentSpec", "WheelhouseError", "WheelhouseRequest", "WheelhouseResult",
+           "build", "load_environment", "is_up_to_date", "register"]

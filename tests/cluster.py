@@ -1,0 +1,44 @@
+"""A sandbox cluster provisioned by the real site.yml, as the tests see it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+ENV = {**os.environ, "CONTAINERS_CONF": str(REPO / "sandbox" / "containers.conf"),
+       "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "PYTHONUNBUFFERED": "1"}
+# What the python_env role installs; torchrun and its workers run this interpreter.
+NODE_PYTHON = "/opt/clustertrain/venv/bin/python"
+
+
+@dataclass(frozen=True)
+class ProvisionedCluster:
+    name: str
+    inventory: Path
+    share: Path                 # host directory mounted at /mnt/cluster on every node
+    nodes: dict[str, str]       # inventory name -> address
+    containers: dict[str, str]  # inventory name -> podman container
+
+    def exec(self, node: str, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run(["podman", "exec", self.containers[node], *argv], env=ENV,
+                              capture_output=True, text=True, check=check, timeout=120)
+
+    def job_processes(self, node: str) -> list[str]:
+        """torchrun and its workers on NODE, found the way a user would: with ps."""
+        out = self.exec(node, "ps", "-eo", "pid,args", "--no-headers").stdout
+        return [line.strip() for line in out.splitlines()
+                if "torchrun" in line or NODE_PYTHON in line]
+
+
+def run(*argv: str, timeout: int = 1800, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(list(argv), cwd=REPO, env=ENV, capture_output=True, text=True,
+                          timeout=timeout, **kw)
+
+
+def orchestrator(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    return run(sys.executable, "-m", "orchestrator", *args, timeout=timeout)

@@ -1,0 +1,19 @@
+"""`node/rank | line` prefixing of a node's byte stream."""
+
+from orchestrator.logstream import LineSplitter, prefix_line
+
+
+def test_prefix_worker_and_torchrun_lines() -> None:
+    assert prefix_line("node1", "[rank3]:loss 0.5") == "node1/rank3 | loss 0.5"
+    assert prefix_line("node0", "W1122 torch/distributed/run.py") == \
+        "node0/torchrun | W1122 torch/distributed/run.py"
+    assert prefix_line("n", "[rankX]:odd") == "n/torchrun | [rankX]:odd"
+
+
+def test_splitter_joins_partial_chunks_and_utf8() -> None:
+    s = LineSplitter("node0")
+    assert s.feed(b"[rank0]:hel") == []
+    assert s.feed(b"lo\n[rank1]:\xc3") == ["node0/rank0 | hello"]
+    assert s.feed(b"\xa9t\xc3\xa9\r\n[rank1]:tail") == ["node0/rank1 | été"]
+    assert s.flush() == ["node0/rank1 | tail"]
+    assert s.flush() == []

@@ -1,0 +1,64 @@
+"""`runs` and `logs` read the local run records (no nodes needed)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from orchestrator.cli import main
+from orchestrator.runs import RunDir, new_run_id
+
+
+def make_run(root: Path, finished: bool) -> RunDir:
+    run = RunDir(root, new_run_id())
+    run.create({"run_id": run.run_id, "nodes": ["node0", "node1"], "script": "ddp.py",
+                "script_args": ["--epochs", "1"], "inventory": "inv.yml"})
+    run.log("node0").write_text("node0/rank0 | hello\n")
+    run.log("node1").write_text("node1/rank1 | world\n")
+    if finished:
+        run.write_summary({"status": "succeeded", "duration_s": 12.5})
+    return run
+
+
+def test_runs_lists_status(tmp_path: Path, capsys) -> None:
+    done = make_run(tmp_path, finished=True)
+    assert main(["runs", "--runs-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert done.run_id in out and "succeeded" in out and "12.5s" in out
+    assert "ddp.py --epochs 1" in out
+
+
+def test_logs_all_and_one_node(tmp_path: Path, capsys) -> None:
+    run = make_run(tmp_path, finished=True)
+    assert main(["logs", run.run_id, "--runs-dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == "node0/rank0 | hello\nnode1/rank1 | world\n"
+    assert main(["logs", run.run_id, "--node", "node1", "--runs-dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == "node1/rank1 | world\n"
+    assert main(["logs", run.run_id, "--node", "node7", "--runs-dir", str(tmp_path)]) != 0
+    assert "not on 'node7'" in capsys.readouterr().err
+
+
+def test_logs_follow_until_summary(tmp_path: Path, capsys) -> None:
+    run = make_run(tmp_path, finished=False)
+
+    def later() -> None:
+        time.sleep(1.0)
+        with open(run.log("node0"), "a") as fh:
+            fh.write("node0/rank0 | later line\n")
+        time.sleep(0.6)
+        run.write_summary({"status": "failed", "duration_s": 3})
+
+    t = threading.Thread(target=later)
+    t.start()
+    started = time.monotonic()
+    assert main(["logs", run.run_id, "--follow", "--runs-dir", str(tmp_path)]) == 0
+    t.join()
+    assert time.monotonic() - started >= 1.5
+    assert "node0/rank0 | later line" in capsys.readouterr().out
+
+
+def test_unknown_run(tmp_path: Path, capsys) -> None:
+    make_run(tmp_path, finished=True)
+    assert main(["logs", "20990101-000000-000000", "--runs-dir", str(tmp_path)]) != 0
+    assert "no run '20990101-000000-000000'" in capsys.readouterr().err

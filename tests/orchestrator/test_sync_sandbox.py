@@ -1,0 +1,76 @@
+"""Code sync into per-run snapshots, --dry-run and `preflight`, on the real sandbox nodes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.inventory import load_cluster
+from orchestrator.sync import sync_code
+
+from ..cluster import ENV as PODMAN_ENV, REPO, ProvisionedCluster as Sandbox
+
+# The timeout covers the session fixture too: preparing nodes takes minutes on a busy machine.
+pytestmark = [pytest.mark.sandbox, pytest.mark.timeout(1500)]
+
+
+def test_snapshots_are_per_run_and_linked(sandbox_cluster: Sandbox, tmp_path: Path) -> None:
+    code = tmp_path / "code"
+    (code / "data").mkdir(parents=True)
+    (code / "train.py").write_text("print('v1')\n")
+    (code / "big.txt").write_text("unchanged\n" * 1000)
+    (code / ".gitignore").write_text("*.ckpt\n")
+    (code / "data" / "model.ckpt").write_text("not for the nodes")
+    cluster = load_cluster(sandbox_cluster.inventory)
+    sync_code(cluster, code, "orch-test-sync-1")
+    (code / "train.py").write_text("print('v2')\n")  # edited locally after run 1 started
+    second = sync_code(cluster, code, "orch-test-sync-2")
+    for node in ("node0", "node1"):
+        def sh(cmd: str) -> str:
+            return sandbox_cluster.exec(node, "sh", "-c", cmd).stdout.strip()
+        root = "/var/lib/clustertrain/code"
+        assert sh(f"cat {root}/orch-test-sync-1/train.py") == "print('v1')"
+        assert sh(f"cat {root}/orch-test-sync-2/train.py") == "print('v2')"
+        # Unchanged files are hard links to the previous snapshot, not copies.
+        assert sh(f"stat -c %i {root}/orch-test-sync-1/big.txt") == \
+            sh(f"stat -c %i {root}/orch-test-sync-2/big.txt")
+        assert sh(f"readlink {root}/latest") == f"{root}/orch-test-sync-2"
+        assert sh(f"test -e {root}/orch-test-sync-2/data/model.ckpt && echo yes || echo no") == "no"
+    assert second.seconds < 60
+
+
+def test_dry_run_prints_commands_and_starts_nothing(sandbox_cluster: Sandbox,
+                                                    tmp_path: Path) -> None:
+    jobs = Path(__file__).resolve().parent / "jobs"
+    p = subprocess.run([sys.executable, "-m", "orchestrator", "train", "-i",
+                        str(sandbox_cluster.inventory), "--nodes", "2", "--workdir", str(jobs),
+                        "--runs-dir", str(tmp_path / "runs"), "--env", "LR=0.5", "--dry-run",
+                        "ddp_allreduce.py", "--", "--steps", "1"],
+                       cwd=REPO, env=PODMAN_ENV, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    addr0 = sandbox_cluster.nodes["node0"]
+    for rank in (0, 1):
+        assert (f"--nnodes 2 --node-rank {rank} --nproc-per-node 1 --master-addr {addr0} "
+                "--master-port") in p.stdout
+    assert "LR=0.5" in p.stdout and "ddp_allreduce.py --steps 1" in p.stdout
+    assert not (tmp_path / "runs").exists()
+    run_id = p.stdout.split("/var/lib/clustertrain/jobs/")[1].split("/")[0]
+    for node in ("node0", "node1"):
+        assert sandbox_cluster.exec(node, "test", "-e", f"/var/lib/clustertrain/jobs/{run_id}",
+                                     check=False).returncode != 0
+
+
+def test_preflight_table(sandbox_cluster: Sandbox) -> None:
+    p = subprocess.run([sys.executable, "-m", "orchestrator", "preflight", "-i",
+                        str(sandbox_cluster.inventory), "--hosts", "node1,node0"],
+                       cwd=REPO, env=PODMAN_ENV, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = p.stdout.splitlines()
+    assert rows[0].split()[:4] == ["NODE", "ADDRESS", "SSH", "TORCH"]
+    # Inventory order decides node 0 (the master port is checked there), not --hosts order.
+    assert rows[1].split()[:4] == ["node0", sandbox_cluster.nodes["node0"], "ok", "2.13.0+cpu"]
+    assert rows[2].split()[:4] == ["node1", sandbox_cluster.nodes["node1"], "ok", "2.13.0+cpu"]
+    assert "29500" in rows[1] and "problem:" not in p.stdout

@@ -1,0 +1,98 @@
+"""The job-scoped stop script, run for real on this machine against real process trees.
+
+A fake "torchrun" (shell in its own session, recording its PGID like the launch command)
+starts a "worker" in a session of its own, as torchrun does; one job ignores SIGTERM so
+that the SIGKILL path is exercised. A second job must survive the first one's stop."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from orchestrator.teardown import STOP_SCRIPT
+
+WORKER = ("import os, signal, subprocess, sys, time\n"
+          "if sys.argv[1] == 'stubborn': signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+          "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'],"
+          " start_new_session=True)\n"
+          "time.sleep(300)\n")
+
+
+def start_job(job: Path, mode: str) -> subprocess.Popen:
+    job.mkdir(parents=True)
+    inner = f"echo $$ > {job}/pgid; exec {sys.executable} -c \"$0\" {mode}"
+    proc = subprocess.Popen(["setsid", "-w", "/bin/sh", "-c", inner, WORKER])
+    deadline = time.monotonic() + 10
+    while not (job / "pgid").exists() or len(tree(job)) < 2:
+        assert time.monotonic() < deadline, "fake job did not start"
+        time.sleep(0.05)
+    return proc
+
+
+def tree(job: Path) -> set[int]:
+    """PIDs of the job: its process group and all descendants (via ps, independently)."""
+    pgid = int((job / "pgid").read_text())
+    rows = [line.split() for line in subprocess.run(
+        ["ps", "-eo", "pid=,ppid=,pgid=,stat="], capture_output=True, text=True).stdout.splitlines()]
+    live = {int(r[0]) for r in rows if int(r[2]) == pgid and not r[3].startswith("Z")}
+    grew = True
+    while grew:
+        grew = False
+        for r in rows:
+            if int(r[1]) in live and int(r[0]) not in live and not r[3].startswith("Z"):
+                live.add(int(r[0]))
+                grew = True
+    return live
+
+
+def stop(job: Path, grace: float) -> dict:
+    out = subprocess.run([sys.executable, "-c", STOP_SCRIPT, str(job), str(grace)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_stop_kills_whole_tree_and_spares_other_job(tmp_path: Path) -> None:
+    a = start_job(tmp_path / "run-a", "stubborn")
+    b = start_job(tmp_path / "run-b", "polite")
+    try:
+        a_pids, b_pids = tree(tmp_path / "run-a"), tree(tmp_path / "run-b")
+        # The "torchrun" (group leader) and its worker, which is in a session of its own:
+        # signalling the process group alone would miss the worker.
+        pgid = int((tmp_path / "run-a" / "pgid").read_text())
+        assert len(a_pids) == 2 and any(os.getpgid(p) != pgid for p in a_pids)
+        started = time.monotonic()
+        result = stop(tmp_path / "run-a", grace=1.0)
+        assert result["found"] and set(result["initial"]) == a_pids
+        assert result["left"] == []
+        assert result["killed"], "the SIGTERM-ignoring job needed SIGKILL"
+        assert time.monotonic() - started < 10
+        a.wait(timeout=10)
+        assert not any(alive(p) for p in a_pids)
+        assert all(alive(p) for p in b_pids), "stopping run A touched run B"
+        result = stop(tmp_path / "run-b", grace=3.0)
+        assert result["found"] and result["left"] == []
+        b.wait(timeout=10)
+        assert not any(alive(p) for p in b_pids)
+    finally:
+        for proc in (a, b):
+            if proc.poll() is None:
+                proc.kill()
+
+
+def test_stop_without_job_record(tmp_path: Path) -> None:
+    assert stop(tmp_path / "never-started", grace=1.0) == {"found": False, "killed": [],
+                                                           "left": []}

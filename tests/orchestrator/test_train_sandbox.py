@@ -1,0 +1,231 @@
+"""`train`, `stop`, `preflight` against a real 2-node sandbox cluster (real SSH, real
+torchrun with gloo across two containers). The kill-a-node test is last: it restarts the
+node it killed so that the session's sandbox stays usable."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator import ssh
+from orchestrator.errors import PreflightError
+from orchestrator.inventory import load_cluster
+
+from ..cluster import ENV as PODMAN_ENV, REPO, ProvisionedCluster as Sandbox
+
+# The timeout covers the session fixture too: preparing nodes takes minutes on a busy machine.
+pytestmark = [pytest.mark.sandbox, pytest.mark.timeout(1500)]
+JOBS = Path(__file__).resolve().parent / "jobs"
+
+
+class Train:
+    """`python -m orchestrator train ...` as a user runs it; stdout lines with their times."""
+
+    def __init__(self, sandbox: Sandbox, runs_dir: Path, *args: str) -> None:
+        self.runs_dir = runs_dir
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator", "train", "-i", str(sandbox.inventory),
+             "--workdir", str(JOBS), "--runs-dir", str(runs_dir), *args],
+            cwd=REPO, env=PODMAN_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True)
+        self.lines: list[tuple[float, str]] = []
+        self.stderr = ""
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append((time.monotonic(), line.rstrip("\n")))
+
+    @property
+    def text(self) -> str:
+        return "\n".join(line for _, line in self.lines)
+
+    def wait_for(self, needle: str, count: int = 1, timeout: float = 240) -> float:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            hits = [t for t, line in self.lines if needle in line]
+            if len(hits) >= count:
+                return hits[count - 1]
+            if self.proc.poll() is not None and not self._reader.is_alive():
+                break
+            time.sleep(0.1)
+        raise AssertionError(f"{needle!r} x{count} not seen; exit {self.proc.poll()}\n"
+                             f"{self.text[-4000:]}\n{self.proc.stderr.read() if self.proc.poll() is not None else ''}")
+
+    def finish(self, timeout: float = 300) -> int:
+        code = self.proc.wait(timeout=timeout)
+        self._reader.join(timeout=10)
+        self.stderr = self.proc.stderr.read()
+        return code
+
+    def summary(self) -> dict:
+        [run] = [p for p in self.runs_dir.iterdir() if p.is_dir()]
+        return json.loads((run / "summary.json").read_text())
+
+
+def assert_no_job_processes(sandbox: Sandbox, nodes=("node0", "node1"), within: float = 0):
+    deadline = time.monotonic() + within
+    while True:
+        left = {n: sandbox.job_processes(n) for n in nodes}
+        if not any(left.values()) or time.monotonic() >= deadline:
+            break
+        time.sleep(0.5)
+    assert not any(left.values()), f"training processes left behind: {left}"
+
+
+def test_train_two_nodes_ddp(sandbox_cluster: Sandbox, tmp_path: Path) -> None:
+    t = Train(sandbox_cluster, tmp_path, "--nodes", "2", "--nproc-per-node", "2",
+              "ddp_allreduce.py", "--", "--steps", "3")
+    code = t.finish()
+    assert code == 0, t.text[-3000:] + t.stderr
+    # Every rank of the world, each from the node it ran on, with a correct all_reduce.
+    for node, rank in (("node0", 0), ("node0", 1), ("node1", 2), ("node1", 3)):
+        assert f"{node}/rank{rank} | rank {rank}/4 host {node} sum 10 ok" in t.text
+    summary = t.summary()
+    assert summary["status"] == "succeeded"
+    assert summary["exit_codes"] == {"node0": 0, "node1": 0}
+    assert summary["first_failed"] is None
+    assert summary["fingerprint"]["torch"] == "2.13.0+cpu"
+    for n in summary["nodes"]:
+        assert "sum 10 ok" in Path(n["log"]).read_text()
+    assert_no_job_processes(sandbox_cluster)
+
+
+def test_failure_on_node1_stops_node0(sandbox_cluster: Sandbox, tmp_path: Path) -> None:
+    t = Train(sandbox_cluster, tmp_path, "--nodes", "2", "fail_on_node.py", "--",
+              "--fail-node", "1")
+    failed_at = t.wait_for("node1: torchrun exited with code")
+    code = t.finish(timeout=60)
+    ended = time.monotonic()
+    assert code != 0
+    assert ended - failed_at < 10, f"node0 took {ended - failed_at:.1f} s to stop"
+    assert "node1 exited with code" in t.stderr and "simulated failure" in t.stderr
+    summary = t.summary()
+    assert summary["first_failed"] == "node1"
+    assert summary["status"] == "failed"
+    assert summary["exit_codes"]["node1"] != 0
+    assert summary["nodes"][0]["end_reason"] == "stopped"
+    assert_no_job_processes(sandbox_cluster)
+
+
+def test_ctrl_c_leaves_no_process(sandbox_cluster: Sandbox, tmp_path: Path) -> None:
+    t = Train(sandbox_cluster, tmp_path, "--nodes", "2", "ddp_allreduce.py", "--",
+              "--sleep", "600")
+    t.wait_for("sum 3 ok", count=2)
+    assert sandbox_cluster.job_processes("node0") and sandbox_cluster.job_processes("node1")
+    t.proc.send_signal(signal.SIGINT)
+    sent = time.monotonic()
+    code = t.finish(timeout=30)
+    assert code == 130
+    assert_no_job_processes(sandbox_cluster, within=max(0.0, 10 - (time.monotonic() - sent)))
+    assert time.monotonic() - sent < 12
+    assert t.summary()["status"] == "interrupted"
+
+
+def test_drift_refuses_and_names_package(sandbox_cluster: Sandbox, tmp_path: Path) -> None:
+    path = "/etc/clustertrain/fingerprint.json"
+    original = sandbox_cluster.exec("node1", "cat", path).stdout
+    drifted = json.loads(original)
+    drifted["packages"]["numpy"] = "9.9.9"
+    drifted["sha256"] = "0" * 64
+    sandbox_cluster.exec("node1", "sh", "-c", f"cat > {path} <<'EOF'\n"
+                          f"{json.dumps(drifted)}\nEOF")
+    try:
+        t = Train(sandbox_cluster, tmp_path, "--nodes", "2", "ddp_allreduce.py")
+        code = t.finish()
+    finally:
+        sandbox_cluster.exec("node1", "sh", "-c", f"cat > {path} <<'EOF'\n{original}EOF")
+    assert code != 0
+    assert "drift" in t.stderr and "numpy: node0=absent, node1=9.9.9" in t.stderr
+    assert not list(tmp_path.iterdir()), "a run was started despite drift"
+    assert_no_job_processes(sandbox_cluster)
+
+
+def test_taken_master_port_moves(sandbox_cluster: Sandbox, tmp_path: Path) -> None:
+    pidfile = "/tmp/orch-test-listener.pid"
+    sandbox_cluster.exec("node0", "sh", "-c",
+                          "python3 -c 'import socket,time; s=socket.socket(); "
+                          "s.bind((\"0.0.0.0\", 29500)); s.listen(); time.sleep(600)' "
+                          f">/dev/null 2>&1 & echo $! > {pidfile}")
+    try:
+        time.sleep(1)
+        t = Train(sandbox_cluster, tmp_path, "--nodes", "2", "ddp_allreduce.py")
+        code = t.finish()
+    finally:
+        sandbox_cluster.exec("node0", "sh", "-c", f"kill $(cat {pidfile})", check=False)
+    assert code == 0, t.text[-3000:] + t.stderr
+    assert "master port 29500 is in use; using 29501 instead" in t.text
+    summary = t.summary()
+    assert summary["master"]["port"] == 29501
+    assert summary["status"] == "succeeded"
+
+
+def test_stop_one_of_two_runs(sandbox_cluster: Sandbox, tmp_path: Path) -> None:
+    a = Train(sandbox_cluster, tmp_path / "a", "--nodes", "2", "ddp_allreduce.py", "--",
+              "--sleep", "600")
+    a.wait_for("sum 3 ok", count=2)
+    b = Train(sandbox_cluster, tmp_path / "b", "--nodes", "2", "ddp_allreduce.py", "--",
+              "--sleep", "600")
+    try:
+        b.wait_for("sum 3 ok", count=2)
+        run_a = next(p.name for p in (tmp_path / "a").iterdir())
+        run_b = next(p.name for p in (tmp_path / "b").iterdir())
+        ports = {json.loads((tmp_path / d / r / "run.json").read_text())["master"]["port"]
+                 for d, r in (("a", run_a), ("b", run_b))}
+        assert len(ports) == 2, "the two runs share a master port"
+        stop = subprocess.run([sys.executable, "-m", "orchestrator", "stop", run_a,
+                               "--runs-dir", str(tmp_path / "a")], cwd=REPO, env=PODMAN_ENV,
+                              capture_output=True, text=True, timeout=60)
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        assert a.finish(timeout=30) != 0
+        assert a.summary()["status"] == "stopped"
+        time.sleep(3)
+        assert b.proc.poll() is None, "stopping run A also ended run B"
+        for node in ("node0", "node1"):
+            procs = sandbox_cluster.job_processes(node)
+            assert procs and all(run_a not in p for p in procs)
+            assert any(f"--log-dir /var/lib/clustertrain/jobs/{run_b}/" in p for p in procs)
+    finally:
+        if b.proc.poll() is None:
+            b.proc.send_signal(signal.SIGINT)
+        b.finish(timeout=60)
+    assert_no_job_processes(sandbox_cluster, within=10)
+
+
+def test_killed_node_is_noticed(sandbox_cluster: Sandbox, tmp_path: Path) -> None:
+    t = Train(sandbox_cluster, tmp_path, "--nodes", "2", "ddp_allreduce.py", "--",
+              "--sleep", "600")
+    t.wait_for("sum 3 ok", count=2)
+    container = sandbox_cluster.containers["node1"]
+    subprocess.run(["podman", "kill", container], env=PODMAN_ENV, check=True,
+                   capture_output=True, timeout=60)
+    try:
+        code = t.finish(timeout=60)
+        assert code != 0
+        assert "node1 lost its connection" in t.stderr
+        summary = t.summary()
+        assert summary["first_failed"] == "node1"
+        assert summary["nodes"][0]["end_reason"] == "stopped"
+        assert_no_job_processes(sandbox_cluster, nodes=("node0",))
+    finally:
+        # Bring the node back for later tests: start it and wait until SSH answers.
+        subprocess.run(["podman", "start", container], env=PODMAN_ENV, check=False,
+                       capture_output=True, timeout=60)
+        node1 = load_cluster(sandbox_cluster.inventory).nodes[1]
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                ssh.connect(node1, timeout=5).close()
+                break
+            except PreflightError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1)

@@ -1,0 +1,127 @@
+"""Crash-safe checkpoints on shared storage.
+
+A checkpoint is written to a temporary file in the same directory, flushed and
+fsync'ed, renamed over its final name (atomic within one directory), and the
+directory is fsync'ed so that the rename itself survives a crash. A reader
+therefore sees either a complete checkpoint under a final name or none at all;
+a killed writer leaves only a `.tmp` file, which is ignored and cleaned up.
+Loading uses `torch.load(weights_only=True)`: a checkpoint holds tensors, numbers,
+strings, lists, tuples and dicts, never pickled code.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+FORMAT = "clustertrain-ckpt-1"
+_NAME = re.compile(r"^ckpt-(\d{6})-(\d{7})\.pt$")
+_TMP_MARK = ".tmp-"
+
+
+@dataclass(frozen=True, order=True)
+class Position:
+    """Where training stands: `epoch` is the epoch to run next (or to continue),
+    `step` the number of its batches already done (0 at an epoch boundary)."""
+
+    epoch: int
+    step: int = 0
+
+    def filename(self) -> str:
+        return f"ckpt-{self.epoch:06d}-{self.step:07d}.pt"
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some network file systems refuse fsync on a directory; the rename stands
+    finally:
+        os.close(fd)
+
+
+class CheckpointStore:
+    """The checkpoints of one run, in one directory, of which the newest `keep` are kept."""
+
+    def __init__(self, directory: Path, keep: int = 3,
+                 log: Callable[[str], None] = lambda _msg: None) -> None:
+        if keep < 1:
+            raise ValueError("keep must be >= 1 (the newest checkpoint is always kept)")
+        self.directory = Path(directory)
+        self.keep = keep
+        self.log = log
+
+    # -- listing ----------------------------------------------------------------------
+    def positions(self) -> list[tuple[Position, Path]]:
+        """Final-named checkpoints, oldest first."""
+        if not self.directory.is_dir():
+            return []
+        found = []
+        for entry in self.directory.iterdir():
+            m = _NAME.match(entry.name)
+            if m:
+                found.append((Position(int(m.group(1)), int(m.group(2))), entry))
+        return sorted(found)
+
+    # -- writing ----------------------------------------------------------------------
+    def save(self, state: dict[str, Any], pos: Position) -> Path:
+        """Write `state` durably as the checkpoint for `pos`, then prune old ones."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        final = self.directory / pos.filename()
+        tmp = self.directory / f".{pos.filename()}{_TMP_MARK}{os.getpid()}"
+        payload = dict(state, format=FORMAT, epoch=pos.epoch, step=pos.step)
+        try:
+            with open(tmp, "wb") as f:
+                torch.save(payload, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        _fsync_dir(self.directory)
+        self.prune()
+        return final
+
+    def prune(self) -> None:
+        """Remove all but the newest `keep` checkpoints."""
+        existing = self.positions()
+        for _pos, path in existing[:-self.keep]:
+            path.unlink(missing_ok=True)
+
+    def remove_stale_temps(self) -> int:
+        """Delete `.tmp` files left by writers that were killed; call before writing starts."""
+        if not self.directory.is_dir():
+            return 0
+        removed = 0
+        for entry in self.directory.iterdir():
+            if entry.name.startswith(".ckpt-") and _TMP_MARK in entry.name:
+                entry.unlink(missing_ok=True)
+                removed += 1
+        return removed
+
+    # -- reading ----------------------------------------------------------------------
+    @staticmethod
+    def load(path: Path) -> dict[str, Any]:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        if not isinstance(state, dict) or state.get("format") != FORMAT:
+            raise ValueError(f"{path} is not a {FORMAT} checkpoint")
+        return state
+
+    def latest(self) -> tuple[Path, dict[str, Any]] | None:
+        """The newest checkpoint that loads, or None. Damaged ones are reported and skipped."""
+        for _pos, path in reversed(self.positions()):
+            try:
+                return path, self.load(path)
+            except Exception as exc:  # noqa: BLE001 - any damage means: try the previous one
+                self.log(f"checkpoint {path} cannot be loaded ({exc}); trying an older one")
+        return None
