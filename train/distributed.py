@@ -97,19 +97,24 @@ def setup(requested_backend: str = "auto", device: str = "auto",
 
 
 def _restart_store(rank: int, world_size: int, timeout_s: float):
-    """Under torchrun, the agent's store with a namespace per restart attempt.
+    """Under torchrun, the agent's store with a namespace per rendezvous round.
 
     After torchrun restarted the workers (--max-restarts), a new rank was seen to
     read a dead rank's gloo address from the store and fail with "connection
-    refused". Keys under a prefix that names the attempt cannot be stale.
+    refused". Keys under a prefix that names the round cannot be stale. The round is
+    counted in the store itself: every round starts each rank exactly once, so the
+    count of starts of this rank number is the same on every node. (torchrun's
+    TORCHELASTIC_RESTART_COUNT is not: it is per agent, and an agent that restarts
+    because another node's worker died may count differently, which leaves the ranks
+    waiting for each other in different namespaces.)
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
-    attempt = _env_int("TORCHELASTIC_RESTART_COUNT", 0)
     store = dist.TCPStore(os.environ["MASTER_ADDR"], _env_int("MASTER_PORT", 29500),
                           world_size, is_master=False,
                           timeout=datetime.timedelta(seconds=timeout_s))
-    return dist.PrefixStore(f"clustertrain/attempt_{attempt}", store)
+    round_ = store.add(f"clustertrain/starts/rank{rank}", 1)
+    return dist.PrefixStore(f"clustertrain/round_{round_}", store)
 
 
 def control_group(env: DistEnv):

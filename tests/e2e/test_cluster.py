@@ -99,13 +99,18 @@ def test_ctrl_c_stops_every_training_process(sandbox_cluster, tmp_path):
 
 def test_resume_after_a_worker_dies_with_max_restarts(sandbox_cluster, tmp_path):
     ckpts = sandbox_cluster.share / "checkpoints" / "e2e-resume"
-    proc = train(sandbox_cluster, tmp_path, "--epochs", "6", "--run-name", "e2e-resume", "--no-resume",
+    proc = train(sandbox_cluster, tmp_path, "--epochs", "6", "--run-name", "e2e-resume",
                  "--metrics-json", "/mnt/cluster/results/e2e-resume.json", *SMALL,
                  opts=("--max-restarts", "1", "--rdzv-backend", "c10d"), background=True)
     try:
         wait_for(lambda: len(list(ckpts.glob("*.pt"))) >= 2, 300, "two epoch checkpoints")
-        # A worker on node1 dies as if the OOM killer took it.
-        sandbox_cluster.exec("node1", "pkill", "-KILL", "-f", "train.py --epochs")
+        # A worker on node1 dies as if the OOM killer took it (the worker only: torchrun,
+        # whose command line also names train.py, must live on to restart it).
+        ps = sandbox_cluster.exec("node1", "ps", "-eo", "pid=,args=").stdout
+        workers = [line.split()[0] for line in ps.splitlines()
+                   if re.match(r"\s*\d+ \S+/python[\d.]* -u \S*train\.py", line)]
+        assert len(workers) == 1, ps
+        sandbox_cluster.exec("node1", "kill", "-KILL", workers[0])
         proc.wait(timeout=600)
     finally:
         proc.kill()
