@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 NAME=${DEMO_NAME:-demo}
-EPOCHS=${DEMO_EPOCHS:-5}
+EPOCHS=${DEMO_EPOCHS:-6}
 export CONTAINERS_CONF=$PWD/sandbox/containers.conf ANSIBLE_CONFIG=$PWD/ansible.cfg
 
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
@@ -28,7 +28,7 @@ step "4/5 provision: ansible-playbook site.yml -i $INVENTORY"
 $PY -m orchestrator provision -i "$INVENTORY"
 
 step "5/5 train: python -m orchestrator train --nodes 2 train.py -- --epochs $EPOCHS"
-$PY -m orchestrator train -i "$INVENTORY" --nodes 2 train.py -- --epochs "$EPOCHS" --width 16
+$PY -m orchestrator train -i "$INVENTORY" --nodes 2 train.py -- --epochs "$EPOCHS" --width 16 --batch-size 32
 
 RUN=$(ls -td runs/*/ | head -1)
 step "done"
