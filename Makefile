@@ -7,6 +7,8 @@ PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 export CONTAINERS_CONF := $(CURDIR)/sandbox/containers.conf
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+# molecule and ansible-lint call ansible-config, ansible-galaxy... by name.
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 SCENARIO ?= common
 SYSTEM_PACKAGES := podman runc debootstrap rsync openssh-client libnfs-utils python3-venv
 
