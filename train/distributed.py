@@ -192,6 +192,12 @@ def barrier(env: DistEnv, group=None) -> None:
         dist.barrier(group=group)
 
 
+def barrier(env: DistEnv) -> None:
+    """Wait for every rank (no-op in a single process)."""
+    if env.distributed and dist.is_initialized():
+        dist.barrier()
+
+
 def teardown(env: DistEnv) -> None:
     if env.distributed and dist.is_initialized():
         dist.destroy_process_group()

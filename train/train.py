@@ -418,6 +418,9 @@ def _run(args: argparse.Namespace, env: distributed.DistEnv, stop: StopRequest) 
                      epochs=args.epochs, resumed_from=run.resumed_from)
         write_json_atomic(args.metrics_json, {"final": final, "history": run.history})
         print("FINAL_METRICS " + json.dumps(final), flush=True)
+    # Leave together: a rank that tears its process group down while another is still
+    # finishing makes gloo abort that one (seen as SIGABRT after a successful run).
+    distributed.barrier(env)
     return 0
 
 
