@@ -18,7 +18,7 @@ import yaml
 from .command import CODE_ROOT
 from .errors import LaunchError
 from .inventory import Cluster
-from .runner import REPO_ROOT, run_playbook
+from .runner import run_playbook
 
 
 def sync_playbook(workdir: Path, run_id: str) -> list[dict]:

@@ -17,7 +17,8 @@ from .inventory import load_cluster
 from .job import Job, JobResult
 from .preflight import (add_selection_args, print_report, raise_if_blocked, run_preflight)
 from .runs import DEFAULT_RUNS_DIR, RunDir, code_revision, iso, new_run_id
-from .sync import REPO_ROOT, sync_code
+from .runner import REPO_ROOT
+from .sync import sync_code
 from .teardown import DEFAULT_GRACE
 
 DEFAULT_WORKDIR = REPO_ROOT / "train"

@@ -23,10 +23,14 @@ from .spec import (EXPORT_PATH, LABEL, SHARED_PATH, Node, SandboxSpec, describe,
 BOOT_TIMEOUT = 60.0
 
 
+def _containers(name: str) -> list[dict]:
+    """podman's view of the containers that carry this sandbox's label."""
+    return podman_json(["ps", "-a", "--filter", f"label={LABEL}={name}", "--format", "json"])
+
+
 def _existing(name: str) -> list[str]:
     """What already carries this sandbox's name: containers, the network, the state dir."""
-    found = [c["Names"][0] for c in podman_json(
-        ["ps", "-a", "--filter", f"label={LABEL}={name}", "--format", "json"])]
+    found = [c["Names"][0] for c in _containers(name)]
     if podman(["network", "exists", name], check=False).returncode == 0:
         found.append(f"network {name}")
     if (state_root() / name).exists():
@@ -169,8 +173,7 @@ def load(name: str) -> SandboxSpec:
 
 def status(name: str) -> dict:
     spec = load(name)
-    states = {c["Names"][0]: c["State"] for c in podman_json(
-        ["ps", "-a", "--filter", f"label={LABEL}={name}", "--format", "json"])}
+    states = {c["Names"][0]: c["State"] for c in _containers(name)}
     return describe(spec, states)
 
 
@@ -178,8 +181,7 @@ def down(name: str, log=print) -> list[str]:
     """Remove exactly what `up` created for NAME; return what was removed."""
     validate_name(name)
     removed = []
-    containers = [c["Names"][0] for c in podman_json(
-        ["ps", "-a", "--filter", f"label={LABEL}={name}", "--format", "json"])]
+    containers = [c["Names"][0] for c in _containers(name)]
     if containers:
         podman(["rm", "-f", "-t", "0", *containers], timeout=300)
         removed += containers
