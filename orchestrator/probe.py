@@ -69,7 +69,10 @@ except OSError as exc:
     out["shared"] = {"ok": False, "mount": False, "error": f"{shared}: {exc.strerror}"}
 
 def port_free(port):
+    # SO_REUSEADDR as torch's TCPStore sets it: a listener makes the port taken, sockets
+    # left in TIME_WAIT by the previous run's connections do not.
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         s.bind(("0.0.0.0", port))
         return True

@@ -1,0 +1,60 @@
+"""The probe script itself, run with this machine's python: what it says about ports."""
+
+import json
+import socket
+import subprocess
+import sys
+
+from orchestrator.probe import PROBE_SCRIPT
+
+
+def run_probe(port: int) -> dict:
+    request = json.dumps({"shared_path": "/", "names": [], "port": port})
+    p = subprocess.run([sys.executable, "-c", PROBE_SCRIPT], input=request,
+                       capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def listener() -> socket.socket:
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    return s
+
+
+def test_port_with_a_listener_is_taken_and_next_free_port_offered() -> None:
+    s = listener()
+    port = s.getsockname()[1]
+    try:
+        out = run_probe(port)
+    finally:
+        s.close()
+    assert out["port_free"] is False
+    assert out["free_port"] is not None and out["free_port"] != port
+
+
+def test_port_left_in_time_wait_by_last_run_counts_as_free() -> None:
+    # What a finished job leaves on node 0: its rendezvous server closed connections
+    # first, so they sit in TIME_WAIT on the master port for a minute. torch binds with
+    # SO_REUSEADDR and can listen there again, so preflight must not call the port taken.
+    s = listener()
+    port = s.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    conn, _ = s.accept()
+    conn.close()        # the server side closes first: its socket goes to TIME_WAIT
+    client.recv(1)
+    client.close()
+    s.close()
+    # Without SO_REUSEADDR the port cannot be bound now; that is the false alarm.
+    plain = socket.socket()
+    try:
+        plain.bind(("0.0.0.0", port))
+        time_wait = False
+    except OSError:
+        time_wait = True
+    finally:
+        plain.close()
+    assert time_wait, "test setup did not leave the port in TIME_WAIT"
+    out = run_probe(port)
+    assert out["port_free"] is True and out["free_port"] == port
