@@ -1,7 +1,9 @@
 """The test a user runs in their head: provision a fresh cluster, train on it, break
-something, see it stopped cleanly and resumed. Real containers, real SSH, real torchrun
-across two nodes, the real training job on the generated dataset. (A node killed outright
-is tested in tests/orchestrator/test_train_sandbox.py, on this same provisioned cluster.)"""
+something, see it stopped cleanly, provision again and resume. Real containers, real SSH,
+real torchrun across two nodes, the real training job on the generated dataset.
+
+The killed-node test is last in this file: bringing the node back restarts its container,
+and podman rewrites the node's /etc/hosts on a restart, so site.yml runs again there."""
 
 from __future__ import annotations
 
@@ -14,6 +16,10 @@ import time
 from pathlib import Path
 
 import pytest
+
+from orchestrator import ssh
+from orchestrator.errors import PreflightError
+from orchestrator.inventory import load_cluster
 
 from ..cluster import BIN, ENV, REPO, ProvisionedCluster, run
 
@@ -50,13 +56,45 @@ def no_training_left(cluster: ProvisionedCluster, nodes=("node0", "node1")) -> b
     return all(cluster.job_processes(n) == [] for n in nodes)
 
 
+def site_yml(cluster: ProvisionedCluster) -> dict[str, int]:
+    """Run site.yml; the number of changed tasks per host from its recap."""
+    result = run(str(BIN / "ansible-playbook"), "-i", str(cluster.inventory), "site.yml")
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    recap = result.stdout[result.stdout.rindex("PLAY RECAP"):]
+    changed = {h: int(c) for h, c in re.findall(r"^(\S+)\s*:.*?changed=(\d+)", recap, re.M)}
+    assert set(changed) >= {"node0", "node1"}, recap
+    return changed
+
+
+def checkpoints(directory: Path) -> list[Path]:
+    """Every file in a run's checkpoint directory, temporary files included."""
+    return sorted(directory.iterdir()) if directory.is_dir() else []
+
+
+def assert_checkpoints_whole(directory: Path) -> None:
+    """Every final-named checkpoint loads: nothing half-written under a real name. (A
+    writer killed mid-write leaves only a dot-named temporary, which the next run removes.)"""
+    import torch
+
+    files = [f for f in checkpoints(directory) if not re.fullmatch(r"\.ckpt-.*\.tmp-\d+", f.name)]
+    assert files, f"no checkpoint in {directory}"
+    for f in files:
+        assert re.fullmatch(r"ckpt-\d{6}-\d{7}\.pt", f.name), f"stray file {f.name}"
+        state = torch.load(f, map_location="cpu", weights_only=True)
+        assert "model" in state, f"{f.name} holds {sorted(state)}"
+
+
+def worker_pids(cluster: ProvisionedCluster, node: str) -> list[str]:
+    """The training worker processes on NODE (not torchrun, whose command line also
+    names train.py)."""
+    ps = cluster.exec(node, "ps", "-eo", "pid=,args=").stdout
+    return [line.split()[0] for line in ps.splitlines()
+            if re.match(r"\s*\d+ \S+/python[\d.]* -u \S*train\.py", line)]
+
+
 def test_site_yml_is_idempotent(sandbox_cluster):
-    again = run(str(BIN / "ansible-playbook"), "-i", str(sandbox_cluster.inventory), "site.yml")
-    assert again.returncode == 0, again.stdout[-4000:]
-    recap = again.stdout[again.stdout.rindex("PLAY RECAP"):]
-    changed = dict(re.findall(r"^(\S+)\s*:.*?changed=(\d+)", recap, re.M))
-    assert set(changed) >= {"node0", "node1"}
-    assert all(v == "0" for v in changed.values()), recap
+    changed = site_yml(sandbox_cluster)
+    assert all(v == 0 for v in changed.values()), changed
 
 
 def test_two_nodes_train_the_real_job_well_above_chance(sandbox_cluster, tmp_path):
@@ -104,12 +142,10 @@ def test_resume_after_a_worker_dies_with_max_restarts(sandbox_cluster, tmp_path)
                  opts=("--max-restarts", "1", "--rdzv-backend", "c10d"), background=True)
     try:
         wait_for(lambda: len(list(ckpts.glob("*.pt"))) >= 2, 300, "two epoch checkpoints")
-        # A worker on node1 dies as if the OOM killer took it (the worker only: torchrun,
-        # whose command line also names train.py, must live on to restart it).
-        ps = sandbox_cluster.exec("node1", "ps", "-eo", "pid=,args=").stdout
-        workers = [line.split()[0] for line in ps.splitlines()
-                   if re.match(r"\s*\d+ \S+/python[\d.]* -u \S*train\.py", line)]
-        assert len(workers) == 1, ps
+        # A worker on node1 dies as if the OOM killer took it (the worker only: torchrun
+        # must live on to restart it).
+        workers = worker_pids(sandbox_cluster, "node1")
+        assert len(workers) == 1, workers
         sandbox_cluster.exec("node1", "kill", "-KILL", workers[0])
         proc.wait(timeout=600)
     finally:
@@ -120,3 +156,90 @@ def test_resume_after_a_worker_dies_with_max_restarts(sandbox_cluster, tmp_path)
     final = json.loads((sandbox_cluster.share / "results" / "e2e-resume.json").read_text())["final"]
     assert final["epochs"] == 6
     assert final["resumed_from"]["epoch"] >= 2, final
+
+
+def test_node_failure_stops_the_other_node_and_keeps_whole_checkpoints(sandbox_cluster,
+                                                                      tmp_path):
+    """No restarts allowed: a worker dying on node1 fails the run, node0 is stopped
+    at once, nothing keeps running anywhere, and the checkpoints on the share are whole."""
+    ckpts = sandbox_cluster.share / "checkpoints" / "e2e-fail"
+    proc = train(sandbox_cluster, tmp_path, "--epochs", "50", "--run-name", "e2e-fail",
+                 "--no-resume", *SMALL, background=True)
+    try:
+        wait_for(lambda: list(ckpts.glob("*.pt")), 300, "the first epoch's checkpoint")
+        workers = worker_pids(sandbox_cluster, "node1")
+        assert len(workers) == 1, workers
+        sandbox_cluster.exec("node1", "kill", "-KILL", workers[0])
+        killed = time.monotonic()
+        proc.wait(timeout=120)
+        ended = time.monotonic()
+    finally:
+        proc.kill()
+    out = (tmp_path / "orchestrator.out").read_text()
+    assert proc.returncode != 0, out[-3000:]
+    # The surviving node is stopped by the orchestrator, not left to time out in gloo.
+    assert ended - killed < 60, f"the run took {ended - killed:.0f} s to end"
+    assert "node1 exited with code" in out, out[-3000:]
+    s = summary(tmp_path)
+    assert s["status"] == "failed" and s["first_failed"] == "node1", s
+    assert s["nodes"][0]["end_reason"] == "stopped", s["nodes"]
+    wait_for(lambda: no_training_left(sandbox_cluster), 10, "no training process on any node")
+    assert_checkpoints_whole(ckpts)
+
+
+def test_killed_node_then_provision_again_and_resume(sandbox_cluster, tmp_path):
+    """A node vanishes mid-training (its container is killed, as a power cut would):
+    the run ends naming it, node0 is cleaned up; the node comes back, site.yml brings it
+    in line again, and the next run resumes from the newest whole checkpoint."""
+    ckpts = sandbox_cluster.share / "checkpoints" / "e2e-killed"
+    first = tmp_path / "first"
+    first.mkdir()
+    # Resuming needs the same settings (--epochs included); 4 epochs leave 3 to resume.
+    proc = train(sandbox_cluster, first, "--epochs", "4", "--run-name", "e2e-killed",
+                 "--no-resume", *SMALL, background=True)
+    container = sandbox_cluster.containers["node1"]
+    try:
+        wait_for(lambda: list(ckpts.glob("*.pt")), 300, "the first epoch's checkpoint")
+        subprocess.run(["podman", "kill", container], env=ENV, check=True,
+                       capture_output=True, timeout=60)
+        proc.wait(timeout=120)
+    finally:
+        proc.kill()
+        subprocess.run(["podman", "start", container], env=ENV, check=False,
+                       capture_output=True, timeout=60)
+    out = (first / "orchestrator.out").read_text()
+    assert proc.returncode != 0, out[-3000:]
+    assert "node1 lost its connection" in out, out[-3000:]
+    s = summary(first)
+    assert s["status"] == "failed" and s["first_failed"] == "node1", s
+    assert s["nodes"][0]["end_reason"] == "stopped", s["nodes"]
+    wait_for(lambda: no_training_left(sandbox_cluster, ("node0",)), 10,
+             "no training process on node0")
+    assert_checkpoints_whole(ckpts)
+    newest = int(re.match(r"ckpt-(\d{6})", checkpoints(ckpts)[-1].name).group(1))
+
+    # The node is back (same address, SSH answers); provisioning again puts right what
+    # the restart changed, and touches nothing on the node that kept running.
+    node1 = load_cluster(sandbox_cluster.inventory).nodes[1]
+    wait_for(lambda: _ssh_answers(node1), 90, "node1's SSH after its restart")
+    changed = site_yml(sandbox_cluster)
+    assert changed["node0"] == 0, changed
+
+    second = tmp_path / "second"
+    second.mkdir()
+    result = train(sandbox_cluster, second, "--epochs", "4", "--run-name",
+                   "e2e-killed", "--metrics-json", "/mnt/cluster/results/e2e-killed.json",
+                   *SMALL)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert re.search(rf"resumed from \S*ckpt-{newest:06d}-", result.stdout), result.stdout[-3000:]
+    final = json.loads((sandbox_cluster.share / "results" / "e2e-killed.json").read_text())["final"]
+    assert final["epochs"] == 4 and final["resumed_from"]["epoch"] == newest, final
+    assert not [f for f in checkpoints(ckpts) if f.name.startswith(".")], "temporaries left"
+
+
+def _ssh_answers(node) -> bool:
+    try:
+        ssh.connect(node, timeout=5).close()
+        return True
+    except PreflightError:
+        return False
