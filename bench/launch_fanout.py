@@ -1,6 +1,6 @@
 """Benchmark: how long from "go" until torchrun has started on every node.
 
-For 2, 4 and 8 sandbox nodes (one 8-node sandbox; the first N nodes are used), with the
+For 2, 4, 8 and 16 sandbox nodes (one 16-node sandbox; the first N nodes are used), with the
 code already synced, a trivial script is started three ways:
 
   launch   the orchestrator's launch path in-process: SSH connect to every node and
@@ -13,7 +13,7 @@ Sandbox nodes share the controller's kernel clock, so node and controller times 
 exactly. To keep setup short, torch is installed once into the sandbox's shared directory
 and every node's python_env.json points at it (a benchmark shortcut, not a provisioned node).
 
-    python bench/launch_fanout.py [--sizes 2,4,8] [--repeats 3]
+    python bench/launch_fanout.py [--sizes 2,4,8,16] [--repeats 3]
 
 Writes bench/results/launch_fanout.json and prints a markdown table.
 """
@@ -123,7 +123,7 @@ def bench_ansible(inventory: str, n: int, containers) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="2,4,8")
+    ap.add_argument("--sizes", default="2,4,8,16")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--name", default=f"orch-bench-{os.getpid()}")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "launch_fanout.json"))
