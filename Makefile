@@ -62,12 +62,13 @@ molecule-all: deps venv
 e2e: deps venv
 	$(BIN)/pytest -m e2e -q
 
-# All benchmarks, one after another (about 30 min on 2 cores); results in bench/results/.
+# All benchmarks, one after another (about an hour on 2 cores); results in bench/results/.
 bench: deps venv
 	$(PY) bench/ddp_overhead.py
 	$(PY) bench/launch_fanout.py
 	$(PY) bench/code_sync.py
-	$(PY) bench/provision.py
+	$(PY) bench/provision.py --nodes 2
+	$(PY) bench/provision.py --nodes 8
 
 # Everything CI runs (.ci/run calls this). Stops at the first failing stage.
 test: deps venv

@@ -29,29 +29,18 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from sandbox_bench import REPO, sandbox_down, sandbox_up, sh  # puts REPO on sys.path
 
 from orchestrator.command import CODE_ROOT  # noqa: E402
 from orchestrator.inventory import load_cluster  # noqa: E402
 from orchestrator.runs import new_run_id  # noqa: E402
 from orchestrator.sync import sync_code  # noqa: E402
 
-ENV = {**os.environ, "CONTAINERS_CONF": str(REPO / "sandbox" / "containers.conf"),
-       "ANSIBLE_CONFIG": str(REPO / "ansible.cfg")}
 COPY_DEST = "/var/lib/bench-copy"
-
-
-def sh(*argv: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    p = subprocess.run(argv, env=ENV, capture_output=True, text=True, timeout=timeout)
-    if p.returncode != 0:
-        raise SystemExit(f"{' '.join(argv[:6])}... failed:\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
-    return p
 
 
 def make_code(root: Path) -> dict:
@@ -102,8 +91,7 @@ def main() -> int:
     args = ap.parse_args()
     code = Path(f"/tmp/{args.name}/code")
     payload = make_code(code)
-    info = json.loads(sh(sys.executable, "-m", "orchestrator", "sandbox", "up", "--nodes",
-                         str(args.nodes), "--name", args.name, "--json").stdout)
+    info = sandbox_up(args.name, args.nodes)
     inventory = info["inventory"]
     containers = [n["container"] for n in info["nodes"]]
     cluster = load_cluster(inventory)
@@ -124,8 +112,7 @@ def main() -> int:
         times["copy_resync"].append(timed(lambda: ansible_copy(inventory, args.nodes, code)))
         print(json.dumps({k: round(v[-1], 2) for k, v in times.items()}), flush=True)
     finally:
-        subprocess.run([sys.executable, "-m", "orchestrator", "sandbox", "down", "--name",
-                        args.name], env=ENV, capture_output=True)
+        sandbox_down(args.name)
         shutil.rmtree(code.parent, ignore_errors=True)
     med = {k: round(statistics.median(v), 2) for k, v in times.items()}
     result = {

@@ -24,13 +24,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from sandbox_bench import REPO, sandbox_down, sandbox_up, sh  # puts REPO on sys.path
 
 from orchestrator.command import NodeCommand  # noqa: E402
 from orchestrator.inventory import load_cluster  # noqa: E402
@@ -38,17 +36,8 @@ from orchestrator.job import Job, connect_all  # noqa: E402
 from orchestrator.runs import RunDir, new_run_id  # noqa: E402
 from orchestrator.sync import sync_code  # noqa: E402
 
-ENV = {**os.environ, "CONTAINERS_CONF": str(REPO / "sandbox" / "containers.conf"),
-       "ANSIBLE_CONFIG": str(REPO / "ansible.cfg")}
 VENV = "/mnt/cluster/bench-venv"
 TRIVIAL = "import os\nprint('rank', os.environ['RANK'], flush=True)\n"
-
-
-def sh(*argv: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    p = subprocess.run(argv, env=ENV, capture_output=True, text=True, timeout=timeout)
-    if p.returncode != 0:
-        raise SystemExit(f"{' '.join(argv[:6])}... failed:\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
-    return p
 
 
 def node_exec(container: str, command: str) -> str:
@@ -56,8 +45,7 @@ def node_exec(container: str, command: str) -> str:
 
 
 def setup(name: str, nodes: int) -> dict:
-    info = json.loads(sh(sys.executable, "-m", "orchestrator", "sandbox", "up", "--nodes",
-                         str(nodes), "--name", name, "--json").stdout)
+    info = sandbox_up(name, nodes)
     wheels = REPO / ".cache" / "wheelhouse"
     if not list(wheels.glob("torch-2.13.0*.whl")):
         sh(sys.executable, "-m", "pip", "download", "-q", "-d", str(wheels), "torch==2.13.0")
@@ -152,8 +140,7 @@ def main() -> int:
             results.append(row)
             print(json.dumps(row), flush=True)
     finally:
-        subprocess.run([sys.executable, "-m", "orchestrator", "sandbox", "down", "--name",
-                        args.name], env=ENV, capture_output=True)
+        sandbox_down(args.name)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({
         "what": "seconds from start until torchrun started on every node (code already "

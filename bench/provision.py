@@ -7,9 +7,9 @@ idempotent re-run (changed=0). "defaults" means an empty ansible.cfg: 5 forks, n
 pipelining, Ansible's own ControlPersist of 60 s, implicit fact gathering without a cache.
 Only the roles path is set there too, since the playbooks cannot run without it.
 
-    python bench/provision.py [--nodes 2] [--order defaults,project]
+    python bench/provision.py [--nodes 2] [--order defaults,project] [--out FILE]
 
-Writes bench/results/provision.json and prints a markdown table. Each configuration gets
+Writes bench/results/provision-<N>nodes.json and prints a markdown table. Each configuration gets
 its own sandbox at the same time of day from the same mirror; the package downloads of the
 first run are part of what is measured, so run both in one go and read them as a ratio.
 """
@@ -31,7 +31,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-RESULTS = REPO / "bench" / "results" / "provision.json"
+RESULTS_DIR = REPO / "bench" / "results"
 WHEELHOUSE = REPO / ".cache" / "wheelhouse"
 
 
@@ -89,6 +89,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--order", default="defaults,project")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="results file (default: bench/results/provision-<N>nodes.json)")
     args = parser.parse_args()
     wh = sh(sys.executable, "-m", "orchestrator", "wheelhouse", "--env", "environment.yml",
             "--dest", str(WHEELHOUSE))
@@ -107,8 +109,9 @@ def main() -> int:
                    f"load average {os.getloadavg()[0]:.1f} at the end",
         "nodes": args.nodes, "results": results, "defaults_over_project": ratios,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=2) + "\n")
+    path = args.out or RESULTS_DIR / f"provision-{args.nodes}nodes.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2) + "\n")
     print("\n| config | first run | re-run (changed) |\n|---|---:|---:|")
     for r in results:
         first, rerun = r["runs"]
