@@ -150,13 +150,21 @@ def test_drift_refuses_and_names_package(sandbox_cluster: Sandbox, tmp_path: Pat
 
 
 def test_taken_master_port_moves(sandbox_cluster: Sandbox, tmp_path: Path) -> None:
+    # Another program listens on the master port. SO_REUSEADDR lets it bind although the
+    # previous tests' connections may still sit in TIME_WAIT on that port.
     pidfile = "/tmp/orch-test-listener.pid"
     sandbox_cluster.exec("node0", "sh", "-c",
                           "python3 -c 'import socket,time; s=socket.socket(); "
+                          "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
                           "s.bind((\"0.0.0.0\", 29500)); s.listen(); time.sleep(600)' "
                           f">/dev/null 2>&1 & echo $! > {pidfile}")
     try:
-        time.sleep(1)
+        deadline = time.monotonic() + 30
+        while sandbox_cluster.exec("node0", "python3", "-c", "import socket; "
+                                   "socket.create_connection(('127.0.0.1', 29500), 2)",
+                                   check=False).returncode != 0:
+            assert time.monotonic() < deadline, "the test's listener on node0 did not start"
+            time.sleep(0.5)
         t = Train(sandbox_cluster, tmp_path, "--nodes", "2", "ddp_allreduce.py")
         code = t.finish()
     finally:
