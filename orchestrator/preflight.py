@@ -30,9 +30,12 @@ class Report:
     warnings: list[str] = field(default_factory=list)
     master_port: int | None = None
     backend: str = "gloo"
+    nproc_per_node: int | None = None  # None: auto
 
     def nproc(self, facts: NodeFacts) -> int:
-        """Processes on a node for `--nproc-per-node auto`: one per GPU, or 1 (gloo) on CPU."""
+        """Processes on a node: the --nproc-per-node given, else one per GPU, or 1 (gloo)."""
+        if self.nproc_per_node:
+            return self.nproc_per_node
         return facts.gpus if self.backend == "nccl" else 1
 
     @property
@@ -81,7 +84,7 @@ def _check_node(node: NodeSpec, cluster: Cluster, port: int | None
 
 
 def run_preflight(cluster: Cluster, port: int | None = None, strict_port: bool = False,
-                  keep_connections: bool = False) -> Report:
+                  keep_connections: bool = False, nproc_per_node: int | None = None) -> Report:
     """Probe every node in parallel and judge the result (does not raise)."""
     port = port or cluster.rendezvous_port
     with ThreadPoolExecutor(max_workers=min(len(cluster.nodes), 32)) as pool:
@@ -89,7 +92,8 @@ def run_preflight(cluster: Cluster, port: int | None = None, strict_port: bool =
             lambda n: _check_node(n, cluster, port if n is cluster.nodes[0] else None),
             cluster.nodes))
     report = Report(cluster, [f for f, _ in results],
-                    {f.node.name: c for f, c in results if c is not None})
+                    {f.node.name: c for f, c in results if c is not None},
+                    nproc_per_node=nproc_per_node)
     _judge(report, port, strict_port)
     if not keep_connections:
         report.close()

@@ -116,14 +116,14 @@ def _main(args: argparse.Namespace) -> int:
     cluster = load_cluster(args.inventory).select(args.nodes, args.hosts)
     report = run_preflight(cluster, request.master_port,
                            strict_port=request.master_port is not None,
-                           keep_connections=True)
+                           keep_connections=True, nproc_per_node=request.nproc)
     try:
         print_report(report)
         raise_if_blocked(report)
         run_id = new_run_id()
         commands = [
             NodeCommand(run_id=run_id, node_rank=i, nnodes=len(cluster.nodes),
-                        nproc=request.nproc or report.nproc(facts),
+                        nproc=report.nproc(facts),
                         master_addr=cluster.nodes[0].cluster_address,
                         master_port=report.master_port or cluster.rendezvous_port,
                         torchrun=facts.python_env["torchrun"],

@@ -62,3 +62,13 @@ def test_blocking_problems_name_node_and_fix() -> None:
     assert "node1: shared path not readable" in text
     assert "node2: cannot reach" in text
     assert any("clocks differ by 5.0 s" in w for w in r.warnings)
+
+
+def test_table_shows_the_nproc_the_job_will_get() -> None:
+    f = [facts("node0", {"torch": "2.13.0"}), facts("node1", {"torch": "2.13.0"})]
+    auto = report(*f)
+    assert [row.split()[5] for row in render_table(auto).splitlines()[1:]] == ["1", "1"]
+    given = Report(Cluster(inventory=None, nodes=tuple(x.node for x in f)), f, nproc_per_node=4)
+    _judge(given, 29500, strict_port=False)
+    assert given.nproc(f[0]) == 4
+    assert [row.split()[5] for row in render_table(given).splitlines()[1:]] == ["4", "4"]

@@ -86,6 +86,9 @@ def test_train_two_nodes_ddp(sandbox_cluster: Sandbox, tmp_path: Path) -> None:
               "ddp_allreduce.py", "--", "--steps", "3")
     code = t.finish()
     assert code == 0, t.text[-3000:] + t.stderr
+    # The preflight table shows the process count asked for, not the automatic one.
+    table = {row.split()[0]: row.split() for row in t.text.splitlines()[:3]}
+    assert table["NODE"][5] == "NPROC" and table["node0"][5] == table["node1"][5] == "2", table
     # Every rank of the world, each from the node it ran on, with a correct all_reduce.
     for node, rank in (("node0", 0), ("node0", 1), ("node1", 2), ("node1", 3)):
         assert f"{node}/rank{rank} | rank {rank}/4 host {node} sum 10 ok" in t.text
