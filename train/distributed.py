@@ -187,11 +187,6 @@ def broadcast_from_main(obj: Any, env: DistEnv, group=None) -> Any:
     return _decode(buf, int(size.item()))
 
 
-def barrier(env: DistEnv, group=None) -> None:
-    if env.distributed:
-        dist.barrier(group=group)
-
-
 def barrier(env: DistEnv) -> None:
     """Wait for every rank (no-op in a single process)."""
     if env.distributed and dist.is_initialized():
