@@ -29,7 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from sandbox_bench import ENV, REPO, sandbox_down, sandbox_up
+
 BIN = Path(sys.executable).parent
 RESULTS_DIR = REPO / "bench" / "results"
 WHEELHOUSE = REPO / ".cache" / "wheelhouse"
@@ -40,13 +41,6 @@ def sh(*argv: str, env: dict | None = None, timeout: int = 3600) -> subprocess.C
                           timeout=timeout)
 
 
-def orchestrator(*args: str) -> subprocess.CompletedProcess:
-    proc = sh(sys.executable, "-m", "orchestrator", *args)
-    if proc.returncode != 0:
-        raise SystemExit(f"orchestrator {' '.join(args)} failed:\n{proc.stderr}")
-    return proc
-
-
 def changed_total(stdout: str) -> int:
     recap = stdout[stdout.rindex("PLAY RECAP"):]
     return sum(int(n) for n in re.findall(r"changed=(\d+)", recap))
@@ -54,15 +48,13 @@ def changed_total(stdout: str) -> int:
 
 def provision_twice(config: str, nodes: int, cfg_dir: Path) -> dict:
     name = f"bench-prov-{config}"
-    orchestrator("sandbox", "down", "--name", name)
-    info = json.loads(orchestrator("sandbox", "up", "--nodes", str(nodes), "--name", name,
-                                   "--json").stdout)
+    sandbox_down(name)
+    info = sandbox_up(name, nodes)
     try:
         shutil.copytree(WHEELHOUSE, Path(info["share"]) / "wheelhouse",
                         copy_function=os.link)
-        env = {**os.environ, "CONTAINERS_CONF": str(REPO / "sandbox" / "containers.conf")}
+        env = dict(ENV)  # the project's ansible.cfg
         if config == "project":
-            env["ANSIBLE_CONFIG"] = str(REPO / "ansible.cfg")
             shutil.rmtree(REPO / ".cache" / "ansible-facts", ignore_errors=True)
         else:
             empty = cfg_dir / "ansible.cfg"
@@ -82,7 +74,7 @@ def provision_twice(config: str, nodes: int, cfg_dir: Path) -> dict:
                   flush=True)
         return {"config": config, "runs": runs}
     finally:
-        orchestrator("sandbox", "down", "--name", name)
+        sandbox_down(name)
 
 
 def main() -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +34,30 @@ class ProvisionedCluster:
         out = self.exec(node, "ps", "-eo", "pid,args", "--no-headers").stdout
         return [line.strip() for line in out.splitlines()
                 if "torchrun" in line or NODE_PYTHON in line]
+
+    def kill(self, node: str) -> None:
+        """Kill NODE's container outright, as a power cut would."""
+        subprocess.run(["podman", "kill", self.containers[node]], env=ENV, check=True,
+                       capture_output=True, timeout=60)
+
+    def start(self, node: str, timeout: float = 90) -> None:
+        """Start NODE's container again and wait until its SSH answers (same address)."""
+        from orchestrator import ssh
+        from orchestrator.errors import PreflightError
+        from orchestrator.inventory import load_cluster
+
+        subprocess.run(["podman", "start", self.containers[node]], env=ENV, check=False,
+                       capture_output=True, timeout=60)
+        spec = next(n for n in load_cluster(self.inventory).nodes if n.name == node)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                ssh.connect(spec, timeout=5).close()
+                return
+            except PreflightError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1)
 
 
 def run(*argv: str, timeout: int = 1800, **kw) -> subprocess.CompletedProcess:

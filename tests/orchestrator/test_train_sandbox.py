@@ -14,10 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import ssh
-from orchestrator.errors import PreflightError
-from orchestrator.inventory import load_cluster
-
 from ..cluster import ENV as PODMAN_ENV, REPO, ProvisionedCluster as Sandbox
 
 # The timeout covers the session fixture too: preparing nodes takes minutes on a busy machine.
@@ -215,9 +211,7 @@ def test_killed_node_is_noticed(sandbox_cluster: Sandbox, tmp_path: Path) -> Non
     t = Train(sandbox_cluster, tmp_path, "--nodes", "2", "ddp_allreduce.py", "--",
               "--sleep", "600")
     t.wait_for("sum 3 ok", count=2)
-    container = sandbox_cluster.containers["node1"]
-    subprocess.run(["podman", "kill", container], env=PODMAN_ENV, check=True,
-                   capture_output=True, timeout=60)
+    sandbox_cluster.kill("node1")
     try:
         code = t.finish(timeout=60)
         assert code != 0
@@ -227,16 +221,4 @@ def test_killed_node_is_noticed(sandbox_cluster: Sandbox, tmp_path: Path) -> Non
         assert summary["nodes"][0]["end_reason"] == "stopped"
         assert_no_job_processes(sandbox_cluster, nodes=("node0",))
     finally:
-        # Bring the node back for later tests: start it and wait until SSH answers.
-        subprocess.run(["podman", "start", container], env=PODMAN_ENV, check=False,
-                       capture_output=True, timeout=60)
-        node1 = load_cluster(sandbox_cluster.inventory).nodes[1]
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                ssh.connect(node1, timeout=5).close()
-                break
-            except PreflightError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(1)
+        sandbox_cluster.start("node1")  # back for later tests, SSH answering
