@@ -44,8 +44,11 @@ def node_exec(container: str, command: str) -> str:
     return sh("podman", "exec", container, "sh", "-c", command).stdout
 
 
-def setup(name: str, nodes: int) -> dict:
-    info = sandbox_up(name, nodes)
+HOME = "/home/alice"  # the sandbox's login user: jobs run as alice, state in her home
+
+
+def setup(name: str, nodes: int, bastion: bool) -> dict:
+    info = sandbox_up(name, nodes, bastion)
     wheels = REPO / ".cache" / "wheelhouse"
     if not list(wheels.glob("torch-2.13.0*.whl")):
         sh(sys.executable, "-m", "pip", "download", "-q", "-d", str(wheels), "torch==2.13.0")
@@ -78,7 +81,8 @@ def bench_launch(cluster, containers, workdir: Path, runs: Path) -> float:
     clients = connect_all(list(cluster.nodes))
     commands = [NodeCommand(run_id=run_id, node_rank=i, nnodes=len(cluster.nodes), nproc=1,
                             master_addr=cluster.nodes[0].cluster_address, master_port=29500,
-                            torchrun=f"{VENV}/bin/torchrun", script="trivial.py")
+                            torchrun=f"{VENV}/bin/torchrun", home=HOME,
+                            script="trivial.py")
                 for i in range(len(cluster.nodes))]
     result = Job(rundir, list(zip(cluster.nodes, commands)), clients,
                  out=open(os.devnull, "w")).run()
@@ -93,19 +97,20 @@ def bench_train(inventory: str, n: int, containers, workdir: Path, runs: Path) -
     sh(sys.executable, "-m", "orchestrator", "train", "-i", inventory, "--nodes", str(n),
        "--workdir", str(workdir), "--runs-dir", str(runs), "trivial.py")
     run_id = sorted(p.name for p in runs.iterdir())[-1]
-    return max(started_times(containers, f"/var/lib/clustertrain/jobs/{run_id}/pgid")) - t0
+    return max(started_times(containers, f"{HOME}/.clustertrain/jobs/{run_id}/pgid")) - t0
 
 
 def bench_ansible(inventory: str, n: int, containers) -> float:
     stamp = "/tmp/bench-ansible-start"
-    cmd = (f"date +%s.%N > {stamp}; cd /var/lib/clustertrain/code/latest && exec "
+    cmd = (f"date +%s.%N > {stamp}; cd {HOME}/.clustertrain/code/latest && exec "
            f"{VENV}/bin/torchrun --nnodes {n} "
            "--node-rank {{ groups['train_nodes'].index(inventory_hostname) }} "
            "--nproc-per-node 1 --master-addr {{ hostvars[groups['train_nodes'][0]].cluster_address }} "
            "--master-port 29500 trivial.py")
     t0 = time.time()
     sh(str(Path(sys.executable).parent / "ansible"), f"train_nodes[0:{n - 1}]", "-i",
-       inventory, "-f", str(n), "-m", "ansible.builtin.shell", "-a", cmd)
+       inventory, "-f", str(n), "-e", "ansible_become=false", "-m", "ansible.builtin.shell",
+       "-a", cmd)
     return max(started_times(containers, stamp)) - t0
 
 
@@ -114,13 +119,18 @@ def main() -> int:
     ap.add_argument("--sizes", default="2,4,8,16")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--name", default=f"orch-bench-{os.getpid()}")
-    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "launch_fanout.json"))
+    ap.add_argument("--bastion", action="store_true",
+                    help="nodes reachable only through a bastion (ProxyJump)")
+    ap.add_argument("--out", default=None, help="default: bench/results/launch_fanout"
+                    "[-bastion].json")
     args = ap.parse_args()
+    args.out = args.out or str(REPO / "bench" / "results" / (
+        "launch_fanout-bastion.json" if args.bastion else "launch_fanout.json"))
     sizes = [int(s) for s in args.sizes.split(",")]
     work = Path(f"/tmp/{args.name}")
     (work / "code").mkdir(parents=True, exist_ok=True)
     (work / "code" / "trivial.py").write_text(TRIVIAL)
-    info = setup(args.name, max(sizes))
+    info = setup(args.name, max(sizes), args.bastion)
     results = []
     try:
         cluster_all = load_cluster(info["inventory"])
@@ -146,6 +156,7 @@ def main() -> int:
         "what": "seconds from start until torchrun started on every node (code already "
                 "synced); median of repeats",
         "machine": f"{os.cpu_count()} cores, shared with other work; sandbox containers",
+        "ssh": "through a bastion (ProxyJump)" if args.bastion else "direct",
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "results": results}, indent=2) + "\n")
     print("\n| nodes | orchestrator launch (s) | `train` CLI incl. preflight+sync (s) | "

@@ -23,10 +23,12 @@ def sh(*argv: str, timeout: int = 900) -> subprocess.CompletedProcess:
     return p
 
 
-def sandbox_up(name: str, nodes: int) -> dict:
-    """`sandbox up --json`: its nodes (name, address, container), inventory and share."""
+def sandbox_up(name: str, nodes: int, bastion: bool = False) -> dict:
+    """`sandbox up --json`: its nodes (name, address, container), inventory and share.
+    With BASTION, the nodes are reachable only through a bastion (ProxyJump)."""
     return json.loads(sh(sys.executable, "-m", "orchestrator", "sandbox", "up", "--nodes",
-                         str(nodes), "--name", name, "--json").stdout)
+                         str(nodes), "--name", name, "--json",
+                         *(["--bastion"] if bastion else [])).stdout)
 
 
 def sandbox_down(name: str) -> None:

@@ -8,12 +8,23 @@ from dataclasses import dataclass, field
 
 from .errors import LaunchError
 
-CODE_ROOT = "/var/lib/clustertrain/code"
-JOBS_ROOT = "/var/lib/clustertrain/jobs"
+# Every job runs as the SSH user and keeps its state under that user's home on each
+# node (mode 0700: other users cannot see it): code snapshots and per-run job records.
+NODE_STATE_DIR = ".clustertrain"
+CODE_SUBDIR = "code"
+JOBS_SUBDIR = "jobs"
 CLUSTER_ENV = "/etc/clustertrain/cluster.env"
 # torchrun prefixes every worker line with its global rank; logstream parses it.
 LOG_PREFIX_TEMPLATE = "[rank${rank}]:"
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# The last line of every launch: torchrun's exit status, so that a connection that ends
+# without it is told apart from a job that exited (even with 255, ssh's own error code).
+EXIT_MARKER = "@@clustertrain-exit"
+
+
+def state_dir(home: str) -> str:
+    """The job user's state directory on a node, from that user's home directory."""
+    return f"{home.rstrip('/')}/{NODE_STATE_DIR}"
 
 
 def parse_env(items: list[str] | None) -> dict[str, str]:
@@ -51,6 +62,7 @@ class NodeCommand:
     master_addr: str
     master_port: int
     torchrun: str
+    home: str                           # the job user's home on this node
     script: str                         # relative to the code snapshot
     script_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
@@ -58,11 +70,11 @@ class NodeCommand:
 
     @property
     def code_dir(self) -> str:
-        return f"{CODE_ROOT}/{self.run_id}"
+        return f"{state_dir(self.home)}/{CODE_SUBDIR}/{self.run_id}"
 
     @property
     def job_dir(self) -> str:
-        return f"{JOBS_ROOT}/{self.run_id}"
+        return f"{state_dir(self.home)}/{JOBS_SUBDIR}/{self.run_id}"
 
     def torchrun_argv(self) -> list[str]:
         argv = [self.torchrun, "--nnodes", str(self.nnodes), "--node-rank", str(self.node_rank),
@@ -94,13 +106,15 @@ class NodeCommand:
 
         torchrun runs in a new session (setsid), so it and its workers form a job of
         their own; its PID, which is also its process group id, is written to
-        JOB_DIR/pgid for `stop` and teardown. `setsid -w` keeps the SSH command alive
-        until torchrun exits, and passes on its exit code.
+        JOB_DIR/pgid for `stop` and teardown. `setsid -w` waits for torchrun; its exit
+        status is printed as the last line (EXIT_MARKER) and passed on.
         """
         exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.environment().items())
-        inner = (f"echo $$ > {self.job_dir}/pgid; "
+        job, code = shlex.quote(self.job_dir), shlex.quote(self.code_dir)
+        inner = (f"echo $$ > {job}/pgid; "
                  f"if [ -r {CLUSTER_ENV} ]; then set -a; . {CLUSTER_ENV}; set +a; fi; "
                  f"export {exports}; "
                  f"exec {shlex.join(self.torchrun_argv())}")
-        return (f"mkdir -p {self.job_dir} && cd {self.code_dir} && "
-                f"exec setsid -w /bin/sh -c {shlex.quote(inner)} </dev/null 2>&1")
+        return (f"umask 077; mkdir -p {job} && cd {code} && "
+                f"{{ setsid -w /bin/sh -c {shlex.quote(inner)} </dev/null 2>&1; rc=$?; "
+                f"echo \"{EXIT_MARKER} $rc\"; exit $rc; }}")

@@ -2,24 +2,29 @@
 
 The same file `ansible-playbook site.yml -i ...` uses: INI or YAML, with group_vars and
 host_vars next to it. Training nodes are the hosts of group `train_nodes`, in order;
-the first one is node 0 (rank 0, the master).
+the first one is node 0 (rank 0, the master). How each node is reached over SSH is
+resolved by Ansible's configuration manager (ansible.cfg, ANSIBLE_* variables, host
+variables, with Ansible's precedence), so the orchestrator connects exactly as
+`ansible-playbook` does.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import shlex
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .errors import InventoryError
+from .ssh import SshTarget
 
 DEFAULT_INVENTORY = Path("inventory/hosts.yml")
 TRAIN_GROUP = "train_nodes"
 DEFAULT_SHARED_PATH = "/mnt/cluster"
 DEFAULT_RENDEZVOUS_PORT = 29500
+DEFAULT_PYTHON = "/usr/bin/python3"
 
 
 @dataclass(frozen=True)
@@ -27,14 +32,17 @@ class NodeSpec:
     """One training node: how to reach it over SSH and how the others reach it."""
 
     name: str
-    host: str                       # ansible_host: where SSH connects
-    cluster_address: str            # what the other nodes use (master address on node 0)
-    user: str = "root"
-    port: int = 22
-    key_file: str | None = None
-    known_hosts: str | None = None  # None: ~/.ssh/known_hosts
-    host_key_checking: str = "yes"  # yes | accept-new | no (from StrictHostKeyChecking)
-    python: str = "/usr/bin/python3"  # the node's system python (for probes and teardown)
+    ssh: SshTarget
+    cluster_address: str            # what the other nodes use (an IP or a DNS name)
+    python: str = DEFAULT_PYTHON    # the node's system python (for probes and teardown)
+
+    @property
+    def host(self) -> str:
+        return self.ssh.host
+
+    @property
+    def user(self) -> str | None:
+        return self.ssh.user
 
 
 @dataclass(frozen=True)
@@ -51,7 +59,7 @@ class Cluster:
 
     def select(self, nodes: int | None = None, hosts: str | None = None) -> "Cluster":
         """`--nodes N` (the first N) or `--hosts a,b` (by name, kept in inventory order)."""
-        if nodes is not None and hosts:
+        if nodes is not None and hosts is not None:
             raise InventoryError("give either --nodes N or --hosts a,b, not both")
         chosen = list(self.nodes)
         if nodes is not None:
@@ -64,8 +72,12 @@ class Cluster:
                     f"({', '.join(self.names)}); use --nodes {len(self.nodes)} or fewer, "
                     "or add hosts to the inventory")
             chosen = chosen[:nodes]
-        elif hosts:
+        elif hosts is not None:
             wanted = [h.strip() for h in hosts.split(",") if h.strip()]
+            if not wanted:
+                raise InventoryError(
+                    f"--hosts {hosts!r} names no node; give inventory names separated by "
+                    f"commas, e.g. --hosts {','.join(self.names[:2])}")
             unknown = [h for h in wanted if h not in self.names]
             if unknown:
                 raise InventoryError(
@@ -79,36 +91,112 @@ class Cluster:
                        self.rendezvous_port, self.variables)
 
 
-def _ssh_options(args: str) -> dict[str, str]:
-    """`-o Key=Value` pairs (keys lower-cased) from ansible_ssh_common_args/extra_args."""
-    opts: dict[str, str] = {}
-    words = shlex.split(args)
-    i = 0
-    while i < len(words):
-        word = words[i]
-        value = None
-        if word == "-o" and i + 1 < len(words):
-            value = words[i + 1]
-            i += 1
-        elif word.startswith("-o") and len(word) > 2:
-            value = word[2:]
-        if value:
-            key, _, val = value.replace(" ", "=", 1).partition("=")
-            opts[key.strip().lower()] = val.strip()
-        i += 1
-    return opts
+# Host variables the orchestrator reads; each is rendered by Ansible's templating, and
+# one that cannot be rendered (it needs facts, say) is an error naming it and the host.
+_CONNECTION_OPTIONS = ("host", "remote_user", "port", "private_key_file",
+                       "host_key_checking", "ssh_executable", "ssh_args",
+                       "ssh_common_args", "ssh_extra_args", "timeout")
+_OWN_VARS = ("cluster_address", "cluster_shared_path", "cluster_rendezvous_port",
+             "ansible_python_interpreter")
 
 
 def _load_ansible(path: Path):
     # Imported here so that `--help` and unit tests of other modules stay fast.
+    from ansible import constants as C
+    from ansible.errors import AnsibleError
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
-    from ansible.template import Templar
+    from ansible.plugins.loader import connection_loader
     from ansible.vars.manager import VariableManager
 
+    from ansible.inventory import manager
+
+    # A file no inventory plugin can parse is an error with the plugins' own reasons
+    # (Ansible prints them as warnings), not a warning followed by an empty inventory.
+    C.INVENTORY_UNPARSED_IS_FAILED = True
+    said: list[str] = []
+    warn = manager.display.warning
+    manager.display.warning = lambda msg, *a, **kw: said.append(str(msg).strip())  # type: ignore[method-assign]
     loader = DataLoader()
-    inventory = InventoryManager(loader=loader, sources=[str(path)])
-    return loader, inventory, VariableManager(loader=loader, inventory=inventory), Templar
+    try:
+        inventory = InventoryManager(loader=loader, sources=[str(path)])
+    except AnsibleError as exc:
+        reasons = "\n".join(m for m in said if "Failed to parse" in m) or str(exc)
+        raise InventoryError(f"Ansible cannot parse the inventory {path}:\n{reasons}\n"
+                             "Fix the file (`ansible-inventory -i FILE --list` shows the "
+                             "same error)") from None
+    finally:
+        manager.display.warning = warn  # type: ignore[method-assign]
+    for message in said:
+        if "Failed to parse" not in message:
+            print(f"[WARNING]: {message}", file=sys.stderr)
+    connection_loader.get("ssh", class_only=True)  # registers the ssh plugin's options
+    return loader, inventory, VariableManager(loader=loader, inventory=inventory)
+
+
+class _Renderer:
+    """Renders one host's variables with Ansible's Templar, one variable at a time."""
+
+    def __init__(self, loader, hostvars: dict[str, Any], host: str, path: Path) -> None:
+        from ansible.template import Templar
+
+        self.hostvars, self.host, self.path = hostvars, host, path
+        self.templar = Templar(loader=loader, variables=hostvars)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        from ansible.errors import AnsibleError
+
+        if key not in self.hostvars:
+            return default
+        raw = self.hostvars[key]
+        try:
+            return self.templar.template(raw)
+        except AnsibleError as exc:
+            first = str(exc).strip().splitlines()[0]
+            raise InventoryError(
+                f"{self.host}: {key} = {raw!r} in {self.path} cannot be rendered ({first}). "
+                "The orchestrator reads the inventory without gathering facts: set "
+                f"{key} for {self.host} to a value (an address or a name), not an "
+                "expression over facts") from None
+
+    def rendered(self) -> dict[str, Any]:
+        """The variables Ansible's ssh options are read from, rendered."""
+        keys = [k for k in self.hostvars if k.startswith("ansible_") and
+                k not in ("ansible_facts",) and isinstance(self.hostvars[k], str)]
+        return {**self.hostvars, **{k: self.get(k) for k in keys if "{{" in self.hostvars[k]
+                                    or "{%" in self.hostvars[k]}}
+
+
+def _target(hv: dict[str, Any], name: str, path: Path) -> SshTarget:
+    from ansible import constants as C
+    from ansible.errors import AnsibleError
+
+    opts: dict[str, Any] = {}
+    for option in _CONNECTION_OPTIONS:
+        try:
+            opts[option] = C.config.get_config_value(option, plugin_type="connection",
+                                                     plugin_name="ssh", variables=hv)
+        except AnsibleError as exc:
+            raise InventoryError(f"{name}: the SSH setting {option} in {path} is not "
+                                 f"valid: {exc}") from None
+    try:
+        port = int(opts["port"]) if opts["port"] not in (None, "") else None
+    except (TypeError, ValueError):
+        raise InventoryError(f"{name}: ansible_port must be a number in {path}, "
+                             f"not {opts['port']!r}") from None
+    key = opts["private_key_file"]
+    return SshTarget(
+        host=str(opts["host"] or name),
+        user=str(opts["remote_user"]) if opts["remote_user"] else None,
+        port=port,
+        private_key_file=os.path.expanduser(str(key)) if key else None,
+        host_key_checking=bool(opts["host_key_checking"]),
+        ssh_executable=str(opts["ssh_executable"] or "ssh"),
+        ssh_args=tuple(shlex.split(str(opts["ssh_args"] or ""))),
+        common_args=tuple(shlex.split(str(opts["ssh_common_args"] or ""))),
+        extra_args=tuple(shlex.split(str(opts["ssh_extra_args"] or ""))),
+        timeout=int(opts["timeout"] or 10),
+    )
 
 
 def load_cluster(path: str | os.PathLike[str] = DEFAULT_INVENTORY) -> Cluster:
@@ -118,7 +206,7 @@ def load_cluster(path: str | os.PathLike[str] = DEFAULT_INVENTORY) -> Cluster:
             f"inventory {path} does not exist; pass the one site.yml uses with "
             "-i/--inventory (a sandbox's is in "
             "~/.local/state/clustertrain/sandboxes/NAME/inventory.yml)")
-    loader, inventory, variables, templar_cls = _load_ansible(path)
+    loader, inventory, variables = _load_ansible(path)
     group = inventory.groups.get(TRAIN_GROUP)
     hosts = group.get_hosts() if group is not None else []
     if not hosts:
@@ -126,53 +214,43 @@ def load_cluster(path: str | os.PathLike[str] = DEFAULT_INVENTORY) -> Cluster:
             f"inventory {path} has no hosts in group '{TRAIN_GROUP}'; list the training "
             "nodes there in order (the first is node 0, see docs/CONVENTIONS.md)")
     nodes = []
-    first_vars: dict[str, Any] = {}
+    first: dict[str, Any] = {}
     for host in hosts:
-        hv = variables.get_vars(host=host)
-        templar = templar_cls(loader=loader, variables=hv)
-        hv = {k: templar.template(v) for k, v in hv.items()
-              if k.startswith(("ansible_", "cluster_"))}
-        if not first_vars:
-            first_vars = hv
-        nodes.append(_node(host.name, hv, path))
+        renderer = _Renderer(loader, variables.get_vars(host=host), host.name, path)
+        if not first:
+            first = {k: renderer.get(k) for k in _OWN_VARS}
+        nodes.append(_node(host.name, renderer, path))
+    _refuse_duplicates(nodes, path)
     try:
-        port = int(first_vars.get("cluster_rendezvous_port", DEFAULT_RENDEZVOUS_PORT))
+        port = int(first.get("cluster_rendezvous_port") or DEFAULT_RENDEZVOUS_PORT)
     except (TypeError, ValueError):
         raise InventoryError(f"cluster_rendezvous_port in {path} must be a port number, "
-                             f"not {first_vars.get('cluster_rendezvous_port')!r}") from None
+                             f"not {first.get('cluster_rendezvous_port')!r}") from None
     return Cluster(path, tuple(nodes),
-                   str(first_vars.get("cluster_shared_path") or DEFAULT_SHARED_PATH),
-                   port, first_vars)
+                   str(first.get("cluster_shared_path") or DEFAULT_SHARED_PATH),
+                   port, first)
 
 
-def _node(name: str, hv: dict[str, Any], path: Path) -> NodeSpec:
-    host = str(hv.get("ansible_host") or name)
-    cluster_address = str(hv.get("cluster_address") or host)
-    try:
-        ipaddress.ip_address(cluster_address)
-    except ValueError:
-        raise InventoryError(
-            f"{name}: cluster_address {cluster_address!r} is not an IP address; set "
-            f"cluster_address (or ansible_host) for {name} in {path} to the IP the other "
-            "nodes reach it at") from None
-    opts = _ssh_options(" ".join(str(hv.get(k) or "") for k in
-                                 ("ansible_ssh_common_args", "ansible_ssh_extra_args")))
-    checking = opts.get("stricthostkeychecking", "yes").lower()
-    checking = {"true": "yes", "false": "no", "off": "no", "ask": "yes"}.get(checking, checking)
-    if checking not in ("yes", "no", "accept-new"):
-        checking = "yes"
-    known = opts.get("userknownhostsfile")
-    if known:
-        known = os.path.expanduser(known.split()[0])
-    key = hv.get("ansible_ssh_private_key_file") or hv.get("ansible_private_key_file")
-    try:
-        port = int(hv.get("ansible_port") or hv.get("ansible_ssh_port") or 22)
-    except (TypeError, ValueError):
-        raise InventoryError(f"{name}: ansible_port must be a number in {path}") from None
-    interpreter = str(hv.get("ansible_python_interpreter") or "/usr/bin/python3")
-    if "{{" in interpreter or "auto" in interpreter:
-        interpreter = "/usr/bin/python3"
-    return NodeSpec(name=name, host=host, cluster_address=cluster_address,
-                    user=str(hv.get("ansible_user") or os.environ.get("USER") or "root"),
-                    port=port, key_file=os.path.expanduser(str(key)) if key else None,
-                    known_hosts=known, host_key_checking=checking, python=interpreter)
+def _node(name: str, renderer: _Renderer, path: Path) -> NodeSpec:
+    target = _target(renderer.rendered(), name, path)
+    cluster_address = str(renderer.get("cluster_address") or target.host).strip()
+    interpreter = str(renderer.get("ansible_python_interpreter") or DEFAULT_PYTHON)
+    if "auto" in interpreter:
+        interpreter = DEFAULT_PYTHON
+    return NodeSpec(name=name, ssh=target, cluster_address=cluster_address,
+                    python=interpreter)
+
+
+def _refuse_duplicates(nodes: list[NodeSpec], path: Path) -> None:
+    """Two inventory entries for one machine would start two node ranks on it."""
+    for what, key in (("cluster_address", lambda n: n.cluster_address.lower()),
+                      ("SSH address", lambda n: (n.ssh.host.lower(), n.ssh.port))):
+        seen: dict[Any, str] = {}
+        for node in nodes:
+            other = seen.setdefault(key(node), node.name)
+            if other != node.name:
+                raise InventoryError(
+                    f"{other} and {node.name} in {path} have the same {what} "
+                    f"({node.cluster_address if what == 'cluster_address' else node.ssh.host}); "
+                    "each training node must be a different machine: fix ansible_host / "
+                    "cluster_address of one of them")

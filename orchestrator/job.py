@@ -13,10 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import IO
 
-import paramiko
-
 from . import ssh
-from .command import NodeCommand
+from .command import EXIT_MARKER, NodeCommand
 from .inventory import NodeSpec
 from .logstream import LineSplitter
 from .runs import RunDir
@@ -24,10 +22,7 @@ from .teardown import DEFAULT_GRACE, stop_job
 
 LAST_LINES = 30          # any line: torchrun's own error report is about 20 lines
 LAST_WORKER_LINES = 10   # lines the training processes printed
-KEEPALIVE_INTERVAL = 1.0   # seconds between liveness checks of each node's SSH connection
-KEEPALIVE_TIMEOUT = 4.0    # an unanswered check after this long is a miss
-EXIT_STATUS_WAIT = 15.0   # seconds between end of output and the exit status, at most
-KEEPALIVE_MISSES = 3       # this many misses in a row: the node is lost (a busy node is not)
+WATCH_INTERVAL = 0.5       # seconds between checks that each node's master connection lives
 
 
 @dataclass
@@ -60,7 +55,7 @@ class JobResult:
 
 class Job:
     def __init__(self, run: RunDir, nodes: list[tuple[NodeSpec, NodeCommand]],
-                 clients: dict[str, paramiko.SSHClient], out: IO[str] = sys.stdout,
+                 clients: dict[str, ssh.Connection], out: IO[str] = sys.stdout,
                  grace: float = DEFAULT_GRACE) -> None:
         self.rundir = run
         self.nodes = nodes
@@ -79,33 +74,28 @@ class Job:
         outcome = self.outcomes[spec.name]
         splitter = LineSplitter(spec.name)
         try:
-            chan = self.clients[spec.name].get_transport().open_session(timeout=10)
-            chan.settimeout(0.5)
-            chan.exec_command(cmd.shell())
+            proc = self.clients[spec.name].popen(cmd.shell())
         except Exception as exc:  # noqa: BLE001 - any failure to start is this node's failure
             self.events.put(("lost", spec.name, f"could not start the command: {exc}"))
             return
         self.events.put(("started", spec.name, time.time()))
+        code: int | None = None
+        assert proc.stdout is not None
         with open(self.rundir.log(spec.name), "a", encoding="utf-8") as log:
             while True:
-                try:
-                    chunk = chan.recv(65536)
-                except TimeoutError:
-                    continue
-                except Exception as exc:  # noqa: BLE001 - transport died under us
-                    self.events.put(("lost", spec.name, f"SSH connection lost: {exc}"))
-                    return
+                chunk = proc.stdout.read1(65536)  # type: ignore[attr-defined]
                 if not chunk:
                     break
-                self._emit(log, outcome, splitter.feed(chunk))
-            self._emit(log, outcome, splitter.flush())
-        # paramiko reports -1 when the channel closed without an exit status: the node
-        # went down or its sshd died under the job (a real exit code is 0-255).
-        # The exit status arrives just after end-of-output: wait for it (or for the close).
-        code = chan.exit_status if chan.status_event.wait(EXIT_STATUS_WAIT) else -1
-        if code >= 0:
+                lines, code = _take_exit_marker(splitter.feed(chunk), code)
+                self._emit(log, outcome, lines)
+            lines, code = _take_exit_marker(splitter.flush(), code)
+            self._emit(log, outcome, lines)
+        proc.wait()
+        if code is not None:
             self.events.put(("exit", spec.name, code))
         else:
+            # The session ended without torchrun's exit status: the connection broke
+            # (node down, rebooted, sshd killed, or the network dropped).
             self.events.put(("lost", spec.name, "SSH connection closed without an exit "
                              "status (node down, rebooted, or sshd killed)"))
 
@@ -122,16 +112,17 @@ class Job:
             self.out.flush()
 
     def _watch(self) -> None:
-        misses = {name: 0 for name in self.outcomes}
-        while not self._done.wait(KEEPALIVE_INTERVAL):
-            for name, client in self.clients.items():
-                if self.outcomes[name].reason != "running":
+        """A node whose master connection ended (it stopped answering the ServerAlive
+        probes, see ssh.py) is lost, whatever its session still shows."""
+        reported: set[str] = set()
+        while not self._done.wait(WATCH_INTERVAL):
+            for name, conn in self.clients.items():
+                if name in reported or self.outcomes[name].reason != "running":
                     continue
-                misses[name] = 0 if ssh.alive(client, KEEPALIVE_TIMEOUT) else misses[name] + 1
-                if misses[name] >= KEEPALIVE_MISSES:
-                    self.events.put(("lost", name, f"no answer to SSH keepalive for "
-                                     f"{KEEPALIVE_MISSES * (KEEPALIVE_INTERVAL + KEEPALIVE_TIMEOUT):.0f} s"))
-                    misses[name] = -10**6  # report once
+                if not conn.alive():
+                    reported.add(name)
+                    self.events.put(("lost", name, "no answer to SSH keepalive for "
+                                     f"{ssh.ALIVE_INTERVAL * ssh.ALIVE_COUNT} s"))
 
     # -- teardown ----------------------------------------------------------------------
     def _stop(self, names: list[str], why: str) -> None:
@@ -154,8 +145,8 @@ class Job:
         deadline = time.monotonic() + 10
         while True:
             try:
-                result = stop_job(self.clients[spec.name], spec.name, spec.python,
-                                  cmd.run_id, self.grace)
+                result = stop_job(self.clients[spec.name], spec.python, cmd.run_id,
+                                  self.grace)
             except Exception as exc:  # noqa: BLE001 - reported; keepalive decides the rest
                 self._say(f"{spec.name}: could not stop the job: {exc}")
                 return
@@ -247,6 +238,25 @@ class Job:
         outcome.exit_code, outcome.reason, outcome.ended = code, reason, time.time()
 
 
-def connect_all(specs: list[NodeSpec]) -> dict[str, paramiko.SSHClient]:
+def _take_exit_marker(lines: list[str], code: int | None) -> tuple[list[str], int | None]:
+    """Remove the EXIT_MARKER line (see NodeCommand.shell) and read torchrun's status."""
+    kept = []
+    for line in lines:
+        at = line.find(EXIT_MARKER)
+        if at < 0:
+            kept.append(line)
+            continue
+        try:
+            code = int(line[at + len(EXIT_MARKER):].split()[0])
+        except (IndexError, ValueError):
+            pass
+        head = line[:at]
+        if head and not head.endswith(" | "):  # output that did not end with a newline
+            kept.append(head)
+    return kept, code
+
+
+def connect_all(specs: list[NodeSpec]) -> dict[str, ssh.Connection]:
     with ThreadPoolExecutor(max_workers=min(len(specs), 32)) as pool:
-        return dict(zip([s.name for s in specs], pool.map(ssh.connect, specs)))
+        return dict(zip([s.name for s in specs],
+                        pool.map(lambda s: ssh.connect(s.name, s.ssh), specs)))

@@ -9,9 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 from concurrent.futures import ThreadPoolExecutor
+import ipaddress
 from dataclasses import dataclass, field
-
-import paramiko
 
 from . import ssh
 from .errors import PreflightError
@@ -25,10 +24,11 @@ CLOCK_SKEW_WARN = 2.0  # seconds between the fastest and slowest node clock
 class Report:
     cluster: Cluster
     facts: list[NodeFacts]
-    clients: dict[str, paramiko.SSHClient] = field(default_factory=dict)
+    clients: dict[str, ssh.Connection] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)   # blocking
     warnings: list[str] = field(default_factory=list)
     master_port: int | None = None
+    master_addr: str | None = None   # node 0's cluster address, resolved (an IP)
     backend: str = "gloo"
     nproc_per_node: int | None = None  # None: auto
 
@@ -70,27 +70,30 @@ def fingerprint_drift(facts: list[NodeFacts]) -> list[str]:
     return lines
 
 
-def _check_node(node: NodeSpec, cluster: Cluster, port: int | None
-                ) -> tuple[NodeFacts, paramiko.SSHClient | None]:
+def _check_node(node: NodeSpec, cluster: Cluster, port: int | None, run_id: str | None
+                ) -> tuple[NodeFacts, ssh.Connection | None]:
     try:
-        client = ssh.connect(node)
+        client = ssh.connect(node.name, node.ssh)
     except PreflightError as exc:
         return NodeFacts(node, error=str(exc)), None
     try:
-        return probe(node, client, shared_path=cluster.shared_path, names=cluster.names,
-                     port=port), client
+        return probe(node, client, shared_path=cluster.shared_path,
+                     addresses=[n.cluster_address for n in cluster.nodes], port=port,
+                     run_id=run_id), client
     except Exception as exc:  # noqa: BLE001 - reported in the table, job refused
         return NodeFacts(node, error=f"{node.name}: probe failed: {exc}"), client
 
 
 def run_preflight(cluster: Cluster, port: int | None = None, strict_port: bool = False,
-                  keep_connections: bool = False, nproc_per_node: int | None = None) -> Report:
-    """Probe every node in parallel and judge the result (does not raise)."""
+                  keep_connections: bool = False, nproc_per_node: int | None = None,
+                  run_id: str | None = None) -> Report:
+    """Probe every node in parallel and judge the result (does not raise). With RUN_ID
+    (a launch), the master port found on node 0 is claimed for that run."""
     port = port or cluster.rendezvous_port
     with ThreadPoolExecutor(max_workers=min(len(cluster.nodes), 32)) as pool:
         results = list(pool.map(
-            lambda n: _check_node(n, cluster, port if n is cluster.nodes[0] else None),
-            cluster.nodes))
+            lambda n: _check_node(n, cluster, port if n is cluster.nodes[0] else None,
+                                  run_id), cluster.nodes))
     report = Report(cluster, [f for f, _ in results],
                     {f.node.name: c for f, c in results if c is not None},
                     nproc_per_node=nproc_per_node)
@@ -121,7 +124,8 @@ def _judge(report: Report, port: int, strict_port: bool) -> None:
         if not f.shared.get("ok"):
             p.append(f"{name}: shared path not readable ({f.shared.get('error')}); check the "
                      "nfs_client mount (cluster_shared_path)")
-        unresolved = [n for n, addr in f.resolve.items() if addr is None]
+        unresolved = [n for n, addr in f.resolve.items() if addr is None
+                      and n != report.cluster.nodes[0].cluster_address]
         if unresolved:
             w.append(f"{name}: cannot resolve {', '.join(unresolved)} (torchrun uses IP "
                      "addresses, but scripts that use host names will fail)")
@@ -134,9 +138,16 @@ def _judge(report: Report, port: int, strict_port: bool) -> None:
     if len(offsets) > 1 and max(offsets) - min(offsets) > CLOCK_SKEW_WARN:
         w.append(f"clocks differ by {max(offsets) - min(offsets):.1f} s between nodes; "
                  "timestamps in logs will not line up (enable NTP/chrony)")
+    _judge_addresses(report)
     node0 = report.facts[0]
-    if not node0.error:
-        if node0.port_free:
+    if not node0.error and port < 1024 and node0.uid != 0:
+        p.append(f"{node0.node.name}: master port {port} is privileged (below 1024) and the "
+                 f"job runs as {node0.user}, who may not listen on it; choose a port in "
+                 "1024-65535 (--master-port or cluster_rendezvous_port)")
+    elif not node0.error:
+        if node0.port_error:
+            p.append(f"{node0.node.name}: cannot check the master port: {node0.port_error}")
+        elif node0.port_free:
             report.master_port = port
         elif strict_port:
             p.append(f"{node0.node.name}: master port {port} is in use; choose another "
@@ -151,18 +162,67 @@ def _judge(report: Report, port: int, strict_port: bool) -> None:
     report.backend = "nccl" if gpus and all(g > 0 for g in gpus) else "gloo"
 
 
+def _judge_addresses(report: Report) -> None:
+    """Node 0's cluster address, resolved on every node, is the master address: every
+    node must resolve it, to the same IP; no two nodes may resolve to one machine."""
+    nodes = report.cluster.nodes
+    up = [f for f in report.facts if not f.error]
+    if not up or report.facts[0].error:
+        return
+    master = nodes[0].cluster_address
+    seen = {f.node.name: f.resolve.get(master) for f in up}
+    missing = [n for n, ip in seen.items() if ip is None]
+    if missing:
+        report.problems.append(
+            f"{', '.join(missing)} cannot resolve {nodes[0].name}'s cluster_address "
+            f"{master!r}, the master address; fix the name (DNS, /etc/hosts) or set "
+            f"cluster_address of {nodes[0].name} to an address every node resolves")
+        return
+    if len(set(seen.values())) > 1:
+        report.problems.append(
+            f"{nodes[0].name}'s cluster_address {master!r} resolves to different addresses "
+            "on the nodes (" + ", ".join(f"{n}={ip}" for n, ip in seen.items()) + "); "
+            "fix DNS so that every node sees the same address, or set an IP")
+        return
+    report.master_addr = next(iter(seen.values()))
+    resolved = report.facts[0].resolve
+    by_ip: dict[str, str] = {}
+    for node in nodes:
+        ip = resolved.get(node.cluster_address)
+        if ip is None:
+            continue
+        other = by_ip.setdefault(ip, node.name)
+        if other != node.name:
+            report.problems.append(
+                f"{other} and {node.name} both resolve to {ip} (cluster_address "
+                f"{node.cluster_address!r}); each training node must be "
+                "a different machine: fix cluster_address or DNS")
+
+
+def _address(f: NodeFacts) -> str:
+    """The cluster address as the inventory gives it, with its IP when it is a name."""
+    addr = f.node.cluster_address
+    ip = f.resolve.get(addr)
+    try:
+        ipaddress.ip_address(addr)
+        return addr
+    except ValueError:
+        return f"{addr}[{ip}]" if ip else addr
+
+
 def render_table(report: Report) -> str:
-    head = ("NODE", "ADDRESS", "SSH", "TORCH", "GPUS", "NPROC", "FINGERPRINT", "SHARED",
-            "PORT", "CLOCK")
+    head = ("NODE", "ADDRESS", "USER", "SSH", "TORCH", "GPUS", "NPROC", "FINGERPRINT",
+            "SHARED", "PORT", "CLOCK")
     rows = [head]
     drift = bool(fingerprint_drift(report.facts))
     for i, f in enumerate(report.facts):
         if f.error:
-            rows.append((f.node.name, f.node.host, "FAIL", "-", "-", "-", "-", "-", "-", "-"))
+            rows.append((f.node.name, f.node.cluster_address, f.node.user or "-", "FAIL",
+                         "-", "-", "-", "-", "-", "-", "-"))
             continue
         fp = str((f.fingerprint or {}).get("sha256") or "missing")[:12]
         rows.append((
-            f.node.name, f.node.cluster_address, "ok",
+            f.node.name, _address(f), f.user or "-", "ok",
             f.torch.get("version") or "FAIL",
             str(f.gpus), str(report.nproc(f)),
             fp + (" DRIFT" if drift else ""),

@@ -1,78 +1,89 @@
-"""SSH to a node with paramiko, verifying its host key the way the inventory asks."""
+"""SSH to the nodes with the OpenSSH client, exactly as Ansible's ssh connection does.
+
+The options come from Ansible itself (see inventory.SshTarget): ansible.cfg's
+`ssh_args`, `remote_user`, `private_key_file`, `host_key_checking`, and the host's
+`ansible_ssh_common_args` / `ansible_ssh_extra_args`; the client reads `~/.ssh/config`
+(Host aliases, ProxyJump, IdentityFile...) and the known_hosts files on its own. So a
+node that `ansible-playbook` reaches is reached here the same way, bastions included.
+
+One master connection per node (ControlMaster, in a private socket directory) carries
+every later command: a session over it starts in milliseconds. The master sends
+ServerAlive probes; a node that stops answering them ends its master, which is how a
+lost node is noticed.
+"""
 
 from __future__ import annotations
 
 import os
-import socket
-import sys
-import threading
-import time
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
 from dataclasses import dataclass
 
-import paramiko
-
 from .errors import PreflightError
-from .inventory import NodeSpec
 
-CONNECT_TIMEOUT = 10.0
-
-
-class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
-    """StrictHostKeyChecking=accept-new: remember an unknown host's key, and say so."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def missing_host_key(self, client, hostname, key) -> None:
-        client.get_host_keys().add(hostname, key.get_name(), key)
-        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
-        print(f"note: added {hostname}'s {key.get_name()} host key to {self.path} "
-              "(StrictHostKeyChecking=accept-new)", file=sys.stderr)
+CONNECT_TIMEOUT = 10
+# The master's liveness probes: a node that misses this many in a row is lost.
+ALIVE_INTERVAL = 2
+ALIVE_COUNT = 4
+# An idle master (no session for this long) exits by itself: nothing outlives a
+# controller killed with SIGKILL for long.
+MASTER_PERSIST = 60
 
 
-def connect(node: NodeSpec, timeout: float = CONNECT_TIMEOUT) -> paramiko.SSHClient:
-    """An open SSH connection to NODE; PreflightError naming the node and the fix if not."""
-    known = node.known_hosts or os.path.expanduser("~/.ssh/known_hosts")
-    client = paramiko.SSHClient()
-    if os.path.exists(known):
-        client.load_host_keys(known)
-    if node.host_key_checking == "no":
-        client.set_missing_host_key_policy(paramiko.WarningPolicy())
-    elif node.host_key_checking == "accept-new":
-        client.set_missing_host_key_policy(_AcceptNewPolicy(known))
-    else:
-        client.set_missing_host_key_policy(paramiko.RejectPolicy())
-    where = f"{node.user}@{node.host}:{node.port}"
-    try:
-        client.connect(node.host, port=node.port, username=node.user,
-                       key_filename=node.key_file, timeout=timeout, banner_timeout=timeout,
-                       auth_timeout=timeout, allow_agent=node.key_file is None,
-                       look_for_keys=node.key_file is None)
-    except paramiko.BadHostKeyException as exc:
-        client.close()
-        raise PreflightError(
-            f"{node.name}: the host key of {node.host} does not match {known} ({exc}); "
-            "if the node was reinstalled, remove its old key with "
-            f"`ssh-keygen -R {node.host} -f {known}`") from None
-    except paramiko.SSHException as exc:
-        client.close()
-        if "not found in known_hosts" in str(exc):
-            raise PreflightError(
-                f"{node.name}: {node.host} is not in {known} and host keys are checked; "
-                f"add it with `ssh-keyscan -p {node.port} {node.host} >> {known}` after "
-                "checking its fingerprint") from None
-        raise PreflightError(f"{node.name}: SSH to {where} failed: {exc}; check "
-                             "ansible_user / ansible_ssh_private_key_file in the inventory") from None
-    except (OSError, socket.timeout) as exc:
-        client.close()
-        raise PreflightError(f"{node.name}: cannot reach {where} ({exc}); is the node up "
-                             "and ansible_host/ansible_port right in the inventory?") from None
-    transport = client.get_transport()
-    if transport is not None:
-        transport.set_keepalive(5)
-    return client
+@dataclass(frozen=True)
+class SshTarget:
+    """How to reach one node, resolved with Ansible's own configuration and precedence."""
+
+    host: str                                # ansible_host, else the inventory name
+    user: str | None = None                  # remote_user / ansible_user; None: ssh decides
+    port: int | None = None                  # None: ssh decides (~/.ssh/config, 22)
+    private_key_file: str | None = None
+    host_key_checking: bool = True
+    ssh_executable: str = "ssh"
+    ssh_args: tuple[str, ...] = ()           # ansible.cfg [ssh_connection] ssh_args
+    common_args: tuple[str, ...] = ()        # ansible_ssh_common_args
+    extra_args: tuple[str, ...] = ()         # ansible_ssh_extra_args
+    timeout: int = CONNECT_TIMEOUT
+
+    def options(self) -> list[str]:
+        """The arguments Ansible's ssh plugin gives, in its order (the first value of an
+        option wins in OpenSSH, so the order matters)."""
+        argv = list(self.ssh_args)
+        if not self.host_key_checking:
+            argv += ["-o", "StrictHostKeyChecking=no"]
+        if self.port:
+            argv += ["-o", f"Port={self.port}"]
+        if self.private_key_file:
+            argv += ["-o", f"IdentityFile={self.private_key_file}"]
+        argv += ["-o", "KbdInteractiveAuthentication=no",
+                 "-o", "PreferredAuthentications=gssapi-with-mic,gssapi-keyex,hostbased,publickey",
+                 "-o", "PasswordAuthentication=no"]
+        if self.user:
+            argv += ["-o", f"User={self.user}"]
+        argv += ["-o", f"ConnectTimeout={self.timeout}", *self.common_args, *self.extra_args]
+        return argv
+
+    def effective(self) -> dict[str, str]:
+        """OpenSSH's resolved settings for this node (`ssh -G`: ~/.ssh/config applied,
+        nothing connected): user, hostname, port, proxyjump..."""
+        proc = subprocess.run([self.ssh_executable, "-G", *self.options(), self.host],
+                              capture_output=True, text=True, timeout=10)
+        settings: dict[str, str] = {}
+        for line in proc.stdout.splitlines():
+            key, _, value = line.partition(" ")
+            settings.setdefault(key, value)
+        return settings
+
+    def effective_user(self) -> str:
+        return self.effective().get("user") or self.user or ""
+
+    @property
+    def display(self) -> str:
+        return f"{self.user + '@' if self.user else ''}{self.host}" + \
+            (f":{self.port}" if self.port else "")
 
 
 @dataclass(frozen=True)
@@ -82,57 +93,123 @@ class Result:
     stderr: str
 
 
-def run(client: paramiko.SSHClient, command: str, timeout: float = 60.0,
-        stdin: str | None = None) -> Result:
-    """Run COMMAND on the node; wait for it; return its exit code and output."""
-    chan = client.get_transport().open_session(timeout=timeout)  # type: ignore[union-attr]
-    chan.settimeout(timeout)
-    chan.exec_command(command)
-    if stdin is not None:
-        chan.sendall(stdin.encode())
-        chan.shutdown_write()
-    out, err = bytearray(), bytearray()
-    deadline = time.monotonic() + timeout
-    try:
-        while True:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"`{command[:60]}...` did not finish within {timeout:.0f} s")
-            if chan.recv_ready():
-                out += chan.recv(65536)
-            elif chan.recv_stderr_ready():
-                err += chan.recv_stderr(65536)
-            elif chan.exit_status_ready():
-                break
-            else:
-                chan.status_event.wait(0.05)  # set when the command exits
-        while chan.recv_ready():
-            out += chan.recv(65536)
-        while chan.recv_stderr_ready():
-            err += chan.recv_stderr(65536)
-        code = chan.recv_exit_status()
-    finally:
-        chan.close()
-    return Result(code, out.decode(errors="replace"), err.decode(errors="replace"))
+class Connection:
+    """An open master connection to one node; `run`, `popen` and `alive` use it."""
 
+    def __init__(self, name: str, target: SshTarget) -> None:
+        self.name = name
+        self.target = target
+        # A short private directory: socket paths are limited to 108 bytes.
+        self._dir = tempfile.mkdtemp(prefix="ct-ssh-", dir="/tmp")
+        self.control_path = os.path.join(self._dir, "m")
+        self.master_pid: int | None = None
 
-def alive(client: paramiko.SSHClient, timeout: float = 3.0) -> bool:
-    """True if the node answers an SSH keepalive request within TIMEOUT seconds.
+    def _argv(self, ours: list[str], *rest: str) -> list[str]:
+        # Ours first: they must win over ansible.cfg's ControlMaster/ControlPath. The
+        # host and the remote command come last.
+        return [self.target.ssh_executable, "-o", f"ControlPath={self.control_path}",
+                "-o", "BatchMode=yes", *ours, *self.target.options(), *rest]
 
-    paramiko's own keepalive only sends; this waits for the answer, like OpenSSH's
-    ServerAliveCountMax, so that a node that vanished (no TCP reset) is noticed.
-    """
-    transport = client.get_transport()
-    if transport is None or not transport.is_active():
-        return False
-    answered = threading.Event()
-
-    def ask() -> None:
+    def open(self) -> "Connection":
+        argv = self._argv(["-o", "ControlMaster=yes", "-o", f"ControlPersist={MASTER_PERSIST}",
+                           "-o", f"ServerAliveInterval={ALIVE_INTERVAL}",
+                           "-o", f"ServerAliveCountMax={ALIVE_COUNT}", "-f", "-N"],
+                          self.target.host)
         try:
-            transport.global_request("keepalive@openssh.com", wait=True)
-        except Exception:  # noqa: BLE001 - a dead transport is the answer we look for
-            return
-        if transport.is_active():
-            answered.set()
+            proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
+                                  text=True, timeout=self.target.timeout * 3 + 10)
+        except FileNotFoundError:
+            self.close()
+            raise PreflightError(
+                f"{self.name}: the OpenSSH client {self.target.ssh_executable!r} is not "
+                "installed; install openssh-client (it is what Ansible uses too)") from None
+        except subprocess.TimeoutExpired:
+            self.close()
+            raise PreflightError(f"{self.name}: SSH to {self.target.display} did not "
+                                 "answer; is the node up?") from None
+        if proc.returncode != 0:
+            self.close()
+            raise PreflightError(explain(self.name, self.target, proc.stderr))
+        check = subprocess.run([self.target.ssh_executable, "-o",
+                                f"ControlPath={self.control_path}", "-O", "check",
+                                self.target.host], capture_output=True, text=True, timeout=10)
+        found = re.search(r"pid=(\d+)", check.stderr + check.stdout)
+        self.master_pid = int(found.group(1)) if found else None
+        return self
 
-    threading.Thread(target=ask, daemon=True).start()
-    return answered.wait(timeout)
+    def command(self, command: str) -> list[str]:
+        """argv that runs COMMAND (one shell string) on the node over the master."""
+        return self._argv(["-o", "ControlMaster=no"], self.target.host, "--", command)
+
+    def run(self, command: str, timeout: float = 60.0, stdin: str | None = None) -> Result:
+        """Run COMMAND on the node; wait for it; return its exit code and output."""
+        try:
+            proc = subprocess.run(self.command(command), input=stdin if stdin is not None
+                                  else "", capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"{self.name}: `{command[:60]}...` did not finish within "
+                               f"{timeout:.0f} s") from None
+        return Result(proc.returncode, proc.stdout, proc.stderr)
+
+    def popen(self, command: str) -> subprocess.Popen:
+        """Start COMMAND on the node; its stdout and stderr come back merged, as bytes."""
+        return subprocess.Popen(self.command(command), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+    def alive(self) -> bool:
+        """False once the master connection has ended (the node stopped answering)."""
+        if self.master_pid is None:
+            return os.path.exists(self.control_path)
+        try:
+            os.kill(self.master_pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def close(self) -> None:
+        if os.path.exists(self.control_path):
+            subprocess.run([self.target.ssh_executable, "-o",
+                            f"ControlPath={self.control_path}", "-O", "exit",
+                            self.target.host], capture_output=True, timeout=10, check=False)
+        if self.master_pid is not None:
+            try:
+                os.kill(self.master_pid, signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                pass
+            self.master_pid = None
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def explain(name: str, target: SshTarget, stderr: str) -> str:
+    """A message that names the node, what OpenSSH said, and the likely fix."""
+    lines = [line for line in stderr.strip().splitlines()
+             if line.strip() and not line.startswith(("Warning: Permanently added", "@@@"))]
+    said = lines[-1] if lines else "no message"
+    where = target.display
+    if "Permission denied" in stderr:
+        return (f"{name}: SSH login as {target.user or 'the default user'} at {where} was "
+                f"refused ({said}); check that the user exists on the node and that "
+                "ansible_user and the key (ansible_ssh_private_key_file, or IdentityFile in "
+                "~/.ssh/config) are right")
+    if "REMOTE HOST IDENTIFICATION HAS CHANGED" in stderr:
+        return (f"{name}: the host key of {target.host} does not match the one in "
+                "known_hosts; if the node was reinstalled, remove the old key with "
+                f"`ssh-keygen -R {target.host}` (and the same for its address)")
+    if "Host key verification failed" in stderr or "No " in said and "host key is known" in said:
+        return (f"{name}: {target.host}'s host key is not known and host keys are checked; "
+                f"check its fingerprint, then add it with `ssh-keyscan {target.host} >> "
+                "~/.ssh/known_hosts` (or the UserKnownHostsFile your SSH options name)")
+    if "Could not resolve hostname" in stderr:
+        return (f"{name}: cannot resolve {target.host} ({said}); fix ansible_host in the "
+                "inventory or the Host entry in your SSH config")
+    return (f"{name}: cannot reach {where} ({said}); is the node up, and are ansible_host, "
+            "ansible_port and the SSH options (ProxyJump, ~/.ssh/config) right?")
+
+
+def connect(name: str, target: SshTarget) -> Connection:
+    """An open connection to the node; PreflightError naming the node and the fix if not."""
+    return Connection(name, target).open()
+

@@ -1,9 +1,11 @@
 """Copy the training code to every node, into a per-run snapshot, with ansible-runner.
 
-Each run gets CODE_ROOT/<run-id>/ on every node; rsync --link-dest against the previous
-snapshot (CODE_ROOT/latest) hard-links unchanged files, so a re-sync with no changes
-copies nothing, and editing code locally never changes a job that is already running.
-Excludes follow the .gitignore files of the code directory (rsync dir-merge filter).
+Each run gets ~/.clustertrain/code/<run-id>/ of the job user on every node (the play
+never becomes root, whatever the inventory's ansible_become says: the code belongs to the
+user who trains); rsync --link-dest against the previous snapshot (code/latest)
+hard-links unchanged files, so a re-sync with no changes copies nothing, and editing
+code locally never changes a job that is already running. Excludes follow the
+.gitignore files of the code directory (rsync dir-merge filter).
 """
 
 from __future__ import annotations
@@ -15,23 +17,30 @@ from pathlib import Path
 
 import yaml
 
-from .command import CODE_ROOT
+from .command import CODE_SUBDIR, NODE_STATE_DIR
 from .errors import LaunchError
 from .inventory import Cluster
 from .runner import run_playbook
 
 
 def sync_playbook(workdir: Path, run_id: str) -> list[dict]:
-    dest = f"{CODE_ROOT}/{run_id}/"
+    code_root = f"{NODE_STATE_DIR}/{CODE_SUBDIR}"   # relative to the user's home
+    dest = f"{code_root}/{run_id}/"
     return [{
         "name": "Sync the training code into a per-run snapshot",
         "hosts": "train_nodes",
         "gather_facts": False,
+        # Play vars outrank the inventory's ansible_become: the job user owns its code.
+        "vars": {"ansible_become": False},
         "tasks": [
+            {"name": "Create the user's private state directory",
+             "ansible.builtin.file": {"path": f"~/{NODE_STATE_DIR}", "state": "directory",
+                                      "mode": "0700"}},
             {"name": "Create the snapshot root",
-             "ansible.builtin.file": {"path": CODE_ROOT, "state": "directory", "mode": "0755"}},
+             "ansible.builtin.file": {"path": f"~/{code_root}", "state": "directory",
+                                      "mode": "0700"}},
             {"name": "Find the previous snapshot",
-             "ansible.builtin.stat": {"path": f"{CODE_ROOT}/latest"},
+             "ansible.builtin.stat": {"path": f"~/{code_root}/latest"},
              "register": "previous"},
             {"name": "Copy the code (hard links to the previous snapshot where unchanged)",
              "ansible.posix.synchronize": {
@@ -46,7 +55,7 @@ def sync_playbook(workdir: Path, run_id: str) -> list[dict]:
                                 "--exclude=__pycache__/"],
              }},
             {"name": "Point 'latest' at this snapshot",
-             "ansible.builtin.file": {"src": dest.rstrip("/"), "dest": f"{CODE_ROOT}/latest",
+             "ansible.builtin.file": {"src": run_id, "dest": f"~/{code_root}/latest",
                                       "state": "link", "force": True}},
         ],
     }]

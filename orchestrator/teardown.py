@@ -1,9 +1,12 @@
 """Stop one run's processes on one node: job-scoped, never by name.
 
-The job's torchrun wrote its PID (= its process group id) to JOBS_ROOT/<run-id>/pgid.
-The stop script collects that group and every descendant of it (torchrun starts its
-workers in sessions of their own), sends SIGTERM to the group so that torchrun stops its
-workers cleanly, and after the grace period SIGKILLs whatever of that set is left.
+The job's torchrun wrote its PID (= its process group id) to ~/.clustertrain/jobs/<run>/pgid
+of the job user. The stop script (run as that user) first checks that the group still
+belongs to that run (a member's environment carries CLUSTERTRAIN_RUN_ID=<run>), so a
+stale record never signals an unrelated process that reuses the PID. It collects that
+group and every descendant of it (torchrun starts its workers in sessions of their own),
+sends SIGTERM to the group so that torchrun stops its workers cleanly, and after the
+grace period SIGKILLs whatever of that set is left.
 """
 
 from __future__ import annotations
@@ -12,21 +15,30 @@ import json
 import shlex
 from dataclasses import dataclass
 
-import paramiko
-
 from . import ssh
-from .command import JOBS_ROOT
+from .command import JOBS_SUBDIR, NODE_STATE_DIR
 
 DEFAULT_GRACE = 5.0
 
 STOP_SCRIPT = r'''
 import json, os, signal, sys, time
-job, grace = sys.argv[1], float(sys.argv[2])
+import getpass
+run_id, grace = sys.argv[2], float(sys.argv[3])
+job = os.path.join(os.path.expanduser("~"), sys.argv[1], run_id)
+me = getpass.getuser()
 try:
     pgid = int(open(os.path.join(job, "pgid")).read().split()[0])
 except (OSError, ValueError, IndexError):
-    print(json.dumps({"found": False, "killed": [], "left": []}))
+    print(json.dumps({"found": False, "user": me, "killed": [], "left": []}))
     sys.exit(0)
+marker = f"CLUSTERTRAIN_RUN_ID={run_id}".encode()
+
+def belongs(pid):
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            return marker in fh.read().split(b"\0")
+    except OSError:
+        return False
 
 def table():
     procs = {}
@@ -57,6 +69,11 @@ def members():
     return live
 
 start = members()
+if start and not any(belongs(p) for p in start):
+    # The PID was reused by something that is not this run: signal nothing.
+    print(json.dumps({"found": True, "user": me, "pgid": pgid, "initial": [],
+                      "killed": [], "left": [], "stale": True}))
+    sys.exit(0)
 try:
     os.killpg(pgid, signal.SIGTERM)
 except ProcessLookupError:
@@ -75,7 +92,7 @@ deadline = time.monotonic() + 5
 while members() and time.monotonic() < deadline:
     time.sleep(0.1)
 open(os.path.join(job, "stopped"), "w").write(str(time.time()))
-print(json.dumps({"found": True, "pgid": pgid, "initial": sorted(start),
+print(json.dumps({"found": True, "user": me, "pgid": pgid, "initial": sorted(start),
                   "killed": killed, "left": sorted(members())}))
 '''
 
@@ -87,16 +104,20 @@ class StopResult:
     was_running: bool      # some of its processes were alive when the stop began
     killed: list[int]      # PIDs that needed SIGKILL after the grace period
     left: list[int]        # PIDs still alive afterwards (should be empty)
+    user: str = ""         # the user the stop ran as on the node
+    stale: bool = False    # the recorded group is another process now: nothing signalled
 
 
-def stop_job(client: paramiko.SSHClient, node: str, python: str, run_id: str,
+def stop_job(conn: ssh.Connection, python: str, run_id: str,
              grace: float = DEFAULT_GRACE) -> StopResult:
-    job = f"{JOBS_ROOT}/{run_id}"
-    cmd = f"{python} -c {shlex.quote(STOP_SCRIPT)} {shlex.quote(job)} {grace}"
-    result = ssh.run(client, cmd, timeout=grace + 30)
+    jobs = f"{NODE_STATE_DIR}/{JOBS_SUBDIR}"
+    cmd = (f"{python} -c {shlex.quote(STOP_SCRIPT)} {shlex.quote(jobs)} "
+           f"{shlex.quote(run_id)} {grace}")
+    result = conn.run(cmd, timeout=grace + 30)
     lines = result.stdout.strip().splitlines()
     if result.exit_code != 0 or not lines:
-        raise RuntimeError(f"{node}: stop script failed: {result.stderr.strip()[-300:]}")
+        raise RuntimeError(f"{conn.name}: stop script failed: {result.stderr.strip()[-300:]}")
     data = json.loads(lines[-1])
-    return StopResult(node, data["found"], bool(data.get("initial")), data.get("killed", []),
-                      data.get("left", []))
+    return StopResult(conn.name, data["found"], bool(data.get("initial")),
+                      data.get("killed", []), data.get("left", []), data.get("user", ""),
+                      bool(data.get("stale")))

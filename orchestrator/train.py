@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from .errors import LaunchError
 from .inventory import load_cluster
 from .job import Job, JobResult
 from .preflight import (add_selection_args, print_report, raise_if_blocked, run_preflight)
+from .probe import release_port
 from .runs import DEFAULT_RUNS_DIR, RunDir, code_revision, iso, new_run_id
 from .runner import REPO_ROOT
 from .sync import sync_code
@@ -67,13 +69,23 @@ def parse_request(args: argparse.Namespace) -> TrainRequest:
         except ValueError:
             raise LaunchError(f"--nproc-per-node {args.nproc_per_node!r}: give 'auto' or a "
                               "positive number") from None
-    if args.master_port is not None and not 1024 <= args.master_port <= 65535:
+    if args.master_port is not None and not 1 <= args.master_port <= 65535:
         raise LaunchError(f"--master-port {args.master_port}: choose a port in 1024-65535")
+    if args.max_restarts < 0:
+        raise LaunchError(f"--max-restarts {args.max_restarts}: give 0 (fail on the first "
+                          "worker failure) or a positive number of restarts")
+    check_grace(args.grace)
     return TrainRequest(workdir, script, tuple(rest), parse_env(args.env), nproc,
                         args.master_port,
                         TorchrunOptions(max_restarts=args.max_restarts,
                                         rdzv_backend=args.rdzv_backend,
                                         extra=tuple(args.torchrun_arg or ())))
+
+
+def check_grace(grace: float) -> None:
+    if not math.isfinite(grace) or grace < 0:
+        raise LaunchError(f"--grace {grace}: give the seconds between SIGTERM and SIGKILL "
+                          f"as a number of 0 or more (default {DEFAULT_GRACE:g})")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -114,26 +126,29 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _main(args: argparse.Namespace) -> int:
     request = parse_request(args)
     cluster = load_cluster(args.inventory).select(args.nodes, args.hosts)
+    run_id = new_run_id()
     report = run_preflight(cluster, request.master_port,
                            strict_port=request.master_port is not None,
-                           keep_connections=True, nproc_per_node=request.nproc)
+                           keep_connections=True, nproc_per_node=request.nproc,
+                           run_id=None if args.dry_run else run_id)
     try:
         print_report(report)
         raise_if_blocked(report)
-        run_id = new_run_id()
         commands = [
             NodeCommand(run_id=run_id, node_rank=i, nnodes=len(cluster.nodes),
                         nproc=report.nproc(facts),
-                        master_addr=cluster.nodes[0].cluster_address,
+                        master_addr=report.master_addr or cluster.nodes[0].cluster_address,
                         master_port=report.master_port or cluster.rendezvous_port,
-                        torchrun=facts.python_env["torchrun"],
+                        torchrun=facts.python_env["torchrun"], home=str(facts.home),
                         script=request.script, script_args=request.script_args,
                         env={"CLUSTERTRAIN_BACKEND": report.backend, **request.env},
                         options=request.options)
             for i, facts in enumerate(report.facts)]
+        facts_by = {f.node.name: f for f in report.facts}
         if args.dry_run:
             for spec, cmd in zip(cluster.nodes, commands):
-                print(f"# {spec.name} ({spec.user}@{spec.host}), node rank {cmd.node_rank}")
+                print(f"# {spec.name} ({facts_by[spec.name].user}@{spec.host}), node rank "
+                      f"{cmd.node_rank}")
                 print(cmd.shell())
             print(f"# dry run: code would be synced from {request.workdir.resolve()} to "
                   f"{commands[0].code_dir}; nothing was started")
@@ -142,6 +157,7 @@ def _main(args: argparse.Namespace) -> int:
         info = {
             "run_id": run_id, "inventory": str(cluster.inventory.resolve()),
             "nodes": cluster.names, "workdir": str(request.workdir.resolve()),
+            "users": {f.node.name: f.user for f in report.facts},
             "script": request.script, "script_args": list(request.script_args),
             "master": {"addr": commands[0].master_addr, "port": commands[0].master_port},
             "commands": {s.name: c.torchrun_argv() for s, c in zip(cluster.nodes, commands)},
@@ -161,6 +177,12 @@ def _main(args: argparse.Namespace) -> int:
         run.write_summary(summary)
         return _conclude(run, result, summary)
     finally:
+        node0 = report.clients.get(cluster.nodes[0].name)
+        if node0 is not None and not args.dry_run:
+            try:
+                release_port(node0, run_id)
+            except (OSError, TimeoutError):
+                pass  # the claim lapses by itself
         report.close()
 
 

@@ -10,12 +10,13 @@ export CONTAINERS_CONF=$PWD/sandbox/containers.conf ANSIBLE_CONFIG=$PWD/ansible.
 
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
-step "1/5 sandbox: 2 Debian 12 nodes with systemd and sshd (podman network '$NAME')"
+step "1/5 sandbox: 2 Debian 12 nodes with systemd and sshd (podman network '$NAME'), reached as alice (sudo), not root"
 $PY -m orchestrator sandbox down --name "$NAME" >/dev/null
 $PY -m orchestrator sandbox up --nodes 2 --name "$NAME"
 INFO=$($PY -m orchestrator sandbox status --name "$NAME" --json)
 INVENTORY=$($PY -c 'import json,sys; print(json.load(sys.stdin)["inventory"])' <<<"$INFO")
 SHARE=$($PY -c 'import json,sys; print(json.load(sys.stdin)["share"])' <<<"$INFO")
+SSH_CONFIG=$($PY -c 'import json,sys; print(json.load(sys.stdin)["ssh_config"])' <<<"$INFO")
 
 step "2/5 offline wheelhouse from environment.yml, served to the nodes from the shared directory"
 $PY -m orchestrator wheelhouse --env environment.yml --dest .cache/wheelhouse
@@ -35,4 +36,5 @@ step "done"
 echo "logs of this run:   $RUN (one file per node, summary.json)"
 echo "list runs:          $PY -m orchestrator runs"
 echo "the nodes:          $PY -m orchestrator sandbox status --name $NAME"
+echo "log in to a node:   ssh -F $SSH_CONFIG node0"
 echo "remove the sandbox: $PY -m orchestrator sandbox down --name $NAME"

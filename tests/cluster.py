@@ -19,11 +19,20 @@ NODE_PYTHON = "/opt/clustertrain/venv/bin/python"
 
 @dataclass(frozen=True)
 class ProvisionedCluster:
+    """A real site in miniature: nodes reached only through a bastion, by name, as the
+    login user alice (sudo, provisions with become); bob is a second user without sudo."""
+
     name: str
-    inventory: Path
+    inventory: Path             # alice's
     share: Path                 # host directory mounted at /mnt/cluster on every node
     nodes: dict[str, str]       # inventory name -> address
     containers: dict[str, str]  # inventory name -> podman container
+    inventories: dict[str, Path]  # login user -> that user's inventory
+    user: str = "alice"
+
+    def checkpoints(self, run_name: str, user: str | None = None) -> Path:
+        """Where the training job keeps RUN_NAME's checkpoints for USER (on the share)."""
+        return self.share / "checkpoints" / (user or self.user) / run_name
 
     def exec(self, node: str, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
         return subprocess.run(["podman", "exec", self.containers[node], *argv], env=ENV,
@@ -52,7 +61,7 @@ class ProvisionedCluster:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                ssh.connect(spec, timeout=5).close()
+                ssh.connect(spec.name, spec.ssh).close()
                 return
             except PreflightError:
                 if time.monotonic() > deadline:

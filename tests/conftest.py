@@ -31,9 +31,11 @@ def sandbox_name():
 
 @pytest.fixture(scope="session")
 def sandbox_cluster():
-    """One 2-node sandbox provisioned by the real site.yml (wheelhouse and the generated
-    dataset on its share), shared by the orchestrator's sandbox tests and the e2e tests:
-    provisioning takes minutes on two cores and every such test needs exactly this."""
+    """One 3-node sandbox that plays a real site, provisioned by the real site.yml
+    (wheelhouse and the generated dataset on its share), shared by the orchestrator's
+    sandbox tests and the e2e tests: provisioning takes minutes on two cores and every
+    such test needs exactly this. The nodes are reached only through a bastion
+    (ProxyJump), by name, as the non-root user alice; site.yml runs as alice with become."""
     import json
     import secrets
     import sys
@@ -42,8 +44,21 @@ def sandbox_cluster():
 
     from .cluster import BIN, ProvisionedCluster, orchestrator, run
 
+    def cluster_of(info: dict) -> ProvisionedCluster:
+        nodes = [n for n in info["nodes"] if not n["outsider"]]
+        return ProvisionedCluster(info["name"], Path(info["inventory"]), Path(info["share"]),
+                                  {n["name"]: n["address"] for n in nodes},
+                                  {n["name"]: n["container"] for n in nodes},
+                                  {u: Path(v["inventory"]) for u, v in info["users"].items()})
+
+    reuse = os.environ.get("CLUSTERTRAIN_TEST_SANDBOX")
+    if reuse:  # daily work: a sandbox made and provisioned the same way, kept between runs
+        st = orchestrator("sandbox", "status", "--name", reuse, "--json")
+        assert st.returncode == 0, st.stderr
+        yield cluster_of(json.loads(st.stdout))
+        return
     name = f"cl-{secrets.token_hex(3)}"
-    up = orchestrator("sandbox", "up", "--nodes", "2", "--name", name, "--json")
+    up = orchestrator("sandbox", "up", "--nodes", "3", "--bastion", "--name", name, "--json")
     assert up.returncode == 0, up.stderr
     try:
         info = json.loads(up.stdout)
@@ -58,9 +73,6 @@ def sandbox_cluster():
         site = run(str(BIN / "ansible-playbook"), "-i", info["inventory"], "site.yml")
         assert site.returncode == 0, site.stdout[-6000:] + site.stderr[-2000:]
         print(f"\n{name}: site.yml took {time.monotonic() - started:.0f} s", file=sys.stderr)
-        nodes = [n for n in info["nodes"] if not n["outsider"]]
-        yield ProvisionedCluster(name, Path(info["inventory"]), share,
-                                 {n["name"]: n["address"] for n in nodes},
-                                 {n["name"]: n["container"] for n in nodes})
+        yield cluster_of(info)
     finally:
         orchestrator("sandbox", "down", "--name", name)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import getpass
 import json
 import math
 import os
@@ -50,7 +51,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--run-name", default="resnet-cifar10",
                    help="names the checkpoint directory (default: %(default)s)")
     p.add_argument("--checkpoint-dir", type=Path, default=None,
-                   help=f"where checkpoints go (default: {SHARED}/checkpoints/RUN_NAME)")
+                   help=f"where checkpoints go (default: {SHARED}/checkpoints/USER/RUN_NAME: "
+                        "each user's own directory on the share)")
     p.add_argument("--keep", type=int, default=3, help="checkpoints to keep (default: 3)")
     p.add_argument("--no-resume", action="store_true",
                    help="start from scratch even if checkpoints exist")
@@ -88,7 +90,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.lr is not None and args.lr <= 0:
         p.error("--lr must be > 0")
     if args.checkpoint_dir is None:
-        args.checkpoint_dir = SHARED / "checkpoints" / args.run_name
+        args.checkpoint_dir = SHARED / "checkpoints" / getpass.getuser() / args.run_name
     if args.metrics_json is None:
         args.metrics_json = args.checkpoint_dir / "metrics.json"
     return args

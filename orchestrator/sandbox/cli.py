@@ -20,11 +20,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--outsiders", type=int, default=0,
                    help="extra containers on the same network that are not cluster "
                         "members (for firewall tests)")
+    v.add_argument("--bastion", action="store_true",
+                   help="one more container, 'bastion': the nodes refuse SSH from this "
+                        "machine and the ssh_config jumps through the bastion")
     v.add_argument("--name", default="sandbox", help="sandbox name (default: sandbox)")
     v.add_argument("--json", action="store_true", help="print the result as JSON")
     v.set_defaults(func=_up)
 
-    v = verbs.add_parser("status", help="nodes, addresses, state, inventory path")
+    v = verbs.add_parser("status", help="nodes, addresses, state, inventories, ssh_config")
     v.add_argument("--name", default="sandbox")
     v.add_argument("--json", action="store_true")
     v.set_defaults(func=_status)
@@ -38,19 +41,27 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _print_status(info: dict) -> None:
-    print(f"sandbox {info['name']}  subnet {info['subnet']}")
-    print(f"  inventory: {info['inventory']}")
-    print(f"  ssh key:   {info['key']}")
-    print(f"  share:     {info['share']}")
+    print(f"sandbox {info['name']}  subnet {info['subnet']}  (this machine is "
+          f"{info['gateway']} there)")
+    for user, u in info["users"].items():
+        print(f"  {user + (' (sudo)' if u['sudo'] else ' (no sudo)') + ':':<16} "
+              f"inventory {u['inventory']}")
+        print(f"  {'':<16} ssh -F {u['ssh_config']} node0")
+    print(f"  ssh key:         {info['key']}")
+    print(f"  share:           {info['share']}")
+    if info["bastion"]:
+        print(f"  bastion:         {info['bastion']['address']} (the only way in: the nodes "
+              "refuse SSH from this machine)")
     print(f"  {'NODE':<12} {'ADDRESS':<16} {'STATE':<10} CONTAINER")
-    for n in info["nodes"]:
+    rows = info["nodes"] + ([dict(info["bastion"], outsider=False)] if info["bastion"] else [])
+    for n in rows:
         name = n["name"] + (" (outsider)" if n["outsider"] else "")
         print(f"  {name:<12} {n['address']:<16} {n['state']:<10} {n['container']}")
 
 
 def _up(args) -> int:
     log = (lambda *_: None) if args.json else print
-    cluster.up(args.name, args.nodes, args.outsiders, log=log)
+    cluster.up(args.name, args.nodes, args.outsiders, log=log, bastion=args.bastion)
     info = cluster.status(args.name)
     if args.json:
         print(json.dumps(info, indent=2))

@@ -2,23 +2,28 @@
 
 Everything a sandbox creates carries the label clustertrain.sandbox=NAME, and `down`
 removes exactly the labelled containers, the network NAME and the state directory.
+
+The nodes log in like a real site's servers: by name through STATE/ssh_config, as alice
+(sudo) or bob (no sudo), never as root; they resolve each other by name through the
+network's DNS; with a bastion, SSH from the host reaches them only through it.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import time
 
-import paramiko
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ..errors import SandboxError
 from ..podman import podman, podman_json
 from .image import ensure_image
-from .spec import (EXPORT_PATH, LABEL, SHARED_PATH, Node, SandboxSpec, describe,
-                   render_inventory, sandbox_vars, state_root, validate_name)
+from .spec import (ADMIN_USER, BASTION_TABLE, EXPORT_PATH, LABEL, SHARED_PATH, USERS, Node,
+                   SandboxSpec, default_gateway, describe, render_inventory, render_ssh_config,
+                   sandbox_vars, state_root, validate_name)
 
 BOOT_TIMEOUT = 60.0
 
@@ -52,17 +57,45 @@ def _write_key(spec: SandboxSpec) -> str:
 
 
 def _run_container(spec: SandboxSpec, node: Node, image: str) -> None:
+    pub = spec.key_path.with_suffix(".pub")
     args = ["run", "-d", "--name", node.container, "--hostname", node.name,
             "--label", f"{LABEL}={spec.name}", "--network", spec.name, "--ip", node.address,
+            # The other containers resolve it by its short name (the network's DNS).
+            "--network-alias", node.name,
             "--systemd=always",
-            # nftables in the node's own network namespace; nfs-ganesha's file handles.
-            "--cap-add", "NET_ADMIN", "--cap-add", "DAC_READ_SEARCH",
-            "-v", f"{spec.key_path.with_suffix('.pub')}:/root/.ssh/authorized_keys:ro"]
-    if not node.outsider:
+            # root's key too: that root cannot log in is then sshd's doing (PermitRootLogin).
+            "-v", f"{pub}:/root/.ssh/authorized_keys:ro"]
+    args += [a for u in USERS for a in ("-v", f"{pub}:/home/{u.name}/.ssh/authorized_keys:ro")]
+    if node != spec.bastion_node():
+        # nftables in the node's own network namespace; nfs-ganesha's file handles.
+        args += ["--cap-add", "NET_ADMIN", "--cap-add", "DAC_READ_SEARCH"]
+    if node in spec.members() and not node.outsider:
         # The kernel here has no NFS client: the sandbox provides the shared
         # directory at the mount point itself, and at the export path for the server.
         args += ["-v", f"{spec.share_dir}:{EXPORT_PATH}", "-v", f"{spec.share_dir}:{SHARED_PATH}"]
     podman([*args, image, "/sbin/init"])
+
+
+def bastion_ruleset(spec: SandboxSpec) -> str:
+    """nftables rules (in a node's own network namespace) that drop SSH from the host:
+    the host reaches the nodes only through the bastion."""
+    return (f"table inet {BASTION_TABLE}\n"
+            f"delete table inet {BASTION_TABLE}\n"
+            f"table inet {BASTION_TABLE} {{\n"
+            "  chain input {\n"
+            "    type filter hook input priority filter - 10; policy accept;\n"
+            f"    ip saddr {spec.gateway} tcp dport 22 counter drop"
+            " comment \"sandbox --bastion: SSH from the host only through the bastion\"\n"
+            "  }\n"
+            "}\n")
+
+
+def _close_to_host(spec: SandboxSpec, node: Node) -> None:
+    """Bastion mode: load the rules by the node's sandbox-bastion.service (it reloads
+    them at boot and after any nftables.service flush)."""
+    podman(["exec", "-i", node.container, "sh", "-c",
+            "cat > /etc/sandbox-bastion.nft && systemctl restart sandbox-bastion.service"],
+           input=bastion_ruleset(spec).encode())
 
 
 def _wait_booted(node: Node, deadline: float) -> None:
@@ -94,21 +127,43 @@ def _host_key(node: Node, deadline: float) -> str:
         time.sleep(0.5)
 
 
-def ssh_check(spec: SandboxSpec, node: Node, timeout: float = 10) -> str:
-    """Log in over real SSH with the sandbox key; return `systemctl is-system-running`."""
-    client = paramiko.SSHClient()
-    client.load_host_keys(str(spec.known_hosts))
-    client.set_missing_host_key_policy(paramiko.RejectPolicy())
+def ssh_command(spec: SandboxSpec, node: Node | str, *command: str,
+                user: str = ADMIN_USER.name, timeout: float = 10) -> list[str]:
+    """The OpenSSH command line that runs COMMAND on NODE as USER through the sandbox's
+    ssh_config (host keys checked, through the bastion in bastion mode)."""
+    ssh = shutil.which("ssh")
+    if ssh is None:
+        raise SandboxError("the OpenSSH client (ssh) is not installed; the sandbox's nodes are "
+                           "reached with it.\nInstall it with: sudo apt-get install -y "
+                           "openssh-client")
+    name = node if isinstance(node, str) else node.name
+    return [ssh, "-F", str(spec.ssh_config_for(user)), "-o", "BatchMode=yes",
+            "-o", f"ConnectTimeout={max(int(timeout), 1)}", name, *command]
+
+
+def ssh_run(spec: SandboxSpec, node: Node | str, *command: str, user: str = ADMIN_USER.name,
+            timeout: float = 10) -> subprocess.CompletedProcess[str]:
+    """Run COMMAND on NODE over real SSH as USER; ssh's own failure (exit 255) is an error."""
+    cmd = ssh_command(spec, node, *command, user=user, timeout=timeout)
     try:
-        client.connect(node.address, username="root", key_filename=str(spec.key_path),
-                       timeout=timeout, allow_agent=False, look_for_keys=False)
-        _, out, _ = client.exec_command("systemctl is-system-running", timeout=timeout)
-        return out.read().decode().strip()
-    finally:
-        client.close()
+        proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                              timeout=timeout * 3)
+    except subprocess.TimeoutExpired:
+        raise SandboxError(f"`{' '.join(cmd)}` did not finish within {timeout * 3:.0f} s") from None
+    if proc.returncode == 255:
+        raise SandboxError(f"`{' '.join(cmd)}` failed: {proc.stderr.strip()}")
+    return proc
 
 
-def up(name: str, nodes: int, outsiders: int = 0, log=print) -> SandboxSpec:
+def ssh_check(spec: SandboxSpec, node: Node, timeout: float = 10,
+              user: str = ADMIN_USER.name) -> str:
+    """Log in over real SSH (OpenSSH with the sandbox's ssh_config, as alice unless USER
+    says otherwise); return `systemctl is-system-running`."""
+    return ssh_run(spec, node, "systemctl", "is-system-running", user=user,
+                   timeout=timeout).stdout.strip()
+
+
+def up(name: str, nodes: int, outsiders: int = 0, log=print, bastion: bool = False) -> SandboxSpec:
     validate_name(name)
     taken = _existing(name)
     if taken:
@@ -116,29 +171,43 @@ def up(name: str, nodes: int, outsiders: int = 0, log=print) -> SandboxSpec:
             f"sandbox name {name!r} is already in use ({', '.join(taken)}).\n"
             f"Remove it with `python -m orchestrator sandbox down --name {name}` "
             "or choose another --name.")
-    spec = SandboxSpec(name=name, nodes=nodes, outsiders=outsiders)
+    spec = SandboxSpec(name=name, nodes=nodes, outsiders=outsiders, bastion=bastion)
     image = ensure_image(state_root().parent / "images", log=log)
     try:
         spec.state_dir.mkdir(parents=True)
         spec.share_dir.mkdir()
         _write_key(spec)
+        # The network's own DNS (aardvark) lets the containers resolve each other by name.
         podman(["network", "create", "--label", f"{LABEL}={name}", name])
         net = podman_json(["network", "inspect", name])[0]
+        if not net.get("dns_enabled"):
+            raise SandboxError(f"podman created network {name!r} without DNS; the nodes resolve "
+                               "each other through it (is aardvark-dns installed? "
+                               "sudo apt-get install -y aardvark-dns)")
         spec.subnet = net["subnets"][0]["subnet"]
-        members = spec.members()
-        for node in members:
+        spec.gateway = net["subnets"][0].get("gateway") or default_gateway(spec.subnet)
+        containers = spec.containers()
+        for node in containers:
             _run_container(spec, node, image)
         deadline = time.monotonic() + BOOT_TIMEOUT
         known = []
-        for node in members:
+        for node in containers:
             _wait_booted(node, deadline)
             known.append(f"{node.address} {_host_key(node, deadline)}")
         spec.known_hosts.write_text("\n".join(known) + "\n")
-        for node in members:
+        for user in USERS:
+            spec.ssh_config_for(user.name).write_text(render_ssh_config(spec, user.name))
+        if spec.bastion:
+            for node in spec.members():
+                _close_to_host(spec, node)
+        for node in containers:
             _wait_ssh(spec, node, deadline)
-        spec.inventory_path.write_text(render_inventory(spec, sandbox_vars()))
+        for user in USERS:
+            spec.inventory_for(user.name).write_text(
+                render_inventory(spec, sandbox_vars(), user=user.name))
         (spec.state_dir / "sandbox.json").write_text(json.dumps(
-            {"name": name, "nodes": nodes, "outsiders": outsiders, "subnet": spec.subnet}))
+            {"name": name, "nodes": nodes, "outsiders": outsiders, "subnet": spec.subnet,
+             "gateway": spec.gateway, "bastion": bastion}))
     except BaseException:
         down(name, log=lambda *_: None)
         raise
@@ -152,11 +221,11 @@ def _wait_ssh(spec: SandboxSpec, node: Node, deadline: float) -> None:
             if state == "running":
                 return
             error = f"systemd state {state!r}"
-        except (OSError, paramiko.SSHException) as exc:
+        except SandboxError as exc:
             error = str(exc)
         if time.monotonic() > deadline:
-            raise SandboxError(f"{node.container}: no SSH login at {node.address} with the "
-                               f"sandbox key ({error})")
+            raise SandboxError(f"{node.container}: no SSH login as {ADMIN_USER.name} at "
+                               f"{node.address} with the sandbox key ({error})")
         time.sleep(0.5)
 
 
@@ -168,7 +237,8 @@ def load(name: str) -> SandboxSpec:
                            f"create it with `python -m orchestrator sandbox up --name {name}`")
     data = json.loads(meta.read_text())
     return SandboxSpec(name=data["name"], nodes=data["nodes"], outsiders=data["outsiders"],
-                       subnet=data["subnet"])
+                       subnet=data["subnet"], gateway=data.get("gateway", ""),
+                       bastion=data.get("bastion", False))
 
 
 def status(name: str) -> dict:

@@ -17,14 +17,35 @@ from pathlib import Path
 
 from ..errors import SandboxError
 from ..podman import podman, podman_env, require_podman
+from .spec import BASTION_TABLE, USERS
 
 IMAGE_REPO = "localhost/clustertrain-node"
 SUITE = "bookworm"
 PACKAGES = (
     "systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-venv",
-    "python3-apt", "sudo", "iproute2", "rsync", "procps", "ca-certificates",
+    "python3-apt", "sudo", "iproute2", "rsync", "procps", "ca-certificates", "nftables",
 )
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
+
+
+def _login_users() -> str:
+    """Shell that adds the login users (same uid/gid on every node), their ~/.ssh (the
+    sandbox's public key is bind-mounted at ~/.ssh/authorized_keys) and, for those with
+    sudo, a sudoers drop-in."""
+    out = []
+    for u in USERS:
+        out.append(f"""groupadd --root "$R" -g {u.uid} {u.name}
+useradd --root "$R" -u {u.uid} -g {u.uid} -m -s /bin/bash -p '*' {u.name}
+chmod 0700 "$R/home/{u.name}"
+install -d -m 0700 -o {u.uid} -g {u.uid} "$R/home/{u.name}/.ssh"
+""")
+        if u.sudo:
+            out.append(f"""echo '{u.name} ALL=(ALL:ALL) NOPASSWD: ALL' > "$R/etc/sudoers.d/{u.name}"
+chmod 0440 "$R/etc/sudoers.d/{u.name}"
+chroot "$R" visudo -cq -f /etc/sudoers.d/{u.name}
+""")
+    return "".join(out)
+
 
 # Run inside the debootstrapped root before it is imported (bump the recipe hash
 # by editing it: the text itself is hashed).
@@ -37,6 +58,43 @@ deb MIRROR bookworm-updates main
 deb SECURITY bookworm-security main
 SRC
 install -d -m 0700 "$R/root/.ssh"
+# The site's own sshd policy: users log in with keys; root cannot log in at all.
+cat > "$R/etc/ssh/sshd_config.d/10-sandbox-site.conf" <<'SSHD'
+PermitRootLogin no
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+SSHD
+""" + _login_users() + r"""
+# Bastion mode (`sandbox up --bastion` writes /etc/sandbox-bastion.nft): a table of its
+# own, loaded at boot and again whenever nftables.service loads a ruleset that flushes all.
+cat > "$R/etc/systemd/system/sandbox-bastion.service" <<'UNIT'
+[Unit]
+Description=Sandbox bastion mode: no SSH from the host (nftables table inet BASTION_TABLE)
+ConditionPathExists=/etc/sandbox-bastion.nft
+DefaultDependencies=no
+Wants=network-pre.target
+Before=network-pre.target shutdown.target
+After=nftables.service
+PartOf=nftables.service
+Conflicts=shutdown.target
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/usr/sbin/nft -f /etc/sandbox-bastion.nft
+ExecStop=-/usr/sbin/nft delete table inet BASTION_TABLE
+[Install]
+WantedBy=sysinit.target
+UNIT
+install -d "$R/etc/systemd/system/sysinit.target.wants" "$R/etc/systemd/system/nftables.service.d"
+ln -sf /etc/systemd/system/sandbox-bastion.service \
+  "$R/etc/systemd/system/sysinit.target.wants/sandbox-bastion.service"
+# nftables.service's first start or a reload flushes the ruleset while the unit above stays
+# active: load the table again right after it.
+cat > "$R/etc/systemd/system/nftables.service.d/sandbox-bastion.conf" <<'UNIT'
+[Service]
+ExecStartPost=-/usr/sbin/nft -f /etc/sandbox-bastion.nft
+ExecReload=-/usr/sbin/nft -f /etc/sandbox-bastion.nft
+UNIT
 # Every node gets its own SSH host keys on first boot, not the ones baked into the image.
 rm -f "$R"/etc/ssh/ssh_host_*
 cat > "$R/etc/systemd/system/ssh-hostkeys.service" <<'UNIT'
@@ -59,7 +117,7 @@ for u in systemd-remount-fs.service getty@tty1.service console-getty.service \
 done
 : > "$R/etc/machine-id"
 rm -rf "$R"/var/cache/apt/archives/*.deb "$R"/var/lib/apt/lists/*
-"""
+""".replace("BASTION_TABLE", BASTION_TABLE)
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,17 @@
-"""What a sandbox is made of, and the Ansible inventory written for it."""
+"""What a sandbox is made of, and the SSH config and Ansible inventories written for it.
+
+A sandbox plays a real site: nodes are reached by name through an ssh_config (the
+way many users reach their servers), as a non-root login user with sudo (alice) or
+without (bob); root cannot log in. With a bastion, the nodes accept SSH only from the
+bastion and from each other, and the ssh_config jumps through it.
+"""
 
 from __future__ import annotations
 
 import ipaddress
 import os
 import re
+import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -14,12 +21,30 @@ from ..errors import SandboxError
 
 LABEL = "clustertrain.sandbox"
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,29}$")
-FIRST_HOST = 10  # node addresses start at .10 of the sandbox subnet
+FIRST_HOST = 10  # node addresses start at .10 of the sandbox subnet (then outsiders, bastion)
 SHARED_PATH = "/mnt/cluster"
 EXPORT_PATH = "/srv/nfs/cluster"
 # Settings that describe what the sandbox's nodes are (containers on a kernel without
 # NFS, no conda downloads); merged into the inventory's `all.vars`.
 SANDBOX_VARS_FILE = Path(__file__).resolve().parents[2] / "sandbox" / "group_vars" / "all.yml"
+
+
+
+
+@dataclass(frozen=True)
+class LoginUser:
+    name: str
+    uid: int           # the same on every node (and its group's gid)
+    sudo: bool         # passwordless sudo through /etc/sudoers.d
+
+
+# The login users of every sandbox node; alice provisions (become), bob cannot.
+USERS = (LoginUser("alice", 1001, True), LoginUser("bob", 1002, False))
+ADMIN_USER = USERS[0]
+BASTION = "bastion"
+# The nftables table (in each node's own network namespace) that keeps the host out
+# of SSH in bastion mode; the firewall role owns another table and leaves this one.
+BASTION_TABLE = "sandbox_bastion"
 
 
 def state_root() -> Path:
@@ -45,6 +70,11 @@ class Node:
     outsider: bool = False
 
 
+def default_gateway(subnet: str) -> str:
+    """podman's gateway when it names none: the subnet's first address."""
+    return str(ipaddress.ip_network(subnet).network_address + 1) if subnet else ""
+
+
 @dataclass
 class SandboxSpec:
     name: str
@@ -52,6 +82,8 @@ class SandboxSpec:
     outsiders: int = 0
     subnet: str = ""
     state_dir: Path = field(default_factory=Path)
+    bastion: bool = False
+    gateway: str = ""   # the network's gateway: the host (controller) as the nodes see it
 
     def __post_init__(self) -> None:
         validate_name(self.name)
@@ -61,6 +93,8 @@ class SandboxSpec:
             raise SandboxError(f"--outsiders {self.outsiders}: a sandbox has 0 to 8 outsiders")
         if not self.state_dir or self.state_dir == Path():
             self.state_dir = state_root() / self.name
+        if not self.gateway:
+            self.gateway = default_gateway(self.subnet)
 
     @property
     def key_path(self) -> Path:
@@ -72,43 +106,120 @@ class SandboxSpec:
 
     @property
     def inventory_path(self) -> Path:
-        return self.state_dir / "inventory.yml"
+        """The inventory of the admin user (alice, with sudo)."""
+        return self.inventory_for(ADMIN_USER.name)
+
+    @property
+    def ssh_config(self) -> Path:
+        """The ssh_config of the admin user (alice)."""
+        return self.ssh_config_for(ADMIN_USER.name)
+
+    def inventory_for(self, user: str) -> Path:
+        return self.state_dir / ("inventory.yml" if user == ADMIN_USER.name
+                                 else f"inventory-{user}.yml")
+
+    def ssh_config_for(self, user: str) -> Path:
+        return self.state_dir / ("ssh_config" if user == ADMIN_USER.name
+                                 else f"ssh_config-{user}")
 
     @property
     def share_dir(self) -> Path:
         return self.state_dir / "share"
 
-    def members(self) -> list[Node]:
+    def _addresses(self) -> list[str]:
         if not self.subnet:
             raise SandboxError("internal: the sandbox subnet is not known yet")
         net = ipaddress.ip_network(self.subnet)
-        hosts = [str(net.network_address + FIRST_HOST + i)
-                 for i in range(self.nodes + self.outsiders)]
-        if ipaddress.ip_address(hosts[-1]) not in net:
-            raise SandboxError(f"subnet {self.subnet} is too small for "
-                               f"{self.nodes + self.outsiders} containers")
+        count = self.nodes + self.outsiders + int(self.bastion)
+        hosts = [str(net.network_address + FIRST_HOST + i) for i in range(count)]
+        if ipaddress.ip_address(hosts[-1]) not in net or hosts[-1] == str(net.broadcast_address):
+            raise SandboxError(f"subnet {self.subnet} is too small for {count} containers")
+        return hosts
+
+    def members(self) -> list[Node]:
+        """The inventory's hosts: nodes, then outsiders (not the bastion)."""
+        hosts = self._addresses()
         nodes = [Node(f"node{i}", f"{self.name}-node{i}", hosts[i]) for i in range(self.nodes)]
         nodes += [Node(f"outsider{i}", f"{self.name}-outsider{i}", hosts[self.nodes + i], True)
                   for i in range(self.outsiders)]
         return nodes
 
+    def bastion_node(self) -> Node | None:
+        if not self.bastion:
+            return None
+        return Node(BASTION, f"{self.name}-{BASTION}", self._addresses()[-1])
 
-def render_inventory(spec: SandboxSpec, extra_vars: dict | None = None) -> str:
-    """The inventory for `ansible-playbook site.yml -i ...` and every orchestrator command."""
+    def containers(self) -> list[Node]:
+        """Every container of the sandbox: members, then the bastion if there is one."""
+        bastion = self.bastion_node()
+        return self.members() + ([bastion] if bastion else [])
+
+    def admin_networks(self) -> list[str]:
+        """Where SSH to the nodes comes from: the host (the network's gateway), and the
+        bastion in bastion mode."""
+        nets = [f"{self.gateway or default_gateway(self.subnet)}/32"]
+        bastion = self.bastion_node()
+        return nets + [f"{bastion.address}/32"] if bastion else nets
+
+
+def _user(name: str) -> LoginUser:
+    for u in USERS:
+        if u.name == name:
+            return u
+    raise SandboxError(f"the sandbox has no login user {name!r} "
+                       f"(it has {', '.join(u.name for u in USERS)})")
+
+
+def _ssh_arg(value: object) -> str:
+    """A value in ssh_config syntax (double quotes around one with blanks)."""
+    text = str(value)
+    return f'"{text}"' if re.search(r"\s", text) else text
+
+
+def render_ssh_config(spec: SandboxSpec, user: str = ADMIN_USER.name) -> str:
+    """An ssh_config with one block per container, as users keep in ~/.ssh/config:
+    `ssh -F STATE/ssh_config node0` logs in by name. Host keys are pinned by address
+    (OpenSSH looks them up by HostName) in STATE/known_hosts."""
+    _user(user)
+    bastion = spec.bastion_node()
+    lines = [f"# SSH config of sandbox {spec.name!r} for user {user}, written by "
+             "`python -m orchestrator sandbox up`.",
+             f"# Log in: ssh -F {spec.ssh_config_for(user)} node0", ""]
+    for node in spec.containers():
+        lines += [f"Host {node.name}",
+                  f"    HostName {node.address}",
+                  f"    User {user}",
+                  f"    IdentityFile {_ssh_arg(spec.key_path)}",
+                  "    IdentitiesOnly yes",
+                  f"    UserKnownHostsFile {_ssh_arg(spec.known_hosts)}",
+                  "    StrictHostKeyChecking yes"]
+        if bastion and node != bastion:
+            lines.append(f"    ProxyJump {bastion.name}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def render_inventory(spec: SandboxSpec, extra_vars: dict | None = None,
+                     user: str = ADMIN_USER.name) -> str:
+    """The inventory for `ansible-playbook site.yml -i ...` and every orchestrator command.
+
+    Hosts have no ansible_host: SSH reaches them by name through the ssh_config
+    (`-F`), and they reach each other by the same names (the network's DNS)."""
+    login = _user(user)
     members = spec.members()
-    train = {n.name: {"ansible_host": n.address, "cluster_address": n.address}
-             for n in members if not n.outsider}
-    outsiders = {n.name: {"ansible_host": n.address} for n in members if n.outsider}
+    train = {n.name: {"cluster_address": n.name} for n in members if not n.outsider}
+    outsiders = {n.name: None for n in members if n.outsider}
     all_vars = {
-        "ansible_user": "root",
-        "ansible_ssh_private_key_file": str(spec.key_path),
-        "ansible_ssh_common_args": f"-o UserKnownHostsFile={spec.known_hosts} "
-                                   "-o StrictHostKeyChecking=yes",
         "ansible_python_interpreter": "/usr/bin/python3",
         "cluster_shared_path": SHARED_PATH,
         "cluster_nfs_export_path": EXPORT_PATH,
         "clustertrain_sandbox": spec.name,
         **(extra_vars or {}),
+        # How to log in, and from where: not overridable by the sandbox's group_vars.
+        "ansible_user": login.name,
+        "ansible_become": login.sudo,
+        "ansible_ssh_common_args": f"-F {shlex.quote(str(spec.ssh_config_for(user)))}",
+        "cluster_admin_networks": spec.admin_networks(),
     }
     first = next(iter(train))
     inventory = {"all": {
@@ -121,9 +232,10 @@ def render_inventory(spec: SandboxSpec, extra_vars: dict | None = None) -> str:
             "outsiders": {"hosts": outsiders or None},
         },
     }}
-    header = (f"# Ansible inventory of sandbox {spec.name!r}, written by "
+    header = (f"# Ansible inventory of sandbox {spec.name!r} for user {user}"
+              f"{' (sudo)' if login.sudo else ' (no sudo)'}, written by "
               f"`python -m orchestrator sandbox up`.\n"
-              f"# Use it like a real inventory: ansible-playbook site.yml -i {spec.inventory_path}\n")
+              f"# Use it like a real inventory: ansible-playbook site.yml -i {spec.inventory_for(user)}\n")
     return header + yaml.safe_dump(inventory, sort_keys=False, default_flow_style=False)
 
 
@@ -139,12 +251,21 @@ def sandbox_vars(path: Path = SANDBOX_VARS_FILE) -> dict:
 def describe(spec: SandboxSpec, states: dict[str, str] | None = None) -> dict:
     """The machine-readable view of a sandbox (`--json`)."""
     states = states or {}
+    bastion = spec.bastion_node()
     return {
         "name": spec.name,
         "inventory": str(spec.inventory_path),
+        "ssh_config": str(spec.ssh_config),
         "key": str(spec.key_path),
         "share": str(spec.share_dir),
         "subnet": spec.subnet,
+        "gateway": spec.gateway,
+        "users": {u.name: {"inventory": str(spec.inventory_for(u.name)),
+                           "ssh_config": str(spec.ssh_config_for(u.name)),
+                           "uid": u.uid, "sudo": u.sudo} for u in USERS},
+        "bastion": None if bastion is None else {
+            "name": bastion.name, "address": bastion.address, "container": bastion.container,
+            "state": states.get(bastion.container, "unknown")},
         "nodes": [dict(asdict(n), state=states.get(n.container, "unknown"))
                   for n in spec.members()],
     }

@@ -95,7 +95,7 @@ def test_site_yml_is_idempotent(sandbox_cluster):
 
 def test_two_nodes_train_the_real_job_well_above_chance(sandbox_cluster, tmp_path):
     result = train(sandbox_cluster, tmp_path, "--epochs", "5", "--run-name", "e2e-learn",
-                   "--metrics-json", "/mnt/cluster/results/e2e-learn.json", *SMALL)
+                   "--metrics-json", "/mnt/cluster/checkpoints/alice/results/e2e-learn.json", *SMALL)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     out = result.stdout
     # Every node's lines reach the terminal with their prefix; each rank reports in.
@@ -104,7 +104,7 @@ def test_two_nodes_train_the_real_job_well_above_chance(sandbox_cluster, tmp_pat
     s = summary(tmp_path)
     assert s["status"] == "succeeded"
     assert s["exit_codes"] == {"node0": 0, "node1": 0}
-    metrics = json.loads((sandbox_cluster.share / "results" / "e2e-learn.json").read_text())["final"]
+    metrics = json.loads((sandbox_cluster.checkpoints("results") / "e2e-learn.json").read_text())["final"]
     # Ten classes: chance is 10 %. The generated classes are separable by their mean
     # colour pattern, so a few epochs of a real (if tiny) ResNet reach far above it
     # (about 0.85 here); 60 % leaves a margin for seeds while failing a run that did
@@ -118,7 +118,7 @@ def test_ctrl_c_stops_every_training_process(sandbox_cluster, tmp_path):
     proc = train(sandbox_cluster, tmp_path, "--epochs", "50", "--run-name", "e2e-ctrlc", "--no-resume",
                  *SMALL, background=True)
     try:
-        ckpts = sandbox_cluster.share / "checkpoints" / "e2e-ctrlc"
+        ckpts = sandbox_cluster.checkpoints("e2e-ctrlc")
         wait_for(lambda: list(ckpts.glob("*.pt")), 300, "the first epoch's checkpoint")
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=30)
@@ -132,9 +132,9 @@ def test_ctrl_c_stops_every_training_process(sandbox_cluster, tmp_path):
 
 
 def test_resume_after_a_worker_dies_with_max_restarts(sandbox_cluster, tmp_path):
-    ckpts = sandbox_cluster.share / "checkpoints" / "e2e-resume"
+    ckpts = sandbox_cluster.checkpoints("e2e-resume")
     proc = train(sandbox_cluster, tmp_path, "--epochs", "6", "--run-name", "e2e-resume",
-                 "--metrics-json", "/mnt/cluster/results/e2e-resume.json", *SMALL,
+                 "--metrics-json", "/mnt/cluster/checkpoints/alice/results/e2e-resume.json", *SMALL,
                  opts=("--max-restarts", "1", "--rdzv-backend", "c10d"), background=True)
     try:
         wait_for(lambda: len(list(ckpts.glob("*.pt"))) >= 2, 300, "two epoch checkpoints")
@@ -149,7 +149,7 @@ def test_resume_after_a_worker_dies_with_max_restarts(sandbox_cluster, tmp_path)
     out = (tmp_path / "orchestrator.out").read_text()
     assert proc.returncode == 0, out[-5000:]
     assert "resumed from" in out
-    final = json.loads((sandbox_cluster.share / "results" / "e2e-resume.json").read_text())["final"]
+    final = json.loads((sandbox_cluster.checkpoints("results") / "e2e-resume.json").read_text())["final"]
     assert final["epochs"] == 6
     assert final["resumed_from"]["epoch"] >= 2, final
 
@@ -158,7 +158,7 @@ def test_node_failure_stops_the_other_node_and_keeps_whole_checkpoints(sandbox_c
                                                                       tmp_path):
     """No restarts allowed: a worker dying on node1 fails the run, node0 is stopped
     at once, nothing keeps running anywhere, and the checkpoints on the share are whole."""
-    ckpts = sandbox_cluster.share / "checkpoints" / "e2e-fail"
+    ckpts = sandbox_cluster.checkpoints("e2e-fail")
     proc = train(sandbox_cluster, tmp_path, "--epochs", "50", "--run-name", "e2e-fail",
                  "--no-resume", *SMALL, background=True)
     try:
@@ -187,7 +187,7 @@ def test_killed_node_then_provision_again_and_resume(sandbox_cluster, tmp_path):
     """A node vanishes mid-training (its container is killed, as a power cut would):
     the run ends naming it, node0 is cleaned up; the node comes back, site.yml brings it
     in line again, and the next run resumes from the newest whole checkpoint."""
-    ckpts = sandbox_cluster.share / "checkpoints" / "e2e-killed"
+    ckpts = sandbox_cluster.checkpoints("e2e-killed")
     first = tmp_path / "first"
     first.mkdir()
     # Resuming needs the same settings (--epochs included); 4 epochs leave 3 to resume.
@@ -219,10 +219,11 @@ def test_killed_node_then_provision_again_and_resume(sandbox_cluster, tmp_path):
     second = tmp_path / "second"
     second.mkdir()
     result = train(sandbox_cluster, second, "--epochs", "4", "--run-name",
-                   "e2e-killed", "--metrics-json", "/mnt/cluster/results/e2e-killed.json",
+                   "e2e-killed", "--metrics-json",
+                   "/mnt/cluster/checkpoints/alice/results/e2e-killed.json",
                    *SMALL)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert re.search(rf"resumed from \S*ckpt-{newest:06d}-", result.stdout), result.stdout[-3000:]
-    final = json.loads((sandbox_cluster.share / "results" / "e2e-killed.json").read_text())["final"]
+    final = json.loads((sandbox_cluster.checkpoints("results") / "e2e-killed.json").read_text())["final"]
     assert final["epochs"] == 4 and final["resumed_from"]["epoch"] == newest, final
     assert not [f for f in checkpoints(ckpts) if f.name.startswith(".")], "temporaries left"

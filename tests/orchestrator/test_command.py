@@ -13,7 +13,8 @@ from orchestrator.errors import LaunchError
 def cmd(**kw) -> NodeCommand:
     base = dict(run_id="20260101-000000-abcdef", node_rank=1, nnodes=2, nproc=4,
                 master_addr="10.0.0.1", master_port=29501,
-                torchrun="/opt/clustertrain/venv/bin/torchrun", script="train.py",
+                torchrun="/opt/clustertrain/venv/bin/torchrun", home="/home/alice",
+                script="train.py",
                 script_args=("--lr", "0.1"), env={"FOO": "a b"})
     base.update(kw)
     return NodeCommand(**base)
@@ -25,7 +26,7 @@ def test_torchrun_argv_static() -> None:
     joined = shlex.join(argv)
     assert "--nproc-per-node 4 --master-addr 10.0.0.1 --master-port 29501" in joined
     assert "--max-restarts 0" in joined
-    assert "--log-dir /var/lib/clustertrain/jobs/20260101-000000-abcdef/torchrun-logs" in joined
+    assert "--log-dir /home/alice/.clustertrain/jobs/20260101-000000-abcdef/torchrun-logs" in joined
     assert argv[-3:] == ["train.py", "--lr", "0.1"]
 
 
@@ -43,16 +44,32 @@ def test_torchrun_argv_c10d_and_passthrough() -> None:
 def test_shell_runs_in_own_session_and_records_pgid() -> None:
     line = cmd().shell()
     words = shlex.split(line)
-    assert words[:3] == ["mkdir", "-p", "/var/lib/clustertrain/jobs/20260101-000000-abcdef"]
-    assert "cd /var/lib/clustertrain/code/20260101-000000-abcdef" in line
+    # Private by default: the job's files are its user's alone (umask 077).
+    assert words[:5] == ["umask", "077;", "mkdir", "-p",
+                         "/home/alice/.clustertrain/jobs/20260101-000000-abcdef"]
+    assert "cd /home/alice/.clustertrain/code/20260101-000000-abcdef" in line
     i = words.index("setsid")
     assert words[i + 1:i + 4] == ["-w", "/bin/sh", "-c"]
     inner = words[i + 4]
-    assert inner.startswith("echo $$ > /var/lib/clustertrain/jobs/20260101-000000-abcdef/pgid;")
+    assert inner.startswith("echo $$ > /home/alice/.clustertrain/jobs/20260101-000000-abcdef/pgid;")
     assert ". /etc/clustertrain/cluster.env" in inner
     assert "PYTHONUNBUFFERED=1" in inner and "FOO='a b'" in inner
     assert "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]:'" in inner
     assert inner.endswith(shlex.join(cmd().torchrun_argv()))
+    # torchrun's exit status is the session's last line, then its exit code.
+    assert line.endswith('echo "@@clustertrain-exit $rc"; exit $rc; }')
+
+
+def test_the_exit_marker_is_taken_out_of_the_log() -> None:
+    from orchestrator.job import _take_exit_marker
+
+    lines = ["node0/rank0 | done", "node0/torchrun | @@clustertrain-exit 3"]
+    assert _take_exit_marker(lines, None) == (["node0/rank0 | done"], 3)
+    # Output that did not end with a newline keeps its text.
+    assert _take_exit_marker(["node0/torchrun | partial@@clustertrain-exit 0"], None) == (
+        ["node0/torchrun | partial"], 0)
+    assert _take_exit_marker(["node0/rank1 | no marker"], None) == (
+        ["node0/rank1 | no marker"], None)
 
 
 def test_shell_quotes_hostile_arguments() -> None:

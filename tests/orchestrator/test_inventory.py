@@ -52,11 +52,13 @@ def test_ini_inventory(tmp_path: Path) -> None:
     # Order is the inventory's: the first host is node 0.
     assert cluster.names == ["gpu-b", "gpu-a", "gpu-c"]
     b, a, _ = cluster.nodes
-    assert (b.host, b.cluster_address, b.port, b.user) == ("192.0.2.12", "10.10.0.12", 2222,
-                                                           "trainer")
-    assert (a.cluster_address, a.port) == ("192.0.2.11", 22)
-    assert a.key_file == str(Path("~/.ssh/cluster_key").expanduser())
-    assert a.known_hosts == "/etc/ct/known_hosts" and a.host_key_checking == "yes"
+    assert (b.host, b.cluster_address, b.ssh.port, b.user) == ("192.0.2.12", "10.10.0.12",
+                                                               2222, "trainer")
+    # No port anywhere: OpenSSH decides (~/.ssh/config, else 22), as with Ansible.
+    assert (a.cluster_address, a.ssh.port) == ("192.0.2.11", None)
+    assert a.ssh.private_key_file == str(Path("~/.ssh/cluster_key").expanduser())
+    assert a.ssh.common_args == ("-o", "UserKnownHostsFile=/etc/ct/known_hosts",
+                                 "-o", "StrictHostKeyChecking=yes")
     assert cluster.rendezvous_port == 29600
     assert cluster.shared_path == "/mnt/cluster"
 
@@ -65,8 +67,7 @@ def test_yaml_inventory_with_template(tmp_path: Path) -> None:
     cluster = load_cluster(write(tmp_path, "hosts.yml", YAML))
     assert cluster.names == ["n0", "n1"]
     assert cluster.nodes[1].cluster_address == "10.0.0.6"
-    assert cluster.nodes[0].host_key_checking == "accept-new"
-    assert cluster.nodes[0].known_hosts is None
+    assert cluster.nodes[0].ssh.common_args == ("-o", "StrictHostKeyChecking=accept-new")
     assert cluster.shared_path == "/data/shared"
     assert cluster.rendezvous_port == 29500
 
@@ -104,7 +105,77 @@ def test_missing_inventory_and_empty_group(tmp_path: Path) -> None:
         load_cluster(write(tmp_path, "empty.ini", "[other]\nx ansible_host=192.0.2.1\n"))
 
 
-def test_cluster_address_must_be_ip(tmp_path: Path) -> None:
-    bad = write(tmp_path, "bad.ini", "[train_nodes]\nn0 ansible_host=gpu0.example.org\n")
-    with pytest.raises(InventoryError, match="n0: cluster_address 'gpu0.example.org' is not an IP"):
-        load_cluster(bad)
+def test_dns_names_are_addresses(tmp_path: Path) -> None:
+    # Names are resolved later, on the nodes (preflight), where the cluster's DNS answers.
+    inv = write(tmp_path, "dns.ini", "[train_nodes]\ngpu0.example.org\n"
+                "gpu1 ansible_host=gpu1.example.org cluster_address=gpu1-ib.example.org\n")
+    n0, n1 = load_cluster(inv).nodes
+    assert (n0.host, n0.cluster_address) == ("gpu0.example.org", "gpu0.example.org")
+    assert (n1.host, n1.cluster_address) == ("gpu1.example.org", "gpu1-ib.example.org")
+
+
+def test_ssh_options_come_from_ansible_config_and_host_vars(tmp_path: Path, monkeypatch) -> None:
+    # ansible.cfg's remote_user / private_key_file / ssh_args apply unless the host
+    # overrides them, exactly as for ansible-playbook.
+    cfg = write(tmp_path, "ansible.cfg", "[defaults]\nremote_user = carol\n"
+                "private_key_file = /keys/id\nhost_key_checking = false\n"
+                "[ssh_connection]\nssh_args = -o ControlPersist=10s\n")
+    monkeypatch.setenv("ANSIBLE_CONFIG", str(cfg))
+    import importlib
+
+    import ansible.constants as C
+    importlib.reload(C)
+    try:
+        inv = write(tmp_path, "h.ini", "[train_nodes]\nn0 ansible_host=192.0.2.1\n"
+                    "n1 ansible_host=192.0.2.2 ansible_user=dave "
+                    "ansible_ssh_common_args='-o ProxyJump=bastion.example.org'\n")
+        n0, n1 = load_cluster(inv).nodes
+    finally:
+        monkeypatch.delenv("ANSIBLE_CONFIG")
+        importlib.reload(C)
+    assert (n0.user, n0.ssh.private_key_file, n0.ssh.host_key_checking) == (
+        "carol", "/keys/id", False)
+    assert n0.ssh.ssh_args == ("-o", "ControlPersist=10s")
+    assert n1.user == "dave" and n1.ssh.common_args == ("-o", "ProxyJump=bastion.example.org")
+    argv = n1.ssh.options()
+    # Ansible's order: ssh_args first, then its own options, then the host's common args.
+    assert argv.index("ControlPersist=10s") < argv.index("User=dave") < argv.index(
+        "ProxyJump=bastion.example.org")
+    assert "StrictHostKeyChecking=no" in argv
+
+
+def test_template_that_needs_facts_names_variable_and_host(tmp_path: Path) -> None:
+    inv = write(tmp_path, "facts.yml", """\
+all:
+  children:
+    train_nodes:
+      hosts:
+        n0: {ansible_host: 192.0.2.1, cluster_address: "{{ ansible_default_ipv4.address }}"}
+""")
+    with pytest.raises(InventoryError, match=r"n0: cluster_address = .*ansible_default_ipv4"
+                       r".* cannot be rendered .*set cluster_address for n0 to a value"):
+        load_cluster(inv)
+
+
+def test_two_hosts_with_one_address_are_refused(tmp_path: Path) -> None:
+    inv = write(tmp_path, "dup.ini", "[train_nodes]\nn0 ansible_host=192.0.2.1\n"
+                "n1 ansible_host=192.0.2.1\n")
+    with pytest.raises(InventoryError, match=r"n0 and n1 .* have the same cluster_address "
+                       r"\(192.0.2.1\); each training node must be a different machine"):
+        load_cluster(inv)
+
+
+def test_unparseable_inventory_shows_ansibles_error(tmp_path: Path) -> None:
+    inv = write(tmp_path, "broken.yml", "all:\n  hosts:\n    n0: [unclosed\n")
+    with pytest.raises(InventoryError) as err:
+        load_cluster(inv)
+    text = str(err.value)
+    assert f"Ansible cannot parse the inventory {inv}" in text
+    assert "yaml" in text.lower() and "no hosts" not in text
+
+
+@pytest.mark.parametrize("hosts", ["", ",", " , "])
+def test_hosts_naming_nothing_is_refused(tmp_path: Path, hosts: str) -> None:
+    cluster = load_cluster(write(tmp_path, "hosts.ini", INI))
+    with pytest.raises(InventoryError, match=r"--hosts .* names no node; .*--hosts gpu-b,gpu-a"):
+        cluster.select(hosts=hosts)

@@ -31,13 +31,17 @@ def test_snapshots_are_per_run_and_linked(sandbox_cluster: Sandbox, tmp_path: Pa
     for node in ("node0", "node1"):
         def sh(cmd: str) -> str:
             return sandbox_cluster.exec(node, "sh", "-c", cmd).stdout.strip()
-        root = "/var/lib/clustertrain/code"
+        # The snapshots are the job user's, in its private state directory.
+        root = "/home/alice/.clustertrain/code"
+        assert sh(f"stat -c '%U %a' /home/alice/.clustertrain {root}").split() == [
+            "alice", "700", "alice", "700"]
+        assert sh(f"stat -c %U {root}/orch-test-sync-2/train.py") == "alice"
         assert sh(f"cat {root}/orch-test-sync-1/train.py") == "print('v1')"
         assert sh(f"cat {root}/orch-test-sync-2/train.py") == "print('v2')"
         # Unchanged files are hard links to the previous snapshot, not copies.
         assert sh(f"stat -c %i {root}/orch-test-sync-1/big.txt") == \
             sh(f"stat -c %i {root}/orch-test-sync-2/big.txt")
-        assert sh(f"readlink {root}/latest") == f"{root}/orch-test-sync-2"
+        assert sh(f"readlink -f {root}/latest") == f"{root}/orch-test-sync-2"
         assert sh(f"test -e {root}/orch-test-sync-2/data/model.ckpt && echo yes || echo no") == "no"
     assert second.seconds < 60
 
@@ -51,15 +55,17 @@ def test_dry_run_prints_commands_and_starts_nothing(sandbox_cluster: Sandbox,
                         "ddp_allreduce.py", "--", "--steps", "1"],
                        cwd=REPO, env=PODMAN_ENV, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
-    addr0 = sandbox_cluster.nodes["node0"]
+    addr0 = sandbox_cluster.nodes["node0"]  # the IP node0's name resolves to on the nodes
     for rank in (0, 1):
         assert (f"--nnodes 2 --node-rank {rank} --nproc-per-node 1 --master-addr {addr0} "
                 "--master-port") in p.stdout
     assert "LR=0.5" in p.stdout and "ddp_allreduce.py --steps 1" in p.stdout
     assert not (tmp_path / "runs").exists()
-    run_id = p.stdout.split("/var/lib/clustertrain/jobs/")[1].split("/")[0]
+    assert "# node0 (alice@node0), node rank 0" in p.stdout
+    run_id = p.stdout.split("/home/alice/.clustertrain/jobs/")[1].split("/")[0]
     for node in ("node0", "node1"):
-        assert sandbox_cluster.exec(node, "test", "-e", f"/var/lib/clustertrain/jobs/{run_id}",
+        assert sandbox_cluster.exec(node, "test", "-e",
+                                     f"/home/alice/.clustertrain/jobs/{run_id}",
                                      check=False).returncode != 0
 
 
@@ -69,8 +75,10 @@ def test_preflight_table(sandbox_cluster: Sandbox) -> None:
                        cwd=REPO, env=PODMAN_ENV, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     rows = p.stdout.splitlines()
-    assert rows[0].split()[:4] == ["NODE", "ADDRESS", "SSH", "TORCH"]
+    assert rows[0].split()[:5] == ["NODE", "ADDRESS", "USER", "SSH", "TORCH"]
     # Inventory order decides node 0 (the master port is checked there), not --hosts order.
-    assert rows[1].split()[:4] == ["node0", sandbox_cluster.nodes["node0"], "ok", "2.13.0+cpu"]
-    assert rows[2].split()[:4] == ["node1", sandbox_cluster.nodes["node1"], "ok", "2.13.0+cpu"]
+    # Addresses are the inventory's names, with the IP each resolves to on the nodes.
+    for row, node in zip(rows[1:3], ("node0", "node1")):
+        assert row.split()[:5] == [node, f"{node}[{sandbox_cluster.nodes[node]}]", "alice",
+                                   "ok", "2.13.0+cpu"]
     assert "29500" in rows[1] and "problem:" not in p.stdout

@@ -22,9 +22,11 @@ WORKER = ("import os, signal, subprocess, sys, time\n"
           "time.sleep(300)\n")
 
 
-def start_job(job: Path, mode: str) -> subprocess.Popen:
+def start_job(job: Path, mode: str, run_id: str | None = None) -> subprocess.Popen:
+    """Like the launch: the group leader records its PID and carries the run id."""
     job.mkdir(parents=True)
-    inner = f"echo $$ > {job}/pgid; exec {sys.executable} -c \"$0\" {mode}"
+    inner = (f"echo $$ > {job}/pgid; export CLUSTERTRAIN_RUN_ID={run_id or job.name}; "
+             f"exec {sys.executable} -c \"$0\" {mode}")
     proc = subprocess.Popen(["setsid", "-w", "/bin/sh", "-c", inner, WORKER])
     deadline = time.monotonic() + 10
     while not (job / "pgid").exists() or len(tree(job)) < 2:
@@ -50,8 +52,10 @@ def tree(job: Path) -> set[int]:
 
 
 def stop(job: Path, grace: float) -> dict:
-    out = subprocess.run([sys.executable, "-c", STOP_SCRIPT, str(job), str(grace)],
-                         capture_output=True, text=True, timeout=60)
+    """The stop script as the node runs it: HOME/<jobs dir>/<run id>."""
+    out = subprocess.run([sys.executable, "-c", STOP_SCRIPT, job.parent.name, job.name,
+                          str(grace)], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "HOME": str(job.parent.parent)})
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -66,16 +70,17 @@ def alive(pid: int) -> bool:
 
 
 def test_stop_kills_whole_tree_and_spares_other_job(tmp_path: Path) -> None:
-    a = start_job(tmp_path / "run-a", "stubborn")
-    b = start_job(tmp_path / "run-b", "polite")
+    jobs = tmp_path / "jobs"
+    a = start_job(jobs / "run-a", "stubborn")
+    b = start_job(jobs / "run-b", "polite")
     try:
-        a_pids, b_pids = tree(tmp_path / "run-a"), tree(tmp_path / "run-b")
+        a_pids, b_pids = tree(jobs / "run-a"), tree(jobs / "run-b")
         # The "torchrun" (group leader) and its worker, which is in a session of its own:
         # signalling the process group alone would miss the worker.
-        pgid = int((tmp_path / "run-a" / "pgid").read_text())
+        pgid = int((jobs / "run-a" / "pgid").read_text())
         assert len(a_pids) == 2 and any(os.getpgid(p) != pgid for p in a_pids)
         started = time.monotonic()
-        result = stop(tmp_path / "run-a", grace=1.0)
+        result = stop(jobs / "run-a", grace=1.0)
         assert result["found"] and set(result["initial"]) == a_pids
         assert result["left"] == []
         assert result["killed"], "the SIGTERM-ignoring job needed SIGKILL"
@@ -83,7 +88,7 @@ def test_stop_kills_whole_tree_and_spares_other_job(tmp_path: Path) -> None:
         a.wait(timeout=10)
         assert not any(alive(p) for p in a_pids)
         assert all(alive(p) for p in b_pids), "stopping run A touched run B"
-        result = stop(tmp_path / "run-b", grace=3.0)
+        result = stop(jobs / "run-b", grace=3.0)
         assert result["found"] and result["left"] == []
         b.wait(timeout=10)
         assert not any(alive(p) for p in b_pids)
@@ -94,5 +99,21 @@ def test_stop_kills_whole_tree_and_spares_other_job(tmp_path: Path) -> None:
 
 
 def test_stop_without_job_record(tmp_path: Path) -> None:
-    assert stop(tmp_path / "never-started", grace=1.0) == {"found": False, "killed": [],
-                                                           "left": []}
+    result = stop(tmp_path / "jobs" / "never-started", grace=1.0)
+    assert (result["found"], result["killed"], result["left"]) == (False, [], [])
+
+
+def test_stale_record_signals_nothing(tmp_path: Path) -> None:
+    """The recorded group is now a process of something else (the PID was reused): the
+    stop must leave it alone."""
+    other = start_job(tmp_path / "jobs" / "run-old", "polite", run_id="someone-else")
+    try:
+        pids = tree(tmp_path / "jobs" / "run-old")
+        result = stop(tmp_path / "jobs" / "run-old", grace=1.0)
+        assert result["stale"] and result["killed"] == [] and result["initial"] == []
+        time.sleep(0.3)
+        assert all(alive(p) for p in pids), "a stale record signalled an unrelated process"
+    finally:
+        other.kill()
+        for p in tree(tmp_path / "jobs" / "run-old"):
+            os.kill(p, 9)

@@ -23,7 +23,7 @@ def setup(tmp_path: Path):
     inventory.write_text(
         "[train_nodes]\n"
         f"node0 ansible_host=127.0.0.1 ansible_port={port}\n"
-        f"node1 ansible_host=127.0.0.1 ansible_port={port}\n"
+        f"node1 ansible_host=127.0.0.2 ansible_port={port}\n"
         "[all:vars]\nansible_user=root\n"
         f"ansible_ssh_common_args='-o UserKnownHostsFile={tmp_path}/known_hosts'\n")
     work = tmp_path / "code"
@@ -79,6 +79,47 @@ def test_dry_run_needs_reachable_nodes_too(setup, capsys) -> None:
     base, runs = setup
     code, out = run([*base, "--nodes", "1", "--dry-run", "job.py"], capsys)
     assert code != 0 and "cannot reach" in out and not runs.exists()
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--hosts", ""], "error: --hosts '' names no node; give inventory names separated by "
+                      "commas, e.g. --hosts node0,node1"),
+    (["--hosts", ","], "error: --hosts ',' names no node"),
+    (["--nodes", "2", "--max-restarts", "-1"],
+     "error: --max-restarts -1: give 0 (fail on the first worker failure) or a positive "
+     "number of restarts"),
+    (["--nodes", "2", "--grace", "-5"],
+     "error: --grace -5.0: give the seconds between SIGTERM and SIGKILL as a number of 0 or "
+     "more"),
+    (["--nodes", "2", "--grace", "nan"], "error: --grace nan: give the seconds"),
+    (["--nodes", "2", "--grace", "inf"], "error: --grace inf: give the seconds"),
+])
+def test_bad_input_is_refused_before_any_node(setup, capsys, extra, message) -> None:
+    base, runs = setup
+    code, out = run([*base, *extra, "job.py"], capsys)
+    assert code != 0 and message in out
+    # Refused before preflight: no connection was even tried, nothing was recorded.
+    assert "cannot reach" not in out and not runs.exists()
+
+
+def test_inventory_with_one_address_twice(tmp_path: Path, capsys) -> None:
+    inventory = tmp_path / "dup.ini"
+    inventory.write_text("[train_nodes]\nnode0 ansible_host=127.0.0.1\n"
+                         "node1 ansible_host=127.0.0.1\n")
+    code, out = run(["train", "-i", str(inventory), "--nodes", "2"], capsys)
+    assert code != 0
+    assert ("error: node0 and node1 in " in out and "have the same cluster_address "
+            "(127.0.0.1); each training node must be a different machine" in out)
+    assert "cannot reach" not in out
+
+
+def test_unparseable_inventory(tmp_path: Path, capsys) -> None:
+    inventory = tmp_path / "broken.yml"
+    inventory.write_text("all:\n  children:\n    train_nodes: {hosts: [node0\n")
+    code, out = run(["preflight", "-i", str(inventory)], capsys)
+    assert code != 0
+    assert f"error: Ansible cannot parse the inventory {inventory}" in out
+    assert "Failed to parse" in out and "has no hosts" not in out
 
 
 @pytest.mark.parametrize("argv,script,script_args", [

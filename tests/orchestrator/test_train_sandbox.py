@@ -84,7 +84,7 @@ def test_train_two_nodes_ddp(sandbox_cluster: Sandbox, tmp_path: Path) -> None:
     assert code == 0, t.text[-3000:] + t.stderr
     # The preflight table shows the process count asked for, not the automatic one.
     table = {row.split()[0]: row.split() for row in t.text.splitlines()[:3]}
-    assert table["NODE"][5] == "NPROC" and table["node0"][5] == table["node1"][5] == "2", table
+    assert table["NODE"][6] == "NPROC" and table["node0"][6] == table["node1"][6] == "2", table
     # Every rank of the world, each from the node it ran on, with a correct all_reduce.
     for node, rank in (("node0", 0), ("node0", 1), ("node1", 2), ("node1", 3)):
         assert f"{node}/rank{rank} | rank {rank}/4 host {node} sum 10 ok" in t.text
@@ -199,7 +199,7 @@ def test_stop_one_of_two_runs(sandbox_cluster: Sandbox, tmp_path: Path) -> None:
         for node in ("node0", "node1"):
             procs = sandbox_cluster.job_processes(node)
             assert procs and all(run_a not in p for p in procs)
-            assert any(f"--log-dir /var/lib/clustertrain/jobs/{run_b}/" in p for p in procs)
+            assert any(f"--log-dir /home/alice/.clustertrain/jobs/{run_b}/" in p for p in procs)
     finally:
         if b.proc.poll() is None:
             b.proc.send_signal(signal.SIGINT)

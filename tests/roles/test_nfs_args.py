@@ -76,6 +76,10 @@ def assert_fails_naming(result: subprocess.CompletedProcess[str], *words: str) -
      ["nfs_server_squash", "squash_everything"]),
     ({"nfs_server_kernel_exports_file": "/etc/exports.d/cluster"},
      ["nfs_server_kernel_exports_file"]),
+    ({"nfs_server_subdirectories": [{"path": "checkpoints", "mode": 1777}]},
+     ["nfs_server_subdirectories", "checkpoints", "in quotes"]),
+    ({"nfs_server_subdirectories": ["data", {"path": "../outside"}]},
+     ["nfs_server_subdirectories", "relative path inside the export"]),
 ])
 def test_server_rejects_bad_variables(tmp_path, extra, words):
     assert_fails_naming(run_role(tmp_path, "nfs_server", {**SERVER_OK, **extra}), *words)
@@ -101,8 +105,11 @@ def test_client_rejects_bad_variables(tmp_path, extra, words):
 
 @pytest.mark.parametrize(("role", "extra"), [
     ("nfs_server", SERVER_OK),
-    ("nfs_server", {"nfs_server_implementation": "ganesha", "nfs_server_squash": "root_squash",
+    ("nfs_server", {"nfs_server_implementation": "ganesha", "nfs_server_squash": "no_root_squash",
                     "nfs_server_extra_clients": ["192.0.2.7", "2001:db8::/64"]}),
+    ("nfs_server", {**SERVER_OK, "nfs_server_subdirectories": [
+        "data", {"path": "checkpoints", "mode": "1777"}, {"path": "teams/vision", "mode": "2775",
+                                                          "group": "vision"}]}),
     ("nfs_client", CLIENT_OK),
     ("nfs_client", {"nfs_client_server": "nfs.example.internal",
                     "nfs_client_nfs_version": "4.1", "nfs_client_nconnect": 0}),

@@ -1,8 +1,11 @@
-"""A real sandbox: containers with systemd and sshd, reached over SSH like servers."""
+"""A real sandbox: containers with systemd and sshd, reached over SSH like a real site's
+servers: by name through an ssh_config, as a user with sudo (alice) or without (bob),
+never as root, and in bastion mode only through the bastion."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -18,6 +21,9 @@ from orchestrator.sandbox.spec import LABEL, state_root
 
 pytestmark = pytest.mark.sandbox
 REPO = Path(__file__).resolve().parents[3]
+
+
+ANSIBLE = str(Path(sys.executable).parent / "ansible")
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -49,13 +55,15 @@ def test_three_nodes_answer_over_ssh_and_ansible(sandbox_name):
     assert len({n["address"] for n in info["nodes"]}) == 3
     assert all(n["state"] == "running" for n in info["nodes"])
 
+    assert info["bastion"] is None
+    assert set(info["users"]) == {"alice", "bob"}
+
     spec = cluster.load(name)
     for node in spec.members():  # real SSH login with the generated key, host key checked
         assert cluster.ssh_check(spec, node) == "running"
 
-    ping = subprocess.run([str(Path(sys.executable).parent / "ansible"), "all", "-i",
-                           info["inventory"], "-m", "ansible.builtin.ping", "-o"],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    ping = subprocess.run([ANSIBLE, "all", "-i", info["inventory"], "-m", "ansible.builtin.ping",
+                           "-o"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert ping.returncode == 0, ping.stdout + ping.stderr
     assert ping.stdout.count("SUCCESS") == 3
 
@@ -107,3 +115,84 @@ def test_down_leaves_foreign_network_of_same_name_alone(sandbox_name):
         assert podman(["network", "exists", name], check=False).returncode == 0
     finally:
         podman(["network", "rm", name], check=False)
+
+
+def ssh(info: dict, host: str, *command: str, user: str = "alice", **opts: str):
+    """OpenSSH with the sandbox's ssh_config for USER, as a person would type it."""
+    options = [a for k, v in {"BatchMode": "yes", "ConnectTimeout": "5", **opts}.items()
+               for a in ("-o", f"{k}={v}")]
+    return subprocess.run(["ssh", "-F", info["users"][user]["ssh_config"], *options, host, *command],
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+
+
+def test_nodes_are_a_site_logins_by_name_sudo_for_alice_only_no_root(sandbox_name):
+    name = sandbox_name()
+    proc = cli("sandbox", "up", "--nodes", "2", "--name", name, "--json")
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(proc.stdout)
+    address = {n["name"]: n["address"] for n in info["nodes"]}
+
+    # root is refused by sshd itself (root's authorized_keys holds the same key).
+    root = ssh(info, "node0", "true", User="root")
+    assert root.returncode == 255 and "Permission denied" in root.stderr, root.stderr
+    sshd = ssh(info, "node0", "sudo", "-n", "sshd", "-T")
+    assert "permitrootlogin no" in sshd.stdout.splitlines(), sshd.stdout + sshd.stderr
+
+    for node in ("node0", "node1"):
+        alice = ssh(info, node, "id -un; id -u; hostname; sudo -n id -un; stat -c %a ~ ~/.ssh")
+        assert alice.returncode == 0, alice.stderr
+        assert alice.stdout.split() == ["alice", "1001", node, "root", "700", "700"]
+
+        bob = ssh(info, node, "id -un; id -u; sudo -n true", user="bob")
+        assert bob.stdout.split() == ["bob", "1002"]
+        assert bob.returncode != 0 and "password is required" in bob.stderr, bob.stderr
+
+    # The nodes resolve each other by short name through the network's own DNS.
+    for here, there in (("node0", "node1"), ("node1", "node0")):
+        res = ssh(info, here, "getent", "hosts", there)
+        assert res.returncode == 0 and res.stdout.split()[0] == address[there], res.stdout + res.stderr
+
+    # Both inventories log in as their user; alice's becomes root, bob's does not.
+    for user, expected in (("alice", "root"), ("bob", "bob")):
+        run = subprocess.run([ANSIBLE, "all", "-i", info["users"][user]["inventory"], "-m",
+                              "ansible.builtin.command", "-a", "id -un", "-o"],
+                             cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert [line.split()[-1] for line in run.stdout.splitlines()] == [expected] * 2, run.stdout
+
+
+def test_bastion_is_the_only_way_in(sandbox_name):
+    name = sandbox_name()
+    start = time.monotonic()
+    proc = cli("sandbox", "up", "--nodes", "2", "--bastion", "--name", name, "--json")
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 0, proc.stderr
+    assert elapsed < 60, f"sandbox up --bastion took {elapsed:.1f} s"
+    info = json.loads(proc.stdout)
+    bastion = info["bastion"]
+    assert bastion["name"] == "bastion" and bastion["container"] == f"{name}-bastion"
+    assert bastion["state"] == "running"
+    assert "bastion" not in [n["name"] for n in info["nodes"]]
+
+    # Straight from this machine to a node: dropped by the node's own nftables table.
+    direct = ssh(info, "node0", "true", ProxyJump="none", ConnectTimeout="3")
+    assert direct.returncode == 255, direct.stdout + direct.stderr
+    assert "timed out" in direct.stderr, direct.stderr
+    # The bastion itself answers directly; through it, the node does.
+    assert ssh(info, "bastion", "id", "-un").stdout.strip() == "alice"
+    via = ssh(info, "node0", "echo $SSH_CLIENT; sudo -n nft list table inet sandbox_bastion")
+    assert via.returncode == 0, via.stderr
+    assert via.stdout.split()[0] == bastion["address"]
+    assert f"ip saddr {info['gateway']} tcp dport 22" in via.stdout
+    # The nodes still reach each other's sshd.
+    peer = ssh(info, "node1", "timeout 3 bash -c '</dev/tcp/node0/22' && echo open")
+    assert peer.stdout.strip() == "open", peer.stderr
+    # The rule is in the nodes' network namespaces, not this machine's.
+    if shutil.which("nft"):
+        host = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True)
+        assert "sandbox_bastion" not in host.stdout
+
+    ping = subprocess.run([ANSIBLE, "all", "-i", info["inventory"], "-m", "ansible.builtin.ping",
+                           "-o"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert ping.returncode == 0, ping.stdout + ping.stderr
+    assert ping.stdout.count("SUCCESS") == 2
