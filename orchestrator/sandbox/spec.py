@@ -219,6 +219,11 @@ def render_inventory(spec: SandboxSpec, extra_vars: dict | None = None,
         "ansible_user": login.name,
         "ansible_become": login.sudo,
         "ansible_ssh_common_args": f"-F {shlex.quote(str(spec.ssh_config_for(user)))}",
+        # Ansible names its ControlMaster sockets by (host, port, user) only: every
+        # sandbox has a node0 reached as alice, so with one shared directory a play on
+        # one sandbox would reuse another sandbox's live connection (ControlPersist)
+        # and run on the wrong machine. Each sandbox and user keeps its own.
+        "ansible_control_path_dir": str(spec.state_dir / f"cp-{login.name}"),
         "cluster_admin_networks": spec.admin_networks(),
     }
     first = next(iter(train))

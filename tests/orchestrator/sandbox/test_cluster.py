@@ -89,6 +89,24 @@ def test_down_removes_exactly_its_own_sandbox(sandbox_name):
     assert json.loads(cli("sandbox", "status", "--name", keep, "--json").stdout)["nodes"][0]["state"] == "running"
 
 
+def test_ansible_on_two_sandboxes_at_once_reaches_each_ones_own_nodes(sandbox_name):
+    """Both sandboxes call their first node node0 and log in as alice. Ansible names its
+    persistent SSH connections by (host, port, user), so without a control directory per
+    sandbox a play on the second would run over the first one's live connection, on the
+    first sandbox's machine (seen: site.yml armed its firewall rollback on the wrong node)."""
+    a, b = sandbox_name(), sandbox_name()
+    for name in (a, b):
+        assert cli("sandbox", "up", "--nodes", "1", "--name", name).returncode == 0
+    for name in (a, b, a):  # interleaved, within ControlPersist
+        inventory = state_root() / name / "inventory.yml"
+        seen = subprocess.run([ANSIBLE, "node0", "-i", str(inventory), "-m", "command", "-a",
+                               "hostname -I", "-o"], cwd=REPO, capture_output=True,
+                              text=True, timeout=120)
+        assert seen.returncode == 0, seen.stdout + seen.stderr
+        address = cluster.load(name).members()[0].address  # each sandbox has its own subnet
+        assert seen.stdout.split("(stdout)")[1].split() == [address], (name, seen.stdout)
+
+
 def test_name_in_use_is_refused_and_the_existing_sandbox_kept(sandbox_name):
     name = sandbox_name()
     assert cli("sandbox", "up", "--nodes", "1", "--name", name).returncode == 0
