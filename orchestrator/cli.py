@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from .errors import ClusterError
@@ -17,6 +18,7 @@ COMMANDS = (
     "orchestrator.data",
     "orchestrator.preflight",
     "orchestrator.train",
+    "orchestrator.attach",
     "orchestrator.stop",
     "orchestrator.runlogs",
     "orchestrator.provision",
@@ -44,3 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # `... | head`: the reader left. Say nothing more on stdout (a run that had
+        # started was stopped and recorded by train itself).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print("stopped: the output pipe was closed", file=sys.stderr)
+        return 141

@@ -1,25 +1,36 @@
-"""The exact shell command that starts torchrun on one node (pure: no I/O)."""
+"""The exact shell commands that start, follow and describe one node's part of a run
+(pure: no I/O). torchrun runs under the node's supervisor (supervisor.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from . import supervisor
 from .errors import LaunchError
 
 # Every job runs as the SSH user and keeps its state under that user's home on each
 # node (mode 0700: other users cannot see it): code snapshots and per-run job records.
 NODE_STATE_DIR = ".clustertrain"
+# The worker runner (run_worker.py), inside each run's code snapshot: torchrun starts
+# every worker through it, so that a script that finished ends cleanly (clean_exit).
+WORKER_RUNNER = f"{NODE_STATE_DIR}/run_worker.py"
 CODE_SUBDIR = "code"
 JOBS_SUBDIR = "jobs"
 CLUSTER_ENV = "/etc/clustertrain/cluster.env"
 # torchrun prefixes every worker line with its global rank; logstream parses it.
 LOG_PREFIX_TEMPLATE = "[rank${rank}]:"
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# The last line of every launch: torchrun's exit status, so that a connection that ends
-# without it is told apart from a job that exited (even with 255, ssh's own error code).
-EXIT_MARKER = "@@clustertrain-exit"
+# The last line a node's follow session prints: torchrun's exit status and why it ended,
+# so that a connection that ends without it is told apart from a job that exited.
+EXIT_MARKER = supervisor.EXIT_MARKER
+# The supervisor's source, shipped to the node at every launch.
+SUPERVISOR_SOURCE = Path(supervisor.__file__).read_text()
+DEFAULT_LEASE_TIMEOUT = 30.0
+DEFAULT_KEEP_RUNS = 20
 
 
 def state_dir(home: str) -> str:
@@ -63,10 +74,20 @@ class NodeCommand:
     master_port: int
     torchrun: str
     home: str                           # the job user's home on this node
-    script: str                         # relative to the code snapshot
+    script: str                         # relative to the code snapshot (module: its name)
     script_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     options: TorchrunOptions = field(default_factory=TorchrunOptions)
+    node: str = ""                      # this node's inventory name
+    nodes: tuple[str, ...] = ()         # every node of the run, in rank order
+    python: str = "/usr/bin/python3"    # the node's system python (runs the supervisor)
+    run_state: str = ""                 # the run's state directory on the shared filesystem
+    attached: bool = True               # stop the job when the controller's lease runs out
+    lease_timeout: float = DEFAULT_LEASE_TIMEOUT
+    grace: float = 5.0
+    keep_runs: int = DEFAULT_KEEP_RUNS   # older snapshots and job dirs are pruned
+    module: bool = False                # script is a module name, run as `python -m`
+    clean_exit: bool = True             # start the workers through WORKER_RUNNER
 
     @property
     def code_dir(self) -> str:
@@ -75,6 +96,20 @@ class NodeCommand:
     @property
     def job_dir(self) -> str:
         return f"{state_dir(self.home)}/{JOBS_SUBDIR}/{self.run_id}"
+
+    def to_record(self) -> dict:
+        """What run.json keeps of this command (`attach` and `runs` rebuild it)."""
+        record = dataclasses.asdict(self)
+        record["script_args"], record["nodes"] = list(self.script_args), list(self.nodes)
+        return record
+
+    @classmethod
+    def from_record(cls, record: dict) -> "NodeCommand":
+        options = TorchrunOptions(**{**record["options"],
+                                     "extra": tuple(record["options"].get("extra", ()))})
+        return cls(**{**record, "options": options,
+                      "script_args": tuple(record.get("script_args", ())),
+                      "nodes": tuple(record.get("nodes", ()))})
 
     def torchrun_argv(self) -> list[str]:
         argv = [self.torchrun, "--nnodes", str(self.nnodes), "--node-rank", str(self.node_rank),
@@ -89,8 +124,15 @@ class NodeCommand:
         if self.options.monitor_interval is not None:
             argv += ["--monitor-interval", str(self.options.monitor_interval)]
         argv += ["--tee", "3", "--log-dir", f"{self.job_dir}/torchrun-logs",
-                 *self.options.extra, self.script, *self.script_args]
+                 *self.options.extra, *self.worker_argv()]
         return argv
+
+    def worker_argv(self) -> list[str]:
+        """The script part of the torchrun command: the runner, then the user's script
+        (or `-m MODULE`) and its arguments; without clean_exit, torchrun runs the script."""
+        target = ["-m", self.script] if self.module else [self.script]
+        runner = [WORKER_RUNNER] if self.clean_exit else []
+        return [*runner, *target, *self.script_args]
 
     def environment(self) -> dict[str, str]:
         return {
@@ -102,19 +144,32 @@ class NodeCommand:
         }
 
     def shell(self) -> str:
-        """The command line given to the node's shell over SSH.
+        """The command line that starts this node's part of the run (the supervisor's
+        source comes on its standard input) and returns at once.
 
-        torchrun runs in a new session (setsid), so it and its workers form a job of
-        their own; its PID, which is also its process group id, is written to
-        JOB_DIR/pgid for `stop` and teardown. `setsid -w` waits for torchrun; its exit
-        status is printed as the last line (EXIT_MARKER) and passed on.
+        The supervisor runs in a session of its own (setsid), outlives the SSH session,
+        and starts torchrun in another session, so torchrun and its workers form a job of
+        their own; torchrun's PID, also its process group id, goes to JOB_DIR/pgid.
         """
         exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.environment().items())
         job, code = shlex.quote(self.job_dir), shlex.quote(self.code_dir)
-        inner = (f"echo $$ > {job}/pgid; "
-                 f"if [ -r {CLUSTER_ENV} ]; then set -a; . {CLUSTER_ENV}; set +a; fi; "
-                 f"export {exports}; "
-                 f"exec {shlex.join(self.torchrun_argv())}")
-        return (f"umask 077; mkdir -p {job} && cd {code} && "
-                f"{{ setsid -w /bin/sh -c {shlex.quote(inner)} </dev/null 2>&1; rc=$?; "
-                f"echo \"{EXIT_MARKER} $rc\"; exit $rc; }}")
+        argv = [self.python, f"{self.job_dir}/supervisor.py", "run", "--job", self.job_dir,
+                "--state-dir", self.run_state, "--run", self.run_id, "--node", self.node,
+                "--nodes", ",".join(self.nodes), "--grace", str(self.grace),
+                "--lease-timeout", str(self.lease_timeout), "--keep", str(self.keep_runs),
+                *(["--attached"] if self.attached else []), "--", *self.torchrun_argv()]
+        return (f"umask 077; mkdir -p {job} && cd {code} && cat > {job}/supervisor.py && "
+                f"if [ -r {CLUSTER_ENV} ]; then set -a; . {CLUSTER_ENV}; set +a; fi; "
+                f"export {exports}; "
+                f"setsid {shlex.join(argv)} </dev/null >{job}/supervisor.log 2>&1 & "
+                f"echo started")
+
+    def follow(self, lease: bool = False, tail: int | None = None) -> str:
+        """The command line that prints this node's output as it grows and ends with
+        EXIT_MARKER; with LEASE, its standard input carries the controller's heartbeat."""
+        argv = [self.python, f"{self.job_dir}/supervisor.py", "follow", "--job", self.job_dir]
+        if lease:
+            argv.append("--lease")
+        if tail is not None:
+            argv += ["--tail", str(tail)]
+        return shlex.join(argv)

@@ -1,10 +1,18 @@
-"""Run one job: start torchrun on every node at once over SSH, stream the logs, and tear
-the job down everywhere as soon as one node fails, loses its connection, or on Ctrl-C."""
+"""Run one job: start its supervisor on every node at once over SSH, stream the nodes'
+logs, and end the job everywhere as soon as one node fails, loses its connection, or on
+Ctrl-C, SIGTERM or SIGHUP.
+
+The nodes supervise the job themselves (supervisor.py): they stop it when a peer fails
+or is lost, and, for an attached run, when this controller's lease ends (it was killed,
+its terminal closed, its network dropped). The lease is a heartbeat on the standard
+input of each node's follow session: end-of-input gives it up at once.
+"""
 
 from __future__ import annotations
 
 import queue
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -14,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from . import ssh
-from .command import EXIT_MARKER, NodeCommand
+from .command import EXIT_MARKER, SUPERVISOR_SOURCE, NodeCommand
 from .inventory import NodeSpec
 from .logstream import LineSplitter
 from .runs import RunDir
@@ -22,14 +30,20 @@ from .teardown import DEFAULT_GRACE, stop_job
 
 LAST_LINES = 30          # any line: torchrun's own error report is about 20 lines
 LAST_WORKER_LINES = 10   # lines the training processes printed
-WATCH_INTERVAL = 0.5       # seconds between checks that each node's master connection lives
+WATCH_INTERVAL = 0.5     # seconds between checks that each node's master connection lives
+HEARTBEAT = 1.0          # seconds between the lease renewals sent to every node
+LAUNCH_TIMEOUT = 60.0
+# How a node's part ended, as its supervisor recorded it; the ones that mean "stopped
+# because of something else" never make that node the run's first failure.
+STOPPED_REASONS = ("stopped", "peer-failed", "peer-stopped", "peer-lost", "controller-lost")
 
 
 @dataclass
 class NodeOutcome:
     node: str
     exit_code: int | None = None     # None: no exit status (connection lost)
-    reason: str = "running"          # exited | lost | stopped
+    reason: str = "running"          # exited | lost | stopped | peer-failed | peer-lost ...
+    why: str = ""                    # e.g. the peer that failed
     ended: float | None = None
     last_lines: deque = field(default_factory=lambda: deque(maxlen=LAST_LINES))
     last_worker_lines: deque = field(default_factory=lambda: deque(maxlen=LAST_WORKER_LINES))
@@ -46,6 +60,7 @@ class JobResult:
     interrupted: bool
     started: float
     ended: float
+    why_interrupted: str = ""
 
     @property
     def ok(self) -> bool:
@@ -68,31 +83,55 @@ class Job:
         self._done = threading.Event()
         self._stopping: set[str] = set()
         self._stop_threads: list[threading.Thread] = []
+        self._followers: dict[str, subprocess.Popen] = {}
+        self._out_broken = False
+        self._log_broken = False
+        self.tail: int | None = None   # follow from the last N lines (attach --tail)
+
+    # -- launch ------------------------------------------------------------------------
+    def launch(self) -> dict[str, str]:
+        """Start every node's supervisor (and so torchrun) at once; {node: error} for the
+        nodes where that failed. Returns once torchrun runs on every node that started."""
+        def one(item: tuple[NodeSpec, NodeCommand]) -> tuple[str, str | None]:
+            spec, cmd = item
+            try:
+                result = self.clients[spec.name].run(cmd.shell(), timeout=LAUNCH_TIMEOUT,
+                                                     stdin=SUPERVISOR_SOURCE)
+            except Exception as exc:  # noqa: BLE001 - any failure to start is this node's
+                return spec.name, f"could not start the job: {exc}"
+            if result.exit_code != 0 or "started" not in result.stdout:
+                said = (result.stderr.strip().splitlines() or [f"exit {result.exit_code}"])
+                return spec.name, f"could not start the job: {said[-1]}"
+            return spec.name, None
+
+        with ThreadPoolExecutor(max_workers=min(len(self.nodes), 32)) as pool:
+            return {n: e for n, e in pool.map(one, self.nodes) if e}
 
     # -- per-node threads -------------------------------------------------------------
-    def _pump(self, spec: NodeSpec, cmd: NodeCommand) -> None:
+    def _pump(self, spec: NodeSpec, cmd: NodeCommand, lease: bool) -> None:
         outcome = self.outcomes[spec.name]
         splitter = LineSplitter(spec.name)
         try:
-            proc = self.clients[spec.name].popen(cmd.shell())
-        except Exception as exc:  # noqa: BLE001 - any failure to start is this node's failure
-            self.events.put(("lost", spec.name, f"could not start the command: {exc}"))
+            proc = self.clients[spec.name].popen(cmd.follow(lease=lease, tail=self.tail),
+                                                 stdin=lease)
+        except Exception as exc:  # noqa: BLE001 - any failure to follow is this node's
+            self.events.put(("lost", spec.name, f"could not follow the job: {exc}"))
             return
-        self.events.put(("started", spec.name, time.time()))
-        code: int | None = None
+        self._followers[spec.name] = proc
+        end: tuple[int, str, str] | None = None
         assert proc.stdout is not None
         with open(self.rundir.log(spec.name), "a", encoding="utf-8") as log:
             while True:
                 chunk = proc.stdout.read1(65536)  # type: ignore[attr-defined]
                 if not chunk:
                     break
-                lines, code = _take_exit_marker(splitter.feed(chunk), code)
+                lines, end = take_exit_marker(splitter.feed(chunk), end)
                 self._emit(log, outcome, lines)
-            lines, code = _take_exit_marker(splitter.flush(), code)
+            lines, end = take_exit_marker(splitter.flush(), end)
             self._emit(log, outcome, lines)
         proc.wait()
-        if code is not None:
-            self.events.put(("exit", spec.name, code))
+        if end is not None:
+            self.events.put(("exit", spec.name, end))
         else:
             # The session ended without torchrun's exit status: the connection broke
             # (node down, rebooted, sshd killed, or the network dropped).
@@ -103,13 +142,37 @@ class Job:
         if not lines:
             return
         text = "".join(line + "\n" for line in lines)
-        log.write(text)
-        log.flush()
         outcome.last_lines.extend(lines)
         outcome.last_worker_lines.extend(line for line in lines if "/rank" in line.split(" | ")[0])
+        try:
+            log.write(text)
+            log.flush()
+        except OSError as exc:  # disk full under runs/: keep streaming, say it once
+            if not self._log_broken:
+                self._log_broken = True
+                print(f"[clustertrain] warning: cannot write the run's log ({exc}); the "
+                      "nodes keep their own copy (logs RUN fetches it)", file=sys.stderr)
         with self._print_lock:
-            self.out.write(text)
-            self.out.flush()
+            if self._out_broken:
+                return
+            try:
+                self.out.write(text)
+                self.out.flush()
+            except (BrokenPipeError, OSError, ValueError):
+                # `train | head`: nobody reads any more. Stop the job rather than hang.
+                self._out_broken = True
+                self.events.put(("interrupt", "", "the output pipe was closed"))
+
+    def _heartbeat(self) -> None:
+        while not self._done.wait(HEARTBEAT):
+            for proc in list(self._followers.values()):
+                if proc.stdin is None or proc.poll() is not None:
+                    continue
+                try:
+                    proc.stdin.write(b".")
+                    proc.stdin.flush()
+                except OSError:
+                    pass
 
     def _watch(self) -> None:
         """A node whose master connection ended (it stopped answering the ServerAlive
@@ -141,41 +204,41 @@ class Job:
             self._stop_threads.append(t)
 
     def _stop_one(self, spec: NodeSpec, cmd: NodeCommand) -> None:
-        # The job may not have written its pgid yet: retry until it has, or it ended.
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                result = stop_job(self.clients[spec.name], spec.python, cmd.run_id,
-                                  self.grace)
-            except Exception as exc:  # noqa: BLE001 - reported; keepalive decides the rest
-                self._say(f"{spec.name}: could not stop the job: {exc}")
-                return
-            if result.found or self.outcomes[spec.name].reason != "running" \
-                    or time.monotonic() > deadline:
-                if result.left:
-                    self._say(f"{spec.name}: processes {result.left} survived SIGKILL")
-                return
-            time.sleep(0.2)
+        try:
+            result = stop_job(self.clients[spec.name], spec.python, cmd.run_id, self.grace)
+        except Exception as exc:  # noqa: BLE001 - reported; the supervisor decides the rest
+            self._say(f"{spec.name}: could not stop the job: {exc}")
+            return
+        if result.left:
+            self._say(f"{spec.name}: processes {result.left} survived SIGKILL")
 
     def _say(self, text: str) -> None:
         with self._print_lock:
-            self.out.write(f"[clustertrain] {text}\n")
-            self.out.flush()
+            if self._out_broken:
+                return
+            try:
+                self.out.write(f"[clustertrain] {text}\n")
+                self.out.flush()
+            except (BrokenPipeError, OSError, ValueError):
+                self._out_broken = True
 
     # -- main loop ---------------------------------------------------------------------
-    def run(self) -> JobResult:
+    def run(self, attached: bool = True) -> JobResult:
+        """Follow every node until its part ended (launch() first, for a new run). With
+        ATTACHED, this process holds the run's lease and stops the job on Ctrl-C,
+        SIGTERM, SIGHUP or a closed output; without, Ctrl-C only stops following."""
         started = time.time()
         first_failed: str | None = None
-        interrupted = False
+        interrupted, why_interrupted = False, ""
         running = set(self.outcomes)
-        pumps = [threading.Thread(target=self._pump, args=(spec, cmd), daemon=True,
-                                  name=f"pump-{spec.name}") for spec, cmd in self.nodes]
-        for t in pumps:
-            t.start()
-        watcher = threading.Thread(target=self._watch, daemon=True)
-        watcher.start()
+        for spec, cmd in self.nodes:
+            threading.Thread(target=self._pump, args=(spec, cmd, attached), daemon=True,
+                             name=f"pump-{spec.name}").start()
+        threading.Thread(target=self._watch, daemon=True).start()
+        if attached:
+            threading.Thread(target=self._heartbeat, daemon=True).start()
         give_up_at: float | None = None
-        previous = self._install_sigint()
+        previous = self._install_signals()
         try:
             while running:
                 try:
@@ -187,20 +250,33 @@ class Job:
                             running.discard(name)
                     continue
                 if kind == "interrupt":
-                    interrupted = True
-                    self._say("interrupted: stopping the job on every node "
-                              "(press Ctrl-C again to leave without waiting)")
-                    self._stop(sorted(running), "Ctrl-C")
+                    if interrupted:
+                        continue
+                    interrupted, why_interrupted = True, str(value or "Ctrl-C")
+                    if not attached:
+                        self._say("detached: the run goes on; follow it again with "
+                                  f"`attach {self.rundir.run_id}`, stop it with "
+                                  f"`stop {self.rundir.run_id}`")
+                        break
+                    self._say(f"interrupted ({why_interrupted}): stopping the job on every "
+                              "node (press Ctrl-C again to leave without waiting)")
+                    self._stop(sorted(running), why_interrupted)
                     give_up_at = time.monotonic() + self.grace + 20
                     continue
-                if kind == "started" or name not in running:
+                if name not in running:
                     continue
                 running.discard(name)
                 if kind == "exit":
-                    code = int(value)  # type: ignore[arg-type]
-                    self._finish(name, code, "stopped" if name in self._stopping else "exited")
+                    code, reason, why = value  # type: ignore[misc]
+                    if reason in STOPPED_REASONS:
+                        # Stopped on purpose; the cause, when another node's, is kept.
+                        reason, why = "stopped", (f"{reason} {why}".strip()
+                                                  if reason != "stopped" else why)
+                    elif name in self._stopping:
+                        reason = "stopped"
+                    self._finish(name, code, reason, why)
                     if code != 0 and first_failed is None and not interrupted \
-                            and name not in self._stopping:
+                            and reason != "stopped":
                         first_failed = name
                         self._say(f"{name}: torchrun exited with code {code}")
                 else:
@@ -208,52 +284,72 @@ class Job:
                     self._say(f"{name}: {value}")
                     if first_failed is None and not interrupted and name not in self._stopping:
                         first_failed = name
-                if first_failed and running:
+                if first_failed and running and attached:
                     self._stop(sorted(running), f"{first_failed} failed")
                     give_up_at = give_up_at or time.monotonic() + self.grace + 20
         finally:
             self._done.set()
-            if previous is not None:
-                signal.signal(signal.SIGINT, previous)
+            for proc in self._followers.values():
+                if proc.stdin is not None:
+                    try:
+                        proc.stdin.close()
+                    except OSError:
+                        pass
+                if not attached and proc.poll() is None:
+                    proc.terminate()
+            self._restore_signals(previous)
         for t in self._stop_threads:
             t.join(timeout=self.grace + 5)
-        return JobResult(self.outcomes, first_failed, interrupted, started, time.time())
+        return JobResult(self.outcomes, first_failed, interrupted, started, time.time(),
+                         why_interrupted)
 
-    def _install_sigint(self):
-        """First Ctrl-C: stop the job everywhere and wait for it; second: leave at once."""
+    def _install_signals(self) -> dict:
+        """First Ctrl-C (or SIGTERM, SIGHUP): stop the job everywhere and wait for it;
+        a second Ctrl-C: leave at once (the nodes still stop it: the lease ends)."""
         if threading.current_thread() is not threading.main_thread():
-            return None
-        pressed = []
+            return {}
+        pressed: list[int] = []
+        names = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}
 
         def handler(signum, frame):  # noqa: ARG001
-            if pressed:
+            if pressed and signum == signal.SIGINT:
                 raise KeyboardInterrupt
             pressed.append(signum)
-            self.events.put(("interrupt", "", None))
+            self.events.put(("interrupt", "", names.get(signum, str(signum))))
 
-        return signal.signal(signal.SIGINT, handler)
+        return {sig: signal.signal(sig, handler) for sig in names}
 
-    def _finish(self, name: str, code: int | None, reason: str) -> None:
+    @staticmethod
+    def _restore_signals(previous: dict) -> None:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+    def _finish(self, name: str, code: int | None, reason: str, why: str = "") -> None:
         outcome = self.outcomes[name]
         outcome.exit_code, outcome.reason, outcome.ended = code, reason, time.time()
+        outcome.why = why
 
 
-def _take_exit_marker(lines: list[str], code: int | None) -> tuple[list[str], int | None]:
-    """Remove the EXIT_MARKER line (see NodeCommand.shell) and read torchrun's status."""
+def take_exit_marker(lines: list[str], end: tuple[int, str, str] | None
+                     ) -> tuple[list[str], tuple[int, str, str] | None]:
+    """Remove the EXIT_MARKER line that ends a node's follow session and read it:
+    (torchrun's exit code, how the node's part ended, why)."""
     kept = []
     for line in lines:
         at = line.find(EXIT_MARKER)
         if at < 0:
             kept.append(line)
             continue
+        words = line[at + len(EXIT_MARKER):].split()
         try:
-            code = int(line[at + len(EXIT_MARKER):].split()[0])
+            end = (int(words[0]), words[1] if len(words) > 1 else "exited",
+                   words[2] if len(words) > 2 and words[2] != "-" else "")
         except (IndexError, ValueError):
             pass
         head = line[:at]
         if head and not head.endswith(" | "):  # output that did not end with a newline
             kept.append(head)
-    return kept, code
+    return kept, end
 
 
 def connect_all(specs: list[NodeSpec]) -> dict[str, ssh.Connection]:

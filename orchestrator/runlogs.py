@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from .errors import ClusterError
+from .records import settle
 from .runs import DEFAULT_RUNS_DIR, RunDir, list_runs, open_run
 
 
@@ -30,12 +31,19 @@ def _runs(args: argparse.Namespace) -> int:
     if not runs:
         print(f"no runs in {args.runs_dir}/")
         return 0
-    print(f"{'RUN':<24} {'STATUS':<12} {'NODES':<20} {'DURATION':>9}  SCRIPT")
+    print(f"{'RUN':<24} {'STATUS':<20} {'NODES':<20} {'DURATION':>9}  SCRIPT")
     for run in runs:
-        info, summary = run.info(), run.summary()
-        status = summary["status"] if summary else "running?"
+        info = run.info()
+        try:
+            summary = settle(run)  # completes the record of a run whose controller is gone
+        except (ClusterError, OSError) as exc:
+            summary = None
+            print(f"note: {run.run_id}: cannot ask its nodes ({exc})", file=sys.stderr)
+        status = summary["status"] if summary else "running"
+        if summary and summary.get("first_failed"):
+            status += f" ({summary['first_failed']})"
         duration = f"{summary['duration_s']:.1f}s" if summary else "-"
-        print(f"{run.run_id:<24} {status:<12} {','.join(info['nodes']):<20} {duration:>9}  "
+        print(f"{run.run_id:<24} {status:<20} {','.join(info['nodes']):<20} {duration:>9}  "
               f"{info['script']} {' '.join(info.get('script_args', []))}".rstrip())
     return 0
 

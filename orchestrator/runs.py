@@ -21,6 +21,12 @@ class RunNotFound(ClusterError):
     """No run by that id in the runs directory."""
 
 
+def run_state_dir(shared_path: str, user: str, run_id: str) -> str:
+    """Where the nodes keep a run's state on the shared filesystem: in the user's own
+    directory of the share, where the loss of one node cannot lose it."""
+    return f"{shared_path.rstrip('/')}/checkpoints/{user}/.clustertrain/runs/{run_id}"
+
+
 def new_run_id(now: float | None = None) -> str:
     stamp = datetime.fromtimestamp(now or time.time(), tz=timezone.utc).strftime("%Y%m%d-%H%M%S")
     return f"{stamp}-{secrets.token_hex(3)}"

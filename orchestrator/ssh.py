@@ -151,9 +151,12 @@ class Connection:
                                f"{timeout:.0f} s") from None
         return Result(proc.returncode, proc.stdout, proc.stderr)
 
-    def popen(self, command: str) -> subprocess.Popen:
-        """Start COMMAND on the node; its stdout and stderr come back merged, as bytes."""
-        return subprocess.Popen(self.command(command), stdin=subprocess.DEVNULL,
+    def popen(self, command: str, stdin: bool = False) -> subprocess.Popen:
+        """Start COMMAND on the node; its stdout and stderr come back merged, as bytes.
+        With STDIN, a pipe to the command's standard input (closed when this process
+        ends, however it ends: the node sees end-of-input)."""
+        return subprocess.Popen(self.command(command),
+                                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 start_new_session=True)
 

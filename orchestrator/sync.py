@@ -5,11 +5,14 @@ never becomes root, whatever the inventory's ansible_become says: the code belon
 user who trains); rsync --link-dest against the previous snapshot (code/latest)
 hard-links unchanged files, so a re-sync with no changes copies nothing, and editing
 code locally never changes a job that is already running. Excludes follow the
-.gitignore files of the code directory (rsync dir-merge filter).
+.gitignore files of the code directory (rsync dir-merge filter). The worker runner
+(run_worker.py, from this package's source) goes into every snapshot as
+.clustertrain/run_worker.py, hard-linked like the rest when unchanged.
 """
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -17,13 +20,15 @@ from pathlib import Path
 
 import yaml
 
-from .command import CODE_SUBDIR, NODE_STATE_DIR
+from . import run_worker
+from .command import CODE_SUBDIR, NODE_STATE_DIR, WORKER_RUNNER
 from .errors import LaunchError
 from .inventory import Cluster
 from .runner import run_playbook
 
 
-def sync_playbook(workdir: Path, run_id: str) -> list[dict]:
+def sync_playbook(workdir: Path, run_id: str, runner_dir: Path | None = None) -> list[dict]:
+    """RUNNER_DIR: a local directory that holds WORKER_RUNNER, copied into the snapshot."""
     code_root = f"{NODE_STATE_DIR}/{CODE_SUBDIR}"   # relative to the user's home
     dest = f"{code_root}/{run_id}/"
     return [{
@@ -54,6 +59,12 @@ def sync_playbook(workdir: Path, run_id: str) -> list[dict]:
                  "rsync_opts": ["--filter=:-_.gitignore", "--exclude=.git/",
                                 "--exclude=__pycache__/"],
              }},
+            *([{"name": "Add the worker runner to the snapshot",
+                "ansible.posix.synchronize": {
+                    "src": f"{runner_dir}/", "dest": dest, "archive": True,
+                    "use_ssh_args": True,
+                    "link_dest": "{{ [previous.stat.lnk_source] if previous.stat.islnk | "
+                                 "default(false) else omit }}"}}] if runner_dir else []),
             {"name": "Point 'latest' at this snapshot",
              "ansible.builtin.file": {"src": run_id, "dest": f"~/{code_root}/latest",
                                       "state": "link", "force": True}},
@@ -75,7 +86,11 @@ def sync_code(cluster: Cluster, workdir: Path, run_id: str, quiet: bool = True) 
     with tempfile.TemporaryDirectory(prefix="clustertrain-sync-") as tmp:
         playbook = Path(tmp) / "project" / "sync.yml"
         playbook.parent.mkdir()
-        playbook.write_text(yaml.safe_dump(sync_playbook(workdir, run_id), sort_keys=False))
+        runner = Path(tmp) / "runner" / WORKER_RUNNER
+        runner.parent.mkdir(parents=True)
+        shutil.copy2(run_worker.__file__, runner)  # its mtime too: unchanged, it is linked
+        playbook.write_text(yaml.safe_dump(sync_playbook(workdir, run_id, runner.parents[1]),
+                                           sort_keys=False))
         result = run_playbook(tmp, playbook, cluster.inventory,
                               limit=",".join(cluster.names), quiet=quiet)
     if result.rc != 0:

@@ -7,24 +7,29 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import shlex
+import time
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .command import NodeCommand, TorchrunOptions, parse_env
+from .command import (DEFAULT_KEEP_RUNS, DEFAULT_LEASE_TIMEOUT, NodeCommand, TorchrunOptions,
+                      parse_env)
 from .errors import LaunchError
 from .inventory import load_cluster
 from .job import Job, JobResult
 from .preflight import (add_selection_args, print_report, raise_if_blocked, run_preflight)
 from .probe import release_port
-from .runs import DEFAULT_RUNS_DIR, RunDir, code_revision, iso, new_run_id
+from .runs import DEFAULT_RUNS_DIR, RunDir, code_revision, iso, new_run_id, run_state_dir
 from .runner import REPO_ROOT
 from .sync import sync_code
+from .worker_end import NodeEnd, NodeEnds, Verdict, how_it_ended, judge, scan_log
 from .teardown import DEFAULT_GRACE
 
 DEFAULT_WORKDIR = REPO_ROOT / "train"
 DEFAULT_SCRIPT = "train.py"
+MODULE_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,8 @@ class TrainRequest:
     nproc: int | None            # None: auto (GPUs per node, or 1 with gloo)
     master_port: int | None      # None: the inventory's rendezvous port, moved if taken
     options: TorchrunOptions
+    module: bool = False         # script is a module name (`-m pkg.mod`)
+    clean_exit: bool = True      # workers start through the runner (run_worker.py)
 
 
 def parse_request(args: argparse.Namespace) -> TrainRequest:
@@ -45,16 +52,21 @@ def parse_request(args: argparse.Namespace) -> TrainRequest:
     if not workdir.is_dir():
         raise LaunchError(f"--workdir {workdir}: no such directory; point --workdir at the "
                           "directory that holds your training code")
-    script, rest = args.script, list(args.script_args or [])
-    if script.startswith("-"):  # `train --nodes 2 -- --epochs 3`: no script named
+    script, rest = args.script or DEFAULT_SCRIPT, list(args.script_args or [])
+    if args.module:  # `-m pkg.mod -- ARGS`: no script; what follows is the module's
+        script, rest = args.module, [*([args.script] if args.script else []), *rest]
+        if not MODULE_NAME.match(script):
+            raise LaunchError(f"-m {script!r} is not a module name (dotted Python "
+                              "identifiers, e.g. -m mypkg.train)")
+    elif script.startswith("-"):  # `train --nodes 2 -- --epochs 3`: no script named
         script, rest = DEFAULT_SCRIPT, [script, *rest]
-    if Path(script).is_absolute():
+    if not args.module and Path(script).is_absolute():
         try:
             script = str(Path(script).resolve().relative_to(workdir.resolve()))
         except ValueError:
             raise LaunchError(f"script {args.script} is outside --workdir {workdir}; only "
                               "the work directory is copied to the nodes") from None
-    if not (workdir / script).is_file():
+    if not args.module and not (workdir / script).is_file():
         raise LaunchError(f"script {script!r} not found in {workdir.resolve()}; give a path "
                           "relative to --workdir (default: the repository's train/)")
     if rest and rest[0] == "--":
@@ -75,11 +87,16 @@ def parse_request(args: argparse.Namespace) -> TrainRequest:
         raise LaunchError(f"--max-restarts {args.max_restarts}: give 0 (fail on the first "
                           "worker failure) or a positive number of restarts")
     check_grace(args.grace)
+    if args.keep_runs < 0:
+        raise LaunchError(f"--keep-runs {args.keep_runs}: give 0 (keep all) or more")
+    if not math.isfinite(args.lease_timeout) or args.lease_timeout < 3:
+        raise LaunchError(f"--lease-timeout {args.lease_timeout}: give at least 3 seconds")
     return TrainRequest(workdir, script, tuple(rest), parse_env(args.env), nproc,
                         args.master_port,
                         TorchrunOptions(max_restarts=args.max_restarts,
                                         rdzv_backend=args.rdzv_backend,
-                                        extra=tuple(args.torchrun_arg or ())))
+                                        extra=tuple(args.torchrun_arg or ())),
+                        module=bool(args.module), clean_exit=args.clean_exit)
 
 
 def check_grace(grace: float) -> None:
@@ -114,10 +131,29 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="where run records go (default: %(default)s)")
     p.add_argument("--grace", type=float, default=DEFAULT_GRACE,
                    help="seconds between SIGTERM and SIGKILL at teardown (default: %(default)s)")
+    p.add_argument("--detach", action="store_true",
+                   help="return once the job runs on every node; the nodes supervise it "
+                   "(follow it with `attach RUN`, stop it with `stop RUN`)")
+    p.add_argument("--lease-timeout", type=float, default=DEFAULT_LEASE_TIMEOUT,
+                   help="seconds after which the nodes stop an attached run whose "
+                   "controller vanished without a word (killed, network cut, laptop "
+                   "asleep); a closed terminal or kill -9 is noticed at once "
+                   "(default: %(default)s)")
+    p.add_argument("--keep-runs", type=int, default=DEFAULT_KEEP_RUNS, metavar="N",
+                   help="on each node, keep the code snapshots and job directories of the "
+                   "N newest runs (never a live run's); 0 keeps all (default: %(default)s)")
     p.add_argument("--dry-run", action="store_true",
                    help="check the nodes and print the exact per-node commands; start nothing")
-    p.add_argument("script", nargs="?", default=DEFAULT_SCRIPT,
-                   help="training script, relative to --workdir (default: %(default)s)")
+    p.add_argument("-m", "--module", metavar="MODULE",
+                   help="run a module as `python -m MODULE` (from --workdir, or installed "
+                   "on the nodes) instead of a script; its arguments follow --")
+    p.add_argument("--no-clean-exit", dest="clean_exit", action="store_false",
+                   help="start the script itself, not through the worker runner that ends "
+                   "each finished worker with os._exit after atexit handlers and a flush "
+                   "of every open file (which keeps torch's teardown from failing a "
+                   "finished run)")
+    p.add_argument("script", nargs="?", default=None,
+                   help=f"training script, relative to --workdir (default: {DEFAULT_SCRIPT})")
     p.add_argument("script_args", nargs=argparse.REMAINDER,
                    help="arguments for the script (after --)")
     p.set_defaults(func=_main)
@@ -142,7 +178,12 @@ def _main(args: argparse.Namespace) -> int:
                         torchrun=facts.python_env["torchrun"], home=str(facts.home),
                         script=request.script, script_args=request.script_args,
                         env={"CLUSTERTRAIN_BACKEND": report.backend, **request.env},
-                        options=request.options)
+                        options=request.options, node=facts.node.name,
+                        nodes=tuple(cluster.names), python=facts.node.python,
+                        run_state=run_state_dir(cluster.shared_path, str(facts.user), run_id),
+                        attached=not args.detach, lease_timeout=args.lease_timeout,
+                        grace=args.grace, module=request.module,
+                        clean_exit=request.clean_exit)
             for i, facts in enumerate(report.facts)]
         facts_by = {f.node.name: f for f in report.facts}
         if args.dry_run:
@@ -159,20 +200,49 @@ def _main(args: argparse.Namespace) -> int:
             "nodes": cluster.names, "workdir": str(request.workdir.resolve()),
             "users": {f.node.name: f.user for f in report.facts},
             "script": request.script, "script_args": list(request.script_args),
+            "module": request.module, "clean_exit": request.clean_exit,
             "master": {"addr": commands[0].master_addr, "port": commands[0].master_port},
             "commands": {s.name: c.torchrun_argv() for s, c in zip(cluster.nodes, commands)},
             "code_revision": code_revision(request.workdir),
             "fingerprint": report.fingerprint,
+            "detached": args.detach,
+            "node_commands": {c.node: c.to_record() for c in commands},
         }
         run.create(info)
-        print(f"run {run_id}: syncing {request.workdir.resolve()} to {len(cluster.nodes)} "
-              "node(s)", flush=True)
-        synced = sync_code(cluster, request.workdir, run_id)
-        print(f"run {run_id}: code synced in {synced.seconds:.1f} s; starting torchrun on "
-              f"{', '.join(cluster.names)} (master {commands[0].master_addr}:"
-              f"{commands[0].master_port})", flush=True)
-        job = Job(run, list(zip(cluster.nodes, commands)), report.clients, grace=args.grace)
-        result = job.run()
+        started = time.time()
+        try:
+            print(f"run {run_id}: syncing {request.workdir.resolve()} to "
+                  f"{len(cluster.nodes)} node(s)", flush=True)
+            synced = sync_code(cluster, request.workdir, run_id)
+            print(f"run {run_id}: code synced in {synced.seconds:.1f} s; starting torchrun on "
+                  f"{', '.join(cluster.names)} (master {commands[0].master_addr}:"
+                  f"{commands[0].master_port})", flush=True)
+            job = Job(run, list(zip(cluster.nodes, commands)), report.clients,
+                      grace=args.grace)
+            failed = job.launch()
+            if failed:
+                job._stop([n for n in cluster.names if n not in failed], "launch failed")
+                for t in job._stop_threads:
+                    t.join(timeout=args.grace + 30)
+                first = next(n for n in cluster.names if n in failed)
+                raise LaunchError(f"{first}: {failed[first]}; the job was stopped on the "
+                                  "other nodes")
+            if args.detach:
+                print(f"run {run_id}: running on {', '.join(cluster.names)}, supervised by "
+                      "the nodes (detached).\n"
+                      f"  follow it: python -m orchestrator attach {run_id} "
+                      f"--runs-dir {args.runs_dir}\n"
+                      f"  stop it:   python -m orchestrator stop {run_id} "
+                      f"--runs-dir {args.runs_dir}", flush=True)
+                return 0
+            result = job.run(attached=True)
+        except BaseException as exc:
+            # Every exit path leaves a summary: never a record that says "running" for a
+            # run that is gone.
+            run.write_summary({**info, "status": "interrupted" if isinstance(
+                exc, KeyboardInterrupt) else "failed", "start": iso(started),
+                               "end": iso(time.time()), "error": str(exc) or repr(exc)})
+            raise
         summary = make_summary(info, commands, cluster.names, result, synced.seconds, run)
         run.write_summary(summary)
         return _conclude(run, result, summary)
@@ -189,8 +259,12 @@ def _main(args: argparse.Namespace) -> int:
 def make_summary(info: dict, commands: list[NodeCommand], names: list[str],
                  result: JobResult, sync_seconds: float, run: RunDir) -> dict:
     stop_requested = (run.path / "stop-requested").exists()
+    verdict = worker_verdict(commands, names, result, run)
+    # Every rank's script finished with code 0 (its marker): the training completed,
+    # whatever killed a worker after that (torch's teardown).
     status = ("succeeded" if result.ok else "stopped" if stop_requested
-              else "interrupted" if result.interrupted else "failed")
+              else "interrupted" if result.interrupted
+              else "succeeded" if verdict.training_completed else "failed")
     return {
         **info,
         "status": status,
@@ -200,17 +274,43 @@ def make_summary(info: dict, commands: list[NodeCommand], names: list[str],
         "nodes": [{"name": n, "node_rank": c.node_rank, "nproc": c.nproc,
                    "exit_code": result.outcomes[n].exit_code,
                    "end_reason": result.outcomes[n].reason,
+                   **({"why": result.outcomes[n].why} if result.outcomes[n].why else {}),
                    "log": str(run.log(n))} for n, c in zip(names, commands)],
         "exit_codes": {n: result.outcomes[n].exit_code for n in names},
-        "first_failed": result.first_failed,
+        "first_failed": None if status == "succeeded" else result.first_failed,
+        "training_completed": True if result.ok else verdict.training_completed,
+        **({"after_finish": verdict.after_finish} if verdict.after_finish else {}),
+        "rank_exit_codes": {n: {str(r): c for r, c in sorted(codes.items())}
+                            for n, codes in verdict.exit_codes.items()},
         "command": {n: shlex.join(c.torchrun_argv()) for n, c in zip(names, commands)},
     }
+
+
+def worker_verdict(commands: list[NodeCommand], names: list[str], result: JobResult,
+                   run: RunDir) -> Verdict:
+    """How each rank ended, from the worker runner's markers and torchrun's failure
+    reports in the nodes' logs (worker_end.py)."""
+    ends: dict[str, NodeEnds] = {}
+    for n in names:
+        try:
+            with open(run.log(n), encoding="utf-8", errors="replace") as log:
+                ends[n] = scan_log(log)
+        except OSError:
+            ends[n] = NodeEnds()
+    return judge([NodeEnd(n, c.nproc, result.outcomes[n].exit_code, result.outcomes[n].reason)
+                  for n, c in zip(names, commands)], ends,
+                 clean_exit=all(c.clean_exit for c in commands))
 
 
 def _conclude(run: RunDir, result: JobResult, summary: dict) -> int:
     print(f"run {run.run_id}: {summary['status']} after {summary['duration_s']:.1f} s; "
           f"logs and summary in {run.path}/", flush=True)
-    if result.ok:
+    after = summary.get("after_finish") or {}
+    if summary["status"] == "succeeded":
+        if after:  # finished, then a worker died in torch's teardown: not the training
+            print(f"run {run.run_id}: the training completed on every rank; "
+                  f"{'; '.join(n for notes in after.values() for n in notes)}",
+                  file=sys.stderr)
         return 0
     if summary["status"] in ("interrupted", "stopped"):
         print(f"run {run.run_id}: {summary['status']}; the job was stopped on every node",
@@ -221,6 +321,14 @@ def _conclude(run: RunDir, result: JobResult, summary: dict) -> int:
     outcome = result.outcomes.get(failed) if failed else None
     how = ("lost its connection" if outcome and outcome.reason == "lost"
            else f"exited with code {outcome.exit_code}" if outcome else "failed")
+    ranks = (summary.get("rank_exit_codes") or {}).get(failed) or {}
+    if any(c != 0 for c in ranks.values()):  # the script's own code, e.g. sys.exit(3)
+        how += " (" + ", ".join(f"rank {r} {how_it_ended(c)}" for r, c in ranks.items()
+                                if c != 0) + ")"
+    if failed in after:  # not the node's fault: its ranks had finished their scripts
+        how = (f"exited with code {outcome.exit_code if outcome else '?'} after its ranks "
+               f"finished ({'; '.join(after[failed])}), but not every rank of the run "
+               "had finished its script")
     lines = list(outcome.last_worker_lines) if outcome else []
     lines += [line for line in (outcome.last_lines if outcome else [])
               if "/rank" not in line.split(" | ")[0]]

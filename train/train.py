@@ -426,17 +426,7 @@ def _run(args: argparse.Namespace, env: distributed.DistEnv, stop: StopRequest) 
     return 0
 
 
-def exit_now(code: int) -> None:
-    """Leave without running interpreter and C++ static teardown. With gloo, threads still
-    owned by torch at that point abort the process now and then ("terminate called without
-    an active exception", SIGABRT, about 1 run in 20 with 4 ranks, torch 2.13) after all the
-    work is done, turning a finished run into a failed one. Every file this job writes is
-    closed before main() returns (checkpoints also fsync'ed), so the kernel has it all;
-    stdio is flushed here."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 if __name__ == "__main__":
-    exit_now(main())
+    # The orchestrator starts this through its worker runner (orchestrator/run_worker.py),
+    # which ends a finished worker cleanly: torch's gloo teardown cannot fail it.
+    sys.exit(main())

@@ -82,10 +82,11 @@ def assert_checkpoints_whole(directory: Path) -> None:
 
 def worker_pids(cluster: ProvisionedCluster, node: str) -> list[str]:
     """The training worker processes on NODE (not torchrun, whose command line also
-    names train.py)."""
+    names train.py); workers start through the runner, `python -u RUNNER train.py`."""
     ps = cluster.exec(node, "ps", "-eo", "pid=,args=").stdout
     return [line.split()[0] for line in ps.splitlines()
-            if re.match(r"\s*\d+ \S+/python[\d.]* -u \S*train\.py", line)]
+            if re.match(r"\s*\d+ \S+/python[\d.]* -u (\S*run_worker\.py )?\S*train\.py",
+                        line)]
 
 
 def test_site_yml_is_idempotent(sandbox_cluster):

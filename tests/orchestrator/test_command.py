@@ -41,41 +41,65 @@ def test_torchrun_argv_c10d_and_passthrough() -> None:
     assert argv.index("--monitor-interval=1") < argv.index("train.py")
 
 
-def test_shell_runs_in_own_session_and_records_pgid() -> None:
-    line = cmd().shell()
+def test_shell_starts_the_supervisor_in_a_session_of_its_own() -> None:
+    c = cmd(node="node1", nodes=("node0", "node1"), run_state="/mnt/cluster/checkpoints/"
+            "alice/.clustertrain/runs/20260101-000000-abcdef", lease_timeout=20.0)
+    line = c.shell()
     words = shlex.split(line)
+    job = "/home/alice/.clustertrain/jobs/20260101-000000-abcdef"
     # Private by default: the job's files are its user's alone (umask 077).
-    assert words[:5] == ["umask", "077;", "mkdir", "-p",
-                         "/home/alice/.clustertrain/jobs/20260101-000000-abcdef"]
+    assert words[:5] == ["umask", "077;", "mkdir", "-p", job]
     assert "cd /home/alice/.clustertrain/code/20260101-000000-abcdef" in line
+    # The supervisor's source arrives on stdin and is kept in the job directory.
+    assert f"cat > {job}/supervisor.py" in line
+    assert ". /etc/clustertrain/cluster.env" in line
+    assert "PYTHONUNBUFFERED=1" in line and "FOO='a b'" in line
+    assert "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]:'" in line
     i = words.index("setsid")
-    assert words[i + 1:i + 4] == ["-w", "/bin/sh", "-c"]
-    inner = words[i + 4]
-    assert inner.startswith("echo $$ > /home/alice/.clustertrain/jobs/20260101-000000-abcdef/pgid;")
-    assert ". /etc/clustertrain/cluster.env" in inner
-    assert "PYTHONUNBUFFERED=1" in inner and "FOO='a b'" in inner
-    assert "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]:'" in inner
-    assert inner.endswith(shlex.join(cmd().torchrun_argv()))
-    # torchrun's exit status is the session's last line, then its exit code.
-    assert line.endswith('echo "@@clustertrain-exit $rc"; exit $rc; }')
+    sup = words[i + 1:words.index("--", i)]
+    assert sup[:3] == ["/usr/bin/python3", f"{job}/supervisor.py", "run"]
+    for flag, value in (("--node", "node1"), ("--nodes", "node0,node1"),
+                        ("--lease-timeout", "20.0"), ("--run", "20260101-000000-abcdef")):
+        assert sup[sup.index(flag) + 1] == value
+    assert "--attached" in sup
+    rest = words[words.index("--", i) + 1:]
+    assert rest[:len(c.torchrun_argv())] == c.torchrun_argv()
+    assert "--attached" not in shlex.split(cmd(attached=False).shell())
+    # It returns once the supervisor is started: the output goes to the job directory.
+    assert line.endswith(f"</dev/null >{job}/supervisor.log 2>&1 & echo started")
+
+
+def test_follow_reads_the_node_log_and_holds_the_lease() -> None:
+    job = "/home/alice/.clustertrain/jobs/20260101-000000-abcdef"
+    assert shlex.split(cmd().follow(lease=True)) == [
+        "/usr/bin/python3", f"{job}/supervisor.py", "follow", "--job", job, "--lease"]
+    assert shlex.split(cmd().follow(tail=5))[-2:] == ["--tail", "5"]
+
+
+def test_a_command_survives_its_record() -> None:
+    c = cmd(node="node1", nodes=("node0", "node1"), options=TorchrunOptions(extra=("--x",)))
+    assert NodeCommand.from_record(c.to_record()) == c
 
 
 def test_the_exit_marker_is_taken_out_of_the_log() -> None:
-    from orchestrator.job import _take_exit_marker
+    from orchestrator.job import take_exit_marker
 
-    lines = ["node0/rank0 | done", "node0/torchrun | @@clustertrain-exit 3"]
-    assert _take_exit_marker(lines, None) == (["node0/rank0 | done"], 3)
+    lines = ["node0/rank0 | done", "node0/torchrun | @@clustertrain-exit 3 peer-failed node2"]
+    assert take_exit_marker(lines, None) == (["node0/rank0 | done"], (3, "peer-failed", "node2"))
     # Output that did not end with a newline keeps its text.
-    assert _take_exit_marker(["node0/torchrun | partial@@clustertrain-exit 0"], None) == (
-        ["node0/torchrun | partial"], 0)
-    assert _take_exit_marker(["node0/rank1 | no marker"], None) == (
+    assert take_exit_marker(["node0/torchrun | partial@@clustertrain-exit 0 exited -"],
+                            None) == (["node0/torchrun | partial"], (0, "exited", ""))
+    assert take_exit_marker(["node0/rank1 | no marker"], None) == (
         ["node0/rank1 | no marker"], None)
 
 
 def test_shell_quotes_hostile_arguments() -> None:
-    words = shlex.split(cmd(script_args=("$(touch /tmp/pwned)", "a;b")).shell())
-    inner = words[words.index("-c") + 1]
-    assert shlex.split(inner.rsplit("exec ", 1)[1])[-2:] == ["$(touch /tmp/pwned)", "a;b"]
+    c = cmd(script_args=("$(touch /tmp/pwned)", "a;b"))
+    words = shlex.split(c.shell())
+    start = words.index("--", words.index("setsid")) + 1
+    argv = words[start:start + len(c.torchrun_argv())]
+    # Each argument reaches torchrun as one word, unexpanded.
+    assert argv == c.torchrun_argv() and argv[-2:] == ["$(touch /tmp/pwned)", "a;b"]
 
 
 @pytest.mark.parametrize("items, expected", [
@@ -91,3 +115,37 @@ def test_parse_env(items, expected) -> None:
 def test_parse_env_rejects(bad: str) -> None:
     with pytest.raises(LaunchError, match=r"--env .* is not KEY=VALUE.*--env LR=0.1"):
         parse_env([bad])
+
+
+def test_workers_start_through_the_runner_in_the_snapshot() -> None:
+    log_dir = "/home/alice/.clustertrain/jobs/20260101-000000-abcdef/torchrun-logs"
+    argv = cmd().torchrun_argv()
+    assert argv[argv.index("--log-dir") + 1:] == [
+        log_dir, ".clustertrain/run_worker.py", "train.py", "--lr", "0.1"]
+    argv = cmd(script="pkg.train", module=True).torchrun_argv()
+    assert argv[argv.index("--log-dir") + 2:] == [
+        ".clustertrain/run_worker.py", "-m", "pkg.train", "--lr", "0.1"]
+    # --no-clean-exit: torchrun runs the script (or the module, torchrun's own -m) itself.
+    argv = cmd(clean_exit=False).torchrun_argv()
+    assert argv[argv.index("--log-dir") + 2:] == ["train.py", "--lr", "0.1"]
+    argv = cmd(script="pkg.train", module=True, clean_exit=False).torchrun_argv()
+    assert argv[argv.index("--log-dir") + 2:] == ["-m", "pkg.train", "--lr", "0.1"]
+    # The run record keeps both, so that `attach` rebuilds the same command.
+    again = NodeCommand.from_record(cmd(module=True, clean_exit=False).to_record())
+    assert (again.module, again.clean_exit) == (True, False)
+
+
+def test_the_sync_ships_the_runner_into_every_snapshot(tmp_path) -> None:
+    from orchestrator.command import WORKER_RUNNER
+    from orchestrator.sync import sync_playbook
+
+    [play] = sync_playbook(tmp_path / "code", "r1", tmp_path / "runner")
+    names = [t["name"] for t in play["tasks"]]
+    code, runner = (play["tasks"][names.index(n)]["ansible.posix.synchronize"] for n in (
+        "Copy the code (hard links to the previous snapshot where unchanged)",
+        "Add the worker runner to the snapshot"))
+    assert names.index("Add the worker runner to the snapshot") > names.index(
+        "Copy the code (hard links to the previous snapshot where unchanged)")
+    assert runner["src"] == f"{tmp_path / 'runner'}/" and runner["dest"] == code["dest"]
+    assert "delete" not in runner and runner["link_dest"] == code["link_dest"]
+    assert WORKER_RUNNER == ".clustertrain/run_worker.py"

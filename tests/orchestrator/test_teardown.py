@@ -53,8 +53,8 @@ def tree(job: Path) -> set[int]:
 
 def stop(job: Path, grace: float) -> dict:
     """The stop script as the node runs it: HOME/<jobs dir>/<run id>."""
-    out = subprocess.run([sys.executable, "-c", STOP_SCRIPT, job.parent.name, job.name,
-                          str(grace)], capture_output=True, text=True, timeout=60,
+    out = subprocess.run([sys.executable, "-c", STOP_SCRIPT, "stop", job.parent.name,
+                          job.name, str(grace)], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "HOME": str(job.parent.parent)})
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -93,6 +93,9 @@ def test_dry_run_needs_reachable_nodes_too(setup, capsys) -> None:
      "more"),
     (["--nodes", "2", "--grace", "nan"], "error: --grace nan: give the seconds"),
     (["--nodes", "2", "--grace", "inf"], "error: --grace inf: give the seconds"),
+    (["--nodes", "2", "-m", "pkg/train.py"],
+     "error: -m 'pkg/train.py' is not a module name (dotted Python identifiers, e.g. -m "
+     "mypkg.train)"),
 ])
 def test_bad_input_is_refused_before_any_node(setup, capsys, extra, message) -> None:
     base, runs = setup
@@ -136,3 +139,24 @@ def test_script_defaults_to_the_training_job(argv, script, script_args):
     train_cmd.register(parser.add_subparsers())
     request = train_cmd.parse_request(parser.parse_args(["train", *argv]))
     assert (request.script, request.script_args) == (script, script_args)
+
+
+@pytest.mark.parametrize("argv,script,script_args,module,clean_exit", [
+    (["--nodes", "2", "-m", "pkg.train"], "pkg.train", (), True, True),
+    (["--nodes", "2", "-m", "pkg.train", "--", "--epochs", "3"], "pkg.train",
+     ("--epochs", "3"), True, True),
+    (["--nodes", "2", "--module", "pkg.train", "--", "x.py"], "pkg.train", ("x.py",), True,
+     True),
+    (["--nodes", "2", "--no-clean-exit", "train.py", "--", "--epochs", "3"], "train.py",
+     ("--epochs", "3"), False, False),
+])
+def test_a_module_and_no_clean_exit(argv, script, script_args, module, clean_exit):
+    import argparse as _argparse
+
+    from orchestrator import train as train_cmd
+
+    parser = _argparse.ArgumentParser()
+    train_cmd.register(parser.add_subparsers())
+    request = train_cmd.parse_request(parser.parse_args(["train", *argv]))
+    assert (request.script, request.script_args, request.module, request.clean_exit) == (
+        script, script_args, module, clean_exit)

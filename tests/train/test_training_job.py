@@ -92,6 +92,9 @@ def test_two_process_run_learns_far_above_chance(reference):
     losses = [e["train_loss"] for e in reference["metrics"]["history"]]
     assert losses[-1] < 0.75 * losses[0], f"training loss did not fall: {losses}"
     assert all(e["samples_per_s"] > 0 for e in reference["metrics"]["history"])
+    # Both workers ran through the orchestrator's worker runner and ended cleanly.
+    for rank in range(2):
+        assert f"[clustertrain] rank {rank} finished: exit code 0" in reference["stdout"]
 
 
 def test_ranks_get_disjoint_shards_reshuffled_every_epoch(reference):

@@ -1,0 +1,120 @@
+"""A run's record, settled from what the nodes wrote on the shared filesystem.
+
+A run whose controller went away (detached, killed, a closed laptop) has no
+summary.json yet; the nodes' supervisors kept its state (supervisor.py: one JSON file per
+node, a heartbeat while running, the exit status and why at the end). `settle` reads it
+through any node that answers and, once the run is over, writes the summary, so no
+record says "running" for a run that is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Any
+
+from . import ssh
+from .inventory import load_cluster
+from .runs import RunDir, iso
+from .supervisor import PEER_TIMEOUT
+
+READ_STATES = r'''
+import glob, json, os, sys, time
+states = {}
+for path in glob.glob(os.path.join(sys.argv[1], "*.json")):
+    try:
+        states[os.path.basename(path)[:-5]] = json.load(open(path))
+    except (OSError, ValueError):
+        pass
+print(json.dumps({"now": time.time(), "states": states}))
+'''
+
+
+def summarize(info: dict[str, Any], states: dict[str, dict], now: float) -> dict | None:
+    """The run's summary from its nodes' states, or None while it still runs. A node
+    whose heartbeat stopped (older than PEER_TIMEOUT by the node's clock) is lost."""
+    nodes = info["nodes"]
+    ended = {n: s for n, s in states.items() if s.get("state") == "ended"}
+    # Lost: named lost by a peer that stopped because of it, or silent for too long.
+    blamed = [s.get("why") for s in ended.values() if s.get("reason") == "peer-lost"]
+    lost = [n for n in nodes if n not in ended and (
+        n in blamed or n not in states
+        or now - float(states[n].get("time", 0)) > 2 * PEER_TIMEOUT)]
+    if len(ended) + len(lost) < len(nodes):
+        return None
+    failed = sorted((s.get("ended", 0), n) for n, s in ended.items()
+                    if s.get("reason") == "exited" and s.get("code") != 0)
+    reasons = {s.get("reason") for s in ended.values()}
+    if failed:
+        status, first = "failed", failed[0][1]
+    elif lost or blamed:
+        status, first = "failed", (lost or blamed)[0]
+    elif "controller-lost" in reasons:
+        status, first = "controller-lost", None
+    elif reasons & {"stopped", "peer-stopped"}:
+        status, first = "stopped", None
+    else:
+        status, first = "succeeded", None
+    start = min((float(s.get("started", now)) for s in states.values()), default=now)
+    end = max((float(s.get("ended", now)) for s in ended.values()), default=now)
+    return {
+        **info,
+        "status": status,
+        "start": iso(start), "end": iso(end), "duration_s": round(end - start, 3),
+        "nodes": [_node_record(n, ended.get(n)) for n in nodes],
+        "exit_codes": {n: ended.get(n, {}).get("code") for n in nodes},
+        "first_failed": first,
+        "settled_from": "the nodes' state on the shared filesystem",
+    }
+
+
+def _node_record(name: str, state: dict | None) -> dict:
+    """As train records a node: end_reason exited, stopped (the cause in `why` when it
+    was another node's failure or loss, or the controller's) or lost."""
+    if state is None:
+        return {"name": name, "exit_code": None, "end_reason": "lost"}
+    reason, why = state.get("reason", "exited"), state.get("why") or ""
+    if reason in ("peer-failed", "peer-stopped", "peer-lost", "controller-lost"):
+        reason, why = "stopped", f"{reason} {why}".strip()
+    return {"name": name, "exit_code": state.get("code"), "end_reason": reason,
+            **({"why": why} if why else {})}
+
+
+def fetch_states(info: dict[str, Any]) -> tuple[dict[str, dict], float]:
+    """The nodes' state files, read through the first node that answers."""
+    cluster = load_cluster(info["inventory"]).select(hosts=",".join(info["nodes"]))
+    commands = info.get("node_commands") or {}
+    errors = []
+    for spec in cluster.nodes:
+        state_dir = (commands.get(spec.name) or {}).get("run_state")
+        if not state_dir:
+            continue
+        try:
+            conn = ssh.connect(spec.name, spec.ssh)
+        except Exception as exc:  # noqa: BLE001 - try the next node
+            errors.append(str(exc))
+            continue
+        try:
+            result = conn.run(f"{spec.python} -c {shlex.quote(READ_STATES)} "
+                              f"{shlex.quote(state_dir)}", timeout=30)
+        finally:
+            conn.close()
+        if result.exit_code == 0 and result.stdout.strip():
+            data = json.loads(result.stdout.strip().splitlines()[-1])
+            return data["states"], float(data["now"])
+        errors.append(f"{spec.name}: {result.stderr.strip()[-200:]}")
+    raise OSError("no node of the run answered: " + "; ".join(errors))
+
+
+def settle(run: RunDir) -> dict | None:
+    """The run's summary: the one on disk, else one settled from the nodes and written
+    (None while the run is still running)."""
+    summary = run.summary()
+    if summary is not None:
+        return summary
+    info = run.info()
+    states, now = fetch_states(info)
+    summary = summarize(info, states, now)
+    if summary is not None:
+        run.write_summary(summary)
+    return summary

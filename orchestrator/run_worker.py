@@ -1,0 +1,189 @@
+"""Run one training worker to a clean end: `python run_worker.py SCRIPT ARGS...` or
+`python run_worker.py -m MODULE ARGS...`, as torchrun starts it on every node.
+
+The script runs as it would without this runner: `sys.argv`, `__file__`, `__name__ ==
+"__main__"`, `sys.path[0]` (the script's directory, or the working directory with -m) and
+the exit code are the same. What differs is the end. When the script returns, calls
+sys.exit() or raises, the runner does what the interpreter does before it finalizes
+(joins non-daemon threads, runs the atexit handlers), flushes every open file object and
+stdio, prints one marker line
+
+    [clustertrain] rank R finished: exit code C
+
+and leaves with os._exit(C), skipping the interpreter's and C++'s static teardown. With
+gloo, torch's threads at that point now and then abort a finished process (SIGABRT,
+"terminate called without an active exception"), turning a finished run into a failed
+one. The orchestrator reads the marker (orchestrator/worker_end.py): a rank that printed
+it and still died, died after its script had finished.
+
+Standard library only: this file is copied into every run's code snapshot
+(.clustertrain/run_worker.py) and runs in the nodes' Python, whatever is installed there.
+"""
+
+from __future__ import annotations
+
+import atexit
+import builtins
+import gc
+import io
+import os
+import signal
+import sys
+import threading
+import types
+import warnings
+
+MARKER = "[clustertrain] rank {rank} finished: exit code {code}"
+INTERRUPTED = -1  # run()'s answer for an uncaught KeyboardInterrupt
+USAGE = "usage: run_worker.py SCRIPT [ARGS...] | run_worker.py -m MODULE [ARGS...]"
+
+
+def exit_code(code: object) -> int:
+    """The process exit status Python gives `raise SystemExit(code)` (stderr text aside)."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    return 1
+
+
+def _runner_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """The traceback without this runner's own frames in front, as Python would show it."""
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    return tb
+
+
+def _fresh_main() -> types.ModuleType:
+    """A new, empty __main__ module, as the interpreter makes one for a script."""
+    main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = builtins
+    sys.modules["__main__"] = main
+    return main
+
+
+def _run_script(path: str) -> None:
+    from importlib.machinery import SourceFileLoader
+
+    main = _fresh_main()
+    full = os.path.abspath(path)
+    main.__dict__.update(__file__=full, __cached__=None, __spec__=None, __package__=None,
+                         __loader__=SourceFileLoader("__main__", full))
+    try:
+        with io.open_code(full) as f:
+            source = f.read()
+    except OSError as exc:  # Python's own words and status for a script it cannot open
+        print(f"{sys.executable}: can't open file {full!r}: [Errno {exc.errno}] "
+              f"{exc.strerror}", file=sys.stderr)
+        raise SystemExit(2) from None
+    code = compile(source, full, "exec", dont_inherit=True)
+    exec(code, main.__dict__)  # noqa: S102 - running the user's script is the point
+
+
+def _run_module(name: str) -> None:
+    import runpy
+
+    _fresh_main()
+    # What `python -m NAME` runs: the module's code in __main__, sys.argv[0] its file.
+    runpy._run_module_as_main(name, alter_argv=True)  # type: ignore[attr-defined]
+
+
+def _is_file_type(cls: type) -> bool:
+    try:
+        return issubclass(cls, io.IOBase)
+    except Exception:  # noqa: BLE001 - an odd metaclass
+        return False
+
+
+def _flush_open_files() -> None:
+    """Flush every open file object the way finalization would have closed them: text
+    layers first (they write into their buffers), then buffers, then raw files."""
+    with warnings.catch_warnings():
+        # By type, not isinstance(): that asks the object for __class__, and some objects
+        # answer with a warning (torch.distributed.reduce_op) or worse.
+        warnings.simplefilter("ignore")
+        files = [o for o in gc.get_objects() if _is_file_type(type(o))]
+    for kind in (io.TextIOBase, io.BufferedIOBase, io.RawIOBase, io.IOBase):
+        for f in files:
+            if not issubclass(type(f), kind):
+                continue
+            try:
+                if not f.closed:
+                    f.flush()
+            except Exception:  # noqa: BLE001 - a broken file must not keep the others back
+                pass
+
+
+def _flush_stdio() -> None:
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            if stream is not None:
+                stream.flush()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _say(text: str) -> None:
+    """Write one line to the process's own stdout (fd 1, what torchrun captures), even if
+    the script replaced sys.stdout."""
+    _flush_stdio()
+    try:
+        os.write(1, (text + "\n").encode())
+    except OSError:
+        pass
+
+
+def finish(code: int, interrupted: bool = False) -> None:
+    """What the interpreter does at exit, up to finalization, then os._exit(code).
+    INTERRUPTED (Ctrl-C): no marker, and the process ends by SIGINT, as Python's does."""
+    try:
+        threading._shutdown()  # type: ignore[attr-defined] - joins non-daemon threads
+    except BaseException:  # noqa: BLE001 - e.g. Ctrl-C while waiting: go on leaving
+        pass
+    atexit._run_exitfuncs()
+    _flush_open_files()
+    if interrupted:
+        _flush_stdio()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    else:
+        _say(MARKER.format(rank=os.environ.get("RANK", "0"), code=code))
+    _flush_stdio()
+    os._exit(code)
+
+
+def run(argv: list[str]) -> int:
+    """Run the script or module of ARGV (this runner's own arguments) and return the exit
+    code Python would have left with; an uncaught exception is printed as Python does."""
+    module = bool(argv) and argv[0] == "-m"
+    if module:
+        argv = argv[1:]
+    if not argv:
+        print(USAGE, file=sys.stderr)
+        return 2
+    target, args = argv[0], argv[1:]
+    # sys.path[0] is this runner's directory now; Python would have put the script's
+    # (symbolic links resolved) or, with -m, the working directory there (not with -P).
+    sys.argv = ["-m" if module else target, *args]
+    if not getattr(sys.flags, "safe_path", False):
+        sys.path[0] = os.getcwd() if module else os.path.dirname(os.path.realpath(target))
+    try:
+        _run_module(target) if module else _run_script(target)
+    except SystemExit as exc:
+        if exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+        return exit_code(exc.code)
+    except BaseException as exc:  # noqa: BLE001 - uncaught in the script: Python's own report
+        tb = _runner_frames(exc.__traceback__)
+        sys.excepthook(type(exc), exc.with_traceback(tb), tb)
+        return INTERRUPTED if isinstance(exc, KeyboardInterrupt) else 1
+    return 0
+
+
+def main() -> None:
+    code = run(sys.argv[1:])
+    finish(130 if code == INTERRUPTED else code, interrupted=code == INTERRUPTED)
+
+
+if __name__ == "__main__":
+    main()

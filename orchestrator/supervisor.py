@@ -1,0 +1,363 @@
+"""The per-run supervisor on each node: owns torchrun, and stops it when the run must end.
+
+Shipped by its source (the launch writes this file into the job directory and starts
+it with the node's system python), so it uses the standard library only. Subcommands:
+
+  run     start torchrun in a session of its own and watch over it until it ends:
+          - its output goes to JOB/output.log, its exit status to JOB/exit;
+          - its state is kept on the shared filesystem (STATE/<node>.json, a heartbeat
+            every second) where the loss of one node cannot lose it and every node and
+            any later command can read it without the controller;
+          - it stops the job when a peer's torchrun failed, when a peer stopped beating
+            (node lost), when a stop was requested, or (attached runs) when the
+            controller's lease ran out.
+  follow  print JOB/output.log (from the start, or its last N lines) as it grows, and
+          end with the exit marker once the run is over; with --lease, each byte read on
+          stdin renews the controller's lease and end-of-input gives it up at once (the
+          controller was killed, or its terminal closed).
+  stop    stop the run's torchrun and every descendant: SIGTERM, SIGKILL after a grace
+          period (used by the supervisor itself, by the controller and by `stop`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+EXIT_MARKER = "@@clustertrain-exit"
+BEAT = 1.0            # seconds between heartbeats and checks
+PEER_TIMEOUT = 15.0   # a peer whose heartbeat has not moved for this long is lost
+PEER_START = 120.0    # a peer that never wrote its state within this long is lost
+
+
+# -- stopping a process tree -------------------------------------------------------------
+def _table() -> dict[int, tuple[str, int, int]]:
+    procs = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as fh:
+                    stat = fh.read()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()
+            procs[int(d)] = (fields[0], int(fields[1]), int(fields[2]))  # state, ppid, pgrp
+    return procs
+
+
+class Tree:
+    """A process group and every descendant of it, also those that left the group
+    (torchrun starts its workers in sessions of their own) or were re-parented."""
+
+    def __init__(self, pgid: int) -> None:
+        self.pgid = pgid
+        self.seen: set[int] = set()
+
+    def members(self) -> set[int]:
+        procs = _table()
+        live = {p for p, (st, _, pg) in procs.items() if pg == self.pgid and st != "Z"}
+        grew = True
+        while grew:
+            grew = False
+            for p, (st, pp, _) in procs.items():
+                if pp in live and p not in live and st != "Z":
+                    live.add(p)
+                    grew = True
+        live |= {p for p in self.seen if p in procs and procs[p][0] != "Z"}
+        self.seen |= live
+        return live
+
+
+def belongs(pid: int, run_id: str) -> bool:
+    """Whether PID carries the run's id in its environment (not a reused PID)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            return f"CLUSTERTRAIN_RUN_ID={run_id}".encode() in fh.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def stop_tree(job: str, run_id: str, grace: float) -> dict:
+    """Stop the run whose torchrun recorded its process group in JOB/pgid."""
+    me = getpass.getuser()
+    try:
+        with open(os.path.join(job, "pgid")) as fh:
+            pgid = int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return {"found": False, "user": me, "killed": [], "left": []}
+    with open(os.path.join(job, "stop-requested"), "a") as fh:
+        fh.write(f"{time.time()}\n")
+    tree = Tree(pgid)
+    start = tree.members()
+    if start and not any(belongs(p, run_id) for p in start):
+        # The PID was reused by something that is not this run: signal nothing.
+        return {"found": True, "user": me, "pgid": pgid, "initial": [], "killed": [],
+                "left": [], "stale": True}
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        pass
+    deadline = time.monotonic() + grace
+    while tree.members() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    killed = sorted(tree.members())
+    for p in killed:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.monotonic() + 5  # a killed process needs a moment on a busy node
+    while tree.members() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    with open(os.path.join(job, "stopped"), "w") as fh:
+        fh.write(str(time.time()))
+    return {"found": True, "user": me, "pgid": pgid, "initial": sorted(start),
+            "killed": killed, "left": sorted(tree.members())}
+
+
+# -- shared state ------------------------------------------------------------------------
+def write_json(path: str, data: dict) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as fh:
+        json.dump(data, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: str) -> dict | None:
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None
+
+
+class Peers:
+    """What this node knows of the other nodes, from their state files on the share.
+    A heartbeat counts as alive when it changes, timed by this node's own clock."""
+
+    def __init__(self, state_dir: str, names: list[str], me: str) -> None:
+        self.state_dir, self.names, self.me = state_dir, [n for n in names if n != me], me
+        self.last: dict[str, tuple[object, float]] = {}
+        self.started = time.monotonic()
+
+    def verdict(self) -> tuple[str, str] | None:
+        """('peer-failed'|'peer-stopped'|'peer-lost', node) when the run must stop here:
+        a peer's torchrun failed, a peer was stopped (for any reason: a node cut off from
+        the others ends too), or a peer went silent. None while all is well."""
+        now = time.monotonic()
+        for name in self.names:
+            state = read_json(os.path.join(self.state_dir, f"{name}.json"))
+            if state is None:
+                if now - self.started > PEER_START:
+                    return "peer-lost", name
+                continue
+            if state.get("state") == "ended":
+                if state.get("reason") != "exited":
+                    return "peer-stopped", name
+                if state.get("code") != 0:
+                    return "peer-failed", name
+                continue
+            beat = state.get("beat")
+            seen = self.last.get(name)
+            if seen is None or seen[0] != beat:
+                self.last[name] = (beat, now)
+            elif now - seen[1] > PEER_TIMEOUT:
+                return "peer-lost", name
+        return None
+
+
+# -- prune -------------------------------------------------------------------------------
+def _live(job: str) -> bool:
+    """A run whose supervisor has not recorded an end and whose torchrun still runs."""
+    if os.path.exists(os.path.join(job, "exit")):
+        return False
+    try:
+        with open(os.path.join(job, "pgid")) as fh:
+            os.kill(int(fh.read().split()[0]), 0)
+        return True
+    except (OSError, ValueError, IndexError):
+        # No process (yet): a run being launched right now is young; keep it a while.
+        try:
+            return time.time() - os.stat(job).st_mtime < 3600
+        except OSError:
+            return False
+
+
+def prune(state: str, keep: int, current: str) -> list[str]:
+    """Remove the code snapshots and job directories of all but the KEEP newest runs of
+    this user on this node; never those of a live run, nor the current one."""
+    jobs, code = os.path.join(state, "jobs"), os.path.join(state, "code")
+    runs = set()
+    for d in (jobs, code):
+        if os.path.isdir(d):
+            runs |= {r for r in os.listdir(d) if r != "latest"}
+    try:
+        latest = os.path.basename(os.path.realpath(os.path.join(code, "latest")))
+    except OSError:
+        latest = ""
+    old = sorted(runs)[:-keep] if keep > 0 else sorted(runs)  # run ids sort by time
+    removed = []
+    for run_id in old:
+        if run_id in (current, latest) or _live(os.path.join(jobs, run_id)):
+            continue
+        for d in (jobs, code):
+            path = os.path.join(d, run_id)
+            if os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+        removed.append(run_id)
+    return removed
+
+
+# -- run ---------------------------------------------------------------------------------
+def run(args: argparse.Namespace) -> int:
+    job, state_dir = args.job, args.state_dir
+    if args.keep:
+        prune(os.path.dirname(os.path.dirname(job)), args.keep, args.run)
+    os.makedirs(state_dir, exist_ok=True)
+    mine = os.path.join(state_dir, f"{args.node}.json")
+    lease = os.path.join(job, "lease")
+    if args.attached:
+        open(lease, "w").close()
+    with open(os.path.join(job, "output.log"), "ab") as out:
+        proc = subprocess.Popen(args.argv, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    with open(os.path.join(job, "pgid"), "w") as fh:
+        fh.write(f"{proc.pid}\n")
+    peers = Peers(state_dir, args.nodes.split(","), args.node)
+    beat, reason, why = 0, None, ""
+    state = {"node": args.node, "user": getpass.getuser(), "state": "running",
+             "pid": proc.pid, "started": time.time()}
+    while proc.poll() is None:
+        beat += 1
+        write_json(mine, {**state, "beat": beat, "time": time.time()})
+        if reason is None:
+            found = peers.verdict()
+            if found:
+                reason, why = found[0], found[1]
+            elif os.path.exists(os.path.join(job, "stop-requested")):
+                reason = "stopped"
+            elif args.attached and _lease_gone(job, args.lease_timeout):
+                reason = "controller-lost"
+            if reason and reason != "stopped":
+                threading.Thread(target=stop_tree, args=(job, args.run, args.grace),
+                                 daemon=True).start()
+        try:
+            proc.wait(timeout=BEAT)
+        except subprocess.TimeoutExpired:
+            pass
+    code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+    if reason is None and os.path.exists(os.path.join(job, "stop-requested")):
+        reason = "stopped"
+    final = {**state, "state": "ended", "code": code, "reason": reason or "exited",
+             "why": why, "beat": beat + 1, "ended": time.time()}
+    write_json(mine, final)
+    write_json(os.path.join(job, "exit"), final)
+    return 0
+
+
+def _lease_gone(job: str, timeout: float) -> bool:
+    if os.path.exists(os.path.join(job, "lease-lost")):
+        return True
+    try:
+        return time.time() - os.stat(os.path.join(job, "lease")).st_mtime > timeout
+    except OSError:
+        return True
+
+
+# -- follow ------------------------------------------------------------------------------
+def follow(args: argparse.Namespace) -> int:
+    job = args.job
+    if args.lease:
+        threading.Thread(target=_hold_lease, args=(job,), daemon=True).start()
+    path = os.path.join(job, "output.log")
+    while not os.path.exists(path) and not os.path.exists(os.path.join(job, "exit")):
+        time.sleep(0.1)
+    out = sys.stdout.buffer
+    last = b"\n"
+    with open(path, "rb") as fh:
+        if args.tail is not None:
+            lines = fh.read().splitlines(keepends=True)
+            out.write(b"".join(lines[-args.tail:]) if args.tail else b"")
+        while True:
+            ended = os.path.exists(os.path.join(job, "exit"))  # before reading: no loss
+            chunk = fh.read(65536)
+            if chunk:
+                out.write(chunk)
+                out.flush()
+                last = chunk[-1:]
+                continue
+            if ended:
+                break
+            time.sleep(0.1)
+    final = read_json(os.path.join(job, "exit")) or {}
+    code = int(final.get("code", 1))
+    sep = b"" if last == b"\n" else b"\n"  # the marker starts a line of its own
+    out.write(sep + f"{EXIT_MARKER} {code} {final.get('reason', 'exited')} "
+                    f"{final.get('why') or '-'}\n".encode())
+    out.flush()
+    return code
+
+
+def _hold_lease(job: str) -> None:
+    lease = os.path.join(job, "lease")
+    while True:
+        data = sys.stdin.buffer.read1(64)  # type: ignore[attr-defined]
+        if not data:  # the controller went away (killed, terminal closed, connection cut)
+            if not os.path.exists(os.path.join(job, "exit")):
+                open(os.path.join(job, "lease-lost"), "w").close()
+            return
+        # Renew (create: the follower may start before the supervisor made the file).
+        with open(lease, "a"):
+            os.utime(lease)
+
+
+# -- command line ------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="supervisor")
+    sub = p.add_subparsers(dest="verb", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--job", required=True)
+    r.add_argument("--state-dir", required=True)
+    r.add_argument("--run", required=True)
+    r.add_argument("--node", required=True)
+    r.add_argument("--nodes", required=True)
+    r.add_argument("--grace", type=float, default=5.0)
+    r.add_argument("--lease-timeout", type=float, default=30.0)
+    r.add_argument("--attached", action="store_true")
+    r.add_argument("--keep", type=int, default=0,
+                   help="prune all but the KEEP newest runs' snapshots and job dirs")
+    r.add_argument("argv", nargs=argparse.REMAINDER)
+    f = sub.add_parser("follow")
+    f.add_argument("--job", required=True)
+    f.add_argument("--tail", type=int)
+    f.add_argument("--lease", action="store_true")
+    s = sub.add_parser("stop")
+    s.add_argument("jobs")      # the jobs directory, relative to the user's home
+    s.add_argument("run")
+    s.add_argument("grace", type=float)
+    args = p.parse_args(argv)
+    if args.verb == "run":
+        if args.argv and args.argv[0] == "--":
+            args.argv = args.argv[1:]
+        return run(args)
+    if args.verb == "follow":
+        code = follow(args)
+        sys.stdout.flush()
+        os._exit(code)  # the lease thread may be blocked reading stdin: do not wait for it
+    job = os.path.join(os.path.expanduser("~"), args.jobs, args.run)
+    print(json.dumps(stop_tree(job, args.run, args.grace)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

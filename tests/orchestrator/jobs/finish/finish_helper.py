@@ -1,0 +1,1 @@
+GREETING = "helper imported from the script's directory"

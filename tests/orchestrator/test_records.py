@@ -1,0 +1,57 @@
+"""Settling a run's record from the states its nodes left on the shared filesystem."""
+
+from __future__ import annotations
+
+from orchestrator.records import summarize
+from orchestrator.supervisor import PEER_TIMEOUT
+
+INFO = {"run_id": "r1", "nodes": ["node0", "node1", "node2"]}
+NOW = 1_000_000.0
+
+
+def ended(code: int, reason: str = "exited", why: str = "", at: float = NOW - 5) -> dict:
+    return {"state": "ended", "code": code, "reason": reason, "why": why,
+            "started": NOW - 100, "ended": at, "time": at}
+
+
+def running(age: float = 1.0) -> dict:
+    return {"state": "running", "started": NOW - 100, "time": NOW - age}
+
+
+def test_still_running_has_no_summary() -> None:
+    states = {"node0": running(), "node1": running(), "node2": ended(0)}
+    assert summarize(INFO, states, NOW) is None
+
+
+def test_all_succeeded() -> None:
+    s = summarize(INFO, {n: ended(0) for n in INFO["nodes"]}, NOW)
+    assert s["status"] == "succeeded" and s["first_failed"] is None
+    assert s["exit_codes"] == {"node0": 0, "node1": 0, "node2": 0}
+
+
+def test_the_failed_node_is_named_not_the_ones_it_stopped() -> None:
+    states = {"node0": ended(143, "peer-failed", "node1", at=NOW - 3),
+              "node1": ended(3, at=NOW - 4),
+              "node2": ended(143, "peer-failed", "node1", at=NOW - 3)}
+    s = summarize(INFO, states, NOW)
+    assert (s["status"], s["first_failed"]) == ("failed", "node1")
+    assert [n["end_reason"] for n in s["nodes"]] == ["stopped", "exited", "stopped"]
+    assert s["nodes"][0]["why"] == "peer-failed node1"
+
+
+def test_a_node_that_went_silent_is_lost_and_named() -> None:
+    states = {"node0": ended(143, "peer-lost", "node1"), "node1": running(age=3),
+              "node2": ended(143, "peer-lost", "node1")}
+    s = summarize(INFO, states, NOW)
+    assert (s["status"], s["first_failed"]) == ("failed", "node1")
+    assert s["nodes"][1]["end_reason"] == "lost"
+    # Silence alone, long enough, also means lost.
+    states = {"node0": ended(0), "node1": ended(0), "node2": running(age=3 * PEER_TIMEOUT)}
+    assert summarize(INFO, states, NOW)["first_failed"] == "node2"
+
+
+def test_controller_lost_and_stopped() -> None:
+    lost = {n: ended(143, "controller-lost") for n in INFO["nodes"]}
+    assert summarize(INFO, lost, NOW)["status"] == "controller-lost"
+    stopped = {n: ended(143, "stopped") for n in INFO["nodes"]}
+    assert summarize(INFO, stopped, NOW)["status"] == "stopped"

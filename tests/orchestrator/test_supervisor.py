@@ -1,0 +1,173 @@
+"""The node-side supervisor, run for real on this machine: real processes, real signals,
+a temporary directory standing in for the shared filesystem."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator import supervisor
+
+SUPERVISOR = supervisor.__file__
+# A stand-in for torchrun: a process group leader whose child runs in a session of its
+# own (as torchrun's workers do), both sleeping until stopped.
+JOB = ("import subprocess, sys, time\n"
+       "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'],"
+       " start_new_session=True)\n"
+       "print('job started', flush=True)\n"
+       "time.sleep(float(sys.argv[1]))\n"
+       "sys.exit(int(sys.argv[2]))\n")
+
+
+def start(tmp: Path, node: str, *, seconds: float = 300, code: int = 0, attached: bool = False,
+          lease_timeout: float = 30, nodes: str = "n0,n1", run: str = "r1") -> subprocess.Popen:
+    job = tmp / node / "job"
+    job.mkdir(parents=True)
+    argv = [sys.executable, SUPERVISOR, "run", "--job", str(job), "--state-dir",
+            str(tmp / "shared"), "--run", run, "--node", node, "--nodes", nodes,
+            "--grace", "1", "--lease-timeout", str(lease_timeout),
+            *(["--attached"] if attached else []), "--",
+            sys.executable, "-c", JOB, str(seconds), str(code)]
+    return subprocess.Popen(argv, env={**os.environ, "CLUSTERTRAIN_RUN_ID": run},
+                            start_new_session=True)
+
+
+def wait_file(path: Path, timeout: float = 30) -> dict:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.1)
+    return json.loads(path.read_text())
+
+
+def group_alive(job: Path) -> bool:
+    pgid = int((job / "pgid").read_text())
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def test_a_finished_job_is_recorded_on_the_share_and_on_the_node(tmp_path: Path) -> None:
+    sup = start(tmp_path, "n0", seconds=0.5, code=3, nodes="n0")
+    assert sup.wait(timeout=30) == 0
+    exit_ = wait_file(tmp_path / "n0" / "job" / "exit")
+    shared = json.loads((tmp_path / "shared" / "n0.json").read_text())
+    assert exit_["code"] == shared["code"] == 3 and shared["reason"] == "exited"
+    assert "job started" in (tmp_path / "n0" / "job" / "output.log").read_text()
+
+
+def test_a_failed_peer_stops_this_node(tmp_path: Path) -> None:
+    healthy = start(tmp_path, "n0")
+    failing = start(tmp_path, "n1", seconds=2, code=1)
+    try:
+        assert failing.wait(timeout=30) == 0
+        t0 = time.monotonic()
+        state = wait_file(tmp_path / "n0" / "job" / "exit", timeout=20)
+        assert (state["reason"], state["why"]) == ("peer-failed", "n1")
+        assert time.monotonic() - t0 < 10
+        assert not group_alive(tmp_path / "n0" / "job")
+    finally:
+        for p in (healthy, failing):
+            p.kill()
+
+
+def test_a_silent_peer_is_lost(tmp_path: Path, monkeypatch) -> None:
+    """n1 stops beating (its node died): n0 stops after PEER_TIMEOUT."""
+    n0 = start(tmp_path, "n0")
+    n1 = start(tmp_path, "n1")
+    try:
+        wait_file(tmp_path / "shared" / "n1.json")
+        os.killpg(n1.pid, 9)  # the supervisor and its whole session at once
+        state = wait_file(tmp_path / "n0" / "job" / "exit", timeout=supervisor.PEER_TIMEOUT + 15)
+        assert (state["reason"], state["why"]) == ("peer-lost", "n1")
+    finally:
+        n0.kill()
+        n1.kill()
+
+
+def test_an_attached_run_stops_when_the_controller_leaves(tmp_path: Path) -> None:
+    """The follower holds the lease on its stdin; end-of-input (the controller was killed)
+    gives the lease up at once and the supervisor stops the job."""
+    sup = start(tmp_path, "n0", attached=True, nodes="n0")
+    job = tmp_path / "n0" / "job"
+    try:
+        wait_file(job / "pgid")
+        follower = subprocess.Popen([sys.executable, SUPERVISOR, "follow", "--job", str(job),
+                                     "--lease"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        for _ in range(3):
+            follower.stdin.write(b".")
+            follower.stdin.flush()
+            time.sleep(0.5)
+        assert not (job / "exit").exists()
+        follower.stdin.close()  # as when the controller dies
+        t0 = time.monotonic()
+        state = wait_file(job / "exit", timeout=20)
+        assert state["reason"] == "controller-lost" and time.monotonic() - t0 < 10
+        out = follower.stdout.read().decode()
+        follower.wait(timeout=30)
+        assert "job started" in out and f"{supervisor.EXIT_MARKER} " in out
+        assert not group_alive(job)
+    finally:
+        sup.kill()
+
+
+def test_a_silent_controller_loses_its_lease_after_the_timeout(tmp_path: Path) -> None:
+    sup = start(tmp_path, "n0", attached=True, lease_timeout=3, nodes="n0")
+    try:
+        state = wait_file(tmp_path / "n0" / "job" / "exit", timeout=30)
+        assert state["reason"] == "controller-lost"
+    finally:
+        sup.kill()
+
+
+@pytest.mark.parametrize("tail, expected", [(None, ["a", "b", "c"]), (1, ["c"])])
+def test_follow_prints_the_log_then_the_exit_marker(tmp_path: Path, tail, expected) -> None:
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "output.log").write_text("a\nb\nc\n")
+    supervisor.write_json(str(job / "exit"), {"code": 0, "reason": "exited"})
+    argv = [sys.executable, SUPERVISOR, "follow", "--job", str(job)]
+    out = subprocess.run(argv + (["--tail", str(tail)] if tail else []), capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 0
+    assert out.stdout.splitlines() == [*expected, f"{supervisor.EXIT_MARKER} 0 exited -"]
+
+
+def test_old_runs_are_pruned_but_never_a_live_one(tmp_path: Path) -> None:
+    state = tmp_path / ".clustertrain"
+    ids = [f"20260101-00000{i}-aaaaaa" for i in range(6)]
+    for run_id in ids:
+        for d in ("jobs", "code"):
+            (state / d / run_id).mkdir(parents=True)
+        (state / "jobs" / run_id / "exit").write_text("{}")
+    # The oldest run is still running (no exit recorded, its process alive).
+    (state / "jobs" / ids[0] / "exit").unlink()
+    (state / "jobs" / ids[0] / "pgid").write_text(f"{os.getpid()}\n")
+    (state / "code" / "latest").symlink_to(ids[5])
+    removed = supervisor.prune(str(state), keep=2, current=ids[5])
+    assert removed == ids[1:4]
+    assert sorted(p.name for p in (state / "jobs").iterdir()) == [ids[0], ids[4], ids[5]]
+    assert sorted(p.name for p in (state / "code").iterdir()) == [ids[0], ids[4], ids[5],
+                                                                  "latest"]
+
+
+def test_a_stopped_peer_stops_this_node_too(tmp_path: Path) -> None:
+    """The other nodes were stopped (this node had been cut off from the controller and
+    declared lost): when it sees that, it ends its part as well."""
+    (tmp_path / "shared").mkdir()
+    supervisor.write_json(str(tmp_path / "shared" / "n1.json"),
+                          {"state": "ended", "reason": "stopped", "code": 143})
+    sup = start(tmp_path, "n0")
+    try:
+        state = wait_file(tmp_path / "n0" / "job" / "exit", timeout=20)
+        assert (state["reason"], state["why"]) == ("peer-stopped", "n1")
+    finally:
+        sup.kill()
