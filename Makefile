@@ -62,13 +62,15 @@ molecule-all: deps venv
 e2e: deps venv
 	$(BIN)/pytest -m e2e -q
 
-# All benchmarks, one after another (about an hour on 2 cores); results in bench/results/.
+# All benchmarks, one after another (about two hours on 2 cores, half of it the 2x50 runs
+# of teardown_abort.py); results in bench/results/.
 bench: deps venv
 	$(PY) bench/ddp_overhead.py
 	$(PY) bench/launch_fanout.py
 	$(PY) bench/code_sync.py
 	$(PY) bench/provision.py --nodes 2
 	$(PY) bench/provision.py --nodes 8
+	$(PY) bench/teardown_abort.py
 
 # Everything CI runs (.ci/run calls this). Stops at the first failing stage.
 test: deps venv

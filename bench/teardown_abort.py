@@ -45,12 +45,17 @@ def inventory_of(sandbox: str) -> str:
     return json.loads(st.stdout)["inventory"]
 
 
-def one_run(inventory: str, mode: str, runs_dir: Path) -> dict:
+def one_run(inventory: str, mode: str, runs_dir: Path, sandbox: str) -> dict:
     started = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "orchestrator", "train", "-i", inventory,
-                        "--nodes", str(NODES), "--workdir", str(JOBS), "--runs-dir",
-                        str(runs_dir), *MODES[mode], "ddp_allreduce.py", "--", "--steps", "1"],
-                       env=ENV, cwd=REPO, capture_output=True, text=True, timeout=600)
+    try:
+        p = subprocess.run([sys.executable, "-m", "orchestrator", "train", "-i", inventory,
+                            "--nodes", str(NODES), "--workdir", str(JOBS), "--runs-dir",
+                            str(runs_dir), *MODES[mode], "ddp_allreduce.py", "--", "--steps",
+                            "1"], env=ENV, cwd=REPO, capture_output=True, text=True,
+                           timeout=600)
+    except subprocess.TimeoutExpired as exc:  # recorded as a failure of its own kind
+        p = subprocess.CompletedProcess(exc.cmd, -1, "", f"timed out after 600 s; "
+                                        f"{(exc.stderr or b'')[-1000:]!r}")
     [run] = [d for d in runs_dir.iterdir() if d.is_dir()] or [None]
     summary = json.loads((run / "summary.json").read_text()) if run and (
         run / "summary.json").exists() else {}
@@ -62,7 +67,7 @@ def one_run(inventory: str, mode: str, runs_dir: Path) -> dict:
             "after_finish": summary.get("after_finish"), "results_ok": results_ok,
             "teardown_abort": p.returncode != 0 and results_ok and aborted,
             "sigabrt_in_logs": aborted, "seconds": round(time.monotonic() - started, 1),
-            "run_id": run.name if run else None,
+            "run_id": run.name if run else None, "sandbox": sandbox,
             **({"stderr_tail": p.stderr[-1500:]} if p.returncode != 0 else {})}
 
 
@@ -125,11 +130,12 @@ def main() -> int:
         from launch_fanout import setup  # torch on the share, python_env.json on each node
 
         inventory = setup(args.name, NODES, bastion=True)["inventory"]
+    sandbox = args.sandbox or f"{args.name} (made by this benchmark, not provisioned)"
     try:
         with tempfile.TemporaryDirectory(prefix="abort-bench-") as tmp:
             for i in range(args.runs):
                 for mode in MODES:
-                    sample = one_run(inventory, mode, Path(tmp) / f"{mode}-{i}")
+                    sample = one_run(inventory, mode, Path(tmp) / f"{mode}-{i}", sandbox)
                     samples.append(sample)
                     print(json.dumps({k: sample[k] for k in ("mode", "exit", "status",
                                       "teardown_abort", "seconds")}), flush=True)

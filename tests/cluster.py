@@ -44,6 +44,16 @@ class ProvisionedCluster:
         return [line.strip() for line in out.splitlines()
                 if "torchrun" in line or NODE_PYTHON in line]
 
+    def run_processes(self, node: str, run_id: str, user: str | None = None) -> list[str]:
+        """The pids on NODE of every live process of run RUN_ID (supervisor, torchrun,
+        workers: each carries the run's id in its environment); other runs do not count.
+        Read as the run's USER: root in the container may not read another's environ, and
+        a zombie's environment reads empty."""
+        return self.exec(node, "runuser", "-u", user or self.user, "--", "sh", "-c",
+                         f"grep -l -a -x -z CLUSTERTRAIN_RUN_ID={run_id} "
+                         "/proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3",
+                         check=False).stdout.split()
+
     def kill(self, node: str) -> None:
         """Kill NODE's container outright, as a power cut would."""
         subprocess.run(["podman", "kill", self.containers[node]], env=ENV, check=True,

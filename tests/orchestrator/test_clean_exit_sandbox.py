@@ -11,12 +11,18 @@ from pathlib import Path
 import pytest
 
 from ..cluster import ProvisionedCluster as Sandbox
-from .test_train_sandbox import Train, assert_no_job_processes
+from .test_train_sandbox import Train
 
 # The timeout covers the session fixture too: preparing nodes takes minutes on a busy machine.
 pytestmark = [pytest.mark.sandbox, pytest.mark.timeout(1500)]
 RUNS = 10
 MARKER = "[clustertrain] rank {rank} finished: exit code {code}"
+
+
+def assert_run_gone(sandbox: Sandbox, run_id: str, nodes=("node0", "node1", "node2")) -> None:
+    """No process of RUN_ID is left on NODES (others' jobs on the same nodes may go on)."""
+    left = {n: sandbox.run_processes(n, run_id) for n in nodes}
+    assert not any(left.values()), f"processes of run {run_id} left behind: {left}"
 
 
 def test_a_correct_gloo_script_succeeds_every_time(sandbox_cluster: Sandbox,
@@ -39,8 +45,8 @@ def test_a_correct_gloo_script_succeeds_every_time(sandbox_cluster: Sandbox,
             assert f"node{rank}/rank{rank} | rank {rank}/3 host node{rank} sum 6 ok" in t.text
             assert f"node{rank}/rank{rank} | {MARKER.format(rank=rank, code=0)}" in t.text
         assert "terminate called" not in t.text
+        assert_run_gone(sandbox_cluster, summary["run_id"])
     assert not failures, f"{len(failures)} of {RUNS} runs failed:\n" + "\n".join(failures)
-    assert_no_job_processes(sandbox_cluster, nodes=("node0", "node1", "node2"))
 
 
 def test_a_rank_that_aborts_after_finishing_is_named_and_the_run_finished(
@@ -62,7 +68,7 @@ def test_a_rank_that_aborts_after_finishing_is_named_and_the_run_finished(
         **{n: [f"every rank on {n} had finished when the node was stopped"]
            for n in ("node0", "node2") if summary["exit_codes"][n] != 0}}
     assert summary["rank_exit_codes"] == {f"node{r}": {str(r): 0} for r in range(3)}
-    assert_no_job_processes(sandbox_cluster, nodes=("node0", "node1", "node2"))
+    assert_run_gone(sandbox_cluster, summary["run_id"])
 
 
 def test_the_scripts_exit_code_is_reported(sandbox_cluster: Sandbox, tmp_path: Path) -> None:

@@ -59,11 +59,7 @@ def left(cluster: ProvisionedCluster, runs: Path) -> dict[str, list[str]]:
     found = {}
     for run in [d.name for d in runs.iterdir() if (d / "run.json").exists()]:
         for node in NODES:
-            # (A zombie's environment reads empty: only live processes match.)
-            pids = cluster.exec(node, "runuser", "-u", cluster.user, "--", "sh", "-c",
-                                "grep -l -a -x -z "
-                                f"CLUSTERTRAIN_RUN_ID={run} /proc/[0-9]*/environ "
-                                "2>/dev/null | cut -d/ -f3", check=False).stdout.split()
+            pids = cluster.run_processes(node, run)
             if pids:
                 found.setdefault(node, []).extend(pids)
     return found

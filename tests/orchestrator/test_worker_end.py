@@ -21,7 +21,7 @@ ABORT_AFTER_FINISH = """\
 node1/rank1 | rank 1/3 host node1 sum 6 ok
 node1/rank1 | [clustertrain] rank 1 finished: exit code 0
 node1/rank1 | terminate called without an active exception
-node1/torchrun | E1122 12:16:36.528000 16764 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -6) local_rank: 0 (pid: 16790) of binary: /opt/clustertrain/venv/bin/python3
+node1/torchrun | E1122 12:16:36.528000 16764 api.py:1002] failed (exitcode: -6) local_rank: 0
 node1/torchrun | torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 node1/torchrun | ======================================================
 node1/torchrun | .clustertrain/run_worker.py FAILED
