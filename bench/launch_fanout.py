@@ -58,13 +58,19 @@ def setup(name: str, nodes: int, bastion: bool) -> dict:
                      "--find-links /mnt/cluster/wheelhouse torch==2.13.0")
     env = json.dumps({"backend": "venv", "prefix": VENV, "python": f"{VENV}/bin/python",
                       "torchrun": f"{VENV}/bin/torchrun"})
-    fp = json.dumps({"python": "3.11", "packages": {"torch": "2.13.0+cpu"},
-                     "torch": "2.13.0+cpu", "cuda": None, "nccl": None, "driver": None,
-                     "sha256": "bench"})
+    # preflight compares the venv as it is with fingerprint.json, and writes to checkpoints/
+    share = Path(info["share"])
+    (share / "checkpoints").mkdir(mode=0o1777, exist_ok=True)
+    (share / "checkpoints").chmod(0o1777)
+    sh("cp", str(REPO / "roles" / "python_env" / "files" / "fingerprint.py"),
+       str(share / "bench-fingerprint.py"))
     for n in info["nodes"]:
         node_exec(n["container"], f"mkdir -p /etc/clustertrain && echo '{env}' > "
-                                  f"/etc/clustertrain/python_env.json && echo '{fp}' > "
-                                  "/etc/clustertrain/fingerprint.json")
+                                  "/etc/clustertrain/python_env.json")
+    fp = node_exec(first, "python3 /mnt/cluster/bench-fingerprint.py --env "
+                          "/etc/clustertrain/python_env.json").strip()
+    for n in info["nodes"]:
+        node_exec(n["container"], f"echo '{fp}' > /etc/clustertrain/fingerprint.json")
     return info
 
 

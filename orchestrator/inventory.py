@@ -97,7 +97,9 @@ _CONNECTION_OPTIONS = ("host", "remote_user", "port", "private_key_file",
                        "host_key_checking", "ssh_executable", "ssh_args",
                        "ssh_common_args", "ssh_extra_args", "timeout")
 _OWN_VARS = ("cluster_address", "cluster_shared_path", "cluster_rendezvous_port",
-             "ansible_python_interpreter")
+             "ansible_python_interpreter",
+             # how preflight checks the shared path's mount (preflight.shared_spec)
+             "cluster_shared_fstypes", "nfs_client_kernel_mount")
 
 
 def _load_ansible(path: Path):

@@ -1,5 +1,11 @@
 """`preflight`: are the chosen nodes ready to run a job together? One row per node.
 
+Everything is read as it is now, on every node: the environment (a fingerprint from its
+metadata, compared across nodes and with the one written at provisioning; torch imported
+only when it changed), GPUs, the shared path (mounted as the inventory says, writable by
+the job's user, one filesystem for all nodes), node 0's master port (free, claimed, and
+reachable from every node), names and clocks. At most two SSH round trips per node.
+
 Also run by `train` before anything is started. Blocking problems raise PreflightError
 (after the table is printed); warnings are printed and the job goes on.
 """
@@ -15,7 +21,7 @@ from dataclasses import dataclass, field
 from . import ssh
 from .errors import PreflightError
 from .inventory import Cluster, DEFAULT_INVENTORY, NodeSpec, load_cluster
-from .probe import NodeFacts, probe
+from .probe import (NodeFacts, Rendezvous, fingerprint_lib, probe, reach, stop_listener)
 
 CLOCK_SKEW_WARN = 2.0  # seconds between the fastest and slowest node clock
 
@@ -31,6 +37,7 @@ class Report:
     master_addr: str | None = None   # node 0's cluster address, resolved (an IP)
     backend: str = "gloo"
     nproc_per_node: int | None = None  # None: auto
+    drifted: list[str] = field(default_factory=list)  # nodes to provision again
 
     def nproc(self, facts: NodeFacts) -> int:
         """Processes on a node: the --nproc-per-node given, else one per GPU, or 1 (gloo)."""
@@ -49,37 +56,41 @@ class Report:
 
 
 def fingerprint_drift(facts: list[NodeFacts]) -> list[str]:
-    """Lines naming each package (or runtime) that differs, with its version per node."""
-    have = [f for f in facts if f.fingerprint]
-    if len(have) < 2:
-        return []
-    lines = []
-    packages = sorted({p for f in have for p in (f.fingerprint.get("packages") or {})})
-    for pkg in packages:
-        versions = {f.node.name: (f.fingerprint.get("packages") or {}).get(pkg) for f in have}
-        if len(set(versions.values())) > 1:
-            lines.append(f"package {pkg}: " + ", ".join(
-                f"{node}={ver or 'absent'}" for node, ver in versions.items()))
-    for key in ("python", "torch", "cuda", "nccl", "driver"):
-        values = {f.node.name: f.fingerprint.get(key) for f in have}
-        if len(set(map(str, values.values()))) > 1:
-            lines.append(f"{key}: " + ", ".join(f"{n}={v}" for n, v in values.items()))
-    if not lines and len({f.fingerprint.get("sha256") for f in have}) > 1:
-        lines.append("sha256 differs: " + ", ".join(
-            f"{f.node.name}={str(f.fingerprint.get('sha256'))[:12]}" for f in have))
-    return lines
+    """Lines naming each package (or runtime) that differs between the nodes' live
+    environments, with its version per node (roles/python_env/files/fingerprint.py, the
+    comparison playbooks/verify.yml prints too)."""
+    return fingerprint_lib().drift({f.node.name: f.fingerprint for f in facts
+                                    if f.fingerprint})
 
 
-def _check_node(node: NodeSpec, cluster: Cluster, port: int | None, run_id: str | None
+def shared_spec(cluster: Cluster) -> dict:
+    """The shared path as the inventory describes it: a mount of cluster_shared_path, of
+    the types in cluster_shared_fstypes when given, else NFS where the nfs_client role
+    mounts it with the kernel (nfs_client_kernel_mount, the default), else any mount (the
+    sandbox's stand-in is a bind mount)."""
+    v = cluster.variables
+    fstypes = v.get("cluster_shared_fstypes")
+    if isinstance(fstypes, str):
+        fstypes = [fstypes]
+    if not fstypes:
+        kernel = v.get("nfs_client_kernel_mount")
+        kernel = True if kernel is None else str(kernel).lower() not in ("false", "no", "0")
+        fstypes = ["nfs", "nfs4"] if kernel else None
+    return {"path": cluster.shared_path, "fstypes": list(fstypes) if fstypes else None}
+
+
+def _check_node(node: NodeSpec, cluster: Cluster, port: int | None, run_id: str | None,
+                strict_port: bool = False, rendezvous: Rendezvous | None = None
                 ) -> tuple[NodeFacts, ssh.Connection | None]:
     try:
         client = ssh.connect(node.name, node.ssh)
     except PreflightError as exc:
         return NodeFacts(node, error=str(exc)), None
     try:
-        return probe(node, client, shared_path=cluster.shared_path,
+        return probe(node, client, shared=shared_spec(cluster),
                      addresses=[n.cluster_address for n in cluster.nodes], port=port,
-                     run_id=run_id), client
+                     run_id=run_id, strict_port=strict_port, rendezvous=rendezvous,
+                     master_address=cluster.nodes[0].cluster_address), client
     except Exception as exc:  # noqa: BLE001 - reported in the table, job refused
         return NodeFacts(node, error=f"{node.name}: probe failed: {exc}"), client
 
@@ -88,19 +99,109 @@ def run_preflight(cluster: Cluster, port: int | None = None, strict_port: bool =
                   keep_connections: bool = False, nproc_per_node: int | None = None,
                   run_id: str | None = None) -> Report:
     """Probe every node in parallel and judge the result (does not raise). With RUN_ID
-    (a launch), the master port found on node 0 is claimed for that run."""
+    (a launch), the master port found on node 0 is claimed for that run.
+
+    Two rounds at most: every node is probed at once (node 0 also writes a token on the
+    share and listens on the master port); then every other node reads the token and
+    connects to node 0's port, which proves the same share and an open port."""
     port = port or cluster.rendezvous_port
-    with ThreadPoolExecutor(max_workers=min(len(cluster.nodes), 32)) as pool:
+    nodes = cluster.nodes
+    rendezvous = Rendezvous.new(len(nodes)) if len(nodes) > 1 else None
+    with ThreadPoolExecutor(max_workers=min(len(nodes), 32)) as pool:
         results = list(pool.map(
-            lambda n: _check_node(n, cluster, port if n is cluster.nodes[0] else None,
-                                  run_id), cluster.nodes))
-    report = Report(cluster, [f for f, _ in results],
-                    {f.node.name: c for f, c in results if c is not None},
-                    nproc_per_node=nproc_per_node)
-    _judge(report, port, strict_port)
+            lambda n: _check_node(n, cluster, port if n is nodes[0] else None, run_id,
+                                  strict_port, rendezvous if n is nodes[0] else None),
+            nodes))
+        report = Report(cluster, [f for f, _ in results],
+                        {f.node.name: c for f, c in results if c is not None},
+                        nproc_per_node=nproc_per_node)
+        _judge(report, port, strict_port)
+        if rendezvous is not None:
+            _second_round(report, rendezvous, pool)
     if not keep_connections:
         report.close()
     return report
+
+
+def _second_round(report: Report, rendezvous: Rendezvous, pool: ThreadPoolExecutor) -> None:
+    """Every node but node 0 reads node 0's token and connects to its master port; the
+    listener is stopped when not every node got through to it."""
+    node0 = report.facts[0]
+    listener = node0.listener or {}
+    if node0.error or not listener.get("ok"):
+        return
+    others = [f for f in report.facts[1:]
+              if not f.error and f.node.name in report.clients]
+    addr = report.master_addr
+    if addr:
+        def one(f: NodeFacts) -> None:
+            try:
+                f.reach = reach(f.node, report.clients[f.node.name], addr=addr,
+                                port=listener["port"], rendezvous=rendezvous,
+                                shared_path=report.cluster.shared_path)
+            except Exception as exc:  # noqa: BLE001 - reported, job refused
+                f.reach = {"error": str(exc)}
+        list(pool.map(one, others))
+        _judge_reach(report, listener["port"])
+    reached = sum(bool((f.reach or {}).get("connect", {}).get("ok")) for f in others)
+    if not (listener.get("self") or {}).get("ok") or reached < len(report.facts) - 1:
+        try:
+            stop_listener(node0.node, report.clients[node0.node.name], listener["port"],
+                          rendezvous.nonce)
+        except (OSError, TimeoutError):
+            pass  # it ends by itself within LISTEN_SECONDS
+
+
+def _judge_reach(report: Report, port: int) -> None:
+    """Round 2: the same shared filesystem and node 0's master port, from every node."""
+    node0 = report.facts[0]
+    n0 = node0.node.name
+    path = report.cluster.shared_path
+    self_check = (node0.listener or {}).get("self")
+    if self_check is not None and not self_check.get("ok"):
+        report.problems.append(
+            f"{n0} cannot connect to its own master port {port} at {report.master_addr}: "
+            f"{self_check.get('error')}; is {report.master_addr} an address of {n0}?")
+    for f in report.facts[1:]:
+        if f.reach is None:
+            continue
+        name = f.node.name
+        if f.reach.get("error"):
+            report.problems.append(f"{name}: could not check the master port and the share "
+                                   f"against {n0}: {f.reach['error']}")
+            continue
+        token = f.reach.get("token") or {}
+        if node0.shared.get("ok") and f.shared.get("ok") and not token.get("ok"):
+            report.problems.append(
+                f"{name}: {path} is not the same filesystem as on {n0}: a file {n0} wrote to "
+                f"{path}/checkpoints/ is not there ({token.get('error')}); mount the "
+                f"cluster's share at {path} on {name}")
+        connect = f.reach.get("connect") or {}
+        if not connect.get("ok"):
+            report.problems.append(
+                f"{name} cannot connect to {n0}'s master port {port} at "
+                f"{report.master_addr}: {connect.get('error')}; open TCP port {port} on "
+                f"{n0} to the other nodes (the firewall role opens the cluster to itself: "
+                f"check for other rules, e.g. `nft list ruleset` on {n0}), or fix "
+                f"{n0}'s cluster_address if it is not {n0}'s")
+
+
+SHARED_FIX = {
+    "missing": "create and mount it (the nfs_client role: {realign})",
+    "not_mounted": "mount the share there (the nfs_client role: {realign})",
+    "wrong_type": "mount the cluster's share there (the nfs_client role: {realign}), or "
+                  "set cluster_shared_fstypes in the inventory to the types you use",
+    "empty": "mount the cluster's share there, not an empty directory",
+    "no_checkpoints": "mount the cluster's share there (its nfs_server role makes "
+                      "checkpoints/), or create <share>/checkpoints with mode 1777",
+    "not_writable": "the job's user must be able to write there with the same uid on every "
+                    "node: fix the owner or mode of that directory on the share",
+}
+
+
+def _realign_command(report: Report, nodes: list[str]) -> str:
+    inventory = report.cluster.inventory or DEFAULT_INVENTORY
+    return f"ansible-playbook site.yml -i {inventory} --limit {','.join(nodes)}"
 
 
 def _judge(report: Report, port: int, strict_port: bool) -> None:
@@ -112,28 +213,35 @@ def _judge(report: Report, port: int, strict_port: bool) -> None:
             continue
         if f.python_env_error:
             p.append(f"{name}: {f.python_env_error}; provision the node "
-                     "(python -m orchestrator provision) so that the python_env role writes it")
+                     f"({_realign_command(report, [name])}) so that the python_env role "
+                     "writes it")
+        elif f.fingerprint_error:
+            p.append(f"{name}: {f.fingerprint_error}; provision the node again "
+                     f"({_realign_command(report, [name])})")
+        elif f.torch.get("skipped"):
+            pass  # drift, reported below
         elif not f.torch.get("ok"):
             p.append(f"{name}: torch is not importable with {f.python_env.get('python')}: "
-                     f"{f.torch.get('error')}; re-run provisioning (python_env role)")
-        elif not f.torch.get("torchrun"):
-            p.append(f"{name}: torchrun {f.python_env.get('torchrun')} is not executable")
-        if f.fingerprint_error:
-            p.append(f"{name}: {f.fingerprint_error}; provision the node so that the "
-                     "environments can be compared")
+                     f"{f.torch.get('error')}; provision the node again "
+                     f"({_realign_command(report, [name])})")
+        else:
+            _judge_gpus(report, f)
+            if not f.torch.get("torchrun"):
+                p.append(f"{name}: torchrun {f.python_env.get('torchrun')} is not executable")
+        if f.provisioned_error and not f.python_env_error:
+            w.append(f"{name}: {f.provisioned_error}; the environment cannot be compared with "
+                     "the one provisioned (only between nodes)")
         if not f.shared.get("ok"):
-            p.append(f"{name}: shared path not readable ({f.shared.get('error')}); check the "
-                     "nfs_client mount (cluster_shared_path)")
+            kind = f.shared.get("kind")
+            fix = SHARED_FIX.get(kind, "check the nfs_client mount (cluster_shared_path)")
+            p.append(f"{name}: shared path: {f.shared.get('error')}; "
+                     + fix.format(realign=_realign_command(report, [name])))
         unresolved = [n for n, addr in f.resolve.items() if addr is None
                       and n != report.cluster.nodes[0].cluster_address]
         if unresolved:
             w.append(f"{name}: cannot resolve {', '.join(unresolved)} (torchrun uses IP "
                      "addresses, but scripts that use host names will fail)")
-    drift = fingerprint_drift(report.facts)
-    if drift:
-        p.append("environment drift between nodes (fingerprint.json differs):\n    "
-                 + "\n    ".join(drift)
-                 + "\n  re-run provisioning on all nodes so that they install the same versions")
+    _judge_drift(report)
     offsets = [f.clock_offset for f in report.facts if f.clock_offset is not None]
     if len(offsets) > 1 and max(offsets) - min(offsets) > CLOCK_SKEW_WARN:
         w.append(f"clocks differ by {max(offsets) - min(offsets):.1f} s between nodes; "
@@ -145,6 +253,7 @@ def _judge(report: Report, port: int, strict_port: bool) -> None:
                  f"job runs as {node0.user}, who may not listen on it; choose a port in "
                  "1024-65535 (--master-port or cluster_rendezvous_port)")
     elif not node0.error:
+        listener = node0.listener or {}
         if node0.port_error:
             p.append(f"{node0.node.name}: cannot check the master port: {node0.port_error}")
         elif node0.port_free:
@@ -158,8 +267,42 @@ def _judge(report: Report, port: int, strict_port: bool) -> None:
                      f"{node0.free_port} instead")
         else:
             p.append(f"{node0.node.name}: no free port in {port}-{port + 199}")
+        if listener.get("error") and report.master_port:
+            p.append(f"{node0.node.name}: master port {report.master_port}: "
+                     f"{listener['error']} (taken a moment ago?); run again")
     gpus = [f.gpus for f in report.facts if not f.error]
     report.backend = "nccl" if gpus and all(g > 0 for g in gpus) else "gloo"
+
+
+def _judge_drift(report: Report) -> None:
+    """The live environments: equal on every node, and as provisioned (the lines and the
+    nodes to re-align come from fingerprint.py, as in playbooks/verify.yml)."""
+    have = [f for f in report.facts if f.fingerprint]
+    found = fingerprint_lib().report({f.node.name: f.fingerprint for f in have},
+                                     {f.node.name: f.provisioned for f in have})
+    if not found["lines"]:
+        return
+    report.drifted = nodes = found["realign"]
+    report.problems.append(
+        "environment drift (read from each node's environment now):\n    "
+        + "\n    ".join(found["lines"])
+        + f"\n  re-align {', '.join(nodes)}: {_realign_command(report, nodes)}")
+
+
+def _judge_gpus(report: Report, f: NodeFacts) -> None:
+    """GPUs the driver shows (counted without torch) against what torch saw."""
+    name, torch = f.node.name, f.torch
+    if not f.gpu_count:
+        return
+    how = f" ({f.gpu_source})" if f.gpu_source else ""
+    if not torch.get("cuda_available"):
+        report.problems.append(
+            f"{name}: {f.gpu_count} GPUs{how}, but torch {torch.get('version')} cannot use "
+            "CUDA (a CPU build of torch, or the driver does not work: nvidia-smi)")
+    elif int(torch.get("gpus") or 0) < f.gpu_count:
+        report.problems.append(f"{name}: torch sees {torch.get('gpus')} of the "
+                               f"{f.gpu_count} GPUs{how}; check nvidia-smi and "
+                               "CUDA_VISIBLE_DEVICES")
 
 
 def _judge_addresses(report: Report) -> None:
@@ -214,25 +357,33 @@ def render_table(report: Report) -> str:
     head = ("NODE", "ADDRESS", "USER", "SSH", "TORCH", "GPUS", "NPROC", "FINGERPRINT",
             "SHARED", "PORT", "CLOCK")
     rows = [head]
-    drift = bool(fingerprint_drift(report.facts))
+    drift = set(report.drifted)
     for i, f in enumerate(report.facts):
         if f.error:
             rows.append((f.node.name, f.node.cluster_address, f.node.user or "-", "FAIL",
                          "-", "-", "-", "-", "-", "-", "-"))
             continue
-        fp = str((f.fingerprint or {}).get("sha256") or "missing")[:12]
+        fp = str((f.fingerprint or {}).get("sha256") or "unreadable")[:12]
         rows.append((
             f.node.name, _address(f), f.user or "-", "ok",
-            f.torch.get("version") or "FAIL",
+            f.torch.get("version") or ("-" if f.torch.get("skipped") else "FAIL"),
             str(f.gpus), str(report.nproc(f)),
-            fp + (" DRIFT" if drift else ""),
+            fp + (" DRIFT" if f.node.name in drift else ""),
             "ok" if f.shared.get("ok") else "FAIL",
-            (str(report.master_port) if report.master_port else "taken") if i == 0 else "-",
+            (str(report.master_port) if report.master_port else "taken") if i == 0 else
+            _reached(f),
             f"{f.clock_offset:+.2f}s" if f.clock_offset is not None else "-",
         ))
     widths = [max(len(r[c]) for r in rows) for c in range(len(head))]
     return "\n".join("  ".join(cell.ljust(widths[c]) for c, cell in enumerate(row)).rstrip()
                      for row in rows)
+
+
+def _reached(f: NodeFacts) -> str:
+    """Whether this node reached node 0's master port (round 2)."""
+    if not f.reach:
+        return "-"
+    return "ok" if (f.reach.get("connect") or {}).get("ok") else "FAIL"
 
 
 def print_report(report: Report, out=None) -> None:

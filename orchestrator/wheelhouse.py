@@ -4,6 +4,11 @@ A wheelhouse is built once on the controller (`pip download`) and installed on n
 with `pip install --no-index --find-links DIR`: what air-gapped clusters need, and much
 faster than every node fetching torch on its own. A stamp file records what the
 wheelhouse was built from, so a second build with the same inputs does nothing.
+
+A lock (LOCK) records the sha256 of every file, and the requirement lines with hashes
+that the python_env role installs with `pip install --require-hashes`: a wheel changed
+after the build (on the share, say) is refused by name on the nodes. A second build checks
+the files against the lock and refuses a changed one here too.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -23,6 +29,7 @@ import yaml
 from .errors import ClusterError
 
 STAMP = ".clustertrain-wheelhouse.json"
+LOCK = "clustertrain-lock.json"
 
 
 class WheelhouseError(ClusterError):
@@ -105,6 +112,66 @@ def is_up_to_date(request: WheelhouseRequest, spec: EnvironmentSpec) -> bool:
             and all((request.dest / f).is_file() for f in stamp["files"]))
 
 
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def name_version(filename: str) -> tuple[str, str]:
+    """Project name (canonical) and version from a wheel or sdist file name."""
+    if filename.endswith(".whl"):
+        parts = filename[:-4].split("-")
+        return _canonical(parts[0]), parts[1]
+    stem = re.sub(r"\.(tar\.gz|tar\.bz2|zip|tgz)$", "", filename)
+    name, _, version = stem.rpartition("-")
+    return _canonical(name), version
+
+
+def read_lock(dest: Path) -> dict:
+    try:
+        return json.loads((dest / LOCK).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def write_lock(dest: Path, files: list[str], spec: EnvironmentSpec, env_file: Path) -> dict:
+    """Hash every file of the wheelhouse; the requirement lines pin each project to its
+    version with the hashes of its files (pip --require-hashes)."""
+    wheels = []
+    for name in sorted(files):
+        project, version = name_version(name)
+        wheels.append({"file": name, "name": project, "version": version,
+                       "sha256": sha256_file(dest / name)})
+    grouped: dict[tuple[str, str], list[str]] = {}
+    for w in wheels:
+        grouped.setdefault((w["name"], w["version"]), []).append(w["sha256"])
+    lock = {"format": 1, "env_file": str(env_file), "pip": list(spec.pip), "wheels": wheels,
+            "requirements": [f"{n}=={v} " + " ".join(f"--hash=sha256:{h}" for h in hashes)
+                             for (n, v), hashes in sorted(grouped.items())]}
+    tmp = dest / f".{LOCK}.tmp"
+    tmp.write_text(json.dumps(lock, indent=2) + "\n")
+    os.replace(tmp, dest / LOCK)
+    return lock
+
+
+def verify_lock(dest: Path, lock: dict) -> list[str]:
+    """The files of DEST whose sha256 is not the one in LOCK, with both hashes."""
+    bad = []
+    for w in lock.get("wheels", []):
+        path = dest / w["file"]
+        got = sha256_file(path) if path.is_file() else "missing"
+        if got != w["sha256"]:
+            bad.append(f"{w['file']}: expected sha256 {w['sha256']}, got {got}")
+    return bad
+
+
 def _pip_download(request: WheelhouseRequest, spec: EnvironmentSpec, into: Path) -> None:
     reqs = into / "requirements.txt"
     reqs.write_text("".join(f"{line}\n" for line in spec.pip))
@@ -138,7 +205,18 @@ def build(request: WheelhouseRequest) -> WheelhouseResult:
         raise WheelhouseError(f"environment file {request.env_file} has no pip: packages; "
                               "add a '- pip:' list under dependencies (e.g. torch==2.13.0)")
     if is_up_to_date(request, spec):
-        return WheelhouseResult(request.dest, sorted(_read_stamp(request.dest)["files"]), True)
+        files = sorted(_read_stamp(request.dest)["files"])
+        lock = read_lock(request.dest)
+        if sorted(w["file"] for w in lock.get("wheels", [])) != files:
+            write_lock(request.dest, files, spec, request.env_file)  # built before locks
+        else:
+            bad = verify_lock(request.dest, lock)
+            if bad:
+                raise WheelhouseError(
+                    f"the wheelhouse {request.dest} does not match its lock ({LOCK}): "
+                    + "; ".join(bad) + ". A file was changed after the wheelhouse was built: "
+                    "delete it and run wheelhouse again (the nodes refuse it as it is)")
+        return WheelhouseResult(request.dest, files, True)
     if request.dest.exists() and not request.dest.is_dir():
         raise WheelhouseError(f"{request.dest} exists and is not a directory; choose another "
                               "--dest")
@@ -155,6 +233,7 @@ def build(request: WheelhouseRequest) -> WheelhouseResult:
     stamp = {"key": request.key(spec), "env_file": str(request.env_file),
              "pip": list(spec.pip), "files": files}
     (request.dest / STAMP).write_text(json.dumps(stamp, indent=2) + "\n")
+    write_lock(request.dest, files, spec, request.env_file)
     return WheelhouseResult(request.dest, files, False)
 
 
@@ -182,9 +261,10 @@ def _run(args: argparse.Namespace) -> int:
                                      platform=args.platform,
                                      extra_index_url=args.extra_index_url))
     state = "up to date" if result.up_to_date else "built"
-    print(f"wheelhouse {result.dest}: {state}, {len(result.files)} files")
+    print(f"wheelhouse {result.dest}: {state}, {len(result.files)} files, sha256 of each "
+          f"in {LOCK}")
     return 0
 
 
-__all__ = ["EnvironmentSpec", "WheelhouseError", "WheelhouseRequest", "WheelhouseResult",
-           "build", "load_environment", "is_up_to_date", "register"]
+__all__ = ["LOCK", "EnvironmentSpec", "WheelhouseError", "WheelhouseRequest", "WheelhouseResult",
+           "build", "load_environment", "is_up_to_date", "read_lock", "register", "verify_lock"]

@@ -1,7 +1,10 @@
 """Which packages differ between nodes, and how preflight judges the facts."""
 
+from pathlib import Path
+
 from orchestrator.inventory import Cluster, NodeSpec
-from orchestrator.preflight import Report, _judge, fingerprint_drift, render_table
+from orchestrator.preflight import (Report, _judge, _judge_reach, fingerprint_drift,
+                                   render_table)
 from orchestrator.probe import NodeFacts
 from orchestrator.ssh import SshTarget
 
@@ -30,7 +33,7 @@ def report(*f: NodeFacts, port: int = 29500) -> Report:
     for x in f:  # by default every node resolves every address (IPs resolve to themselves)
         if x.resolve is None:
             x.resolve = {n.cluster_address: n.cluster_address for n in nodes}
-    r = Report(Cluster(inventory=None, nodes=nodes), list(f))
+    r = Report(Cluster(inventory=Path("/site/hosts.yml"), nodes=nodes), list(f))
     _judge(r, port, strict_port=False)
     return r
 
@@ -52,6 +55,32 @@ def test_drift_names_package_and_nodes() -> None:
     assert "DRIFT" in render_table(r)
 
 
+def test_a_node_changed_since_provisioning_is_named_with_the_command_that_realigns_it():
+    provisioned = {"python": "3.11.2", "packages": {"torch": "2.13.0", "fsspec": "2026.9.0"},
+                   "torch": "2.13.0+cpu", "cuda": None, "sha256": "p"}
+    live = dict(provisioned, packages={"torch": "2.13.0"}, sha256="l")
+    r = report(facts("node0", {}, fingerprint=provisioned, provisioned=provisioned),
+               facts("node1", {}, fingerprint=live, provisioned=provisioned))
+    [problem] = r.problems
+    assert problem.splitlines() == [
+        "environment drift (read from each node's environment now):",
+        "    package fsspec: node0=2026.9.0, node1=absent",
+        "    node1 since provisioning: package fsspec: 2026.9.0 when provisioned, absent now",
+        "  re-align node1: ansible-playbook site.yml -i /site/hosts.yml --limit node1"]
+    rows = render_table(r).splitlines()
+    assert "DRIFT" in rows[2] and "DRIFT" not in rows[1]
+
+
+def test_all_nodes_changed_alike_is_drift_from_what_was_provisioned() -> None:
+    provisioned = {"python": "3.11.2", "packages": {"numpy": "2.1.0"}, "sha256": "p"}
+    live = dict(provisioned, packages={"numpy": "2.2.0"}, sha256="l")
+    r = report(*(facts(n, {}, fingerprint=live, provisioned=provisioned)
+                 for n in ("node0", "node1")))
+    assert "--limit node0,node1" in r.problems[0]
+    assert "node0 since provisioning: package numpy: 2.1.0 when provisioned, 2.2.0 now" \
+        in r.problems[0]
+
+
 def test_port_taken_moves_and_gpu_nodes_use_nccl() -> None:
     r = report(facts("node0", {}, port_free=False, free_port=29501,
                      torch={"ok": True, "version": "2", "gpus": 8, "torchrun": True}),
@@ -71,7 +100,8 @@ def test_blocking_problems_name_node_and_fix() -> None:
                          error="node2: cannot reach alice@192.0.2.12 (timed out)"))
     text = "\n".join(r.problems)
     assert "node1: torch is not importable" in text and "No module named 'torch'" in text
-    assert "node1: shared path not readable" in text
+    assert ("node1: shared path: /mnt/cluster: No such file or directory; check the "
+            "nfs_client mount") in text
     assert "node2: cannot reach" in text
     assert any("clocks differ by 5.0 s" in w for w in r.warnings)
 
@@ -123,3 +153,62 @@ def test_privileged_master_port_is_refused_for_a_non_root_user() -> None:
                in p for p in r.problems)
     root = facts("node0", {}, user="root", uid=0)
     assert report(root, facts("node1", {}), port=80).problems == []
+
+
+def test_shared_path_causes_are_named_with_the_node_and_a_fix() -> None:
+    r = report(facts("node0", {}),
+               facts("node1", {}, shared={"ok": False, "kind": "not_mounted",
+                                          "error": "/mnt/cluster is not a mount point"}),
+               facts("node2", {}, shared={"ok": False, "kind": "not_writable",
+                                          "error": "/mnt/cluster/checkpoints/alice is not "
+                                          "writable by alice (uid 1001): Permission denied"}))
+    text = "\n".join(r.problems)
+    assert ("node1: shared path: /mnt/cluster is not a mount point; mount the share there "
+            "(the nfs_client role: ansible-playbook site.yml -i /site/hosts.yml --limit "
+            "node1)") in text
+    assert "node2: shared path: /mnt/cluster/checkpoints/alice is not writable by alice" in text
+    assert [row.split()[8] for row in render_table(r).splitlines()[1:]] == ["ok", "FAIL", "FAIL"]
+
+
+def test_master_port_not_reached_and_another_filesystem_are_named() -> None:
+    n0 = facts("node0", {}, listener={"port": 29500, "ok": True, "self": {"ok": True}})
+    n1 = facts("node1", {}, reach={"token": {"ok": True},
+                                   "connect": {"ok": False, "error": "no answer within 3 s "
+                                               "(packets dropped: a firewall?)"}})
+    n2 = facts("node2", {}, reach={"token": {"ok": False, "error": "No such file or directory"},
+                                   "connect": {"ok": True}})
+    r = report(n0, n1, n2)
+    _judge_reach(r, 29500)
+    text = "\n".join(r.problems)
+    assert ("node1 cannot connect to node0's master port 29500 at 192.0.2.10: no answer "
+            "within 3 s (packets dropped: a firewall?); open TCP port 29500 on node0") in text
+    assert ("node2: /mnt/cluster is not the same filesystem as on node0: a file node0 wrote "
+            "to /mnt/cluster/checkpoints/ is not there (No such file or directory)") in text
+    assert [row.split()[9] for row in render_table(r).splitlines()[1:]] == [
+        "29500", "FAIL", "ok"]
+
+
+def test_gpus_counted_without_torch_against_what_torch_sees() -> None:
+    gpu = {"ok": True, "version": "2.13.0+cu128", "gpus": 6, "cuda_available": True,
+           "torchrun": True}
+    r = report(facts("node0", {}, gpu_count=8, gpu_source="/proc/driver/nvidia/gpus",
+                     torch=gpu),
+               facts("node1", {}, gpu_count=8, torch=dict(gpu, cuda_available=False,
+                                                         version="2.13.0+cpu")))
+    text = "\n".join(r.problems)
+    assert "node0: torch sees 6 of the 8 GPUs (/proc/driver/nvidia/gpus)" in text
+    assert "node1: 8 GPUs, but torch 2.13.0+cpu cannot use CUDA" in text
+    assert r.backend == "nccl" and r.nproc(r.facts[0]) == 8
+
+
+def test_the_shared_mount_the_inventory_describes() -> None:
+    from orchestrator.preflight import shared_spec
+
+    def spec_of(**variables):
+        return shared_spec(Cluster(inventory=None, nodes=(), shared_path="/mnt/cluster",
+                                   variables=variables))
+
+    assert spec_of() == {"path": "/mnt/cluster", "fstypes": ["nfs", "nfs4"]}
+    assert spec_of(nfs_client_kernel_mount=False)["fstypes"] is None  # the sandbox: any mount
+    assert spec_of(nfs_client_kernel_mount=False,
+                   cluster_shared_fstypes=["lustre"])["fstypes"] == ["lustre"]

@@ -161,6 +161,8 @@ def test_an_inventory_of_dns_names_only_trains(sandbox_cluster: ProvisionedClust
     inventory = tmp_path / "names.yml"
     inventory.write_text(
         "all:\n  vars:\n    ansible_user: alice\n"
+        # the sandbox's share is a bind mount standing in for NFS (preflight checks the type)
+        "    nfs_client_kernel_mount: false\n"
         f"    ansible_ssh_common_args: -F {tmp_path / 'ssh_config'}\n"
         "  children:\n    train_nodes:\n      hosts:\n"
         "        node0: {cluster_address: node0}\n        node1: {cluster_address: node1}\n")

@@ -107,7 +107,10 @@ def test_ssh_only_from_this_runs_address_is_refused_before_anything_runs(tmp_pat
 
 def test_controller_only_is_accepted_when_asked_for(tmp_path):
     proc = run_role(tmp_path, {"firewall_controller_only": True}, "--tags", "firewall_validate")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    # the refusal was considered, and let the opt-in through
+    assert "TASK [firewall : Refuse a firewall that lets SSH in from the controller's" in out, out
 
 
 # --- provisioning as a login user with sudo ------------------------------------------
