@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from pathlib import Path
 from sandbox_bench import ENV, REPO, sh  # puts REPO on sys.path
 
 JOBS = REPO / "tests" / "orchestrator" / "jobs"
+RANK_OK = re.compile(r"\| rank \d+/\d+ host \S+ sum \d+ ok$", re.M)
 
 
 def run_processes(containers: list[str], user: str, run_id: str) -> int:
@@ -42,11 +44,14 @@ def trial(inventory: str, nodes: int, containers: list[str], user: str) -> float
                              str(nodes), "ddp_allreduce.py", "--", "--steps", "1", "--sleep",
                              "600"], cwd=REPO, env=ENV, stdout=out, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 300
-    while (runs / "train.out").read_text().count(" ok") < nodes:
+    # Every rank has printed its result ("rank R/W host H sum S ok"): the job runs.
+    while len(RANK_OK.findall((runs / "train.out").read_text())) < nodes:
         if proc.poll() is not None or time.monotonic() > deadline:
             raise SystemExit(f"the job did not start:\n{(runs / 'train.out').read_text()[-2000:]}")
         time.sleep(0.2)
     (run_id,) = [d.name for d in runs.iterdir() if d.is_dir()]
+    if not run_processes(containers, user, run_id):  # nothing to measure: say so
+        raise SystemExit(f"run {run_id}: no process of the run found on the nodes")
     proc.kill()
     killed = time.monotonic()
     while run_processes(containers, user, run_id):

@@ -8,14 +8,26 @@ code locally never changes a job that is already running. Excludes follow the
 .gitignore files of the code directory (rsync dir-merge filter). The worker runner
 (run_worker.py, from this package's source) goes into every snapshot as
 .clustertrain/run_worker.py, hard-linked like the rest when unchanged.
+
+Code unchanged since the last sync skips ansible-runner: every snapshot is sealed with the
+digest of the local tree it was made from (the files rsync sends, by name, size, mode and
+mtime, and the worker runner) and the state of the snapshot on the node (so files a job
+wrote into its working directory, or edits made on the node, are noticed). When both
+still hold, the node's new snapshot is a hard-linked copy of the previous one, made over
+the SSH connection preflight opened: one round trip instead of a playbook.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
+import shlex
 import shutil
+import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -25,6 +37,18 @@ from .command import CODE_SUBDIR, NODE_STATE_DIR, WORKER_RUNNER
 from .errors import LaunchError
 from .inventory import Cluster
 from .runner import run_playbook
+from .ssh import Connection
+
+# What the snapshot leaves out, for rsync (the sync) and for code_digest alike.
+RSYNC_FILTERS = ("--filter=:-_.gitignore", "--exclude=.git/", "--exclude=__pycache__/")
+SEAL = f"{NODE_STATE_DIR}/synced"   # in a snapshot: "<code digest> <snapshot state>"
+# The state of the snapshot in $1 as it is on the node: every file's path, size, mtime and
+# mode, every directory's path and mode. Left out: its .clustertrain/ (the runner is in the
+# code digest, the seal is not), and __pycache__/ (written by every import, as the sync
+# leaves it too); a directory's mtime changes with those.
+_STATE = ("state() { find \"$1\" \\( -path \"$1/.clustertrain\" -o -name __pycache__ \\) "
+          "-prune -o -type d -printf '%P/ %m\\n' -o -printf '%P %s %T@ %m\\n' "
+          "| LC_ALL=C sort | sha256sum | cut -c1-64; }")
 
 
 def sync_playbook(workdir: Path, run_id: str, runner_dir: Path | None = None) -> list[dict]:
@@ -56,8 +80,7 @@ def sync_playbook(workdir: Path, run_id: str, runner_dir: Path | None = None) ->
                  "use_ssh_args": True,
                  "link_dest": "{{ [previous.stat.lnk_source] if previous.stat.islnk | "
                               "default(false) else omit }}",
-                 "rsync_opts": ["--filter=:-_.gitignore", "--exclude=.git/",
-                                "--exclude=__pycache__/"],
+                 "rsync_opts": list(RSYNC_FILTERS),
              }},
             *([{"name": "Add the worker runner to the snapshot",
                 "ansible.posix.synchronize": {
@@ -72,29 +95,106 @@ def sync_playbook(workdir: Path, run_id: str, runner_dir: Path | None = None) ->
     }]
 
 
+def code_digest(workdir: Path, runner: Path) -> str:
+    """The local tree as the sync would send it: the entries rsync lists under
+    RSYNC_FILTERS (files with their size, mode and mtime to the nanosecond, directories
+    with their mode) and the worker runner's content. Any edit, new or removed file
+    changes it."""
+    listing = subprocess.run(["rsync", "-a", "--list-only", *RSYNC_FILTERS, f"{workdir}/"],
+                             capture_output=True, text=True, check=True).stdout
+    digest = hashlib.sha256(runner.read_bytes())
+    for line in sorted(listing.splitlines()):
+        mode, size, _date, _time, name = line.split(maxsplit=4)
+        if mode.startswith("d"):  # a directory's mtime and size change with what is left out
+            digest.update(f"{mode} {name}\0".encode())
+        else:
+            mtime = os.lstat(workdir / name.split(" -> ")[0]).st_mtime_ns
+            digest.update(f"{mode} {size} {mtime} {name}\0".encode())
+    return digest.hexdigest()
+
+
+def _node_state_root() -> str:
+    return f"\"$HOME\"/{NODE_STATE_DIR}/{CODE_SUBDIR}"
+
+
+def reuse_command(run_id: str, digest: str) -> str:
+    """Shell for a node: make RUN_ID's snapshot a hard-linked copy of the latest one if
+    that one was sealed with DIGEST and is still as it was sealed; exit 3 if not."""
+    root, run = _node_state_root(), shlex.quote(run_id)
+    return _sh(f"{_STATE}; root={root}; prev=$(readlink \"$root/latest\") || exit 3; "
+            f"read -r have sealed < \"$root/$prev/{SEAL}\" || exit 3; "
+            f"[ \"$have\" = {digest} ] && [ \"$(state \"$root/$prev\")\" = \"$sealed\" ] "
+            f"|| exit 3; rm -rf \"$root/.{run}.part\" && "
+            f"cp -al \"$root/$prev\" \"$root/.{run}.part\" && "
+            f"mv \"$root/.{run}.part\" \"$root/\"{run} && "
+            f"ln -sfn {run} \"$root/latest\" && {_seal_script(run_id, digest)}")
+
+
+def seal_command(run_id: str, digest: str) -> str:
+    """Shell for a node: seal RUN_ID's snapshot (just synced) with DIGEST."""
+    return _sh(f"{_STATE}; {_seal_script(run_id, digest)}")
+
+
+def _sh(script: str) -> str:
+    return f"sh -c {shlex.quote(script)}"  # whatever the user's login shell is
+
+
+def _seal_script(run_id: str, digest: str) -> str:
+    """RUN_ID's snapshot sealed with DIGEST and its present state (in a new file: the
+    previous snapshot's seal, hard-linked into this one, is left as it is)."""
+    snap = f"{_node_state_root()}/{shlex.quote(run_id)}"
+    return (f"s=$(state {snap}) && rm -f {snap}/{SEAL} && "
+            f"echo \"{digest} $s\" > {snap}/{SEAL}")
+
+
+def _each(clients: dict[str, Connection], names: list[str], command: str
+          ) -> dict[str, int]:
+    """Run COMMAND on every named node at once; the exit code per node (-1: no answer)."""
+    def one(name: str) -> int:
+        try:
+            return clients[name].run(command, timeout=60).exit_code
+        except (OSError, TimeoutError):
+            return -1
+    with ThreadPoolExecutor(max_workers=min(len(names), 32) or 1) as pool:
+        return dict(zip(names, pool.map(one, names)))
+
+
 @dataclass(frozen=True)
 class SyncResult:
     run_id: str
     seconds: float
+    reused: list[str] = field(default_factory=list)  # nodes whose code was unchanged
 
 
-def sync_code(cluster: Cluster, workdir: Path, run_id: str, quiet: bool = True) -> SyncResult:
+def sync_code(cluster: Cluster, workdir: Path, run_id: str, quiet: bool = True,
+              clients: dict[str, Connection] | None = None) -> SyncResult:
+    """Make RUN_ID's snapshot of WORKDIR on every node. With CLIENTS (open connections
+    to every node), nodes whose latest snapshot is sealed with the same code, untouched,
+    get a linked copy of it, and the others' new snapshots are sealed after the sync."""
     workdir = workdir.resolve()
     if not workdir.is_dir():
         raise LaunchError(f"code directory {workdir} does not exist; pass --workdir DIR")
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="clustertrain-sync-") as tmp:
-        playbook = Path(tmp) / "project" / "sync.yml"
-        playbook.parent.mkdir()
         runner = Path(tmp) / "runner" / WORKER_RUNNER
         runner.parent.mkdir(parents=True)
         shutil.copy2(run_worker.__file__, runner)  # its mtime too: unchanged, it is linked
-        playbook.write_text(yaml.safe_dump(sync_playbook(workdir, run_id, runner.parents[1]),
-                                           sort_keys=False))
-        result = run_playbook(tmp, playbook, cluster.inventory,
-                              limit=",".join(cluster.names), quiet=quiet)
-    if result.rc != 0:
-        raise LaunchError("code sync failed (nothing was started):\n  "
-                          + "\n  ".join(result.failures or result.output_tail.splitlines()
-                                        or [f"ansible-runner status {result.status}"]))
-    return SyncResult(run_id, time.monotonic() - start)
+        digest = code_digest(workdir, runner) if clients else None
+        reused = [] if digest is None else [
+            n for n, rc in _each(clients, cluster.names, reuse_command(run_id, digest)).items()
+            if rc == 0]
+        rest = [n for n in cluster.names if n not in reused]
+        if rest:
+            playbook = Path(tmp) / "project" / "sync.yml"
+            playbook.parent.mkdir()
+            playbook.write_text(yaml.safe_dump(
+                sync_playbook(workdir, run_id, runner.parents[1]), sort_keys=False))
+            result = run_playbook(tmp, playbook, cluster.inventory, limit=",".join(rest),
+                                  quiet=quiet)
+            if result.rc != 0:
+                raise LaunchError("code sync failed (nothing was started):\n  " + "\n  ".join(
+                    result.failures or result.output_tail.splitlines()
+                    or [f"ansible-runner status {result.status}"]))
+            if digest is not None:  # unsealed, a snapshot is only synced again next time
+                _each(clients, rest, seal_command(run_id, digest))
+    return SyncResult(run_id, time.monotonic() - start, reused)

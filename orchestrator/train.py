@@ -213,7 +213,10 @@ def _main(args: argparse.Namespace) -> int:
         try:
             print(f"run {run_id}: syncing {request.workdir.resolve()} to "
                   f"{len(cluster.nodes)} node(s)", flush=True)
-            synced = sync_code(cluster, request.workdir, run_id)
+            synced = sync_code(cluster, request.workdir, run_id, clients=report.clients)
+            if synced.reused:
+                print(f"run {run_id}: code unchanged since the last sync on "
+                      f"{', '.join(synced.reused)}: snapshot linked, not copied", flush=True)
             print(f"run {run_id}: code synced in {synced.seconds:.1f} s; starting torchrun on "
                   f"{', '.join(cluster.names)} (master {commands[0].master_addr}:"
                   f"{commands[0].master_port})", flush=True)

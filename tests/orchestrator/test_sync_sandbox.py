@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator import ssh
 from orchestrator.inventory import load_cluster
 from orchestrator.sync import sync_code
 
@@ -44,6 +45,43 @@ def test_snapshots_are_per_run_and_linked(sandbox_cluster: Sandbox, tmp_path: Pa
         assert sh(f"readlink -f {root}/latest") == f"{root}/orch-test-sync-2"
         assert sh(f"test -e {root}/orch-test-sync-2/data/model.ckpt && echo yes || echo no") == "no"
     assert second.seconds < 60
+
+
+def test_unchanged_code_is_linked_without_a_playbook(sandbox_cluster: Sandbox,
+                                                      tmp_path: Path) -> None:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text("print('v1')\n")
+    cluster = load_cluster(sandbox_cluster.inventory).select(nodes=2)
+    clients = {n.name: ssh.connect(n.name, n.ssh) for n in cluster.nodes}
+    root = "/home/alice/.clustertrain/code"
+
+    def sh(node: str, cmd: str) -> str:
+        return sandbox_cluster.exec(node, "runuser", "-u", "alice", "--", "sh", "-c",
+                                    cmd).stdout.strip()
+    try:
+        assert sync_code(cluster, code, "orch-test-reuse-1", clients=clients).reused == []
+        second = sync_code(cluster, code, "orch-test-reuse-2", clients=clients)
+        assert second.reused == ["node0", "node1"]
+        for node in ("node0", "node1"):
+            assert sh(node, f"cat {root}/orch-test-reuse-2/train.py") == "print('v1')"
+            assert sh(node, f"stat -c %i {root}/orch-test-reuse-1/train.py") == \
+                sh(node, f"stat -c %i {root}/orch-test-reuse-2/train.py")
+            assert sh(node, f"readlink {root}/latest") == "orch-test-reuse-2"
+        # The job on node1 wrote into its working directory: node1 is synced again (what
+        # it wrote is not carried into the next run), node0 is still linked.
+        sh("node1", f"echo partial > {root}/orch-test-reuse-2/out.txt")
+        third = sync_code(cluster, code, "orch-test-reuse-3", clients=clients)
+        assert third.reused == ["node0"]
+        assert sh("node1", f"ls {root}/orch-test-reuse-3") == "train.py"
+        # Edited locally: synced everywhere, and the new code is what runs.
+        (code / "train.py").write_text("print('v2')\n")
+        assert sync_code(cluster, code, "orch-test-reuse-4", clients=clients).reused == []
+        for node in ("node0", "node1"):
+            assert sh(node, f"cat {root}/orch-test-reuse-4/train.py") == "print('v2')"
+    finally:
+        for client in clients.values():
+            client.close()
 
 
 def test_dry_run_prints_commands_and_starts_nothing(sandbox_cluster: Sandbox,
