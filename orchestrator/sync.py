@@ -103,13 +103,16 @@ def code_digest(workdir: Path, runner: Path) -> str:
     listing = subprocess.run(["rsync", "-a", "--list-only", *RSYNC_FILTERS, f"{workdir}/"],
                              capture_output=True, text=True, check=True).stdout
     digest = hashlib.sha256(runner.read_bytes())
-    for line in sorted(listing.splitlines()):
+    entries = []
+    for line in listing.splitlines():
         mode, size, _date, _time, name = line.split(maxsplit=4)
         if mode.startswith("d"):  # a directory's mtime and size change with what is left out
-            digest.update(f"{mode} {name}\0".encode())
+            entries.append(f"{name}\0{mode}")
         else:
             mtime = os.lstat(workdir / name.split(" -> ")[0]).st_mtime_ns
-            digest.update(f"{mode} {size} {mtime} {name}\0".encode())
+            entries.append(f"{name}\0{mode} {size} {mtime}")
+    for entry in sorted(entries):  # by name
+        digest.update(f"{entry}\0".encode())
     return digest.hexdigest()
 
 
