@@ -1,8 +1,9 @@
 """kill -9 of an attached `train`: seconds until no process of the run is left on any
 node, over N trials (the nodes' supervisors stop the job when the controller's lease
-ends). Needs a sandbox provisioned by site.yml:
+ends). On a sandbox of 3 nodes behind a bastion set up for `train` without site.yml
+(sandbox_bench.bench_sandbox), removed afterwards, or on --sandbox NAME:
 
-    python bench/kill9_supervision.py --sandbox NAME [--trials 20] [--nodes 3]
+    python bench/kill9_supervision.py [--sandbox NAME] [--trials 20] [--nodes 3]
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from sandbox_bench import ENV, REPO, sh  # puts REPO on sys.path
+from sandbox_bench import ENV, REPO, bench_sandbox, sandbox_down, sh  # puts REPO on sys.path
 
 JOBS = REPO / "tests" / "orchestrator" / "jobs"
 RANK_OK = re.compile(r"\| rank \d+/\d+ host \S+ sum \d+ ok$", re.M)
@@ -63,18 +64,26 @@ def trial(inventory: str, nodes: int, containers: list[str], user: str) -> float
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sandbox", required=True, help="a sandbox provisioned by site.yml")
+    ap.add_argument("--sandbox", help="reuse this sandbox (set up by site.yml or by "
+                    "bench_sandbox)")
+    ap.add_argument("--name", default=f"kill9-bench-{os.getpid()}")
     ap.add_argument("--trials", type=int, default=20)
     ap.add_argument("--nodes", type=int, default=3)
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "kill9_supervision.json"))
     args = ap.parse_args()
-    info = json.loads(sh(sys.executable, "-m", "orchestrator", "sandbox", "status", "--name",
-                         args.sandbox, "--json").stdout)
-    containers = [n["container"] for n in info["nodes"] if not n["outsider"]][:args.nodes]
-    times = []
-    for i in range(args.trials):
-        times.append(round(trial(info["inventory"], args.nodes, containers, "alice"), 2))
-        print(f"trial {i + 1}: nothing left after {times[-1]:.2f} s", flush=True)
+    if not args.sandbox:
+        bench_sandbox(args.name, args.nodes, bastion=True)
+    try:
+        info = json.loads(sh(sys.executable, "-m", "orchestrator", "sandbox", "status",
+                             "--name", args.sandbox or args.name, "--json").stdout)
+        containers = [n["container"] for n in info["nodes"] if not n["outsider"]][:args.nodes]
+        times = []
+        for i in range(args.trials):
+            times.append(round(trial(info["inventory"], args.nodes, containers, "alice"), 2))
+            print(f"trial {i + 1}: nothing left after {times[-1]:.2f} s", flush=True)
+    finally:
+        if not args.sandbox:
+            sandbox_down(args.name)
     result = {
         "what": "seconds from kill -9 of an attached `train` until no process of the run "
                 "is left on any node (polled every 0.2 s, podman exec per node)",

@@ -28,7 +28,8 @@ import sys
 import time
 from pathlib import Path
 
-from sandbox_bench import REPO, sandbox_down, sandbox_up, sh  # puts REPO on sys.path
+from sandbox_bench import (HOME, REPO, VENV, bench_sandbox, node_exec,  # REPO on sys.path
+                           sandbox_down, sh)
 
 from orchestrator.command import NodeCommand  # noqa: E402
 from orchestrator.inventory import load_cluster  # noqa: E402
@@ -36,42 +37,7 @@ from orchestrator.job import Job, connect_all  # noqa: E402
 from orchestrator.runs import RunDir, new_run_id  # noqa: E402
 from orchestrator.sync import sync_code  # noqa: E402
 
-VENV = "/mnt/cluster/bench-venv"
 TRIVIAL = "import os\nprint('rank', os.environ['RANK'], flush=True)\n"
-
-
-def node_exec(container: str, command: str) -> str:
-    return sh("podman", "exec", container, "sh", "-c", command).stdout
-
-
-HOME = "/home/alice"  # the sandbox's login user: jobs run as alice, state in her home
-
-
-def setup(name: str, nodes: int, bastion: bool) -> dict:
-    info = sandbox_up(name, nodes, bastion)
-    wheels = REPO / ".cache" / "wheelhouse"
-    if not list(wheels.glob("torch-2.13.0*.whl")):
-        sh(sys.executable, "-m", "pip", "download", "-q", "-d", str(wheels), "torch==2.13.0")
-    sh("cp", "-al", str(wheels), str(Path(info["share"]) / "wheelhouse"))
-    first = info["nodes"][0]["container"]
-    node_exec(first, f"python3 -m venv {VENV} && {VENV}/bin/pip install -q --no-index "
-                     "--find-links /mnt/cluster/wheelhouse torch==2.13.0")
-    env = json.dumps({"backend": "venv", "prefix": VENV, "python": f"{VENV}/bin/python",
-                      "torchrun": f"{VENV}/bin/torchrun"})
-    # preflight compares the venv as it is with fingerprint.json, and writes to checkpoints/
-    share = Path(info["share"])
-    (share / "checkpoints").mkdir(mode=0o1777, exist_ok=True)
-    (share / "checkpoints").chmod(0o1777)
-    sh("cp", str(REPO / "roles" / "python_env" / "files" / "fingerprint.py"),
-       str(share / "bench-fingerprint.py"))
-    for n in info["nodes"]:
-        node_exec(n["container"], f"mkdir -p /etc/clustertrain && echo '{env}' > "
-                                  "/etc/clustertrain/python_env.json")
-    fp = node_exec(first, "python3 /mnt/cluster/bench-fingerprint.py --env "
-                          "/etc/clustertrain/python_env.json").strip()
-    for n in info["nodes"]:
-        node_exec(n["container"], f"echo '{fp}' > /etc/clustertrain/fingerprint.json")
-    return info
 
 
 def started_times(containers: list[str], path: str) -> list[float]:
@@ -136,7 +102,7 @@ def main() -> int:
     work = Path(f"/tmp/{args.name}")
     (work / "code").mkdir(parents=True, exist_ok=True)
     (work / "code" / "trivial.py").write_text(TRIVIAL)
-    info = setup(args.name, max(sizes), args.bastion)
+    info = bench_sandbox(args.name, max(sizes), args.bastion)
     results = []
     try:
         cluster_all = load_cluster(info["inventory"])

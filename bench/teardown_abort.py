@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from sandbox_bench import ENV, REPO, sandbox_down  # puts REPO on sys.path
+from sandbox_bench import ENV, REPO, bench_sandbox, sandbox_down  # puts REPO on sys.path
 
 JOBS = REPO / "tests" / "orchestrator" / "jobs"
 NODES = 3
@@ -127,9 +127,7 @@ def main() -> int:
     if args.sandbox:
         inventory = inventory_of(args.sandbox)
     else:
-        from launch_fanout import setup  # torch on the share, python_env.json on each node
-
-        inventory = setup(args.name, NODES, bastion=True)["inventory"]
+        inventory = bench_sandbox(args.name, NODES, bastion=True)["inventory"]
     sandbox = args.sandbox or f"{args.name} (made by this benchmark, not provisioned)"
     try:
         with tempfile.TemporaryDirectory(prefix="abort-bench-") as tmp:

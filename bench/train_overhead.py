@@ -2,7 +2,7 @@
 with the code unchanged since the last sync; beside the launch alone, `preflight` alone and
 `ansible -m ping` on the same nodes.
 
-For 2, 4 and 8 sandbox nodes (one sandbox of the largest size; the first N nodes are used)
+For 2, 4, 8 and 16 sandbox nodes (one sandbox of the largest size; the first N nodes are used)
 a trivial script is started with `python -m orchestrator train`, after a warm-up run (torch
 checked once per node, code synced once). Times come from three clocks that are one clock
 here (sandbox nodes share the controller's kernel clock):
@@ -18,13 +18,11 @@ and `ansible train_nodes -m ping` (forks = N) are timed as commands, wall clock;
 also in this (warm) process: reading the inventory, and run_preflight alone (SSH
 connections, both rounds).
 
-Setup shortcut (as bench/launch_fanout.py): torch is installed once into a venv on the
-sandbox's share and every node's python_env.json points at it; fingerprint.json is the
-fingerprint of that venv, written by roles/python_env/files/fingerprint.py. The share is a
-bind mount (a mount point, as the sandbox's inventory allows), with checkpoints/ as the
-nfs_server role makes it.
+The sandbox is set up without site.yml (sandbox_bench.bench_sandbox: torch in a venv on
+the share, as bench/launch_fanout.py does), with the torchrun wrapper as python_env.json's
+torchrun.
 
-    python bench/train_overhead.py [--sizes 2,4,8] [--repeats 3] [--bastion]
+    python bench/train_overhead.py [--sizes 2,4,8,16] [--repeats 3] [--bastion]
 
 Writes bench/results/train_overhead.json and prints a markdown table.
 """
@@ -34,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import statistics
 import subprocess
 import sys
@@ -43,15 +40,14 @@ import threading
 import time
 from pathlib import Path
 
-from sandbox_bench import ENV, REPO, sandbox_down, sandbox_up, sh  # puts REPO on sys.path
+from sandbox_bench import (ENV, REPO, VENV, bench_sandbox, node_exec,  # REPO first
+                           sandbox_down, sh)
 
 from orchestrator.inventory import load_cluster  # noqa: E402
 from orchestrator.preflight import run_preflight  # noqa: E402
 
-VENV = "/mnt/cluster/bench-venv"
 TORCHRUN = "/mnt/cluster/bench-torchrun"   # records the time, then execs the real torchrun
 STAMPS = "/tmp/ct-bench"                   # on each node
-HOME = "/home/alice"
 TRIVIAL = f"""import os, time
 run = os.path.basename(os.getcwd())
 with open("{STAMPS}-rank.log", "a") as fh:
@@ -61,41 +57,6 @@ WRAPPER = f"""#!/bin/sh
 echo "$(date +%s.%N) $*" >> {STAMPS}-torchrun.log
 exec {VENV}/bin/torchrun "$@"
 """
-
-
-def node_exec(container: str, command: str, user: str | None = None) -> str:
-    argv = ["podman", "exec", *(["--user", user] if user else []), container, "sh", "-c",
-            command]
-    return sh(*argv).stdout
-
-
-def setup(name: str, nodes: int, bastion: bool) -> dict:
-    info = sandbox_up(name, nodes, bastion)
-    share = Path(info["share"])
-    wheels = REPO / ".cache" / "wheelhouse"
-    sh(sys.executable, "-m", "orchestrator", "wheelhouse", "--env", "environment.yml",
-       "--dest", str(wheels))
-    sh("cp", "-al", str(wheels), str(share / "wheelhouse"))
-    (share / "checkpoints").mkdir(mode=0o1777, exist_ok=True)
-    (share / "checkpoints").chmod(0o1777)
-    (share / "bench-torchrun").write_text(WRAPPER)
-    (share / "bench-torchrun").chmod(0o755)
-    first = info["nodes"][0]["container"]
-    node_exec(first, f"python3 -m venv {VENV} && {VENV}/bin/pip install -q --no-index "
-                     "--find-links /mnt/cluster/wheelhouse torch==2.13.0")
-    env = json.dumps({"backend": "venv", "prefix": VENV, "python": f"{VENV}/bin/python",
-                      "torchrun": TORCHRUN})
-    sh("cp", str(REPO / "roles" / "python_env" / "files" / "fingerprint.py"),
-       str(share / "bench-fingerprint.py"))
-    for n in info["nodes"]:
-        node_exec(n["container"], f"mkdir -p /etc/clustertrain && echo '{env}' > "
-                                  "/etc/clustertrain/python_env.json")
-    fp = node_exec(first, "python3 /mnt/cluster/bench-fingerprint.py --env "
-                          "/etc/clustertrain/python_env.json")
-    for n in info["nodes"]:
-        node_exec(n["container"], f"echo {shlex.quote(fp.strip())} > "
-                                  "/etc/clustertrain/fingerprint.json")
-    return info
 
 
 def stamps(containers: list[str], log: str, run_id: str) -> list[float]:
@@ -154,7 +115,7 @@ def median_of(samples: list[dict]) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="2,4,8")
+    ap.add_argument("--sizes", default="2,4,8,16")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--name", default=f"ovh-bench-{os.getpid()}")
     ap.add_argument("--bastion", action="store_true",
@@ -165,7 +126,10 @@ def main() -> int:
     work = Path(f"/tmp/{args.name}")
     (work / "code").mkdir(parents=True, exist_ok=True)
     (work / "code" / "trivial.py").write_text(TRIVIAL)
-    info = setup(args.name, max(sizes), args.bastion)
+    info = bench_sandbox(args.name, max(sizes), args.bastion, torchrun=TORCHRUN)
+    wrapper = Path(info["share"]) / Path(TORCHRUN).name
+    wrapper.write_text(WRAPPER)
+    wrapper.chmod(0o755)
     inventory = info["inventory"]
     ansible = str(Path(sys.executable).parent / "ansible")
     results = []
