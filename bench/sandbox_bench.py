@@ -56,9 +56,18 @@ def bench_sandbox(name: str, nodes: int, bastion: bool, torchrun: str | None = N
     it, and checkpoints/ is made as the nfs_server role makes it. The share is the
     sandbox's bind mount (a mount point, as its inventory allows)."""
     info = sandbox_up(name, nodes, bastion)
+    try:
+        _prepare(info, torchrun)
+    except BaseException:
+        sandbox_down(name)  # a failed set-up leaves no containers behind
+        raise
+    return info
+
+
+def _prepare(info: dict, torchrun: str | None) -> None:
     share = Path(info["share"])
     wheels = REPO / ".cache" / "wheelhouse"
-    sh(sys.executable, "-m", "orchestrator", "wheelhouse", "--env", "environment.yml",
+    sh(sys.executable, "-m", "orchestrator", "wheelhouse", "--env", str(REPO / "environment.yml"),
        "--dest", str(wheels))
     sh("cp", "-al", str(wheels), str(share / "wheelhouse"))
     (share / "checkpoints").mkdir(mode=0o1777, exist_ok=True)
@@ -77,4 +86,3 @@ def bench_sandbox(name: str, nodes: int, bastion: bool, torchrun: str | None = N
                           "/etc/clustertrain/python_env.json").strip()
     for n in info["nodes"]:
         node_exec(n["container"], f"echo {shlex.quote(fp)} > /etc/clustertrain/fingerprint.json")
-    return info
