@@ -56,8 +56,10 @@ def bench_launch(cluster, containers, workdir: Path, runs: Path) -> float:
                             torchrun=f"{VENV}/bin/torchrun", home=HOME,
                             script="trivial.py")
                 for i in range(len(cluster.nodes))]
-    result = Job(rundir, list(zip(cluster.nodes, commands)), clients,
-                 out=open(os.devnull, "w")).run()
+    job = Job(rundir, list(zip(cluster.nodes, commands)), clients, out=open(os.devnull, "w"))
+    failed = job.launch()  # returns once torchrun runs on every node
+    assert not failed, failed
+    result = job.run()
     for c in clients.values():
         c.close()
     assert result.ok, result.outcomes
