@@ -21,6 +21,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from ..errors import SandboxError
 from ..podman import podman, podman_json
 from .image import ensure_image
+from .limits import check_host
 from .spec import (ADMIN_USER, BASTION_TABLE, EXPORT_PATH, LABEL, SHARED_PATH, USERS, Node,
                    SandboxSpec, default_gateway, describe, render_inventory, render_ssh_config,
                    sandbox_vars, state_root, validate_name)
@@ -171,6 +172,7 @@ def up(name: str, nodes: int, outsiders: int = 0, log=print, bastion: bool = Fal
             f"sandbox name {name!r} is already in use ({', '.join(taken)}).\n"
             f"Remove it with `python -m orchestrator sandbox down --name {name}` "
             "or choose another --name.")
+    check_host(nodes + outsiders + (1 if bastion else 0))
     spec = SandboxSpec(name=name, nodes=nodes, outsiders=outsiders, bastion=bastion)
     image = ensure_image(state_root().parent / "images", log=log)
     try:
