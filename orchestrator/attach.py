@@ -12,7 +12,7 @@ from .errors import ClusterError
 from .inventory import load_cluster
 from .job import Job, connect_all
 from .records import settle
-from .runs import DEFAULT_RUNS_DIR, open_run
+from .runs import DEFAULT_RUNS_DIR, RunStatus, open_run
 from .train import _conclude, make_summary
 
 
@@ -41,7 +41,7 @@ def _main(args: argparse.Namespace) -> int:
     if summary is not None:
         print(f"run {args.run} has ended ({summary['status']}); its logs: "
               f"python -m orchestrator logs {args.run}")
-        return 0 if summary["status"] == "succeeded" else 1
+        return 0 if summary["status"] == RunStatus.SUCCEEDED else 1
     cluster = load_cluster(info["inventory"]).select(hosts=",".join(info["nodes"]))
     commands = [NodeCommand.from_record(records[n]) for n in cluster.names]
     clients = connect_all(list(cluster.nodes))

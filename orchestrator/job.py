@@ -26,6 +26,7 @@ from .command import EXIT_MARKER, SUPERVISOR_SOURCE, NodeCommand
 from .inventory import NodeSpec
 from .logstream import LineSplitter
 from .runs import RunDir
+from .supervisor import End
 from .teardown import DEFAULT_GRACE, stop_job
 
 LAST_LINES = 30          # any line: torchrun's own error report is about 20 lines
@@ -33,16 +34,13 @@ LAST_WORKER_LINES = 10   # lines the training processes printed
 WATCH_INTERVAL = 0.5     # seconds between checks that each node's master connection lives
 HEARTBEAT = 1.0          # seconds between the lease renewals sent to every node
 LAUNCH_TIMEOUT = 60.0
-# How a node's part ended, as its supervisor recorded it; the ones that mean "stopped
-# because of something else" never make that node the run's first failure.
-STOPPED_REASONS = ("stopped", "peer-failed", "peer-stopped", "peer-lost", "controller-lost")
 
 
 @dataclass
 class NodeOutcome:
     node: str
     exit_code: int | None = None     # None: no exit status (connection lost)
-    reason: str = "running"          # exited | lost | stopped | peer-failed | peer-lost ...
+    reason: End = End.RUNNING        # EXITED, LOST or STOPPED (`why` says for what)
     why: str = ""                    # e.g. the peer that failed
     ended: float | None = None
     last_lines: deque = field(default_factory=lambda: deque(maxlen=LAST_LINES))
@@ -50,7 +48,7 @@ class NodeOutcome:
 
     @property
     def failed(self) -> bool:
-        return self.reason == "lost" or (self.exit_code not in (0, None))
+        return self.reason == End.LOST or (self.exit_code not in (0, None))
 
 
 @dataclass
@@ -118,7 +116,7 @@ class Job:
             self.events.put(("lost", spec.name, f"could not follow the job: {exc}"))
             return
         self._followers[spec.name] = proc
-        end: tuple[int, str, str] | None = None
+        end: tuple[int, End, str] | None = None
         assert proc.stdout is not None
         with open(self.rundir.log(spec.name), "a", encoding="utf-8") as log:
             while True:
@@ -180,7 +178,7 @@ class Job:
         reported: set[str] = set()
         while not self._done.wait(WATCH_INTERVAL):
             for name, conn in self.clients.items():
-                if name in reported or self.outcomes[name].reason != "running":
+                if name in reported or self.outcomes[name].reason != End.RUNNING:
                     continue
                 if not conn.alive():
                     reported.add(name)
@@ -190,7 +188,7 @@ class Job:
     # -- teardown ----------------------------------------------------------------------
     def _stop(self, names: list[str], why: str) -> None:
         todo = [n for n in names if n not in self._stopping
-                and self.outcomes[n].reason == "running"]
+                and self.outcomes[n].reason == End.RUNNING]
         if not todo:
             return
         self._stopping.update(todo)
@@ -246,7 +244,7 @@ class Job:
                 except queue.Empty:
                     if give_up_at and time.monotonic() > give_up_at:
                         for name in list(running):
-                            self._finish(name, None, "lost")
+                            self._finish(name, None, End.LOST)
                             running.discard(name)
                     continue
                 if kind == "interrupt":
@@ -268,19 +266,19 @@ class Job:
                 running.discard(name)
                 if kind == "exit":
                     code, reason, why = value  # type: ignore[misc]
-                    if reason in STOPPED_REASONS:
+                    if reason.caused_elsewhere:
                         # Stopped on purpose; the cause, when another node's, is kept.
-                        reason, why = "stopped", (f"{reason} {why}".strip()
-                                                  if reason != "stopped" else why)
+                        reason, why = End.STOPPED, (f"{reason} {why}".strip()
+                                                    if reason != End.STOPPED else why)
                     elif name in self._stopping:
-                        reason = "stopped"
+                        reason = End.STOPPED
                     self._finish(name, code, reason, why)
                     if code != 0 and first_failed is None and not interrupted \
-                            and reason != "stopped":
+                            and reason != End.STOPPED:
                         first_failed = name
                         self._say(f"{name}: torchrun exited with code {code}")
                 else:
-                    self._finish(name, None, "lost")
+                    self._finish(name, None, End.LOST)
                     self._say(f"{name}: {value}")
                     if first_failed is None and not interrupted and name not in self._stopping:
                         first_failed = name
@@ -324,14 +322,14 @@ class Job:
         for sig, old in previous.items():
             signal.signal(sig, old)
 
-    def _finish(self, name: str, code: int | None, reason: str, why: str = "") -> None:
+    def _finish(self, name: str, code: int | None, reason: End, why: str = "") -> None:
         outcome = self.outcomes[name]
         outcome.exit_code, outcome.reason, outcome.ended = code, reason, time.time()
         outcome.why = why
 
 
-def take_exit_marker(lines: list[str], end: tuple[int, str, str] | None
-                     ) -> tuple[list[str], tuple[int, str, str] | None]:
+def take_exit_marker(lines: list[str], end: tuple[int, End, str] | None
+                     ) -> tuple[list[str], tuple[int, End, str] | None]:
     """Remove the EXIT_MARKER line that ends a node's follow session and read it:
     (torchrun's exit code, how the node's part ended, why)."""
     kept = []
@@ -342,7 +340,7 @@ def take_exit_marker(lines: list[str], end: tuple[int, str, str] | None
             continue
         words = line[at + len(EXIT_MARKER):].split()
         try:
-            end = (int(words[0]), words[1] if len(words) > 1 else "exited",
+            end = (int(words[0]), End(words[1]) if len(words) > 1 else End.EXITED,
                    words[2] if len(words) > 2 and words[2] != "-" else "")
         except (IndexError, ValueError):
             pass

@@ -15,8 +15,8 @@ from typing import Any
 
 from . import ssh
 from .inventory import load_cluster
-from .runs import RunDir, iso
-from .supervisor import PEER_TIMEOUT
+from .runs import RunDir, RunStatus, iso
+from .supervisor import PEER_TIMEOUT, End
 
 READ_STATES = r'''
 import glob, json, os, sys, time
@@ -35,26 +35,29 @@ def summarize(info: dict[str, Any], states: dict[str, dict], now: float) -> dict
     whose heartbeat stopped (older than PEER_TIMEOUT by the node's clock) is lost."""
     nodes = info["nodes"]
     ended = {n: s for n, s in states.items() if s.get("state") == "ended"}
+    reasons = {n: _reason(s) for n, s in ended.items()}
     # Lost: named lost by a peer that stopped because of it, or silent for too long.
-    blamed = [s.get("why") for s in ended.values() if s.get("reason") == "peer-lost"]
+    blamed = [s.get("why") for n, s in ended.items() if reasons[n] == End.PEER_LOST]
     lost = [n for n in nodes if n not in ended and (
         n in blamed or n not in states
         or now - float(states[n].get("time", 0)) > 2 * PEER_TIMEOUT)]
     if len(ended) + len(lost) < len(nodes):
         return None
     failed = sorted((s.get("ended", 0), n) for n, s in ended.items()
-                    if s.get("reason") == "exited" and s.get("code") != 0)
-    reasons = {s.get("reason") for s in ended.values()}
+                    if reasons[n] == End.EXITED and s.get("code") != 0)
+    how = set(reasons.values())
+    status: RunStatus
+    first: str | None
     if failed:
-        status, first = "failed", failed[0][1]
+        status, first = RunStatus.FAILED, failed[0][1]
     elif lost or blamed:
-        status, first = "failed", (lost or blamed)[0]
-    elif "controller-lost" in reasons:
-        status, first = "controller-lost", None
-    elif reasons & {"stopped", "peer-stopped"}:
-        status, first = "stopped", None
+        status, first = RunStatus.FAILED, (lost or blamed)[0]
+    elif End.CONTROLLER_LOST in how:
+        status, first = RunStatus.CONTROLLER_LOST, None
+    elif how & {End.STOPPED, End.PEER_STOPPED}:
+        status, first = RunStatus.STOPPED, None
     else:
-        status, first = "succeeded", None
+        status, first = RunStatus.SUCCEEDED, None
     start = min((float(s.get("started", now)) for s in states.values()), default=now)
     end = max((float(s.get("ended", now)) for s in ended.values()), default=now)
     return {
@@ -68,15 +71,23 @@ def summarize(info: dict[str, Any], states: dict[str, dict], now: float) -> dict
     }
 
 
+def _reason(state: dict) -> End:
+    """How a node's part ended, from its state file (one the supervisor wrote)."""
+    try:
+        return End(state.get("reason", End.EXITED.value))
+    except ValueError:
+        return End.LOST  # not a state this version wrote: say nothing more of it
+
+
 def _node_record(name: str, state: dict | None) -> dict:
     """As train records a node: end_reason exited, stopped (the cause in `why` when it
     was another node's failure or loss, or the controller's) or lost."""
     if state is None:
-        return {"name": name, "exit_code": None, "end_reason": "lost"}
-    reason, why = state.get("reason", "exited"), state.get("why") or ""
-    if reason in ("peer-failed", "peer-stopped", "peer-lost", "controller-lost"):
-        reason, why = "stopped", f"{reason} {why}".strip()
-    return {"name": name, "exit_code": state.get("code"), "end_reason": reason,
+        return {"name": name, "exit_code": None, "end_reason": End.LOST.value}
+    reason, why = _reason(state), state.get("why") or ""
+    if reason.caused_elsewhere and reason != End.STOPPED:
+        reason, why = End.STOPPED, f"{reason} {why}".strip()
+    return {"name": name, "exit_code": state.get("code"), "end_reason": reason.value,
             **({"why": why} if why else {})}
 
 

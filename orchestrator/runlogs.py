@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .errors import ClusterError
 from .records import settle
-from .runs import DEFAULT_RUNS_DIR, RunDir, list_runs, open_run
+from .runs import DEFAULT_RUNS_DIR, RunDir, RunStatus, list_runs, open_run
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -39,7 +39,7 @@ def _runs(args: argparse.Namespace) -> int:
         except (ClusterError, OSError) as exc:
             summary = None
             print(f"note: {run.run_id}: cannot ask its nodes ({exc})", file=sys.stderr)
-        status = summary["status"] if summary else "running"
+        status = str(summary["status"] if summary else RunStatus.RUNNING)
         if summary and summary.get("first_failed"):
             status += f" ({summary['first_failed']})"
         duration = f"{summary['duration_s']:.1f}s" if summary else "-"

@@ -9,12 +9,26 @@ import subprocess
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from .errors import ClusterError
 
 DEFAULT_RUNS_DIR = Path("runs")
+
+
+class RunStatus(str, Enum):
+    """A run's status, as `runs`, `attach` and summary.json give it."""
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"                    # first_failed names the node
+    STOPPED = "stopped"                  # Ctrl-C in train, or `stop`
+    INTERRUPTED = "interrupted"          # the controller was interrupted before the end
+    CONTROLLER_LOST = "controller-lost"  # an attached run whose controller went away
+
+    def __str__(self) -> str:  # the value in f-strings and tables
+        return self.value
 
 
 class RunNotFound(ClusterError):

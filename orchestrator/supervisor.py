@@ -31,11 +31,35 @@ import subprocess
 import sys
 import threading
 import time
+from enum import Enum
 
 EXIT_MARKER = "@@clustertrain-exit"
 BEAT = 1.0            # seconds between heartbeats and checks
 PEER_TIMEOUT = 15.0   # a peer whose heartbeat has not moved for this long is lost
 PEER_START = 120.0    # a peer that never wrote its state within this long is lost
+
+
+class End(str, Enum):
+    """How a node's part of a run ended. The supervisor writes the value into the node's
+    state and the exit marker; the controller adds RUNNING (not ended yet) and LOST (no
+    exit status came back: node down, connection cut)."""
+    EXITED = "exited"                    # torchrun ended by itself; its code says how
+    STOPPED = "stopped"                  # a stop was asked for (Ctrl-C, `stop`)
+    CONTROLLER_LOST = "controller-lost"  # the attached controller's lease ran out
+    PEER_FAILED = "peer-failed"          # stopped because another node's torchrun failed
+    PEER_STOPPED = "peer-stopped"        # ... because another node was stopped
+    PEER_LOST = "peer-lost"              # ... because another node went silent
+    RUNNING = "running"
+    LOST = "lost"
+
+    def __str__(self) -> str:  # the value in f-strings and logs, on every Python 3
+        return self.value
+
+    @property
+    def caused_elsewhere(self) -> bool:
+        """Stopped for something outside this node (never its run's first failure)."""
+        return self in (End.STOPPED, End.CONTROLLER_LOST, End.PEER_FAILED,
+                        End.PEER_STOPPED, End.PEER_LOST)
 
 
 # -- stopping a process tree -------------------------------------------------------------
@@ -150,7 +174,7 @@ class Peers:
         self.last: dict[str, tuple[object, float]] = {}
         self.started = time.monotonic()
 
-    def verdict(self) -> tuple[str, str] | None:
+    def verdict(self) -> tuple[End, str] | None:
         """('peer-failed'|'peer-stopped'|'peer-lost', node) when the run must stop here:
         a peer's torchrun failed, a peer was stopped (for any reason: a node cut off from
         the others ends too), or a peer went silent. None while all is well."""
@@ -159,20 +183,20 @@ class Peers:
             state = read_json(os.path.join(self.state_dir, f"{name}.json"))
             if state is None:
                 if now - self.started > PEER_START:
-                    return "peer-lost", name
+                    return End.PEER_LOST, name
                 continue
             if state.get("state") == "ended":
-                if state.get("reason") != "exited":
-                    return "peer-stopped", name
+                if state.get("reason") != End.EXITED:
+                    return End.PEER_STOPPED, name
                 if state.get("code") != 0:
-                    return "peer-failed", name
+                    return End.PEER_FAILED, name
                 continue
             beat = state.get("beat")
             seen = self.last.get(name)
             if seen is None or seen[0] != beat:
                 self.last[name] = (beat, now)
             elif now - seen[1] > PEER_TIMEOUT:
-                return "peer-lost", name
+                return End.PEER_LOST, name
         return None
 
 
@@ -234,7 +258,8 @@ def run(args: argparse.Namespace) -> int:
     with open(os.path.join(job, "pgid"), "w") as fh:
         fh.write(f"{proc.pid}\n")
     peers = Peers(state_dir, args.nodes.split(","), args.node)
-    beat, reason, why = 0, None, ""
+    beat, why = 0, ""
+    reason: End | None = None
     state = {"node": args.node, "user": getpass.getuser(), "state": "running",
              "pid": proc.pid, "started": time.time()}
     while proc.poll() is None:
@@ -245,10 +270,10 @@ def run(args: argparse.Namespace) -> int:
             if found:
                 reason, why = found[0], found[1]
             elif os.path.exists(os.path.join(job, "stop-requested")):
-                reason = "stopped"
+                reason = End.STOPPED
             elif args.attached and _lease_gone(job, args.lease_timeout):
-                reason = "controller-lost"
-            if reason and reason != "stopped":
+                reason = End.CONTROLLER_LOST
+            if reason and reason != End.STOPPED:
                 threading.Thread(target=stop_tree, args=(job, args.run, args.grace),
                                  daemon=True).start()
         try:
@@ -257,8 +282,8 @@ def run(args: argparse.Namespace) -> int:
             pass
     code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
     if reason is None and os.path.exists(os.path.join(job, "stop-requested")):
-        reason = "stopped"
-    final = {**state, "state": "ended", "code": code, "reason": reason or "exited",
+        reason = End.STOPPED
+    final = {**state, "state": "ended", "code": code, "reason": (reason or End.EXITED).value,
              "why": why, "beat": beat + 1, "ended": time.time()}
     write_json(mine, final)
     write_json(os.path.join(job, "exit"), final)
@@ -302,7 +327,7 @@ def follow(args: argparse.Namespace) -> int:
     final = read_json(os.path.join(job, "exit")) or {}
     code = int(final.get("code", 1))
     sep = b"" if last == b"\n" else b"\n"  # the marker starts a line of its own
-    out.write(sep + f"{EXIT_MARKER} {code} {final.get('reason', 'exited')} "
+    out.write(sep + f"{EXIT_MARKER} {code} {final.get('reason', End.EXITED.value)} "
                     f"{final.get('why') or '-'}\n".encode())
     out.flush()
     return code

@@ -21,7 +21,9 @@ from .inventory import load_cluster
 from .job import Job, JobResult
 from .preflight import (add_selection_args, print_report, raise_if_blocked, run_preflight)
 from .probe import release_port
-from .runs import DEFAULT_RUNS_DIR, RunDir, code_revision, iso, new_run_id, run_state_dir
+from .runs import (DEFAULT_RUNS_DIR, RunDir, RunStatus, code_revision, iso, new_run_id,
+                   run_state_dir)
+from .supervisor import End
 from .runner import REPO_ROOT
 from .sync import sync_code
 from .worker_end import NodeEnd, NodeEnds, Verdict, how_it_ended, judge, scan_log
@@ -242,8 +244,8 @@ def _main(args: argparse.Namespace) -> int:
         except BaseException as exc:
             # Every exit path leaves a summary: never a record that says "running" for a
             # run that is gone.
-            run.write_summary({**info, "status": "interrupted" if isinstance(
-                exc, KeyboardInterrupt) else "failed", "start": iso(started),
+            run.write_summary({**info, "status": RunStatus.INTERRUPTED if isinstance(
+                exc, KeyboardInterrupt) else RunStatus.FAILED, "start": iso(started),
                                "end": iso(time.time()), "error": str(exc) or repr(exc)})
             raise
         summary = make_summary(info, commands, cluster.names, result, synced.seconds, run)
@@ -265,9 +267,9 @@ def make_summary(info: dict, commands: list[NodeCommand], names: list[str],
     verdict = worker_verdict(commands, names, result, run)
     # Every rank's script finished with code 0 (its marker): the training completed,
     # whatever killed a worker after that (torch's teardown).
-    status = ("succeeded" if result.ok else "stopped" if stop_requested
-              else "interrupted" if result.interrupted
-              else "succeeded" if verdict.training_completed else "failed")
+    status = (RunStatus.SUCCEEDED if result.ok else RunStatus.STOPPED if stop_requested
+              else RunStatus.INTERRUPTED if result.interrupted
+              else RunStatus.SUCCEEDED if verdict.training_completed else RunStatus.FAILED)
     return {
         **info,
         "status": status,
@@ -280,7 +282,7 @@ def make_summary(info: dict, commands: list[NodeCommand], names: list[str],
                    **({"why": result.outcomes[n].why} if result.outcomes[n].why else {}),
                    "log": str(run.log(n))} for n, c in zip(names, commands)],
         "exit_codes": {n: result.outcomes[n].exit_code for n in names},
-        "first_failed": None if status == "succeeded" else result.first_failed,
+        "first_failed": None if status == RunStatus.SUCCEEDED else result.first_failed,
         "training_completed": True if result.ok else verdict.training_completed,
         **({"after_finish": verdict.after_finish} if verdict.after_finish else {}),
         "rank_exit_codes": {n: {str(r): c for r, c in sorted(codes.items())}
@@ -309,20 +311,20 @@ def _conclude(run: RunDir, result: JobResult, summary: dict) -> int:
     print(f"run {run.run_id}: {summary['status']} after {summary['duration_s']:.1f} s; "
           f"logs and summary in {run.path}/", flush=True)
     after = summary.get("after_finish") or {}
-    if summary["status"] == "succeeded":
+    if summary["status"] == RunStatus.SUCCEEDED:
         if after:  # finished, then a worker died in torch's teardown: not the training
             print(f"run {run.run_id}: the training completed on every rank; "
                   f"{'; '.join(n for notes in after.values() for n in notes)}",
                   file=sys.stderr)
         return 0
-    if summary["status"] in ("interrupted", "stopped"):
+    if summary["status"] in (RunStatus.INTERRUPTED, RunStatus.STOPPED):
         print(f"run {run.run_id}: {summary['status']}; the job was stopped on every node",
               file=sys.stderr)
-        return 130 if summary["status"] == "interrupted" else 1
+        return 130 if summary["status"] == RunStatus.INTERRUPTED else 1
     failed = result.first_failed or next(
         (n for n, o in result.outcomes.items() if o.failed), None)
     outcome = result.outcomes.get(failed) if failed else None
-    how = ("lost its connection" if outcome and outcome.reason == "lost"
+    how = ("lost its connection" if outcome and outcome.reason == End.LOST
            else f"exited with code {outcome.exit_code}" if outcome else "failed")
     ranks = (summary.get("rank_exit_codes") or {}).get(failed) or {}
     if any(c != 0 for c in ranks.values()):  # the script's own code, e.g. sys.exit(3)

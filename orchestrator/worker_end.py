@@ -22,6 +22,8 @@ import signal
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from .supervisor import End
+
 MARKER = re.compile(r"^\[clustertrain\] rank (\d+) finished: exit code (-?\d+)\s*$")
 REPORT_START = re.compile(r"^(Failures:|Root Cause)")
 REPORT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
@@ -89,7 +91,7 @@ class NodeEnd:
     name: str
     nproc: int
     exit_code: int | None        # torchrun's; None: no exit status (connection lost)
-    reason: str                  # exited | lost | stopped (or stopped for a peer, ...)
+    reason: End                  # EXITED, LOST or STOPPED
 
 
 @dataclass(frozen=True)
@@ -116,7 +118,7 @@ def judge(nodes: list[NodeEnd], ends: dict[str, NodeEnds], clean_exit: bool) -> 
                  else None)
     after: dict[str, list[str]] = {}
     for node in nodes:
-        if node.exit_code in (0, None) or node.reason == "lost":
+        if node.exit_code in (0, None) or node.reason == End.LOST:
             continue
         node_ends = ends.get(node.name, NodeEnds())
         done = {r: c for r, c in node_ends.finished.items() if c == 0}
@@ -129,7 +131,7 @@ def judge(nodes: list[NodeEnd], ends: dict[str, NodeEnds], clean_exit: bool) -> 
             # No report names a rank: the node was stopped, or torchrun's output was lost.
             after[node.name] = [
                 f"every rank on {node.name} had finished when the node was stopped"
-                if node.reason != "exited" else f"every rank on {node.name} finished, "
+                if node.reason != End.EXITED else f"every rank on {node.name} finished, "
                 f"then torchrun {how_it_ended(node.exit_code)}"]
     codes = {node.name: {**ends[node.name].failed, **ends[node.name].finished}
              for node in nodes if node.name in ends}

@@ -55,3 +55,16 @@ def test_controller_lost_and_stopped() -> None:
     assert summarize(INFO, lost, NOW)["status"] == "controller-lost"
     stopped = {n: ended(143, "stopped") for n in INFO["nodes"]}
     assert summarize(INFO, stopped, NOW)["status"] == "stopped"
+
+
+def test_the_summary_reads_the_same_in_json_and_in_messages() -> None:
+    import json
+
+    states = {"node0": ended(143, "peer-failed", "node1"), "node1": ended(3),
+              "node2": ended(143, "peer-failed", "node1")}
+    s = summarize(INFO, states, NOW)
+    on_disk = json.loads(json.dumps(s))
+    assert on_disk["status"] == "failed"
+    assert [n["end_reason"] for n in on_disk["nodes"]] == ["stopped", "exited", "stopped"]
+    # What `runs` and train's last line print: the value, never "RunStatus.FAILED".
+    assert f"{s['status']}" == "failed" and str(s["status"]) == "failed"
