@@ -8,7 +8,8 @@ code already synced, a trivial script is started three ways:
   train    the whole `python -m orchestrator train` command line, preflight and sync included
   ansible  `ansible train_nodes -m shell` with the same torchrun command (forks = N)
 
-"Started" is when the node's shell execs torchrun: it writes a timestamp file just before.
+"Started" is when torchrun runs on the node: the supervisor writes torchrun's process group
+to JOB/pgid as soon as it has started it, and that file's modification time is read.
 Sandbox nodes share the controller's kernel clock, so node and controller times compare
 exactly. To keep setup short, torch is installed once into the sandbox's shared directory
 and every node's python_env.json points at it (a benchmark shortcut, not a provisioned node).
@@ -28,13 +29,13 @@ import sys
 import time
 from pathlib import Path
 
-from sandbox_bench import (HOME, REPO, VENV, bench_sandbox, node_exec,  # REPO on sys.path
-                           sandbox_down, sh)
+from sandbox_bench import (HOME, REPO, USER, VENV, bench_sandbox,  # REPO on sys.path
+                           node_exec, sandbox_down, sh)
 
 from orchestrator.command import NodeCommand  # noqa: E402
 from orchestrator.inventory import load_cluster  # noqa: E402
 from orchestrator.job import Job, connect_all  # noqa: E402
-from orchestrator.runs import RunDir, new_run_id  # noqa: E402
+from orchestrator.runs import RunDir, new_run_id, run_state_dir  # noqa: E402
 from orchestrator.sync import sync_code  # noqa: E402
 
 TRIVIAL = "import os\nprint('rank', os.environ['RANK'], flush=True)\n"
@@ -54,8 +55,9 @@ def bench_launch(cluster, containers, workdir: Path, runs: Path) -> float:
     commands = [NodeCommand(run_id=run_id, node_rank=i, nnodes=len(cluster.nodes), nproc=1,
                             master_addr=cluster.nodes[0].cluster_address, master_port=29500,
                             torchrun=f"{VENV}/bin/torchrun", home=HOME,
-                            script="trivial.py")
-                for i in range(len(cluster.nodes))]
+                            script="trivial.py", node=spec.name, nodes=tuple(cluster.names),
+                            run_state=run_state_dir(cluster.shared_path, USER, run_id))
+                for i, spec in enumerate(cluster.nodes)]
     job = Job(rundir, list(zip(cluster.nodes, commands)), clients, out=open(os.devnull, "w"))
     failed = job.launch()  # returns once torchrun runs on every node
     assert not failed, failed

@@ -39,7 +39,8 @@ def sandbox_down(name: str) -> None:
 
 
 VENV = "/mnt/cluster/bench-venv"   # torch, installed once on the share for every node
-HOME = "/home/alice"               # the sandbox's login user: jobs run as alice
+USER = "alice"                     # the sandbox's login user: jobs run as alice
+HOME = f"/home/{USER}"
 
 
 def node_exec(container: str, command: str, user: str | None = None) -> str:

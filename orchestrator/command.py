@@ -89,6 +89,13 @@ class NodeCommand:
     module: bool = False                # script is a module name, run as `python -m`
     clean_exit: bool = True             # start the workers through WORKER_RUNNER
 
+    def __post_init__(self) -> None:
+        # The supervisor cannot run without them: say so here, not in a node's log.
+        missing = [name for name in ("node", "nodes", "run_state") if not getattr(self, name)]
+        if missing:
+            raise ValueError(f"NodeCommand for run {self.run_id} rank {self.node_rank} "
+                             f"lacks {', '.join(missing)}")
+
     @property
     def code_dir(self) -> str:
         return f"{state_dir(self.home)}/{CODE_SUBDIR}/{self.run_id}"
@@ -162,7 +169,7 @@ class NodeCommand:
                 f"if [ -r {CLUSTER_ENV} ]; then set -a; . {CLUSTER_ENV}; set +a; fi; "
                 f"export {exports}; "
                 f"setsid {shlex.join(argv)} </dev/null >{job}/supervisor.log 2>&1 & "
-                f"echo started")
+                f"echo $! >{job}/supervisor.pid; echo started")
 
     def follow(self, lease: bool = False, tail: int | None = None) -> str:
         """The command line that prints this node's output as it grows and ends with

@@ -276,7 +276,9 @@ class Job:
                     if code != 0 and first_failed is None and not interrupted \
                             and reason != End.STOPPED:
                         first_failed = name
-                        self._say(f"{name}: torchrun exited with code {code}")
+                        self._say(f"{name}: its clustertrain supervisor failed"
+                                  if reason == End.SUPERVISOR_FAILED
+                                  else f"{name}: torchrun exited with code {code}")
                 else:
                     self._finish(name, None, End.LOST)
                     self._say(f"{name}: {value}")

@@ -44,7 +44,7 @@ def summarize(info: dict[str, Any], states: dict[str, dict], now: float) -> dict
     if len(ended) + len(lost) < len(nodes):
         return None
     failed = sorted((s.get("ended", 0), n) for n, s in ended.items()
-                    if reasons[n] == End.EXITED and s.get("code") != 0)
+                    if not reasons[n].caused_elsewhere and s.get("code") != 0)
     how = set(reasons.values())
     status: RunStatus
     first: str | None

@@ -31,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from enum import Enum
 
 EXIT_MARKER = "@@clustertrain-exit"
@@ -49,6 +50,7 @@ class End(str, Enum):
     PEER_FAILED = "peer-failed"          # stopped because another node's torchrun failed
     PEER_STOPPED = "peer-stopped"        # ... because another node was stopped
     PEER_LOST = "peer-lost"              # ... because another node went silent
+    SUPERVISOR_FAILED = "supervisor-failed"  # the supervisor itself failed or vanished
     RUNNING = "running"
     LOST = "lost"
 
@@ -181,18 +183,21 @@ class Peers:
         now = time.monotonic()
         for name in self.names:
             state = read_json(os.path.join(self.state_dir, f"{name}.json"))
-            if state is None:
-                if now - self.started > PEER_START:
+            seen = self.last.get(name)
+            if state is None:  # not written yet, or unreadable for a moment (NFS: ESTALE)
+                since = seen[1] if seen else self.started
+                if now - since > (PEER_TIMEOUT if seen else PEER_START):
                     return End.PEER_LOST, name
                 continue
             if state.get("state") == "ended":
-                if state.get("reason") != End.EXITED:
-                    return End.PEER_STOPPED, name
-                if state.get("code") != 0:
+                reason = state.get("reason")
+                if reason == End.SUPERVISOR_FAILED or (
+                        reason == End.EXITED and state.get("code") != 0):
                     return End.PEER_FAILED, name
+                if reason != End.EXITED:
+                    return End.PEER_STOPPED, name
                 continue
             beat = state.get("beat")
-            seen = self.last.get(name)
             if seen is None or seen[0] != beat:
                 self.last[name] = (beat, now)
             elif now - seen[1] > PEER_TIMEOUT:
@@ -244,6 +249,45 @@ def prune(state: str, keep: int, current: str) -> list[str]:
 
 # -- run ---------------------------------------------------------------------------------
 def run(args: argparse.Namespace) -> int:
+    """Supervise the run (see _supervise); whatever goes wrong, the run ends with an exit
+    status: a supervisor that died silently would leave its followers waiting forever."""
+    try:
+        return _supervise(args)
+    except Exception as exc:  # noqa: BLE001 - any failure of ours ends this node's part
+        _failed(args, f"{type(exc).__name__}: {exc}")
+        return 1
+
+
+def _failed(args: argparse.Namespace, why: str) -> None:
+    traceback.print_exc()  # into supervisor.log
+    job = args.job
+    if os.path.exists(os.path.join(job, "pgid")):  # torchrun must not outlive us
+        try:
+            stop_tree(job, args.run, args.grace)
+        except Exception:  # noqa: BLE001 - stopping is best effort here: say the rest
+            traceback.print_exc()
+    message = f"clustertrain supervisor on {args.node} failed: {why}\n"
+    final = {"node": args.node, "user": getpass.getuser(), "state": "ended", "code": 1,
+             "reason": End.SUPERVISOR_FAILED.value, "why": why, "ended": time.time(),
+             "time": time.time()}
+    writes = [lambda: _append(os.path.join(job, "output.log"), message),
+              lambda: write_json(os.path.join(job, "exit"), final)]
+    if args.state_dir:  # the peers stop too
+        writes.insert(1, lambda: write_json(os.path.join(args.state_dir, f"{args.node}.json"),
+                                            final))
+    for write in writes:
+        try:
+            write()
+        except OSError:
+            traceback.print_exc()
+
+
+def _append(path: str, text: str) -> None:
+    with open(path, "a") as fh:
+        fh.write(text)
+
+
+def _supervise(args: argparse.Namespace) -> int:
     job, state_dir = args.job, args.state_dir
     if args.keep:
         prune(os.path.dirname(os.path.dirname(job)), args.keep, args.run)
@@ -264,7 +308,10 @@ def run(args: argparse.Namespace) -> int:
              "pid": proc.pid, "started": time.time()}
     while proc.poll() is None:
         beat += 1
-        write_json(mine, {**state, "beat": beat, "time": time.time()})
+        try:
+            write_json(mine, {**state, "beat": beat, "time": time.time()})
+        except OSError as exc:  # the share, for a moment; for long, the peers stop
+            print(f"{time.strftime('%H:%M:%S')} heartbeat not written: {exc}", flush=True)
         if reason is None:
             found = peers.verdict()
             if found:
@@ -304,33 +351,75 @@ def follow(args: argparse.Namespace) -> int:
     job = args.job
     if args.lease:
         threading.Thread(target=_hold_lease, args=(job,), daemon=True).start()
-    path = os.path.join(job, "output.log")
-    while not os.path.exists(path) and not os.path.exists(os.path.join(job, "exit")):
+    path, exit_path = os.path.join(job, "output.log"), os.path.join(job, "exit")
+    while not os.path.exists(path) and not os.path.exists(exit_path):
+        if _supervisor_vanished(job):
+            break
         time.sleep(0.1)
     out = sys.stdout.buffer
     last = b"\n"
-    with open(path, "rb") as fh:
-        if args.tail is not None:
-            lines = fh.read().splitlines(keepends=True)
-            out.write(b"".join(lines[-args.tail:]) if args.tail else b"")
-        while True:
-            ended = os.path.exists(os.path.join(job, "exit"))  # before reading: no loss
-            chunk = fh.read(65536)
-            if chunk:
-                out.write(chunk)
-                out.flush()
-                last = chunk[-1:]
-                continue
-            if ended:
-                break
-            time.sleep(0.1)
-    final = read_json(os.path.join(job, "exit")) or {}
+    if os.path.exists(path):
+        with open(path, "rb") as fh:
+            if args.tail is not None:
+                lines = fh.read().splitlines(keepends=True)
+                out.write(b"".join(lines[-args.tail:]) if args.tail else b"")
+            checked = time.monotonic()
+            while True:
+                ended = os.path.exists(exit_path)  # before reading: no loss
+                chunk = fh.read(65536)
+                if chunk:
+                    out.write(chunk)
+                    out.flush()
+                    last = chunk[-1:]
+                    continue
+                if ended:
+                    break
+                if time.monotonic() - checked > 1.0:
+                    checked = time.monotonic()
+                    if _supervisor_vanished(job):
+                        break
+                time.sleep(0.1)
+    final = read_json(exit_path)
+    if final is None:  # the supervisor is gone and said nothing: say what it left
+        said = _last_lines(os.path.join(job, "supervisor.log"), 5) or [
+            "(its log is empty: killed, or out of memory?)"]
+        text = "".join(f"clustertrain supervisor ended without an exit status: {line}\n"
+                       for line in said)
+        out.write((b"" if last == b"\n" else b"\n") + text.encode())
+        last = b"\n"
+        final = {"code": 1, "reason": End.SUPERVISOR_FAILED.value}
     code = int(final.get("code", 1))
     sep = b"" if last == b"\n" else b"\n"  # the marker starts a line of its own
     out.write(sep + f"{EXIT_MARKER} {code} {final.get('reason', End.EXITED.value)} "
                     f"{final.get('why') or '-'}\n".encode())
     out.flush()
     return code
+
+
+def _supervisor_vanished(job: str) -> bool:
+    """The supervisor (its pid in JOB/supervisor.pid, written at launch) is gone without
+    an exit status. Unknown (no pid file yet) counts as not gone."""
+    try:
+        with open(os.path.join(job, "supervisor.pid")) as fh:
+            pid = int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return False
+    try:
+        os.kill(pid, 0)
+        return False
+    except ProcessLookupError:
+        pass
+    except PermissionError:  # the pid now belongs to someone else's process: ours is gone
+        pass
+    return not os.path.exists(os.path.join(job, "exit"))  # it may have ended just now
+
+
+def _last_lines(path: str, n: int) -> list[str]:
+    try:
+        with open(path, errors="replace") as fh:
+            return [line.rstrip() for line in fh.read().splitlines() if line.strip()][-n:]
+    except OSError:
+        return []
 
 
 def _hold_lease(job: str) -> None:

@@ -325,6 +325,8 @@ def _conclude(run: RunDir, result: JobResult, summary: dict) -> int:
         (n for n, o in result.outcomes.items() if o.failed), None)
     outcome = result.outcomes.get(failed) if failed else None
     how = ("lost its connection" if outcome and outcome.reason == End.LOST
+           else "had its clustertrain supervisor fail"
+           if outcome and outcome.reason == End.SUPERVISOR_FAILED
            else f"exited with code {outcome.exit_code}" if outcome else "failed")
     ranks = (summary.get("rank_exit_codes") or {}).get(failed) or {}
     if any(c != 0 for c in ranks.values()):  # the script's own code, e.g. sys.exit(3)

@@ -15,7 +15,9 @@ def cmd(**kw) -> NodeCommand:
                 master_addr="10.0.0.1", master_port=29501,
                 torchrun="/opt/clustertrain/venv/bin/torchrun", home="/home/alice",
                 script="train.py",
-                script_args=("--lr", "0.1"), env={"FOO": "a b"})
+                script_args=("--lr", "0.1"), env={"FOO": "a b"}, node="node1",
+                nodes=("node0", "node1"),
+                run_state="/srv/clustertrain/runs/alice/20260101-000000-abcdef")
     base.update(kw)
     return NodeCommand(**base)
 
@@ -66,7 +68,16 @@ def test_shell_starts_the_supervisor_in_a_session_of_its_own() -> None:
     assert rest[:len(c.torchrun_argv())] == c.torchrun_argv()
     assert "--attached" not in shlex.split(cmd(attached=False).shell())
     # It returns once the supervisor is started: the output goes to the job directory.
-    assert line.endswith(f"</dev/null >{job}/supervisor.log 2>&1 & echo started")
+    # The supervisor's PID is kept, so that a follower notices when it is gone.
+    assert line.endswith(f"</dev/null >{job}/supervisor.log 2>&1 & "
+                         f"echo $! >{job}/supervisor.pid; echo started")
+
+
+def test_a_command_without_its_node_or_state_directory_is_refused() -> None:
+    with pytest.raises(ValueError, match="lacks run_state"):
+        cmd(run_state="")
+    with pytest.raises(ValueError, match="lacks node, nodes"):
+        cmd(node="", nodes=())
 
 
 def test_follow_reads_the_node_log_and_holds_the_lease() -> None:

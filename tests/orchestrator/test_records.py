@@ -39,6 +39,15 @@ def test_the_failed_node_is_named_not_the_ones_it_stopped() -> None:
     assert s["nodes"][0]["why"] == "peer-failed node1"
 
 
+def test_a_node_whose_supervisor_failed_is_the_failed_one() -> None:
+    states = {"node0": ended(143, "peer-failed", "node2", at=NOW - 3),
+              "node1": ended(143, "peer-failed", "node2", at=NOW - 3),
+              "node2": ended(1, "supervisor-failed", "OSError: [Errno 28]", at=NOW - 4)}
+    s = summarize(INFO, states, NOW)
+    assert (s["status"], s["first_failed"]) == ("failed", "node2")
+    assert s["nodes"][2]["end_reason"] == "supervisor-failed"
+
+
 def test_a_node_that_went_silent_is_lost_and_named() -> None:
     states = {"node0": ended(143, "peer-lost", "node1"), "node1": running(age=3),
               "node2": ended(143, "peer-lost", "node1")}

@@ -26,11 +26,12 @@ JOB = ("import subprocess, sys, time\n"
 
 
 def start(tmp: Path, node: str, *, seconds: float = 300, code: int = 0, attached: bool = False,
-          lease_timeout: float = 30, nodes: str = "n0,n1", run: str = "r1") -> subprocess.Popen:
+          lease_timeout: float = 30, nodes: str = "n0,n1", run: str = "r1",
+          state_dir: Path | None = None) -> subprocess.Popen:
     job = tmp / node / "job"
     job.mkdir(parents=True)
     argv = [sys.executable, SUPERVISOR, "run", "--job", str(job), "--state-dir",
-            str(tmp / "shared"), "--run", run, "--node", node, "--nodes", nodes,
+            str(state_dir or tmp / "shared"), "--run", run, "--node", node, "--nodes", nodes,
             "--grace", "1", "--lease-timeout", str(lease_timeout),
             *(["--attached"] if attached else []), "--",
             sys.executable, "-c", JOB, str(seconds), str(code)]
@@ -171,3 +172,69 @@ def test_a_stopped_peer_stops_this_node_too(tmp_path: Path) -> None:
         assert (state["reason"], state["why"]) == ("peer-stopped", "n1")
     finally:
         sup.kill()
+
+
+def follow(job: Path, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, SUPERVISOR, "follow", "--job", str(job)],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_supervisor_that_fails_ends_its_node_with_a_reason(tmp_path: Path) -> None:
+    """Its state directory cannot be made (a file is in the way): the node's part ends
+    with an exit status that says so, and whoever follows it is told, not left waiting."""
+    (tmp_path / "blocker").write_text("")
+    sup = start(tmp_path, "n0", nodes="n0", state_dir=tmp_path / "blocker" / "shared")
+    assert sup.wait(timeout=30) == 1
+    job = tmp_path / "n0" / "job"
+    state = wait_file(job / "exit", timeout=5)
+    assert (state["code"], state["reason"]) == (1, "supervisor-failed")
+    out = follow(job)
+    assert out.returncode == 1
+    assert "clustertrain supervisor on n0 failed: NotADirectoryError" in out.stdout
+    assert out.stdout.splitlines()[-1].startswith(f"{supervisor.EXIT_MARKER} 1 supervisor-failed")
+
+
+def test_follow_ends_when_the_supervisor_is_gone_without_a_word(tmp_path: Path) -> None:
+    """The supervisor was killed (OOM killer, kill -9) before it wrote an exit status: the
+    follower says so with the last lines of its log instead of waiting forever."""
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "output.log").write_text("step 1\n")
+    (job / "supervisor.log").write_text("Traceback (most recent call last):\nMemoryError\n")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (job / "supervisor.pid").write_text(f"{dead.pid}\n")
+    out = follow(job)
+    assert out.returncode == 1
+    lines = out.stdout.splitlines()
+    assert lines[0] == "step 1"
+    assert "clustertrain supervisor ended without an exit status: MemoryError" in lines
+    assert lines[-1].startswith(f"{supervisor.EXIT_MARKER} 1 supervisor-failed")
+
+
+def test_a_peer_whose_supervisor_failed_stops_this_node(tmp_path: Path) -> None:
+    (tmp_path / "shared").mkdir()
+    supervisor.write_json(str(tmp_path / "shared" / "n1.json"),
+                          {"state": "ended", "reason": "supervisor-failed", "code": 1})
+    sup = start(tmp_path, "n0")
+    try:
+        state = wait_file(tmp_path / "n0" / "job" / "exit", timeout=20)
+        assert (state["reason"], state["why"]) == ("peer-failed", "n1")
+    finally:
+        sup.kill()
+
+
+def test_a_peer_state_unreadable_for_a_moment_is_not_a_lost_peer(tmp_path: Path) -> None:
+    """On NFS a read can fail for a moment (ESTALE while the file is replaced): a peer
+    seen beating is lost only when it has been silent for PEER_TIMEOUT."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    supervisor.write_json(str(shared / "n1.json"), {"state": "running", "beat": 1})
+    peers = supervisor.Peers(str(shared), ["n0", "n1"], "n0")
+    peers.started -= 10 * supervisor.PEER_START  # long after the start
+    assert peers.verdict() is None
+    (shared / "n1.json").unlink()
+    assert peers.verdict() is None
+    name, (beat, seen) = "n1", peers.last["n1"]
+    peers.last[name] = (beat, seen - supervisor.PEER_TIMEOUT - 1)
+    assert peers.verdict() == (supervisor.End.PEER_LOST, "n1")

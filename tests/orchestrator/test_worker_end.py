@@ -113,7 +113,8 @@ def test_other_deaths_after_the_marker_and_a_stopped_node() -> None:
 def command(i: int) -> NodeCommand:
     return NodeCommand(run_id="r1", node_rank=i, nnodes=3, nproc=1, master_addr="node0",
                        master_port=29500, torchrun="torchrun", home="/home/alice",
-                       script="job.py")
+                       script="job.py", node=f"node{i}", nodes=("node0", "node1", "node2"),
+                       run_state=str(Path("/srv/shared/runs/alice/r1")))
 
 
 def record(tmp_path: Path, logs: dict[str, str], codes: dict[str, int], first_failed):
