@@ -136,7 +136,7 @@ def _run(args: argparse.Namespace, env: distributed.DistEnv) -> int:
         trainer.close()
 
 
-def _checkpointer(trainer: Trainer) -> ckpt.Checkpointer:
+def checkpointer_for(trainer: Trainer) -> ckpt.Checkpointer:
     env = trainer.env
     store = ckpt.CheckpointStore(trainer.args.checkpoint_dir, keep=trainer.args.keep,
                                  log=lambda m: log(env, m))
@@ -154,7 +154,7 @@ def _save(trainer: Trainer, checkpointer: ckpt.Checkpointer) -> None:
 
 def _train(trainer: Trainer) -> int:
     args, env, data = trainer.args, trainer.env, trainer.data
-    checkpointer = _checkpointer(trainer)
+    checkpointer = checkpointer_for(trainer)
     if env.is_main:
         removed = checkpointer.store.remove_stale_temps()
         if removed:

@@ -8,12 +8,14 @@ one that saved it. A resume reads one checkpoint file, once.
 
 from __future__ import annotations
 
+import json
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
-from .conftest import TINY
+from .conftest import TINY, TRAIN_PY, job_env, torchrun_cmd
 
 
 @pytest.fixture
@@ -114,3 +116,24 @@ def test_resume_reads_the_newest_checkpoint_once(job, monkeypatch):
     path = job.checkpointer.restore(resumed)
     assert reads == ["ckpt-000000-0000003.pt"], f"checkpoint reads during a resume: {reads}"
     assert path.name == "ckpt-000000-0000003.pt" and resumed.position.step == 3
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_every_rank_reads_the_chosen_checkpoint_once_and_resumes_at_the_same_step(
+        synthetic_dir, tmp_path):
+    """Two processes under torchrun (gloo): rank 0 chooses, each rank reads that file once."""
+    out = tmp_path / "out"
+    out.mkdir()
+    probe = Path(__file__).with_name("resume_probe.py")
+    cmd = torchrun_cmd(2, "--data-dir", str(synthetic_dir), "--checkpoint-dir",
+                       str(tmp_path / "ckpt"), "--epochs", "2", *TINY)
+    job_at = cmd.index(str(TRAIN_PY))  # the worker runner starts the probe instead of the job
+    cmd = [*cmd[:job_at], str(probe), str(out), *cmd[job_at + 1:]]
+    proc = subprocess.run(cmd, env=job_env(), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    for r, got in enumerate(ranks):
+        assert got["reads"] == ["ckpt-000000-0000003.pt"], f"rank {r} read {got['reads']}"
+        assert got["restored"] == "ckpt-000000-0000003.pt"
+        assert (got["epoch"], got["step"]) == (0, 3), f"rank {r} resumed at {got}"
