@@ -7,6 +7,10 @@ therefore sees either a complete checkpoint under a final name or none at all;
 a killed writer leaves only a `.tmp` file, which is ignored and cleaned up.
 Loading uses `torch.load(weights_only=True)`: a checkpoint holds tensors, numbers,
 strings, lists, tuples and dicts, never pickled code.
+
+`CheckpointStore` keeps the files of one run; `Checkpointer` saves any object with
+`state_dict()`/`load_state_dict()` (a `Stateful`, such as the job's Trainer) into a
+store and restores the newest checkpoint into it, reading that one file once.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 
@@ -34,6 +38,19 @@ class Position:
 
     def filename(self) -> str:
         return f"ckpt-{self.epoch:06d}-{self.step:07d}.pt"
+
+
+class Stateful(Protocol):
+    """What a checkpointer saves: its `state_dict()` holds `epoch` and `step`, which name
+    the checkpoint, and anything else that `torch.load(weights_only=True)` reads back."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class RestoreError(Exception):
+    """A checkpoint could be read but not restored into the object (other settings)."""
 
 
 def _fsync_dir(path: Path) -> None:
@@ -125,3 +142,43 @@ class CheckpointStore:
             except Exception as exc:  # noqa: BLE001 - any damage means: try the previous one
                 self.log(f"checkpoint {path} cannot be loaded ({exc}); trying an older one")
         return None
+
+
+def _alone(value: str | None) -> str | None:
+    return value
+
+
+@dataclass
+class Checkpointer:
+    """Saves a Stateful object into `store` and restores it from there.
+
+    In a job of several processes every process calls `save` and `restore` (the
+    object's `state_dict` may be collective): the `main` process alone writes, and
+    chooses the checkpoint to restore, which `share` (main's value, on every process)
+    hands to the others. Each process then reads that one file once.
+    """
+
+    store: CheckpointStore
+    main: bool = True
+    share: Callable[[str | None], str | None] = _alone
+
+    def save(self, obj: Stateful) -> Path | None:
+        """Write `obj`'s state as the checkpoint of its position (None on other processes)."""
+        state = obj.state_dict()
+        if not self.main:
+            return None
+        return self.store.save(state, Position(int(state["epoch"]), int(state["step"])))
+
+    def restore(self, obj: Stateful) -> Path | None:
+        """Load the newest complete checkpoint into `obj`; its path, or None if there is none."""
+        found = self.store.latest() if self.main else None  # main reads it here, once
+        chosen = self.share(str(found[0]) if found else None)
+        if chosen is None:
+            return None
+        path = Path(chosen)
+        state = found[1] if found is not None else self.store.load(path)
+        try:
+            obj.load_state_dict(state)
+        except ValueError as exc:
+            raise RestoreError(f"checkpoint {path} {exc}") from exc
+        return path

@@ -41,7 +41,9 @@ def test_root_is_squashed_by_default_and_documented_so():
     assert DEFAULTS["nfs_server_anonymous_uid"] == 65534
     assert DEFAULTS["nfs_server_anonymous_gid"] == 65534
     readme = (ROLE / "README.md").read_text()
-    assert "| `nfs_server_squash` | `root_squash` |" in readme
+    # The README's variable table is gone (the spec above is the one place for variables);
+    # its prose still states the default.
+    assert "squashes root by default (`nfs_server_squash: root_squash`" in readme
 
 
 def test_kernel_export_and_ganesha_squash_root_with_the_defaults():
