@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import contract
 from .errors import InventoryError
 from .ssh import SshTarget
 
@@ -235,7 +236,8 @@ def load_cluster(path: str | os.PathLike[str] = DEFAULT_INVENTORY) -> Cluster:
 
 def _node(name: str, renderer: _Renderer, path: Path) -> NodeSpec:
     target = _target(renderer.rendered(), name, path)
-    cluster_address = str(renderer.get("cluster_address") or target.host).strip()
+    cluster_address = contract.member_address(
+        name, {"cluster_address": renderer.get("cluster_address"), "ansible_host": target.host})
     interpreter = str(renderer.get("ansible_python_interpreter") or DEFAULT_PYTHON)
     if "auto" in interpreter:
         interpreter = DEFAULT_PYTHON

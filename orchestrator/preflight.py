@@ -15,10 +15,9 @@ from __future__ import annotations
 import argparse
 import sys
 from concurrent.futures import ThreadPoolExecutor
-import ipaddress
 from dataclasses import dataclass, field
 
-from . import ssh
+from . import contract, ssh
 from .errors import PreflightError
 from .inventory import Cluster, DEFAULT_INVENTORY, NodeSpec, load_cluster
 from .probe import (NodeFacts, Rendezvous, fingerprint_lib, probe, reach, stop_listener)
@@ -346,11 +345,9 @@ def _address(f: NodeFacts) -> str:
     """The cluster address as the inventory gives it, with its IP when it is a name."""
     addr = f.node.cluster_address
     ip = f.resolve.get(addr)
-    try:
-        ipaddress.ip_address(addr)
+    if contract.is_ip(addr):
         return addr
-    except ValueError:
-        return f"{addr}[{ip}]" if ip else addr
+    return f"{addr}[{ip}]" if ip else addr
 
 
 def render_table(report: Report) -> str:
