@@ -199,8 +199,9 @@ SHARED_FIX = {
 
 
 def _realign_command(report: Report, nodes: list[str]) -> str:
-    inventory = report.cluster.inventory or DEFAULT_INVENTORY
-    return f"ansible-playbook site.yml -i {inventory} --limit {','.join(nodes)}"
+    command: str = fingerprint_lib().realign_command(report.cluster.inventory or DEFAULT_INVENTORY,
+                                                     nodes)
+    return command
 
 
 def _judge(report: Report, port: int, strict_port: bool) -> None:
@@ -281,11 +282,9 @@ def _judge_drift(report: Report) -> None:
                                      {f.node.name: f.provisioned for f in have})
     if not found["lines"]:
         return
-    report.drifted = nodes = found["realign"]
-    report.problems.append(
-        "environment drift (read from each node's environment now):\n    "
-        + "\n    ".join(found["lines"])
-        + f"\n  re-align {', '.join(nodes)}: {_realign_command(report, nodes)}")
+    report.drifted = found["realign"]
+    report.problems.append(fingerprint_lib().message(
+        found, report.cluster.inventory or DEFAULT_INVENTORY))
 
 
 def _judge_gpus(report: Report, f: NodeFacts) -> None:
