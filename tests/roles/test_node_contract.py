@@ -128,3 +128,65 @@ def test_the_roles_give_every_host_the_same_address_as_the_orchestrator(tmp_path
         if "ADDR=" in line:
             seen.update(json.loads(line.split("ADDR=", 1)[1].rstrip('"').replace('\\"', '"')))
     assert seen == EXPECTED, out
+
+
+# --- node paths: the orchestrator finds the roles' files where the inventory puts them ------
+
+class LocalConnection:
+    """Runs the command on this machine (HOME: the node user's home), as ssh.Connection
+    runs it on a node."""
+
+    def __init__(self, home: Path) -> None:
+        self.env = dict(os.environ, HOME=str(home))
+
+    def run(self, command: str, timeout: float = 60.0, stdin: str | None = None):
+        from orchestrator.ssh import Result
+
+        p = subprocess.run(["sh", "-c", command], input=stdin, capture_output=True,
+                           text=True, timeout=timeout, env=self.env)
+        return Result(p.returncode, p.stdout, p.stderr)
+
+
+def _role_default(role: str, variable: str) -> str:
+    import yaml
+
+    return yaml.safe_load((REPO / "roles" / role / "defaults" / "main.yml").read_text())[variable]
+
+
+def test_node_paths_come_from_the_inventory_else_the_roles_defaults(tmp_path: Path) -> None:
+    from orchestrator.command import NodeCommand
+
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(
+        "train_nodes:\n  hosts:\n"
+        "    n0: {ansible_host: 192.0.2.1, python_env_state_dir: /srv/ct/state,\n"
+        "         common_cluster_env_file: /srv/ct/cluster.env}\n"
+        "    n1: {ansible_host: 192.0.2.2}\n")
+    n0, n1 = load_cluster(inventory).nodes
+    assert (n0.env_state_dir, n0.cluster_env_file) == ("/srv/ct/state", "/srv/ct/cluster.env")
+    assert (n1.env_state_dir, n1.cluster_env_file) == (
+        _role_default("python_env", "python_env_state_dir"),
+        _role_default("common", "common_cluster_env_file"))
+    command = NodeCommand(run_id="r1", node_rank=0, nnodes=1, nproc=1, master_addr="n0",
+                          master_port=29500, torchrun="/v/bin/torchrun", home="/home/alice",
+                          script="train.py", cluster_env=n0.cluster_env_file)
+    assert "set -a; . /srv/ct/cluster.env; set +a" in command.shell()
+
+
+def test_preflight_reads_the_environment_from_the_nodes_state_dir(tmp_path: Path) -> None:
+    """The probe, run for real (locally), reads python_env.json from the directory the
+    inventory gives the python_env role (python_env_state_dir), not from a fixed path."""
+    from orchestrator.probe import probe
+    from tests.orchestrator.test_probe import fake_environment
+
+    prefix = fake_environment(tmp_path)   # writes tmp_path/state/python_env.json
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(
+        "train_nodes:\n  hosts:\n"
+        f"    n0: {{ansible_host: 127.0.0.1, ansible_python_interpreter: '{sys.executable}',\n"
+        f"         python_env_state_dir: '{tmp_path / 'state'}'}}\n")
+    [node] = load_cluster(inventory).nodes
+    facts = probe(node, LocalConnection(tmp_path / "home"), shared={"path": str(tmp_path), "fstypes": None},
+                  addresses=[], port=None)
+    assert not facts.python_env_error, facts.python_env_error
+    assert facts.python_env["prefix"] == str(prefix)
