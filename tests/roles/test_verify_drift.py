@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -108,10 +109,23 @@ def test_verify_playbook_prints_the_message_preflight_prints(tmp_path: Path) -> 
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
                ANSIBLE_CACHE_PLUGIN="memory", ANSIBLE_NOCOLOR="1",
                ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"))
-    proc = subprocess.run(
-        [str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(inventory),
-         "-e", f"ansible_python_interpreter={sys.executable}", "playbooks/verify.yml"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+    def verify() -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(inventory),
+             "-e", f"ansible_python_interpreter={sys.executable}", "playbooks/verify.yml"],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+    # node1 as provisioned: no drift, the play passes
+    fsspec = tmp_path / "node1/env/lib/python3.11/site-packages/fsspec-2026.9.0.dist-info"
+    fsspec.mkdir()
+    (fsspec / "METADATA").write_text("Metadata-Version: 2.1\nName: fsspec\nVersion: 2026.9.0\n")
+    clean = verify()
+    assert clean.returncode == 0 and "same stack everywhere" in clean.stdout, clean.stdout
+    assert "drift: none, problems: none" in clean.stdout
+    # fsspec removed by hand on node1
+    shutil.rmtree(fsspec)
+    proc = verify()
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out
     [problem] = preflight_problems(inventory, live, {n: provisioned for n in live})
