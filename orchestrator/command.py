@@ -9,7 +9,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import supervisor
+from . import contract, supervisor
 from .errors import LaunchError
 
 # Every job runs as the SSH user and keeps its state under that user's home on each
@@ -20,7 +20,6 @@ NODE_STATE_DIR = ".clustertrain"
 WORKER_RUNNER = f"{NODE_STATE_DIR}/run_worker.py"
 CODE_SUBDIR = "code"
 JOBS_SUBDIR = "jobs"
-CLUSTER_ENV = "/etc/clustertrain/cluster.env"
 # torchrun prefixes every worker line with its global rank; logstream parses it.
 LOG_PREFIX_TEMPLATE = "[rank${rank}]:"
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -88,6 +87,9 @@ class NodeCommand:
     keep_runs: int = DEFAULT_KEEP_RUNS   # older snapshots and job dirs are pruned
     module: bool = False                # script is a module name, run as `python -m`
     clean_exit: bool = True             # start the workers through WORKER_RUNNER
+    # the common role's cluster.env on this node (NodeSpec.cluster_env_file)
+    cluster_env: str = field(default_factory=lambda: str(
+        contract.role_default("common", "common_cluster_env_file")))
 
     def __post_init__(self) -> None:
         # The supervisor cannot run without them: say so here, not in a node's log.
@@ -160,13 +162,14 @@ class NodeCommand:
         """
         exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.environment().items())
         job, code = shlex.quote(self.job_dir), shlex.quote(self.code_dir)
+        env_file = shlex.quote(self.cluster_env)
         argv = [self.python, f"{self.job_dir}/supervisor.py", "run", "--job", self.job_dir,
                 "--state-dir", self.run_state, "--run", self.run_id, "--node", self.node,
                 "--nodes", ",".join(self.nodes), "--grace", str(self.grace),
                 "--lease-timeout", str(self.lease_timeout), "--keep", str(self.keep_runs),
                 *(["--attached"] if self.attached else []), "--", *self.torchrun_argv()]
         return (f"umask 077; mkdir -p {job} && cd {code} && cat > {job}/supervisor.py && "
-                f"if [ -r {CLUSTER_ENV} ]; then set -a; . {CLUSTER_ENV}; set +a; fi; "
+                f"if [ -r {env_file} ]; then set -a; . {env_file}; set +a; fi; "
                 f"export {exports}; "
                 f"setsid {shlex.join(argv)} </dev/null >{job}/supervisor.log 2>&1 & "
                 f"echo $! >{job}/supervisor.pid; echo started")

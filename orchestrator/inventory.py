@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import contract
 from .errors import InventoryError
 from .ssh import SshTarget
 
@@ -27,6 +28,14 @@ DEFAULT_RENDEZVOUS_PORT = 29500
 DEFAULT_PYTHON = "/usr/bin/python3"
 
 
+# Node paths the orchestrator reads: the inventory variable, else this role's default.
+_ROLE_PATHS = {"python_env_state_dir": "python_env", "common_cluster_env_file": "common"}
+
+
+def _role_path(variable: str) -> str:
+    return str(contract.role_default(_ROLE_PATHS[variable], variable))
+
+
 @dataclass(frozen=True)
 class NodeSpec:
     """One training node: how to reach it over SSH and how the others reach it."""
@@ -35,6 +44,10 @@ class NodeSpec:
     ssh: SshTarget
     cluster_address: str            # what the other nodes use (an IP or a DNS name)
     python: str = DEFAULT_PYTHON    # the node's system python (for probes and teardown)
+    # Files the roles write on the node, where the inventory (else the role's default) puts
+    # them: python_env.json and fingerprint.json (python_env), cluster.env (common).
+    env_state_dir: str = field(default_factory=lambda: _role_path("python_env_state_dir"))
+    cluster_env_file: str = field(default_factory=lambda: _role_path("common_cluster_env_file"))
 
     @property
     def host(self) -> str:
@@ -98,6 +111,8 @@ _CONNECTION_OPTIONS = ("host", "remote_user", "port", "private_key_file",
                        "ssh_common_args", "ssh_extra_args", "timeout")
 _OWN_VARS = ("cluster_address", "cluster_shared_path", "cluster_rendezvous_port",
              "ansible_python_interpreter",
+             # node paths the roles make configurable (NodeSpec, _ROLE_PATHS)
+             "python_env_state_dir", "common_cluster_env_file",
              # how preflight checks the shared path's mount (preflight.shared_spec)
              "cluster_shared_fstypes", "nfs_client_kernel_mount")
 
@@ -235,12 +250,16 @@ def load_cluster(path: str | os.PathLike[str] = DEFAULT_INVENTORY) -> Cluster:
 
 def _node(name: str, renderer: _Renderer, path: Path) -> NodeSpec:
     target = _target(renderer.rendered(), name, path)
-    cluster_address = str(renderer.get("cluster_address") or target.host).strip()
+    cluster_address = contract.member_address(
+        name, {"cluster_address": renderer.get("cluster_address"), "ansible_host": target.host})
     interpreter = str(renderer.get("ansible_python_interpreter") or DEFAULT_PYTHON)
     if "auto" in interpreter:
         interpreter = DEFAULT_PYTHON
+    paths = {variable: str(renderer.get(variable) or _role_path(variable))
+             for variable in _ROLE_PATHS}
     return NodeSpec(name=name, ssh=target, cluster_address=cluster_address,
-                    python=interpreter)
+                    python=interpreter, env_state_dir=paths["python_env_state_dir"],
+                    cluster_env_file=paths["common_cluster_env_file"])
 
 
 def _refuse_duplicates(nodes: list[NodeSpec], path: Path) -> None:

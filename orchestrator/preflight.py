@@ -15,10 +15,9 @@ from __future__ import annotations
 import argparse
 import sys
 from concurrent.futures import ThreadPoolExecutor
-import ipaddress
 from dataclasses import dataclass, field
 
-from . import ssh
+from . import contract, ssh
 from .errors import PreflightError
 from .inventory import Cluster, DEFAULT_INVENTORY, NodeSpec, load_cluster
 from .probe import (NodeFacts, Rendezvous, fingerprint_lib, probe, reach, stop_listener)
@@ -200,8 +199,9 @@ SHARED_FIX = {
 
 
 def _realign_command(report: Report, nodes: list[str]) -> str:
-    inventory = report.cluster.inventory or DEFAULT_INVENTORY
-    return f"ansible-playbook site.yml -i {inventory} --limit {','.join(nodes)}"
+    command: str = fingerprint_lib().realign_command(report.cluster.inventory or DEFAULT_INVENTORY,
+                                                     nodes)
+    return command
 
 
 def _judge(report: Report, port: int, strict_port: bool) -> None:
@@ -282,11 +282,9 @@ def _judge_drift(report: Report) -> None:
                                      {f.node.name: f.provisioned for f in have})
     if not found["lines"]:
         return
-    report.drifted = nodes = found["realign"]
-    report.problems.append(
-        "environment drift (read from each node's environment now):\n    "
-        + "\n    ".join(found["lines"])
-        + f"\n  re-align {', '.join(nodes)}: {_realign_command(report, nodes)}")
+    report.drifted = found["realign"]
+    report.problems.append(fingerprint_lib().message(
+        found, report.cluster.inventory or DEFAULT_INVENTORY))
 
 
 def _judge_gpus(report: Report, f: NodeFacts) -> None:
@@ -346,11 +344,9 @@ def _address(f: NodeFacts) -> str:
     """The cluster address as the inventory gives it, with its IP when it is a name."""
     addr = f.node.cluster_address
     ip = f.resolve.get(addr)
-    try:
-        ipaddress.ip_address(addr)
+    if contract.is_ip(addr):
         return addr
-    except ValueError:
-        return f"{addr}[{ip}]" if ip else addr
+    return f"{addr}[{ip}]" if ip else addr
 
 
 def render_table(report: Report) -> str:

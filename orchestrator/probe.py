@@ -26,14 +26,15 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from . import ssh
+from . import contract, ssh
 from .inventory import NodeSpec
 from .runner import REPO_ROOT
 
 # Master-port claims on node 0, shared by every user of the node (see `claim` below).
 LEASE_DIR = "/tmp/clustertrain-ports"
-# Where the python_env role writes python_env.json and fingerprint.json.
-STATE_DIR = "/etc/clustertrain"
+# Where the python_env role writes python_env.json and fingerprint.json when a request
+# names no directory (preflight passes the node's, NodeSpec.env_state_dir).
+STATE_DIR = str(contract.role_default("python_env", "python_env_state_dir"))
 FINGERPRINT_PY = REPO_ROOT / "roles" / "python_env" / "files" / "fingerprint.py"
 # Per user on each node: the result of the last torch import, keyed by the live fingerprint.
 TORCH_CACHE = ".cache/clustertrain/torch-check.json"
@@ -515,7 +516,8 @@ def probe(node: NodeSpec, conn: ssh.Connection, *, shared: dict[str, Any],
     writes its token on the share and listens on that port until all nodes connected."""
     spec = dict(shared)
     request: dict[str, Any] = {"shared": spec, "addresses": addresses, "port": port,
-                               "run": run_id, "strict": strict_port}
+                               "run": run_id, "strict": strict_port,
+                               "state_dir": node.env_state_dir}
     if rendezvous is not None:
         spec["token"] = {"name": rendezvous.token_name, "value": rendezvous.token_value}
         request["listen"] = {"nonce": rendezvous.nonce, "expect": rendezvous.expect,

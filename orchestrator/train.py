@@ -185,7 +185,8 @@ def _main(args: argparse.Namespace) -> int:
                         run_state=run_state_dir(cluster.shared_path, str(facts.user), run_id),
                         attached=not args.detach, lease_timeout=args.lease_timeout,
                         grace=args.grace, module=request.module,
-                        clean_exit=request.clean_exit)
+                        clean_exit=request.clean_exit,
+                        cluster_env=facts.node.cluster_env_file)
             for i, facts in enumerate(report.facts)]
         facts_by = {f.node.name: f for f in report.facts}
         if args.dry_run:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,9 @@ def _load(path: Path, name: str):
     return module
 
 
+# The module imports the role's module_utils as Ansible ships it to a node.
+contract = _load(REPO / "roles/common/module_utils/cluster_contract.py", "cluster_contract")
+sys.modules.setdefault("ansible.module_utils.cluster_contract", contract)
 resolver = _load(REPO / "roles/common/library/cluster_addresses.py", "cluster_addresses")
 members_filters = _load(REPO / "roles/common/filter_plugins/cluster_members.py", "cluster_members")
 

@@ -8,18 +8,22 @@ filters pick the addresses to resolve and turn the result into what needs IPs.
 
 from __future__ import annotations
 
-import ipaddress
-
-# Where a member's address comes from, in order.
-ADDRESS_VARIABLES = ("cluster_address", "ansible_host")
+import importlib.util
+import os
 
 
-def _is_ip(text):
-    try:
-        ipaddress.ip_address(str(text).strip().strip("[]"))
-    except ValueError:
-        return False
-    return True
+def _load_contract():
+    """The role's module_utils/cluster_contract.py: the rules, shared with the module
+    `cluster_addresses` and the orchestrator."""
+    path = os.path.join(os.path.dirname(os.path.realpath(__file__)), os.pardir,
+                        "module_utils", "cluster_contract.py")
+    spec = importlib.util.spec_from_file_location("clustertrain_cluster_contract", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+contract = _load_contract()
 
 
 def _get(mapping, key):
@@ -29,18 +33,17 @@ def _get(mapping, key):
         return None
 
 
+def common_member_address(host, hostvars):
+    """The address of one inventory host (cluster_address, else ansible_host, else its name)."""
+    return contract.member_address(host, _get(hostvars, host) or {})[0]
+
+
 def common_member_addresses(hosts, hostvars):
     """[{host, address, variable}] of the given inventory hosts, for `cluster_addresses`."""
     members = []
     for host in hosts or []:
-        host_vars = _get(hostvars, host) or {}
-        for variable in ADDRESS_VARIABLES:
-            value = _get(host_vars, variable)
-            if value is not None and str(value).strip():
-                members.append({"host": host, "address": str(value).strip(), "variable": variable})
-                break
-        else:
-            members.append({"host": host, "address": host, "variable": "inventory_hostname"})
+        address, variable = contract.member_address(host, _get(hostvars, host) or {})
+        members.append({"host": host, "address": address, "variable": variable})
     return members
 
 
@@ -62,7 +65,7 @@ def common_hosts_lines(hosts, hostvars, ips):
     what the next run's resolution reads back).
     """
     members = common_member_addresses(hosts, hostvars)
-    dns_names = {m["address"].lower() for m in members if not _is_ip(m["address"])}
+    dns_names = {m["address"].lower() for m in members if contract.ip_literal(m["address"]) is None}
     lines = []
     for host in hosts or []:
         ip = (ips or {}).get(host)
@@ -81,6 +84,7 @@ def common_hosts_lines(hosts, hostvars, ips):
 class FilterModule:
     def filters(self):
         return {
+            "common_member_address": common_member_address,
             "common_member_addresses": common_member_addresses,
             "common_unresolved": common_unresolved,
             "common_hosts_lines": common_hosts_lines,

@@ -47,16 +47,7 @@ import ipaddress
 import socket
 
 from ansible.module_utils.basic import AnsibleModule
-
-
-def ip_literal(text):
-    """The text when it is an IPv4/IPv6 address (IPv6 may be in brackets), else None."""
-    candidate = text[1:-1] if text.startswith("[") and text.endswith("]") else text
-    try:
-        ipaddress.ip_address(candidate)
-    except ValueError:
-        return None
-    return candidate
+from ansible.module_utils.cluster_contract import ip_literal
 
 
 def _usable(ip):

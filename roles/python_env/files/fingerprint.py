@@ -354,6 +354,22 @@ def report(live, provisioned=None):
                                                   if lines else [])}
 
 
+def realign_command(inventory, nodes):
+    """The command that provisions NODES again; INVENTORY is what follows -i."""
+    return "ansible-playbook site.yml -i %s --limit %s" % (inventory, ",".join(nodes))
+
+
+def message(found, inventory):
+    """The drift that report() FOUND, in the words preflight and verify.yml both print
+    ("" when there is none); INVENTORY as in realign_command."""
+    if not found["lines"]:
+        return ""
+    return ("environment drift (read from each node's environment now):\n    "
+            + "\n    ".join(found["lines"])
+            + "\n  re-align %s: %s" % (", ".join(found["realign"]),
+                                       realign_command(inventory, found["realign"])))
+
+
 def checks():
     """Import torch in this interpreter: what works (for verify.yml and preflight)."""
     import warnings
