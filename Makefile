@@ -62,11 +62,14 @@ molecule-all: deps venv
 e2e: deps venv
 	$(BIN)/pytest -m e2e -q
 
-# All benchmarks, one after another (about two hours on 2 cores, half of it the 2x50 runs
-# of teardown_abort.py); results in bench/results/.
+# All benchmarks, one after another (about three hours on 2 cores, a third of it the 2x50
+# runs of teardown_abort.py); results in bench/results/.
 bench: deps venv
 	$(PY) bench/ddp_overhead.py
 	$(PY) bench/launch_fanout.py
+	$(PY) bench/launch_fanout.py --bastion
+	$(PY) bench/train_overhead.py
+	$(PY) bench/kill9_supervision.py
 	$(PY) bench/code_sync.py
 	$(PY) bench/provision.py --nodes 2
 	$(PY) bench/provision.py --nodes 8
