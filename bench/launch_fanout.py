@@ -4,7 +4,8 @@ For 2, 4, 8 and 16 sandbox nodes (one 16-node sandbox; the first N nodes are use
 code already synced, a trivial script is started three ways:
 
   launch   the orchestrator's launch path in-process: SSH connect to every node and
-           start torchrun on all of them at once (what `train` does after preflight/sync)
+           start torchrun on all of them at once; also timed from the moment every
+           connection is open, which is `train`'s launch (preflight opened them)
   train    the whole `python -m orchestrator train` command line, preflight and sync included
   ansible  `ansible train_nodes -m shell` with the same torchrun command (forks = N)
 
@@ -45,13 +46,16 @@ def started_times(containers: list[str], path: str) -> list[float]:
     return [float(node_exec(c, f"stat -c %.9Y {path}").strip()) for c in containers]
 
 
-def bench_launch(cluster, containers, workdir: Path, runs: Path) -> float:
+def bench_launch(cluster, containers, workdir: Path, runs: Path) -> tuple[float, float]:
+    """(from connecting, from connected) until torchrun runs on every node: `train`
+    launches over the connections its preflight opened, so the second is its launch."""
     run_id = new_run_id()
     sync_code(cluster, workdir, run_id)  # code already synced before the clock starts
     rundir = RunDir(runs, run_id)
     rundir.path.mkdir(parents=True)
     t0 = time.time()
     clients = connect_all(list(cluster.nodes))
+    connected = time.time()
     commands = [NodeCommand(run_id=run_id, node_rank=i, nnodes=len(cluster.nodes), nproc=1,
                             master_addr=cluster.nodes[0].cluster_address, master_port=29500,
                             torchrun=f"{VENV}/bin/torchrun", home=HOME,
@@ -65,7 +69,8 @@ def bench_launch(cluster, containers, workdir: Path, runs: Path) -> float:
     for c in clients.values():
         c.close()
     assert result.ok, result.outcomes
-    return max(started_times(containers, f"{commands[0].job_dir}/pgid")) - t0
+    started = max(started_times(containers, f"{commands[0].job_dir}/pgid"))
+    return started - t0, started - connected
 
 
 def bench_train(inventory: str, n: int, containers, workdir: Path, runs: Path) -> float:
@@ -113,16 +118,19 @@ def main() -> int:
         for n in sizes:
             cluster = cluster_all.select(nodes=n)
             containers = [x["container"] for x in info["nodes"][:n]]
-            row = {"nodes": n}
-            for label, fn in (
-                    ("launch", lambda: bench_launch(cluster, containers, work / "code",
-                                                    work / "runs")),
-                    ("train", lambda: bench_train(info["inventory"], n, containers,
-                                                  work / "code", work / "runs")),
-                    ("ansible", lambda: bench_ansible(info["inventory"], n, containers))):
-                times = [fn() for _ in range(args.repeats)]
+            row: dict = {"nodes": n, "load_before": os.getloadavg()[0]}
+            launches = [bench_launch(cluster, containers, work / "code", work / "runs")
+                        for _ in range(args.repeats)]
+            for label, times in (
+                    ("launch", [total for total, _ in launches]),
+                    ("launch_connected", [after for _, after in launches]),
+                    ("train", [bench_train(info["inventory"], n, containers, work / "code",
+                                           work / "runs") for _ in range(args.repeats)]),
+                    ("ansible", [bench_ansible(info["inventory"], n, containers)
+                                 for _ in range(args.repeats)])):
                 row[label] = {"median_s": round(statistics.median(times), 3),
                               "all_s": [round(t, 3) for t in times]}
+            row["load_after"] = os.getloadavg()[0]
             results.append(row)
             print(json.dumps(row), flush=True)
     finally:
@@ -130,15 +138,18 @@ def main() -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({
         "what": "seconds from start until torchrun started on every node (code already "
-                "synced); median of repeats",
-        "machine": f"{os.cpu_count()} cores, shared with other work; sandbox containers",
+                "synced); median of repeats; launch: connecting included, launch_connected: "
+                "over open connections (as train after preflight); load_*: 1-minute load "
+                "average",
+        "machine": f"{os.cpu_count()} cores; sandbox containers",
         "ssh": "through a bastion (ProxyJump)" if args.bastion else "direct",
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "results": results}, indent=2) + "\n")
-    print("\n| nodes | orchestrator launch (s) | `train` CLI incl. preflight+sync (s) | "
-          "`ansible -m shell` (s) |\n|---|---|---|---|")
+    print("\n| nodes | launch incl. connecting (s) | launch, connected (s) | `train` CLI "
+          "(s) | `ansible -m shell` (s) |\n|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['nodes']} | {r['launch']['median_s']:.2f} | {r['train']['median_s']:.2f} "
+        print(f"| {r['nodes']} | {r['launch']['median_s']:.2f} | "
+              f"{r['launch_connected']['median_s']:.2f} | {r['train']['median_s']:.2f} "
               f"| {r['ansible']['median_s']:.2f} |")
     return 0
 
