@@ -169,7 +169,8 @@ def test_node_paths_come_from_the_inventory_else_the_roles_defaults(tmp_path: Pa
         _role_default("common", "common_cluster_env_file"))
     command = NodeCommand(run_id="r1", node_rank=0, nnodes=1, nproc=1, master_addr="n0",
                           master_port=29500, torchrun="/v/bin/torchrun", home="/home/alice",
-                          script="train.py", cluster_env=n0.cluster_env_file)
+                          script="train.py", cluster_env=n0.cluster_env_file, node="n0",
+                          nodes=("n0",), run_state="/srv/shared/runs/alice/r1")
     assert "set -a; . /srv/ct/cluster.env; set +a" in command.shell()
 
 
