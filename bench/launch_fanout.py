@@ -112,7 +112,8 @@ def main() -> int:
     (work / "code").mkdir(parents=True, exist_ok=True)
     (work / "code" / "trivial.py").write_text(TRIVIAL)
     info = bench_sandbox(args.name, max(sizes), args.bastion)
-    results = []
+    results: list[dict] = []
+    failure = None
     try:
         cluster_all = load_cluster(info["inventory"])
         for n in sizes:
@@ -133,6 +134,9 @@ def main() -> int:
             row["load_after"] = os.getloadavg()[0]
             results.append(row)
             print(json.dumps(row), flush=True)
+    except Exception as exc:  # noqa: BLE001 - the sizes measured so far are kept, with why
+        failure = f"{n} nodes: {type(exc).__name__}: {str(exc).splitlines()[0]}"
+        print(failure, file=sys.stderr)
     finally:
         sandbox_down(args.name)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -144,14 +148,14 @@ def main() -> int:
         "machine": f"{os.cpu_count()} cores; sandbox containers",
         "ssh": "through a bastion (ProxyJump)" if args.bastion else "direct",
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "results": results}, indent=2) + "\n")
+        "results": results, **({"failed": failure} if failure else {})}, indent=2) + "\n")
     print("\n| nodes | launch incl. connecting (s) | launch, connected (s) | `train` CLI "
           "(s) | `ansible -m shell` (s) |\n|---|---|---|---|---|")
     for r in results:
         print(f"| {r['nodes']} | {r['launch']['median_s']:.2f} | "
               f"{r['launch_connected']['median_s']:.2f} | {r['train']['median_s']:.2f} "
               f"| {r['ansible']['median_s']:.2f} |")
-    return 0
+    return 1 if failure else 0
 
 
 if __name__ == "__main__":
