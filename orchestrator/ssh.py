@@ -15,11 +15,13 @@ lost node is noticed.
 from __future__ import annotations
 
 import os
+import random
 import re
 import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 
 from .errors import PreflightError
@@ -31,6 +33,10 @@ ALIVE_COUNT = 4
 # An idle master (no session for this long) exits by itself: nothing outlives a
 # controller killed with SIGKILL for long.
 MASTER_PERSIST = 60
+# The server (or a bastion on the way) dropped the connection before the login: what an
+# sshd does beyond MaxStartups (default 10:30:100) when many nodes connect at once.
+DROPPED = re.compile(r"kex_exchange_identification")
+DROPPED_RETRIES = 3
 
 
 @dataclass(frozen=True)
@@ -116,8 +122,15 @@ class Connection:
                            "-o", f"ServerAliveCountMax={ALIVE_COUNT}", "-f", "-N"],
                           self.target.host)
         try:
-            proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
-                                  text=True, timeout=self.target.timeout * 3 + 10)
+            for attempt in range(DROPPED_RETRIES + 1):
+                proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
+                                      text=True, timeout=self.target.timeout * 3 + 10)
+                if proc.returncode != 255 or not DROPPED.search(proc.stderr):
+                    break
+                # Dropped before the login: again after a pause that grows, spread so
+                # that the nodes do not all come back at once. (Any other failure, a
+                # refused key or a node down, is reported at once.)
+                time.sleep(random.uniform(0.2, 1.0) * 2 ** attempt)
         except FileNotFoundError:
             self.close()
             raise PreflightError(
@@ -205,6 +218,13 @@ def explain(name: str, target: SshTarget, stderr: str) -> str:
         return (f"{name}: {target.host}'s host key is not known and host keys are checked; "
                 f"check its fingerprint, then add it with `ssh-keyscan {target.host} >> "
                 "~/.ssh/known_hosts` (or the UserKnownHostsFile your SSH options name)")
+    if DROPPED.search(stderr):
+        return (f"{name}: the connection to {where} was dropped before the login, "
+                f"{DROPPED_RETRIES + 1} times ({said}): an SSH server on the way (the node's, "
+                "or the bastion's) refuses this many connections at once (sshd's MaxStartups, "
+                "default 10:30:100); raise MaxStartups there, or keep one master connection "
+                "to the bastion (ControlMaster auto and ControlPersist in its ~/.ssh/config "
+                "block)")
     if "Could not resolve hostname" in stderr:
         return (f"{name}: cannot resolve {target.host} ({said}); fix ansible_host in the "
                 "inventory or the Host entry in your SSH config")

@@ -51,6 +51,15 @@ _STATE = ("state() { find \"$1\" \\( -path \"$1/.clustertrain\" -o -name __pycac
           "| LC_ALL=C sort | sha256sum | cut -c1-64; }")
 
 
+# A copy whose connection was dropped before the login (an sshd, or a bastion's, beyond
+# MaxStartups - default 10:30:100 - when many nodes connect at once) is tried again;
+# other failures are reported at once. rsync runs its own ssh: Ansible's connection
+# retries would not cover it.
+RETRY_DROPPED = {"register": "copied", "retries": 3, "delay": 1,
+                 "until": "copied is succeeded or 'kex_exchange_identification' not in "
+                          "(copied.msg | default(''))"}
+
+
 def sync_playbook(workdir: Path, run_id: str, runner_dir: Path | None = None) -> list[dict]:
     """RUNNER_DIR: a local directory that holds WORKER_RUNNER, copied into the snapshot."""
     code_root = f"{NODE_STATE_DIR}/{CODE_SUBDIR}"   # relative to the user's home
@@ -81,13 +90,15 @@ def sync_playbook(workdir: Path, run_id: str, runner_dir: Path | None = None) ->
                  "link_dest": "{{ [previous.stat.lnk_source] if previous.stat.islnk | "
                               "default(false) else omit }}",
                  "rsync_opts": list(RSYNC_FILTERS),
-             }},
+             },
+             **RETRY_DROPPED},
             *([{"name": "Add the worker runner to the snapshot",
                 "ansible.posix.synchronize": {
                     "src": f"{runner_dir}/", "dest": dest, "archive": True,
                     "use_ssh_args": True,
                     "link_dest": "{{ [previous.stat.lnk_source] if previous.stat.islnk | "
-                                 "default(false) else omit }}"}}] if runner_dir else []),
+                                 "default(false) else omit }}"},
+                **RETRY_DROPPED}] if runner_dir else []),
             {"name": "Point 'latest' at this snapshot",
              "ansible.builtin.file": {"src": run_id, "dest": f"~/{code_root}/latest",
                                       "state": "link", "force": True}},

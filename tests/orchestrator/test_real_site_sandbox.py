@@ -122,6 +122,34 @@ def test_two_users_train_at_once_each_as_themselves(sandbox_cluster: Provisioned
         assert owners(sandbox_cluster, node) == {}, node
 
 
+def test_thirty_connections_through_the_bastion_at_once(
+        sandbox_cluster: ProvisionedCluster) -> None:
+    """The bastion's sshd keeps its default MaxStartups (10:30:100), as most do: beyond 10
+    connections not yet logged in, it drops new ones at random, which is what 30 nodes
+    connecting at once look like. Every connection is made all the same (a dropped one is
+    tried again), and none is taken for a node that is down."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from orchestrator import ssh
+    from orchestrator.inventory import load_cluster
+
+    node = load_cluster(sandbox_cluster.inventory).nodes[0]
+
+    def one(i: int) -> str | None:
+        try:
+            conn = ssh.connect(f"{node.name}-{i}", node.ssh)
+        except Exception as exc:  # noqa: BLE001 - every failure is reported below
+            return str(exc)
+        try:
+            return None if conn.run("true").exit_code == 0 else f"{i}: `true` failed"
+        finally:
+            conn.close()
+
+    with ThreadPoolExecutor(max_workers=30) as pool:
+        failed = [f for f in pool.map(one, range(30)) if f]
+    assert not failed, f"{len(failed)} of 30 failed, e.g. {failed[0]}"
+
+
 def test_an_unknown_user_is_named_before_anything_starts(sandbox_cluster: ProvisionedCluster,
                                                          tmp_path: Path) -> None:
     inventory = tmp_path / "carol.yml"
