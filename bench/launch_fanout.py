@@ -136,7 +136,7 @@ def main() -> int:
             print(json.dumps(row), flush=True)
     except Exception as exc:  # noqa: BLE001 - the sizes measured so far are kept, with why
         failure = f"{n} nodes: {type(exc).__name__}: {str(exc).splitlines()[0]}"
-        print(failure, file=sys.stderr)
+        print(f"{failure}\n{exc}", file=sys.stderr)
     finally:
         sandbox_down(args.name)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -69,7 +69,10 @@ def sync_playbook(workdir: Path, run_id: str, runner_dir: Path | None = None) ->
         "hosts": "train_nodes",
         "gather_facts": False,
         # Play vars outrank the inventory's ansible_become: the job user owns its code.
-        "vars": {"ansible_become": False},
+        # The nodes answered preflight a moment ago: a connection that fails now (ssh
+        # exits 255) was dropped on the way, e.g. by a bastion beyond MaxStartups when
+        # many nodes connect at once, and is tried again.
+        "vars": {"ansible_become": False, "ansible_ssh_retries": 3},
         "tasks": [
             {"name": "Create the user's private state directory",
              "ansible.builtin.file": {"path": f"~/{NODE_STATE_DIR}", "state": "directory",
