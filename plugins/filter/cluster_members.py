@@ -1,0 +1,1 @@
+../../roles/common/filter_plugins/cluster_members.py

@@ -1,0 +1,1 @@
+../../roles/firewall/filter_plugins/firewall_net.py

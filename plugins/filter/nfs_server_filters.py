@@ -1,0 +1,1 @@
+../../roles/nfs_server/filter_plugins/nfs_server_filters.py

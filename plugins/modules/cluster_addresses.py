@@ -1,0 +1,1 @@
+../../roles/common/library/cluster_addresses.py
