@@ -18,16 +18,15 @@ from typing import Any
 import yaml
 
 from .errors import InventoryError
-from .runner import REPO_ROOT
-
-ROLES = REPO_ROOT / "roles"
-CONTRACT_PY = ROLES / "common" / "module_utils" / "cluster_contract.py"
+from .resources import project
 
 
 @functools.cache
 def rules() -> ModuleType:
     """roles/common/module_utils/cluster_contract.py as a module."""
-    spec = importlib.util.spec_from_file_location("clustertrain_cluster_contract", CONTRACT_PY)
+    spec = importlib.util.spec_from_file_location(
+        "clustertrain_cluster_contract",
+        project().roles / "common" / "module_utils" / "cluster_contract.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # type: ignore[union-attr]
     return module
@@ -47,7 +46,7 @@ def is_ip(text: str) -> bool:
 
 @functools.cache
 def _defaults(role: str) -> dict[str, Any]:
-    path = ROLES / role / "defaults" / "main.yml"
+    path = project().roles / role / "defaults" / "main.yml"
     data = yaml.safe_load(path.read_text()) or {}
     if not isinstance(data, dict):
         raise InventoryError(f"{path} is not a mapping of variables")

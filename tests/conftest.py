@@ -7,9 +7,9 @@ import uuid
 
 import pytest
 
-from orchestrator.podman import CONTAINERS_CONF
+from orchestrator.resources import project
 
-os.environ.setdefault("CONTAINERS_CONF", str(CONTAINERS_CONF))
+os.environ.setdefault("CONTAINERS_CONF", str(project().containers_conf))
 
 
 @pytest.fixture
