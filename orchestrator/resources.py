@@ -1,10 +1,11 @@
 """Where the files that ship with clustertrain lie: the one place that knows.
 
-site.yml, playbooks/, roles/, ansible.cfg, environment.yml, the sandbox's containers.conf
-and group_vars, and the example job train/. In a git checkout (and an editable install)
-they are the repository's own files, in the parent directory of this package. An
-installed wheel carries copies of them in this package's `_project/` directory, put there
-by the build (setup.py's build_py) from the same files: the repository keeps one copy.
+site.yml, playbooks/, roles/, the collection's plugins (collections/), ansible.cfg,
+environment.yml, the sandbox's containers.conf and group_vars, and the example job
+train/. In a git checkout (and an editable install) they are the repository's own files,
+in the parent directory of this package. An installed wheel carries copies of them in
+this package's `_project/` directory, put there by the build (setup.py's build_py) from
+the same files: the repository keeps one copy.
 """
 
 from __future__ import annotations
@@ -37,6 +38,17 @@ class Project:
     @property
     def roles(self) -> Path:
         return self.root / "roles"
+
+    @property
+    def collection(self) -> Path:
+        """The collection clustertrain.cluster as ansible.cfg's collections_path finds it
+        (in a checkout, links to the repository's plugins/; in the wheel, copies)."""
+        return self.root / "collections" / "ansible_collections" / "clustertrain" / "cluster"
+
+    @property
+    def contract_py(self) -> Path:
+        """The node contract's rules (the collection's module_utils)."""
+        return self.collection / "plugins" / "module_utils" / "cluster_contract.py"
 
     @property
     def containers_conf(self) -> Path:

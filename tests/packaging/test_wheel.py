@@ -22,9 +22,10 @@ def test_the_wheel_carries_the_playbooks_roles_and_sandbox_config(installed_tool
     for path in ("site.yml", "ansible.cfg", "environment.yml", "playbooks/base.yml",
                  "playbooks/verify.yml", "sandbox/containers.conf",
                  "sandbox/group_vars/all.yml", "roles/python_env/files/fingerprint.py",
-                 "roles/common/library/cluster_addresses.py", "train/train.py",
-                 "collections/ansible_collections/clustertrain/cluster/plugins/filter/"
-                 "cluster_members.py"):
+                 "train/train.py", "playbooks/filter_plugins/python_env_drift.py",
+                 *(f"collections/ansible_collections/clustertrain/cluster/plugins/{p}.py"
+                   for p in ("filter/cluster_members", "modules/cluster_addresses",
+                             "module_utils/cluster_contract"))):
         assert shipped + path in names, path
     assert "orchestrator/sandbox/cluster.py" in names   # subpackages too
 

@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "roles" / "nfs_server"
 
 _spec = importlib.util.spec_from_file_location(
-    "nfs_server_filters", ROLE / "filter_plugins" / "nfs_server_filters.py")
+    "nfs_server_filters", REPO / "plugins" / "filter" / "nfs_server_filters.py")
 filters = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(filters)
 
