@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+# The ansible tools of the environment that runs the tests (the collection needs no venv).
+BIN = Path(sys.executable).parent
 # What the test session sets that would point the installed tool at the checkout.
 OUTSIDE_ENV = {"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "CONTAINERS_CONF"}
 
@@ -69,3 +71,39 @@ def installed_tool(tmp_path_factory) -> InstalledTool:
     print(f"\ninstalled_tool: wheel built and installed in {time.monotonic() - started:.0f} s",
           file=sys.stderr)
     return InstalledTool(wheel, venv)
+
+
+@dataclass(frozen=True)
+class InstalledCollection:
+    tarball: Path      # clustertrain-cluster-*.tar.gz, built by ansible-galaxy
+    path: Path         # the collections path it is installed into
+
+    def ansible(self, *argv: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+        """ansible-playbook or another tool ARGV[0] from CWD, outside the repository, with
+        this collections path alone: nothing of the checkout (its ansible.cfg, roles_path,
+        collections/) can stand in for the collection."""
+        env = {**outside_env(), "ANSIBLE_COLLECTIONS_PATH": str(self.path),
+               "ANSIBLE_NOCOLOR": "1", "ANSIBLE_LOCAL_TEMP": str(cwd / ".ansible-tmp")}
+        if (cwd / "ansible.cfg").is_file():
+            env["ANSIBLE_CONFIG"] = str(cwd / "ansible.cfg")
+        return subprocess.run([str(BIN / argv[0]), *argv[1:]], cwd=cwd, env=env,
+                              capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def installed_collection(tmp_path_factory) -> InstalledCollection:
+    """The roles as README's "Install" makes them a collection: `ansible-galaxy collection
+    build` in the repository, `ansible-galaxy collection install --offline` of the tarball
+    into a collections path of its own."""
+    root = tmp_path_factory.mktemp("collection")
+    dist, path = root / "dist", root / "collections"
+    build = subprocess.run([str(BIN / "ansible-galaxy"), "collection", "build",
+                            "--output-path", str(dist), str(REPO)], cwd=root,
+                           env=outside_env(), capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stdout + build.stderr
+    tarball, = dist.glob("clustertrain-cluster-*.tar.gz")
+    install = subprocess.run([str(BIN / "ansible-galaxy"), "collection", "install",
+                              "--offline", "-p", str(path), str(tarball)], cwd=root,
+                             env=outside_env(), capture_output=True, text=True, timeout=300)
+    assert install.returncode == 0, install.stdout + install.stderr
+    return InstalledCollection(tarball, path)
