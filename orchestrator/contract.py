@@ -1,8 +1,9 @@
 """The node contract as the orchestrator reads it, from the roles' own files.
 
-The rules (a member's address, what an IP address is) live once, in the common role's
-module_utils/cluster_contract.py, which the roles use too; the orchestrator loads that
-file by path rather than keeping a copy. Node paths the roles make configurable are read
+The rules (a member's address, what an IP address is) live once, in the collection's
+plugins/module_utils/cluster_contract.py, which the roles use too; the orchestrator loads
+that file by path (resources.Project.contract_py, in a checkout or the wheel) rather than
+keeping a copy. Node paths the roles make configurable are read
 the way the roles read them: the inventory variable, else the role's default
 (roles/<role>/defaults/main.yml), never a second literal here.
 """
@@ -18,16 +19,14 @@ from typing import Any
 import yaml
 
 from .errors import InventoryError
-from .runner import REPO_ROOT
-
-ROLES = REPO_ROOT / "roles"
-CONTRACT_PY = ROLES / "common" / "module_utils" / "cluster_contract.py"
+from .resources import project
 
 
 @functools.cache
 def rules() -> ModuleType:
-    """roles/common/module_utils/cluster_contract.py as a module."""
-    spec = importlib.util.spec_from_file_location("clustertrain_cluster_contract", CONTRACT_PY)
+    """The collection's plugins/module_utils/cluster_contract.py as a module."""
+    spec = importlib.util.spec_from_file_location("clustertrain_cluster_contract",
+                                                  project().contract_py)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # type: ignore[union-attr]
     return module
@@ -47,7 +46,7 @@ def is_ip(text: str) -> bool:
 
 @functools.cache
 def _defaults(role: str) -> dict[str, Any]:
-    path = ROLES / role / "defaults" / "main.yml"
+    path = project().roles / role / "defaults" / "main.yml"
     data = yaml.safe_load(path.read_text()) or {}
     if not isinstance(data, dict):
         raise InventoryError(f"{path} is not a mapping of variables")

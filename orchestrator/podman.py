@@ -10,13 +10,12 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .errors import SandboxError
-
-CONTAINERS_CONF = Path(__file__).resolve().parent.parent / "sandbox" / "containers.conf"
+from .resources import project
 
 
 def podman_env() -> dict[str, str]:
     env = dict(os.environ)
-    env["CONTAINERS_CONF"] = str(CONTAINERS_CONF)
+    env["CONTAINERS_CONF"] = str(project().containers_conf)
     return env
 
 

@@ -28,14 +28,13 @@ from typing import Any
 
 from . import contract, ssh
 from .inventory import NodeSpec
-from .runner import REPO_ROOT
+from .resources import project
 
 # Master-port claims on node 0, shared by every user of the node (see `claim` below).
 LEASE_DIR = "/tmp/clustertrain-ports"
 # Where the python_env role writes python_env.json and fingerprint.json when a request
 # names no directory (preflight passes the node's, NodeSpec.env_state_dir).
 STATE_DIR = str(contract.role_default("python_env", "python_env_state_dir"))
-FINGERPRINT_PY = REPO_ROOT / "roles" / "python_env" / "files" / "fingerprint.py"
 # Per user on each node: the result of the last torch import, keyed by the live fingerprint.
 TORCH_CACHE = ".cache/clustertrain/torch-check.json"
 CONNECT_TIMEOUT = 3.0    # seconds for a node to open a TCP connection to node 0's port
@@ -46,7 +45,8 @@ LISTEN_SECONDS = 30.0    # the listener on node 0 gives up after this long
 def fingerprint_lib() -> ModuleType:
     """roles/python_env/files/fingerprint.py as a module (drift comparison, on the
     controller; the nodes run the same file inside the probe)."""
-    spec = importlib.util.spec_from_file_location("clustertrain_fingerprint", FINGERPRINT_PY)
+    spec = importlib.util.spec_from_file_location("clustertrain_fingerprint",
+                                                  project().fingerprint_py)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # type: ignore[union-attr]
     return module
@@ -439,7 +439,7 @@ except OSError:
 
 
 def _script() -> str:
-    source = FINGERPRINT_PY.read_text()
+    source = project().fingerprint_py.read_text()
     return ("FP_SOURCE = %r\nFP = {'__name__': 'clustertrain_fingerprint'}\n"
             "exec(compile(FP_SOURCE, 'fingerprint.py', 'exec'), FP)\n" % source
             + _PROBE_BODY.replace('"LEASE_DIR"', repr(LEASE_DIR))

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from .errors import ClusterError
 from .inventory import DEFAULT_INVENTORY
-from .runner import REPO_ROOT, run_playbook
+from .resources import project
+from .runner import run_playbook
 
 
 class ProvisionError(ClusterError):
@@ -33,10 +34,11 @@ def provision(inventory: Path, limit: str | None = None, check: bool = False,
               extra_vars: list[str] | None = None) -> dict:
     if not inventory.exists():
         raise ClusterError(f"inventory {inventory} does not exist; pass -i/--inventory")
-    playbook_path = (REPO_ROOT / playbook).resolve()
+    shipped = project()
+    playbook_path = shipped.playbook(playbook)
     if not playbook_path.is_file():
         raise ClusterError(f"playbook {playbook_path} does not exist; --playbook is relative "
-                           f"to the repository {REPO_ROOT}")
+                           f"to the repository {shipped.root}")
     words = (["--check", "--diff"] if check else []) + (["--tags", tags] if tags else [])
     for item in extra_vars or []:
         words += ["-e", item]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from .resources import project
 
 
 @dataclass(frozen=True)
@@ -31,12 +31,13 @@ def run_playbook(private_data_dir: str, playbook: Path, inventory: Path, *,
     import ansible_runner  # slow import: only when a playbook runs
 
     bindir = Path(sys.executable).parent
+    shipped = project()
     result = ansible_runner.run(
-        private_data_dir=private_data_dir, project_dir=str(REPO_ROOT),
+        private_data_dir=private_data_dir, project_dir=str(shipped.root),
         playbook=str(playbook), inventory=str(inventory.resolve()), limit=limit,
         cmdline=cmdline, quiet=quiet, event_handler=event_handler,
-        envvars={"ANSIBLE_CONFIG": str(REPO_ROOT / "ansible.cfg"),
-                 "ANSIBLE_ROLES_PATH": str(REPO_ROOT / "roles"),
+        envvars={"ANSIBLE_CONFIG": str(shipped.ansible_cfg),
+                 "ANSIBLE_ROLES_PATH": str(shipped.roles),
                  "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"},
         settings={"suppress_ansible_output": quiet})
     failures = [f"{e['event_data'].get('host')}: "

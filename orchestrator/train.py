@@ -23,13 +23,12 @@ from .preflight import (add_selection_args, print_report, raise_if_blocked, run_
 from .probe import release_port
 from .runs import (DEFAULT_RUNS_DIR, RunDir, RunStatus, code_revision, iso, new_run_id,
                    run_state_dir)
+from .resources import project
 from .supervisor import End
-from .runner import REPO_ROOT
 from .sync import sync_code
 from .worker_end import NodeEnd, NodeEnds, Verdict, how_it_ended, judge, scan_log
 from .teardown import DEFAULT_GRACE
 
-DEFAULT_WORKDIR = REPO_ROOT / "train"
 DEFAULT_SCRIPT = "train.py"
 MODULE_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
@@ -113,7 +112,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "snapshot, start torchrun on all nodes at once, stream their logs, "
                        "and stop the job everywhere if one node fails or on Ctrl-C.")
     add_selection_args(p)
-    p.add_argument("--workdir", default=str(DEFAULT_WORKDIR),
+    p.add_argument("--workdir", default=str(project().train),
                    help="local directory with the training code (default: %(default)s)")
     p.add_argument("--env", action="append", metavar="K=V",
                    help="environment variable for the job (repeatable)")

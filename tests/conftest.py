@@ -7,9 +7,11 @@ import uuid
 
 import pytest
 
-from orchestrator.podman import CONTAINERS_CONF
+from orchestrator.resources import project
 
-os.environ.setdefault("CONTAINERS_CONF", str(CONTAINERS_CONF))
+os.environ.setdefault("CONTAINERS_CONF", str(project().containers_conf))
+# On a machine shared with others' sandboxes: the names of those the tests make begin with it.
+NAME_PREFIX = os.environ.get("CLUSTERTRAIN_TEST_SANDBOX_PREFIX", "")
 
 
 @pytest.fixture
@@ -20,7 +22,7 @@ def sandbox_name():
     names: list[str] = []
 
     def make(prefix: str = "t") -> str:
-        name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        name = f"{NAME_PREFIX}{prefix}-{uuid.uuid4().hex[:8]}"
         names.append(name)
         return name
 
@@ -57,7 +59,7 @@ def sandbox_cluster():
         assert st.returncode == 0, st.stderr
         yield cluster_of(json.loads(st.stdout))
         return
-    name = f"cl-{secrets.token_hex(3)}"
+    name = f"{NAME_PREFIX}cl-{secrets.token_hex(3)}"
     up = orchestrator("sandbox", "up", "--nodes", "3", "--bastion", "--name", name, "--json")
     assert up.returncode == 0, up.stderr
     try:

@@ -18,15 +18,13 @@ from pathlib import Path
 import yaml
 
 from ..errors import SandboxError
+from ..resources import project
 
 LABEL = "clustertrain.sandbox"
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,29}$")
 FIRST_HOST = 10  # node addresses start at .10 of the sandbox subnet (then outsiders, bastion)
 SHARED_PATH = "/mnt/cluster"
 EXPORT_PATH = "/srv/nfs/cluster"
-# Settings that describe what the sandbox's nodes are (containers on a kernel without
-# NFS, no conda downloads); merged into the inventory's `all.vars`.
-SANDBOX_VARS_FILE = Path(__file__).resolve().parents[2] / "sandbox" / "group_vars" / "all.yml"
 
 
 
@@ -244,7 +242,11 @@ def render_inventory(spec: SandboxSpec, extra_vars: dict | None = None,
     return header + yaml.safe_dump(inventory, sort_keys=False, default_flow_style=False)
 
 
-def sandbox_vars(path: Path = SANDBOX_VARS_FILE) -> dict:
+def sandbox_vars(path: Path | None = None) -> dict:
+    """Settings that describe what the sandbox's nodes are (containers on a kernel without
+    NFS, no conda downloads), merged into the inventory's `all.vars`: PATH, by default the
+    shipped sandbox/group_vars/all.yml."""
+    path = path or project().sandbox_vars
     if not path.exists():
         return {}
     data = yaml.safe_load(path.read_text()) or {}

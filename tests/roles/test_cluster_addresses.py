@@ -23,11 +23,12 @@ def _load(path: Path, name: str):
     return module
 
 
-# The module imports the role's module_utils as Ansible ships it to a node.
-contract = _load(REPO / "roles/common/module_utils/cluster_contract.py", "cluster_contract")
-sys.modules.setdefault("ansible.module_utils.cluster_contract", contract)
-resolver = _load(REPO / "roles/common/library/cluster_addresses.py", "cluster_addresses")
-members_filters = _load(REPO / "roles/common/filter_plugins/cluster_members.py", "cluster_members")
+# The module imports the collection's module_utils as Ansible ships it to a node.
+contract = _load(REPO / "plugins/module_utils/cluster_contract.py", "cluster_contract")
+sys.modules.setdefault(
+    "ansible_collections.clustertrain.cluster.plugins.module_utils.cluster_contract", contract)
+resolver = _load(REPO / "plugins/modules/cluster_addresses.py", "cluster_addresses")
+members_filters = _load(REPO / "plugins/filter/cluster_members.py", "cluster_members")
 
 
 def fake_getaddrinfo(table: dict[str, list[str]]):

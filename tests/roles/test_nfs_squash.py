@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "roles" / "nfs_server"
 
 _spec = importlib.util.spec_from_file_location(
-    "nfs_server_filters", ROLE / "filter_plugins" / "nfs_server_filters.py")
+    "nfs_server_filters", REPO / "plugins" / "filter" / "nfs_server_filters.py")
 filters = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(filters)
 
@@ -28,7 +28,9 @@ OPTIONS = SPECS["argument_specs"]["main"]["options"]
 def render(template: str, **overrides) -> str:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(ROLE / "templates")),
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
-    env.filters.update(filters.FilterModule().filters())
+    # The role calls its filters by FQCN, as the collection clustertrain.cluster has them.
+    env.filters.update({f"clustertrain.cluster.{name}": f
+                        for name, f in filters.FilterModule().filters().items()})
     variables = {k: v for k, v in DEFAULTS.items() if not str(v).startswith("{{")}
     variables.update(ansible_managed="managed", nfs_server_export_path="/srv/nfs/cluster",
                      nfs_server_clients=["10.89.0.10", "10.89.0.11"], **overrides)

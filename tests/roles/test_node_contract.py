@@ -1,4 +1,4 @@
-"""The node contract's rules exist once (roles/common/module_utils/cluster_contract.py) and
+"""The node contract's rules exist once (plugins/module_utils/cluster_contract.py) and
 every part that applies them gives the same answer for the same inventory: the common
 role's filters and vars, the orchestrator's inventory reader and preflight.
 
@@ -30,8 +30,8 @@ def _load(path: Path, name: str):
     return module
 
 
-rules = _load(REPO / "roles/common/module_utils/cluster_contract.py", "cluster_contract")
-filters = _load(REPO / "roles/common/filter_plugins/cluster_members.py", "cluster_members")
+rules = _load(REPO / "plugins/module_utils/cluster_contract.py", "cluster_contract")
+filters = _load(REPO / "plugins/filter/cluster_members.py", "cluster_members")
 
 # (inventory name, its variables in YAML, the address every part must give)
 CASES = [

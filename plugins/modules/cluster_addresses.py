@@ -47,7 +47,7 @@ import ipaddress
 import socket
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.cluster_contract import ip_literal
+from ansible_collections.clustertrain.cluster.plugins.module_utils.cluster_contract import ip_literal
 
 
 def _usable(ip):

@@ -13,8 +13,9 @@ import os
 
 
 def _load_contract():
-    """The role's module_utils/cluster_contract.py: the rules, shared with the module
-    `cluster_addresses` and the orchestrator."""
+    """The collection's plugins/module_utils/cluster_contract.py, next to this file's
+    directory in every layout (the repository, an installed collection, the wheel): the
+    rules, shared with the module `cluster_addresses` and the orchestrator."""
     path = os.path.join(os.path.dirname(os.path.realpath(__file__)), os.pardir,
                         "module_utils", "cluster_contract.py")
     spec = importlib.util.spec_from_file_location("clustertrain_cluster_contract", path)

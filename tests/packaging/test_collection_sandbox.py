@@ -1,0 +1,87 @@
+"""The roles as the collection clustertrain.cluster (built and installed by ansible-galaxy,
+see conftest.installed_collection), used by FQCN from a playbook of one's own in a
+directory outside the repository (no roles_path or collections path into it): on the
+shared cluster, they put back what drifted on one node, and a second run changes nothing."""
+
+from __future__ import annotations
+
+import json
+import re
+import textwrap
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.sandbox
+
+RULES_FILE = "/etc/nftables.d/clustertrain.nft"   # roles/firewall/defaults: firewall_rules_file
+DRIFT = "# drift: changed by hand"
+
+PLAYBOOK = """\
+- name: Base system, from the collection
+  hosts: cluster
+  become: true
+  roles:
+    - role: clustertrain.cluster.common
+
+- name: Firewall (its filters, and common's module through include_role), from the collection
+  hosts: cluster
+  become: true
+  roles:
+    - role: clustertrain.cluster.firewall
+
+- name: The collection's filter in a play of one's own
+  hosts: cluster
+  gather_facts: false
+  tasks:
+    - name: Every member's address is the one the inventory gives
+      ansible.builtin.assert:
+        that: (inventory_hostname | clustertrain.cluster.common_member_address(hostvars))
+              == expected_addresses[inventory_hostname]
+"""
+
+
+def recap(stdout: str) -> dict[str, dict[str, int]]:
+    """ansible-playbook's PLAY RECAP: {host: {"ok": n, "changed": n, ...}}."""
+    return {host: {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", rest)}
+            for host, rest in re.findall(r"^(\S+)\s+: (ok=.*)$", stdout, re.MULTILINE)}
+
+
+def test_a_playbook_of_ones_own_converges_the_cluster_with_the_collections_roles(
+        sandbox_cluster, installed_collection, tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "ansible.cfg").write_text(textwrap.dedent("""\
+        [defaults]
+        interpreter_python = auto_silent
+        [ssh_connection]
+        pipelining = true
+        """))
+    (site / "playbook.yml").write_text(PLAYBOOK)
+    # What the inventory gives each member as its cluster_address.
+    inventory = yaml.safe_load(sandbox_cluster.inventory.read_text())
+    members = inventory["all"]["children"]["cluster"]["children"]["train_nodes"]["hosts"]
+    expected = json.dumps({"expected_addresses": {
+        name: members[name]["cluster_address"] for name in sandbox_cluster.nodes}})
+
+    def play():
+        proc = installed_collection.ansible(
+            "ansible-playbook", "-i", str(sandbox_cluster.inventory), "-e", expected,
+            "playbook.yml", cwd=site, timeout=900)
+        assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+        counts = recap(proc.stdout)
+        assert set(counts) == set(sandbox_cluster.nodes), proc.stdout[-3000:]
+        assert all(c["failed"] == 0 and c["unreachable"] == 0 for c in counts.values()), counts
+        return counts
+
+    # One node's ruleset edited by hand (it is not loaded: nothing changes on the network).
+    first = sorted(sandbox_cluster.nodes)[0]
+    sandbox_cluster.exec(first, "sh", "-c", f"echo '{DRIFT}' >> {RULES_FILE}")
+
+    converge = play()
+    assert converge[first]["changed"] > 0, converge
+    assert DRIFT not in sandbox_cluster.exec(first, "cat", RULES_FILE).stdout
+    assert all(c["changed"] == 0 for node, c in converge.items() if node != first), converge
+
+    again = play()
+    assert all(c["changed"] == 0 for c in again.values()), again
