@@ -1,1 +1,0 @@
-../../common/filter_plugins/cluster_members.py
