@@ -28,6 +28,7 @@ from .logstream import LineSplitter
 from .runs import RunDir
 from .supervisor import End
 from .teardown import DEFAULT_GRACE, stop_job
+from .worker_end import PEER_GONE
 
 LAST_LINES = 30          # any line: torchrun's own error report is about 20 lines
 LAST_WORKER_LINES = 10   # lines the training processes printed
@@ -276,9 +277,13 @@ class Job:
                     if code != 0 and first_failed is None and not interrupted \
                             and reason != End.STOPPED:
                         first_failed = name
+                        lost_peer = any(PEER_GONE.search(line) for line in
+                                        self.outcomes[name].last_worker_lines)
                         self._say(f"{name}: its clustertrain supervisor failed"
                                   if reason == End.SUPERVISOR_FAILED
-                                  else f"{name}: torchrun exited with code {code}")
+                                  else f"{name}: torchrun exited with code {code}" + (
+                                      " (its ranks lost a peer: the cause is likely on "
+                                      "another node)" if lost_peer else ""))
                 else:
                     self._finish(name, None, End.LOST)
                     self._say(f"{name}: {value}")

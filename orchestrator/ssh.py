@@ -34,8 +34,10 @@ ALIVE_COUNT = 4
 # controller killed with SIGKILL for long.
 MASTER_PERSIST = 60
 # The server (or a bastion on the way) dropped the connection before the login: what an
-# sshd does beyond MaxStartups (default 10:30:100) when many nodes connect at once.
-DROPPED = re.compile(r"kex_exchange_identification")
+# sshd does beyond MaxStartups (default 10:30:100) when many nodes connect at once. Said
+# as "kex_exchange_identification: ..." by the server dropping it, or as "banner exchange:
+# ... Broken pipe" when a bastion on the way (ProxyJump) dropped the jump.
+DROPPED = re.compile(r"kex_exchange_identification|banner exchange")
 DROPPED_RETRIES = 3
 
 

@@ -37,7 +37,7 @@ from .command import CODE_SUBDIR, NODE_STATE_DIR, WORKER_RUNNER
 from .errors import LaunchError
 from .inventory import Cluster
 from .runner import run_playbook
-from .ssh import Connection
+from .ssh import DROPPED, Connection
 
 # What the snapshot leaves out, for rsync (the sync) and for code_digest alike.
 RSYNC_FILTERS = ("--filter=:-_.gitignore", "--exclude=.git/", "--exclude=__pycache__/")
@@ -56,8 +56,8 @@ _STATE = ("state() { find \"$1\" \\( -path \"$1/.clustertrain\" -o -name __pycac
 # other failures are reported at once. rsync runs its own ssh: Ansible's connection
 # retries would not cover it.
 RETRY_DROPPED = {"register": "copied", "retries": 3, "delay": 1,
-                 "until": "copied is succeeded or 'kex_exchange_identification' not in "
-                          "(copied.msg | default(''))"}
+                 "until": "copied is succeeded or (copied.msg | default('')) is not "
+                          f"search('{DROPPED.pattern}')"}
 
 
 def sync_playbook(workdir: Path, run_id: str, runner_dir: Path | None = None) -> list[dict]:

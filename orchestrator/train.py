@@ -26,7 +26,7 @@ from .runs import (DEFAULT_RUNS_DIR, RunDir, RunStatus, code_revision, iso, new_
 from .resources import project
 from .supervisor import End
 from .sync import sync_code
-from .worker_end import NodeEnd, NodeEnds, Verdict, how_it_ended, judge, scan_log
+from .worker_end import NodeEnd, NodeEnds, how_it_ended, judge, root_cause, scan_log
 from .teardown import DEFAULT_GRACE
 
 DEFAULT_SCRIPT = "train.py"
@@ -264,12 +264,25 @@ def _main(args: argparse.Namespace) -> int:
 def make_summary(info: dict, commands: list[NodeCommand], names: list[str],
                  result: JobResult, sync_seconds: float, run: RunDir) -> dict:
     stop_requested = (run.path / "stop-requested").exists()
-    verdict = worker_verdict(commands, names, result, run)
+    ends = read_ends(names, run)
+    nodes = [NodeEnd(n, c.nproc, result.outcomes[n].exit_code, result.outcomes[n].reason,
+                     result.outcomes[n].ended) for n, c in zip(names, commands)]
+    verdict = judge(nodes, ends, clean_exit=all(c.clean_exit for c in commands))
     # Every rank's script finished with code 0 (its marker): the training completed,
     # whatever killed a worker after that (torch's teardown).
     status = (RunStatus.SUCCEEDED if result.ok else RunStatus.STOPPED if stop_requested
               else RunStatus.INTERRUPTED if result.interrupted
               else RunStatus.SUCCEEDED if verdict.training_completed else RunStatus.FAILED)
+    first = root_cause(result.first_failed, nodes, ends) if status == RunStatus.FAILED \
+        else None
+
+    def node_end(name: str) -> dict:
+        outcome = result.outcomes[name]
+        if first and name == result.first_failed and name != first:
+            # It failed first only because FIRST's ranks went away under its collectives.
+            return {"end_reason": End.PEER_FAILED, "why": first}
+        return {"end_reason": outcome.reason, **({"why": outcome.why} if outcome.why else {})}
+
     return {
         **info,
         "status": status,
@@ -277,12 +290,10 @@ def make_summary(info: dict, commands: list[NodeCommand], names: list[str],
         "duration_s": round(result.ended - result.started, 3),
         "sync_s": round(sync_seconds, 3),
         "nodes": [{"name": n, "node_rank": c.node_rank, "nproc": c.nproc,
-                   "exit_code": result.outcomes[n].exit_code,
-                   "end_reason": result.outcomes[n].reason,
-                   **({"why": result.outcomes[n].why} if result.outcomes[n].why else {}),
+                   "exit_code": result.outcomes[n].exit_code, **node_end(n),
                    "log": str(run.log(n))} for n, c in zip(names, commands)],
         "exit_codes": {n: result.outcomes[n].exit_code for n in names},
-        "first_failed": None if status == RunStatus.SUCCEEDED else result.first_failed,
+        "first_failed": first,
         "training_completed": True if result.ok else verdict.training_completed,
         **({"after_finish": verdict.after_finish} if verdict.after_finish else {}),
         "rank_exit_codes": {n: {str(r): c for r, c in sorted(codes.items())}
@@ -291,10 +302,9 @@ def make_summary(info: dict, commands: list[NodeCommand], names: list[str],
     }
 
 
-def worker_verdict(commands: list[NodeCommand], names: list[str], result: JobResult,
-                   run: RunDir) -> Verdict:
-    """How each rank ended, from the worker runner's markers and torchrun's failure
-    reports in the nodes' logs (worker_end.py)."""
+def read_ends(names: list[str], run: RunDir) -> dict[str, NodeEnds]:
+    """How each node's ranks ended, from the worker runner's markers and torchrun's
+    failure reports in the nodes' logs (worker_end.py)."""
     ends: dict[str, NodeEnds] = {}
     for n in names:
         try:
@@ -302,9 +312,7 @@ def worker_verdict(commands: list[NodeCommand], names: list[str], result: JobRes
                 ends[n] = scan_log(log)
         except OSError:
             ends[n] = NodeEnds()
-    return judge([NodeEnd(n, c.nproc, result.outcomes[n].exit_code, result.outcomes[n].reason)
-                  for n, c in zip(names, commands)], ends,
-                 clean_exit=all(c.clean_exit for c in commands))
+    return ends
 
 
 def _conclude(run: RunDir, result: JobResult, summary: dict) -> int:
@@ -321,7 +329,7 @@ def _conclude(run: RunDir, result: JobResult, summary: dict) -> int:
         print(f"run {run.run_id}: {summary['status']}; the job was stopped on every node",
               file=sys.stderr)
         return 130 if summary["status"] == RunStatus.INTERRUPTED else 1
-    failed = result.first_failed or next(
+    failed = summary.get("first_failed") or next(
         (n for n, o in result.outcomes.items() if o.failed), None)
     outcome = result.outcomes.get(failed) if failed else None
     how = ("lost its connection" if outcome and outcome.reason == End.LOST
@@ -332,6 +340,9 @@ def _conclude(run: RunDir, result: JobResult, summary: dict) -> int:
     if any(c != 0 for c in ranks.values()):  # the script's own code, e.g. sys.exit(3)
         how += " (" + ", ".join(f"rank {r} {how_it_ended(c)}" for r, c in ranks.items()
                                 if c != 0) + ")"
+    if result.first_failed and result.first_failed != failed:
+        how += (f"; {result.first_failed} ended before it only because its ranks lost "
+                f"their peers on {failed}")
     if failed in after:  # not the node's fault: its ranks had finished their scripts
         how = (f"exited with code {outcome.exit_code if outcome else '?'} after its ranks "
                f"finished ({'; '.join(after[failed])}), but not every rank of the run "

@@ -30,6 +30,10 @@ REPORT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
 REPORT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 # torchrun's agent, restarting the workers (--max-restarts): what came before is void.
 RESTART = "will restart worker group"
+# A rank's collective failing because a peer went away (its process died, its node was
+# stopped): gloo's and NCCL's words for it. Such a rank's node is not its run's cause.
+PEER_GONE = re.compile(r"Connection (?:reset|closed) by peer|remote process exited|"
+                       r"ncclRemoteError")
 
 
 @dataclass
@@ -38,6 +42,7 @@ class NodeEnds:
 
     finished: dict[int, int] = field(default_factory=dict)  # rank -> the script's exit code
     failed: dict[int, int] = field(default_factory=dict)    # rank -> torchrun's exit code
+    peer_gone: bool = False  # a rank said that a peer went away (PEER_GONE)
 
 
 def _text(line: str) -> tuple[str, str]:
@@ -59,6 +64,8 @@ def scan_log(lines: Iterable[str]) -> NodeEnds:
             if m:
                 ends.finished[int(m.group(1))] = int(m.group(2))
                 continue
+            if source.startswith("rank") and PEER_GONE.search(text):
+                ends.peer_gone = True
         if source == "" or source == "torchrun":
             if RESTART in text:
                 ends = NodeEnds()
@@ -92,6 +99,7 @@ class NodeEnd:
     nproc: int
     exit_code: int | None        # torchrun's; None: no exit status (connection lost)
     reason: End                  # EXITED, LOST or STOPPED
+    ended: float | None = None   # when the orchestrator saw it end (time.time())
 
 
 @dataclass(frozen=True)
@@ -136,3 +144,24 @@ def judge(nodes: list[NodeEnd], ends: dict[str, NodeEnds], clean_exit: bool) -> 
     codes = {node.name: {**ends[node.name].failed, **ends[node.name].finished}
              for node in nodes if node.name in ends}
     return Verdict(completed, finished, after, {n: c for n, c in codes.items() if c})
+
+
+def root_cause(first: str | None, nodes: list[NodeEnd], ends: dict[str, NodeEnds]) -> str | None:
+    """The node a failed run is named after. FIRST, the first node seen failing, unless
+    its ranks failed only because a peer went away (gloo's "Connection reset by peer":
+    the node whose worker died can take longer to report it than its peers take to fail)
+    and another node failed by itself: it was lost, its supervisor failed, or one of its
+    ranks ended with a code of its own (a script's error, a worker killed) without losing
+    a peer. Then the first of those, by when each ended."""
+    if first is None or not ends.get(first, NodeEnds()).peer_gone:
+        return first
+    stopped = (-signal.SIGTERM, -signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGINT)
+    for node in sorted(nodes, key=lambda n: n.ended if n.ended is not None else float("inf")):
+        mine = ends.get(node.name, NodeEnds())
+        if node.name == first or mine.peer_gone:
+            continue
+        codes = {**mine.failed, **mine.finished}.values()
+        if node.reason in (End.LOST, End.SUPERVISOR_FAILED) or any(
+                c not in (0, *stopped) for c in codes):
+            return node.name
+    return first

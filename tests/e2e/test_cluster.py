@@ -179,7 +179,8 @@ def test_node_failure_stops_the_other_node_and_keeps_whole_checkpoints(sandbox_c
     assert "node1 exited with code" in out, out[-3000:]
     s = summary(tmp_path)
     assert s["status"] == "failed" and s["first_failed"] == "node1", s
-    assert s["nodes"][0]["end_reason"] == "stopped", s["nodes"]
+    # Stopped, or ended by itself a moment before, its collectives broken by node1's death.
+    assert s["nodes"][0]["end_reason"] in ("stopped", "peer-failed"), s["nodes"]
     wait_for(lambda: no_training_left(sandbox_cluster), 10, "no training process on any node")
     assert_checkpoints_whole(ckpts)
 

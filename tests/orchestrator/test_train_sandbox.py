@@ -101,7 +101,8 @@ def test_train_two_nodes_ddp(sandbox_cluster: Sandbox, tmp_path: Path) -> None:
 def test_failure_on_node1_stops_node0(sandbox_cluster: Sandbox, tmp_path: Path) -> None:
     t = Train(sandbox_cluster, tmp_path, "--nodes", "2", "fail_on_node.py", "--",
               "--fail-node", "1")
-    failed_at = t.wait_for("node1: torchrun exited with code")
+    # node0's rank may end first (its collective broken by node1's): either ends the run.
+    failed_at = t.wait_for("torchrun exited with code")
     code = t.finish(timeout=60)
     ended = time.monotonic()
     assert code != 0
@@ -111,7 +112,7 @@ def test_failure_on_node1_stops_node0(sandbox_cluster: Sandbox, tmp_path: Path) 
     assert summary["first_failed"] == "node1"
     assert summary["status"] == "failed"
     assert summary["exit_codes"]["node1"] != 0
-    assert summary["nodes"][0]["end_reason"] == "stopped"
+    assert summary["nodes"][0]["end_reason"] in ("stopped", "peer-failed")
     assert_no_job_processes(sandbox_cluster)
 
 

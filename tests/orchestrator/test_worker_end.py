@@ -12,6 +12,7 @@ from orchestrator.command import NodeCommand
 from orchestrator.errors import LaunchError
 from orchestrator.job import JobResult, NodeOutcome
 from orchestrator.runs import RunDir
+from orchestrator.supervisor import End
 from orchestrator.train import _conclude, make_summary
 from orchestrator.worker_end import NodeEnd, NodeEnds, judge, scan_log
 
@@ -181,3 +182,83 @@ def test_a_scripts_own_exit_code_is_reported(tmp_path):
     with pytest.raises(LaunchError, match=r"failed: node1 exited with code 1 \(rank 1 exited "
                                           r"with code 3\) first"):
         _conclude(run, result, summary)
+
+
+# -- which node a failed run is named after ------------------------------------------------
+
+# node1's worker killed (SIGKILL): node0's rank fails at once in gloo, and node0 ends before
+# node1's torchrun has reported its dead worker (what a clean-clone CI run showed). The
+# gloo line is torch 2.13's.
+PEER_RESET = """\
+node0/rank0 | epoch 1 step 20 loss 2.01
+node0/rank0 | [rank0]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/\
+tcp/pair.cc:537] Read error [10.89.1.11]:26855: Connection reset by peer. This is typically \
+caused by a remote worker hanging or bugs in the application.
+node0/rank0 | [clustertrain] rank 0 finished: exit code 1
+node0/torchrun | Root Cause (first observed failure):
+node0/torchrun | [0]:
+node0/torchrun |   rank      : 0 (local_rank: 0)
+node0/torchrun |   exitcode  : 1 (pid: 3821)
+node0/torchrun | ============================================================
+"""
+KILLED = """\
+node1/rank1 | epoch 1 step 20 loss 2.03
+node1/torchrun | Root Cause (first observed failure):
+node1/torchrun | [0]:
+node1/torchrun |   rank      : 1 (local_rank: 0)
+node1/torchrun |   exitcode  : -9 (pid: 4242)
+node1/torchrun | ============================================================
+"""
+
+
+def failed_run(tmp_path: Path, logs: dict[str, str], ends: dict[str, tuple[int, str, float]],
+               first_failed: str):
+    """A run whose nodes ended as ENDS says (node -> torchrun's code, reason, when)."""
+    run = RunDir(tmp_path, "r1")
+    run.path.mkdir()
+    for node, text in logs.items():
+        run.log(node).write_text(text)
+    outcomes = {n: NodeOutcome(n, exit_code=c, reason=End(r), ended=t)
+                for n, (c, r, t) in ends.items()}
+    for node, text in logs.items():
+        outcomes[node].last_worker_lines.extend(
+            line for line in text.splitlines() if "/rank" in line.split(" | ")[0])
+    result = JobResult(outcomes, first_failed, False, 0.0, 3.0)
+    commands = [command(i) for i in range(len(ends))]
+    return run, result, make_summary({"run_id": "r1"}, commands, list(ends), result, 0.0, run)
+
+
+def test_the_node_whose_worker_died_is_named_not_the_peer_that_failed_first(tmp_path):
+    logs = {"node0": PEER_RESET, "node1": KILLED, "node2": "node2/rank2 | epoch 1\n"}
+    run, result, summary = failed_run(
+        tmp_path, logs, {"node0": (1, "exited", 1.0), "node1": (1, "stopped", 1.5),
+                         "node2": (143, "stopped", 1.6)}, first_failed="node0")
+    assert summary["first_failed"] == "node1"
+    assert {n["name"]: (n["end_reason"], n.get("why")) for n in summary["nodes"]} == {
+        "node0": ("peer-failed", "node1"), "node1": ("stopped", None),
+        "node2": ("stopped", None)}
+    with pytest.raises(LaunchError) as err:
+        _conclude(run, result, summary)
+    assert ("failed: node1 exited with code 1 (rank 1 died of SIGKILL); node0 ended before "
+            "it only because its ranks lost their peers on node1 first") in str(err.value)
+    assert "node1/rank1 | epoch 1 step 20 loss 2.03" in str(err.value)
+
+
+def test_a_peer_error_with_no_other_cause_names_the_node_that_saw_it(tmp_path):
+    """Nobody else failed by itself (a cable, a switch): the node that saw its peers go is
+    the only evidence there is, and the run is named after it."""
+    logs = {"node0": PEER_RESET, "node1": "node1/rank1 | epoch 1\n",
+            "node2": "node2/rank2 | epoch 1\n"}
+    _, _, summary = failed_run(
+        tmp_path, logs, {"node0": (1, "exited", 1.0), "node1": (143, "stopped", 1.5),
+                         "node2": (143, "stopped", 1.6)}, first_failed="node0")
+    assert summary["first_failed"] == "node0"
+    assert summary["nodes"][0]["end_reason"] == "exited"
+
+
+def test_a_lost_node_is_named_over_a_peer_that_failed_first(tmp_path):
+    logs = {"node0": PEER_RESET, "node1": "node1/rank1 | epoch 1\n"}
+    _, _, summary = failed_run(
+        tmp_path, logs, {"node0": (1, "exited", 1.0), "node1": (None, "lost", 9.0)},
+        first_failed="node0")
+    assert summary["first_failed"] == "node1"
