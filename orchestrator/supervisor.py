@@ -289,8 +289,6 @@ def _append(path: str, text: str) -> None:
 
 def _supervise(args: argparse.Namespace) -> int:
     job, state_dir = args.job, args.state_dir
-    if args.keep:
-        prune(os.path.dirname(os.path.dirname(job)), args.keep, args.run)
     os.makedirs(state_dir, exist_ok=True)
     mine = os.path.join(state_dir, f"{args.node}.json")
     lease = os.path.join(job, "lease")
@@ -301,6 +299,9 @@ def _supervise(args: argparse.Namespace) -> int:
                                 stderr=subprocess.STDOUT, start_new_session=True)
     with open(os.path.join(job, "pgid"), "w") as fh:
         fh.write(f"{proc.pid}\n")
+    if args.keep:  # old runs' files go while torchrun starts, not before
+        threading.Thread(target=prune, args=(os.path.dirname(os.path.dirname(job)),
+                                              args.keep, args.run), daemon=True).start()
     peers = Peers(state_dir, args.nodes.split(","), args.node)
     beat, why = 0, ""
     reason: End | None = None

@@ -183,7 +183,7 @@ def _main(args: argparse.Namespace) -> int:
                         nodes=tuple(cluster.names), python=facts.node.python,
                         run_state=run_state_dir(cluster.shared_path, str(facts.user), run_id),
                         attached=not args.detach, lease_timeout=args.lease_timeout,
-                        grace=args.grace, module=request.module,
+                        grace=args.grace, keep_runs=args.keep_runs, module=request.module,
                         clean_exit=request.clean_exit,
                         cluster_env=facts.node.cluster_env_file)
             for i, facts in enumerate(report.facts)]

@@ -98,6 +98,23 @@ def test_train_two_nodes_ddp(sandbox_cluster: Sandbox, tmp_path: Path) -> None:
     assert_no_job_processes(sandbox_cluster)
 
 
+def test_old_runs_are_pruned_on_the_nodes(sandbox_cluster: Sandbox, tmp_path: Path) -> None:
+    """--keep-runs 1: each node keeps the newest run's job directory and code snapshot
+    (pruned while the next run's torchrun starts), and the run that follows still works."""
+    ids = []
+    for i in range(3):
+        t = Train(sandbox_cluster, tmp_path / str(i), "--nodes", "2", "--keep-runs", "1",
+                  "ddp_allreduce.py", "--", "--steps", "1")
+        assert t.finish() == 0, t.text[-3000:] + t.stderr
+        ids.append(t.summary()["run_id"])
+    home = f"/home/{sandbox_cluster.user}/.clustertrain"
+    for node in ("node0", "node1"):
+        for sub in ("jobs", "code"):
+            left = sandbox_cluster.exec(node, "ls", f"{home}/{sub}").stdout.split()
+            assert ids[0] not in left and ids[1] not in left, (node, sub, left)
+            assert ids[2] in left, (node, sub, left)
+
+
 def test_failure_on_node1_stops_node0(sandbox_cluster: Sandbox, tmp_path: Path) -> None:
     t = Train(sandbox_cluster, tmp_path, "--nodes", "2", "fail_on_node.py", "--",
               "--fail-node", "1")
