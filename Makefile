@@ -20,7 +20,7 @@ help:
 	@echo "make unit            unit tests only (seconds)"
 	@echo "make sandbox-tests   orchestrator and e2e tests on one provisioned sandbox cluster"
 	@echo "make bench           benchmarks (results in bench/results/)"
-	@echo "make lint            ansible-lint (production profile) and syntax checks"
+	@echo "make lint            ansible-lint (production profile), syntax checks, ruff and mypy"
 	@echo "make molecule SCENARIO=common   one molecule scenario"
 	@echo "make clean           remove the virtualenv and caches (not sandboxes)"
 
@@ -41,9 +41,12 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
+# ruff and mypy read their settings from pyproject.toml ([tool.ruff], [tool.mypy]).
 lint: venv
 	$(BIN)/ansible-lint
 	$(BIN)/ansible-playbook --syntax-check -i inventory/hosts.yml site.yml
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 # Pure unit tests: seconds. `make test` also runs the slow ones.
 unit: venv
@@ -86,4 +89,4 @@ demo: deps venv
 	bash sandbox/demo.sh
 
 clean:
-	rm -rf $(VENV) .cache .pytest_cache
+	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache

@@ -25,6 +25,7 @@ Writes bench/results/code_sync.json and prints a markdown table.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -70,7 +71,8 @@ def timed(fn) -> float:
 
 def ansible_copy(inventory: str, n: int, code: Path) -> None:
     sh(str(Path(sys.executable).parent / "ansible"), "train_nodes", "-i", inventory,
-       "-f", str(n), "-m", "ansible.builtin.copy", "-a", f"src={code}/ dest={COPY_DEST}/ mode=preserve")
+       "-f", str(n), "-m", "ansible.builtin.copy",
+       "-a", f"src={code}/ dest={COPY_DEST}/ mode=preserve")
 
 
 def snapshots_hard_linked(containers: list[str], previous: str, current: str) -> bool:
@@ -102,9 +104,10 @@ def main() -> int:
         for _ in range(args.repeats):
             clear_nodes(containers)
             first_id = new_run_id()
-            times["ours_first"].append(timed(lambda: sync_code(cluster, code, first_id)))
+            times["ours_first"].append(timed(functools.partial(sync_code, cluster, code, first_id)))
             second_id = new_run_id()
-            times["ours_resync"].append(timed(lambda: sync_code(cluster, code, second_id)))
+            times["ours_resync"].append(
+                timed(functools.partial(sync_code, cluster, code, second_id)))
             linked = linked and snapshots_hard_linked(containers, first_id, second_id)
             print(json.dumps({k: round(v[-1], 2) for k, v in times.items() if v}), flush=True)
         clear_nodes(containers)

@@ -125,7 +125,7 @@ def main() -> int:
     dist.destroy_process_group()
 
     per_step = {k: statistics.median(v) / steps for k, v in times.items()}
-    ratios = [d / p for d, p in zip(times["ddp"], times["plain"])]
+    ratios = [d / p for d, p in zip(times["ddp"], times["plain"], strict=True)]
     result = {
         "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(device) if cuda else

@@ -30,8 +30,16 @@ import sys
 import time
 from pathlib import Path
 
-from sandbox_bench import (HOME, REPO, USER, VENV, bench_sandbox,  # REPO on sys.path
-                           node_exec, sandbox_down, sh)
+from sandbox_bench import (  # REPO on sys.path
+    HOME,
+    REPO,
+    USER,
+    VENV,
+    bench_sandbox,
+    node_exec,
+    sandbox_down,
+    sh,
+)
 
 from orchestrator.command import NodeCommand  # noqa: E402
 from orchestrator.inventory import load_cluster  # noqa: E402
@@ -62,7 +70,8 @@ def bench_launch(cluster, containers, workdir: Path, runs: Path) -> tuple[float,
                             script="trivial.py", node=spec.name, nodes=tuple(cluster.names),
                             run_state=run_state_dir(cluster.shared_path, USER, run_id))
                 for i, spec in enumerate(cluster.nodes)]
-    job = Job(rundir, list(zip(cluster.nodes, commands)), clients, out=open(os.devnull, "w"))
+    job = Job(rundir, list(zip(cluster.nodes, commands, strict=True)), clients,
+              out=open(os.devnull, "w"))
     failed = job.launch()  # returns once torchrun runs on every node
     assert not failed, failed
     result = job.run()
@@ -86,7 +95,8 @@ def bench_ansible(inventory: str, n: int, containers) -> float:
     cmd = (f"date +%s.%N > {stamp}; cd {HOME}/.clustertrain/code/latest && exec "
            f"{VENV}/bin/torchrun --nnodes {n} "
            "--node-rank {{ groups['train_nodes'].index(inventory_hostname) }} "
-           "--nproc-per-node 1 --master-addr {{ hostvars[groups['train_nodes'][0]].cluster_address }} "
+           "--nproc-per-node 1 "
+           "--master-addr {{ hostvars[groups['train_nodes'][0]].cluster_address }} "
            "--master-port 29500 trivial.py")
     t0 = time.time()
     sh(str(Path(sys.executable).parent / "ansible"), f"train_nodes[0:{n - 1}]", "-i",

@@ -40,8 +40,7 @@ import threading
 import time
 from pathlib import Path
 
-from sandbox_bench import (ENV, REPO, VENV, bench_sandbox, node_exec,  # REPO first
-                           sandbox_down, sh)
+from sandbox_bench import ENV, REPO, VENV, bench_sandbox, node_exec, sandbox_down, sh  # REPO first
 
 from orchestrator.inventory import load_cluster  # noqa: E402
 from orchestrator.preflight import run_preflight  # noqa: E402

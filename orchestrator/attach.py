@@ -49,7 +49,7 @@ def _main(args: argparse.Namespace) -> int:
         if args.tail is None:  # the whole log again: the local copy starts over
             for name in cluster.names:
                 run.log(name).write_text("")
-        job = Job(run, list(zip(cluster.nodes, commands)), clients)
+        job = Job(run, list(zip(cluster.nodes, commands, strict=True)), clients)
         job.tail = args.tail
         result = job.run(attached=False)
     finally:

@@ -113,7 +113,7 @@ class NodeCommand:
         return record
 
     @classmethod
-    def from_record(cls, record: dict) -> "NodeCommand":
+    def from_record(cls, record: dict) -> NodeCommand:
         options = TorchrunOptions(**{**record["options"],
                                      "extra": tuple(record["options"].get("extra", ()))})
         return cls(**{**record, "options": options,

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -27,8 +26,9 @@ def rules() -> ModuleType:
     """The collection's plugins/module_utils/cluster_contract.py as a module."""
     spec = importlib.util.spec_from_file_location("clustertrain_cluster_contract",
                                                   project().contract_py)
+    assert spec is not None and spec.loader is not None  # a .py file always has both
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    spec.loader.exec_module(module)
     return module
 
 

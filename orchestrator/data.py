@@ -233,7 +233,7 @@ class _Staging:
         self.done = True
         return target
 
-    def __enter__(self) -> "_Staging":
+    def __enter__(self) -> _Staging:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -70,7 +70,7 @@ class Cluster:
     def names(self) -> list[str]:
         return [n.name for n in self.nodes]
 
-    def select(self, nodes: int | None = None, hosts: str | None = None) -> "Cluster":
+    def select(self, nodes: int | None = None, hosts: str | None = None) -> Cluster:
         """`--nodes N` (the first N) or `--hosts a,b` (by name, kept in inventory order)."""
         if nodes is not None and hosts is not None:
             raise InventoryError("give either --nodes N or --hosts a,b, not both")
@@ -121,19 +121,18 @@ def _load_ansible(path: Path):
     # Imported here so that `--help` and unit tests of other modules stay fast.
     from ansible import constants as C
     from ansible.errors import AnsibleError
+    from ansible.inventory import manager
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
     from ansible.plugins.loader import connection_loader
     from ansible.vars.manager import VariableManager
-
-    from ansible.inventory import manager
 
     # A file no inventory plugin can parse is an error with the plugins' own reasons
     # (Ansible prints them as warnings), not a warning followed by an empty inventory.
     C.INVENTORY_UNPARSED_IS_FAILED = True
     said: list[str] = []
     warn = manager.display.warning
-    manager.display.warning = lambda msg, *a, **kw: said.append(str(msg).strip())  # type: ignore[method-assign]
+    manager.display.warning = lambda msg, *a, **kw: said.append(str(msg).strip())
     loader = DataLoader()
     try:
         inventory = InventoryManager(loader=loader, sources=[str(path)])
@@ -143,7 +142,7 @@ def _load_ansible(path: Path):
                              "Fix the file (`ansible-inventory -i FILE --list` shows the "
                              "same error)") from None
     finally:
-        manager.display.warning = warn  # type: ignore[method-assign]
+        manager.display.warning = warn
     for message in said:
         if "Failed to parse" not in message:
             print(f"[WARNING]: {message}", file=sys.stderr)

@@ -19,7 +19,7 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, cast
 
 from . import ssh
 from .command import EXIT_MARKER, SUPERVISOR_SOURCE, NodeCommand
@@ -266,7 +266,7 @@ class Job:
                     continue
                 running.discard(name)
                 if kind == "exit":
-                    code, reason, why = value  # type: ignore[misc]
+                    code, reason, why = cast("tuple[int, End, str]", value)  # take_exit_marker's
                     if reason.caused_elsewhere:
                         # Stopped on purpose; the cause, when another node's, is kept.
                         reason, why = End.STOPPED, (f"{reason} {why}".strip()
@@ -360,4 +360,4 @@ def take_exit_marker(lines: list[str], end: tuple[int, End, str] | None
 def connect_all(specs: list[NodeSpec]) -> dict[str, ssh.Connection]:
     with ThreadPoolExecutor(max_workers=min(len(specs), 32)) as pool:
         return dict(zip([s.name for s in specs],
-                        pool.map(lambda s: ssh.connect(s.name, s.ssh), specs)))
+                        pool.map(lambda s: ssh.connect(s.name, s.ssh), specs), strict=True))

@@ -6,8 +6,8 @@ import json
 import os
 import shutil
 import subprocess
-from pathlib import Path
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from .errors import SandboxError
 from .resources import project

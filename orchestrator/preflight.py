@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 from . import contract, ssh
 from .errors import PreflightError
-from .inventory import Cluster, DEFAULT_INVENTORY, NodeSpec, load_cluster
-from .probe import (NodeFacts, Rendezvous, fingerprint_lib, probe, reach, stop_listener)
+from .inventory import DEFAULT_INVENTORY, Cluster, NodeSpec, load_cluster
+from .probe import NodeFacts, Rendezvous, fingerprint_lib, probe, reach, stop_listener
 
 CLOCK_SKEW_WARN = 2.0  # seconds between the fastest and slowest node clock
 
@@ -221,18 +221,19 @@ def _judge(report: Report, port: int, strict_port: bool) -> None:
         elif f.torch.get("skipped"):
             pass  # drift, reported below
         elif not f.torch.get("ok"):
-            p.append(f"{name}: torch is not importable with {f.python_env.get('python')}: "
+            p.append(f"{name}: torch is not importable with {(f.python_env or {}).get('python')}: "
                      f"{f.torch.get('error')}; provision the node again "
                      f"({_realign_command(report, [name])})")
         else:
             _judge_gpus(report, f)
             if not f.torch.get("torchrun"):
-                p.append(f"{name}: torchrun {f.python_env.get('torchrun')} is not executable")
+                p.append(f"{name}: torchrun {(f.python_env or {}).get('torchrun')} "
+                         "is not executable")
         if f.provisioned_error and not f.python_env_error:
             w.append(f"{name}: {f.provisioned_error}; the environment cannot be compared with "
                      "the one provisioned (only between nodes)")
         if not f.shared.get("ok"):
-            kind = f.shared.get("kind")
+            kind: str = f.shared.get("kind", "")
             fix = SHARED_FIX.get(kind, "check the nfs_client mount (cluster_shared_path)")
             p.append(f"{name}: shared path: {f.shared.get('error')}; "
                      + fix.format(realign=_realign_command(report, [name])))

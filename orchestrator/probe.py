@@ -47,8 +47,9 @@ def fingerprint_lib() -> ModuleType:
     controller; the nodes run the same file inside the probe)."""
     spec = importlib.util.spec_from_file_location("clustertrain_fingerprint",
                                                   project().fingerprint_py)
+    assert spec is not None and spec.loader is not None  # a .py file always has both
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    spec.loader.exec_module(module)
     return module
 
 
@@ -112,7 +113,8 @@ changed = bool(fp and out["provisioned"] and FP["changes"](out["provisioned"], f
 if changed:  # refused for drift anyway: no need to spend seconds importing torch
     torch["skipped"] = "the environment changed since it was provisioned"
 elif env and env.get("python") and fp:
-    key = hashlib.sha256(json.dumps([fp["sha256"], env["python"], libcuda(), gpus]).encode()).hexdigest()
+    key = hashlib.sha256(
+        json.dumps([fp["sha256"], env["python"], libcuda(), gpus]).encode()).hexdigest()
     cache_path = os.path.join(out["home"], "TORCH_CACHE")
     cache = read_json(cache_path)[0]
     cache = cache if isinstance(cache, dict) else {}
@@ -142,7 +144,8 @@ elif env and env.get("python") and fp:
                         keep = dict(list(cache.items())[-7:])
                         keep[key] = result
                         tmp = "%s.%d" % (cache_path, os.getpid())
-                        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
+                        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+                        with open(os.open(tmp, flags, 0o600), "w") as fh:
                             json.dump(keep, fh)
                         os.replace(tmp, cache_path)
                     except OSError:
@@ -159,7 +162,8 @@ out["torch"] = torch
 
 # The shared path: mounted as the inventory says, not empty, writable by this user.
 def unescape(path):
-    return path.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+    return (path.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n")
+            .replace("\\134", "\\"))
 
 def mounts():
     found = []
@@ -288,7 +292,8 @@ if req.get("port"):
             os.chmod(LEASES, 0o1777)
         for name in os.listdir(LEASES):  # my own expired claims
             path = os.path.join(LEASES, name)
-            if name.split(".")[1:2] == [out["user"]] and time.time() - os.stat(path).st_mtime > LEASE_S:
+            if (name.split(".")[1:2] == [out["user"]]
+                    and time.time() - os.stat(path).st_mtime > LEASE_S):
                 os.unlink(path)
         out["port_free"] = claim(port)
         out["free_port"] = port if out["port_free"] else next(
@@ -346,7 +351,8 @@ def serve(sock, spec, token_path):
 
 listen = req.get("listen")
 token = req["shared"].get("token")
-token_path = os.path.join(req["shared"]["path"], "checkpoints", token["name"]) if token and out["shared"]["ok"] else None
+token_path = (os.path.join(req["shared"]["path"], "checkpoints", token["name"])
+              if token and out["shared"]["ok"] else None)
 if listen and (out.get("port_free") or (out.get("free_port") and not req.get("strict"))):
     lport = req["port"] if out["port_free"] else out["free_port"]
     info = {"port": lport, "ok": False, "error": None, "self": None}
@@ -415,9 +421,11 @@ try:
     ok = said.strip() == ("clustertrain " + req["nonce"]).encode()
     s.sendall(b"ok\n")
     s.close()
-    out["connect"] = {"ok": ok, "error": None if ok else "another program answers there (%r)" % said[:40]}
+    out["connect"] = {"ok": ok,
+                      "error": None if ok else "another program answers there (%r)" % said[:40]}
 except socket.timeout:
-    out["connect"] = {"ok": False, "error": "no answer within %g s (packets dropped: a firewall?)" % req["timeout"]}
+    out["connect"] = {"ok": False, "error": "no answer within %g s (packets dropped: a firewall?)"
+                                           % req["timeout"]}
 except OSError as exc:
     out["connect"] = {"ok": False, "error": exc.strerror or str(exc)}
 out["seconds"] = round(time.time() - t0, 3)
@@ -496,7 +504,7 @@ class Rendezvous:
     expect: int
 
     @classmethod
-    def new(cls, nodes: int) -> "Rendezvous":
+    def new(cls, nodes: int) -> Rendezvous:
         nonce = secrets.token_hex(8)
         return cls(nonce, f".clustertrain-token-{nonce}", secrets.token_hex(16), nodes)
 
@@ -527,8 +535,8 @@ def probe(node: NodeSpec, conn: ssh.Connection, *, shared: dict[str, Any],
                       stdin=json.dumps(request))
     received = time.time()
     if result.exit_code != 0:
-        return NodeFacts(node, error=f"probe failed with {node.python}: "
-                         f"{(result.stderr.strip().splitlines() or ['exit %d' % result.exit_code])[-1]}")
+        last = (result.stderr.strip().splitlines() or ['exit %d' % result.exit_code])[-1]
+        return NodeFacts(node, error=f"probe failed with {node.python}: {last}")
     data = json.loads(result.stdout.strip().splitlines()[-1])
     facts = NodeFacts(node, **{k: v for k, v in data.items() if k != "time"})
     facts.clock_offset = data["time"] - received

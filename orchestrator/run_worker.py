@@ -137,7 +137,7 @@ def finish(code: int, interrupted: bool = False) -> None:
     """What the interpreter does at exit, up to finalization, then os._exit(code).
     INTERRUPTED (Ctrl-C): no marker, and the process ends by SIGINT, as Python's does."""
     try:
-        threading._shutdown()  # type: ignore[attr-defined] - joins non-daemon threads
+        threading._shutdown()  # type: ignore[attr-defined]  # private: joins non-daemon threads
     except BaseException:  # noqa: BLE001 - e.g. Ctrl-C while waiting: go on leaving
         pass
     atexit._run_exitfuncs()

@@ -118,7 +118,7 @@ class Connection:
         return [self.target.ssh_executable, "-o", f"ControlPath={self.control_path}",
                 "-o", "BatchMode=yes", *ours, *self.target.options(), *rest]
 
-    def open(self) -> "Connection":
+    def open(self) -> Connection:
         argv = self._argv(["-o", "ControlMaster=yes", "-o", f"ControlPersist={MASTER_PERSIST}",
                            "-o", f"ServerAliveInterval={ALIVE_INTERVAL}",
                            "-o", f"ServerAliveCountMax={ALIVE_COUNT}", "-f", "-N"],

@@ -426,7 +426,7 @@ def _last_lines(path: str, n: int) -> list[str]:
 def _hold_lease(job: str) -> None:
     lease = os.path.join(job, "lease")
     while True:
-        data = sys.stdin.buffer.read1(64)  # type: ignore[attr-defined]
+        data = sys.stdin.buffer.read1(64)  # type: ignore[union-attr]  # a BufferedReader: has read1
         if not data:  # the controller went away (killed, terminal closed, connection cut)
             if not os.path.exists(os.path.join(job, "exit")):
                 open(os.path.join(job, "lease-lost"), "w").close()

@@ -173,7 +173,7 @@ def _each(clients: dict[str, Connection], names: list[str], command: str
         except (OSError, TimeoutError):
             return -1
     with ThreadPoolExecutor(max_workers=min(len(names), 32) or 1) as pool:
-        return dict(zip(names, pool.map(one, names)))
+        return dict(zip(names, pool.map(one, names), strict=True))
 
 
 @dataclass(frozen=True)
@@ -197,7 +197,7 @@ def sync_code(cluster: Cluster, workdir: Path, run_id: str, quiet: bool = True,
         runner.parent.mkdir(parents=True)
         shutil.copy2(run_worker.__file__, runner)  # its mtime too: unchanged, it is linked
         digest = code_digest(workdir, runner) if clients else None
-        reused = [] if digest is None else [
+        reused = [] if digest is None or clients is None else [
             n for n, rc in _each(clients, cluster.names, reuse_command(run_id, digest)).items()
             if rc == 0]
         rest = [n for n in cluster.names if n not in reused]
@@ -212,6 +212,7 @@ def sync_code(cluster: Cluster, workdir: Path, run_id: str, quiet: bool = True,
                 raise LaunchError("code sync failed (nothing was started):\n  " + "\n  ".join(
                     result.failures or result.output_tail.splitlines()
                     or [f"ansible-runner status {result.status}"]))
-            if digest is not None:  # unsealed, a snapshot is only synced again next time
+            # unsealed, a snapshot is only synced again next time
+            if digest is not None and clients is not None:
                 _each(clients, rest, seal_command(run_id, digest))
     return SyncResult(run_id, time.monotonic() - start, reused)

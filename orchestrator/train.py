@@ -9,25 +9,29 @@ import argparse
 import math
 import re
 import shlex
-import time
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .command import (DEFAULT_KEEP_RUNS, DEFAULT_LEASE_TIMEOUT, NodeCommand, TorchrunOptions,
-                      parse_env)
+from .command import (
+    DEFAULT_KEEP_RUNS,
+    DEFAULT_LEASE_TIMEOUT,
+    NodeCommand,
+    TorchrunOptions,
+    parse_env,
+)
 from .errors import LaunchError
 from .inventory import load_cluster
 from .job import Job, JobResult
-from .preflight import (add_selection_args, print_report, raise_if_blocked, run_preflight)
-from .probe import release_port
-from .runs import (DEFAULT_RUNS_DIR, RunDir, RunStatus, code_revision, iso, new_run_id,
-                   run_state_dir)
+from .preflight import add_selection_args, print_report, raise_if_blocked, run_preflight
+from .probe import NodeFacts, release_port
 from .resources import project
+from .runs import DEFAULT_RUNS_DIR, RunDir, RunStatus, code_revision, iso, new_run_id, run_state_dir
 from .supervisor import End
 from .sync import sync_code
-from .worker_end import NodeEnd, NodeEnds, how_it_ended, judge, root_cause, scan_log
 from .teardown import DEFAULT_GRACE
+from .worker_end import NodeEnd, NodeEnds, how_it_ended, judge, root_cause, scan_log
 
 DEFAULT_SCRIPT = "train.py"
 MODULE_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
@@ -176,7 +180,7 @@ def _main(args: argparse.Namespace) -> int:
                         nproc=report.nproc(facts),
                         master_addr=report.master_addr or cluster.nodes[0].cluster_address,
                         master_port=report.master_port or cluster.rendezvous_port,
-                        torchrun=facts.python_env["torchrun"], home=str(facts.home),
+                        torchrun=_torchrun(facts), home=str(facts.home),
                         script=request.script, script_args=request.script_args,
                         env={"CLUSTERTRAIN_BACKEND": report.backend, **request.env},
                         options=request.options, node=facts.node.name,
@@ -189,7 +193,7 @@ def _main(args: argparse.Namespace) -> int:
             for i, facts in enumerate(report.facts)]
         facts_by = {f.node.name: f for f in report.facts}
         if args.dry_run:
-            for spec, cmd in zip(cluster.nodes, commands):
+            for spec, cmd in zip(cluster.nodes, commands, strict=True):
                 print(f"# {spec.name} ({facts_by[spec.name].user}@{spec.host}), node rank "
                       f"{cmd.node_rank}")
                 print(cmd.shell())
@@ -204,7 +208,8 @@ def _main(args: argparse.Namespace) -> int:
             "script": request.script, "script_args": list(request.script_args),
             "module": request.module, "clean_exit": request.clean_exit,
             "master": {"addr": commands[0].master_addr, "port": commands[0].master_port},
-            "commands": {s.name: c.torchrun_argv() for s, c in zip(cluster.nodes, commands)},
+            "commands": {s.name: c.torchrun_argv()
+                         for s, c in zip(cluster.nodes, commands, strict=True)},
             "code_revision": code_revision(request.workdir),
             "fingerprint": report.fingerprint,
             "detached": args.detach,
@@ -222,7 +227,7 @@ def _main(args: argparse.Namespace) -> int:
             print(f"run {run_id}: code synced in {synced.seconds:.1f} s; starting torchrun on "
                   f"{', '.join(cluster.names)} (master {commands[0].master_addr}:"
                   f"{commands[0].master_port})", flush=True)
-            job = Job(run, list(zip(cluster.nodes, commands)), report.clients,
+            job = Job(run, list(zip(cluster.nodes, commands, strict=True)), report.clients,
                       grace=args.grace)
             failed = job.launch()
             if failed:
@@ -261,12 +266,18 @@ def _main(args: argparse.Namespace) -> int:
         report.close()
 
 
+def _torchrun(facts: NodeFacts) -> str:
+    """The node's torchrun; raise_if_blocked refused every node whose python_env is unset."""
+    assert facts.python_env is not None
+    return facts.python_env["torchrun"]
+
+
 def make_summary(info: dict, commands: list[NodeCommand], names: list[str],
                  result: JobResult, sync_seconds: float, run: RunDir) -> dict:
     stop_requested = (run.path / "stop-requested").exists()
     ends = read_ends(names, run)
     nodes = [NodeEnd(n, c.nproc, result.outcomes[n].exit_code, result.outcomes[n].reason,
-                     result.outcomes[n].ended) for n, c in zip(names, commands)]
+                     result.outcomes[n].ended) for n, c in zip(names, commands, strict=True)]
     verdict = judge(nodes, ends, clean_exit=all(c.clean_exit for c in commands))
     # Every rank's script finished with code 0 (its marker): the training completed,
     # whatever killed a worker after that (torch's teardown).
@@ -291,14 +302,14 @@ def make_summary(info: dict, commands: list[NodeCommand], names: list[str],
         "sync_s": round(sync_seconds, 3),
         "nodes": [{"name": n, "node_rank": c.node_rank, "nproc": c.nproc,
                    "exit_code": result.outcomes[n].exit_code, **node_end(n),
-                   "log": str(run.log(n))} for n, c in zip(names, commands)],
+                   "log": str(run.log(n))} for n, c in zip(names, commands, strict=True)],
         "exit_codes": {n: result.outcomes[n].exit_code for n in names},
         "first_failed": first,
         "training_completed": True if result.ok else verdict.training_completed,
         **({"after_finish": verdict.after_finish} if verdict.after_finish else {}),
         "rank_exit_codes": {n: {str(r): c for r, c in sorted(codes.items())}
                             for n, codes in verdict.exit_codes.items()},
-        "command": {n: shlex.join(c.torchrun_argv()) for n, c in zip(names, commands)},
+        "command": {n: shlex.join(c.torchrun_argv()) for n, c in zip(names, commands, strict=True)},
     }
 
 

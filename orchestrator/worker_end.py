@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import re
 import signal
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from .supervisor import End
 

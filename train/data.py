@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import io
 import pickle
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -204,7 +205,7 @@ def find_root(data_dir: Path) -> Path:
 
 def load_cifar(data_dir: Path) -> Cifar:
     root = find_root(data_dir)
-    xs, ys = zip(*(read_images_labels(root / n) for n in TRAIN_FILES))
+    xs, ys = zip(*(read_images_labels(root / n) for n in TRAIN_FILES), strict=True)
     test_x, test_y = read_images_labels(root / TEST_FILE)
     classes = [str(i) for i in range(int(max(int(torch.cat(ys).max()), int(test_y.max()))) + 1)]
     if (root / META_FILE).is_file():

@@ -172,7 +172,7 @@ def gather_to_main(obj: Any, env: DistEnv, group=None) -> list[Any] | None:
     dist.all_gather(parts, padded, group=group)
     if not env.is_main:
         return None
-    return [_decode(p, int(s.item())) for p, s in zip(parts, sizes)]
+    return [_decode(p, int(s.item())) for p, s in zip(parts, sizes, strict=True)]
 
 
 def broadcast_from_main(obj: Any, env: DistEnv, group=None) -> Any:

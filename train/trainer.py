@@ -18,7 +18,8 @@ import os
 import random
 import signal
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -71,7 +72,8 @@ def epoch_generator_seed(seed: int, epoch: int, rank: int) -> int:
 
 
 def make_optimizer(args: argparse.Namespace, model: nn.Module) -> torch.optim.Optimizer:
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     for p in model.parameters():
         (no_decay if p.ndim <= 1 else decay).append(p)  # biases and norm scales
     if args.optimizer == "sgd":
@@ -104,15 +106,18 @@ class Trainer:
         self.channels_last = env.device.type == "cuda"
         core = build_model(args.width, args.blocks, num_classes=len(data.classes)).to(env.device)
         if self.channels_last:
-            core = core.to(memory_format=torch.channels_last)
+            # torch's stubs leave memory_format out of Module.to's overloads; it takes it.
+            core = core.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         self.core: nn.Module = core   # the bare model: evaluation and checkpoints
         self.model: nn.Module = core  # what trains: the DDP wrapper with a process group
         if env.distributed:
             self.model = DDP(core, device_ids=[env.local_rank] if env.device.type == "cuda"
                              else None)
-        self.sampler = DistributedSampler(range(len(data.train_y)), num_replicas=env.world_size,
-                                          rank=env.rank, shuffle=True, seed=args.seed,
-                                          drop_last=True)
+        # A range of indices stands in for the dataset: the sampler only takes its len().
+        self.sampler: DistributedSampler[int] = DistributedSampler(
+            range(len(data.train_y)),  # type: ignore[arg-type]
+            num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=args.seed,
+            drop_last=True)
         self.steps_per_epoch = math.ceil(len(self.sampler) / args.batch_size)
         self.optimizer = make_optimizer(args, core)
         self.scheduler = make_scheduler(args, self.optimizer,

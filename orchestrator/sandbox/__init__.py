@@ -1,1 +1,2 @@
-"""The local sandbox cluster: Debian 12 containers with systemd and sshd that stand in for servers."""
+"""The local sandbox cluster: Debian 12 containers with systemd and sshd that stand in for
+servers."""

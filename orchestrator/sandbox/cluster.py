@@ -22,9 +22,23 @@ from ..errors import SandboxError
 from ..podman import podman, podman_json
 from .image import ensure_image
 from .limits import check_host
-from .spec import (ADMIN_USER, BASTION_TABLE, EXPORT_PATH, LABEL, SHARED_PATH, USERS, Node,
-                   SandboxSpec, default_gateway, describe, render_inventory, render_ssh_config,
-                   sandbox_vars, state_root, validate_name)
+from .spec import (
+    ADMIN_USER,
+    BASTION_TABLE,
+    EXPORT_PATH,
+    LABEL,
+    SHARED_PATH,
+    USERS,
+    Node,
+    SandboxSpec,
+    default_gateway,
+    describe,
+    render_inventory,
+    render_ssh_config,
+    sandbox_vars,
+    state_root,
+    validate_name,
+)
 
 BOOT_TIMEOUT = 60.0
 
@@ -110,7 +124,8 @@ def _wait_booted(node: Node, deadline: float) -> None:
         if state == "degraded":
             failed = podman(["exec", node.container, "systemctl", "--failed", "--no-legend"],
                             check=False).stdout.strip()
-            raise SandboxError(f"{node.container}: systemd booted 'degraded'; failed units:\n{failed}")
+            raise SandboxError(
+                f"{node.container}: systemd booted 'degraded'; failed units:\n{failed}")
         if time.monotonic() > deadline:
             raise SandboxError(f"{node.container}: systemd did not reach 'running' within "
                                f"{BOOT_TIMEOUT:.0f} s (state: {state or proc.stderr.strip()})")

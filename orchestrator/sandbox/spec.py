@@ -238,7 +238,8 @@ def render_inventory(spec: SandboxSpec, extra_vars: dict | None = None,
     header = (f"# Ansible inventory of sandbox {spec.name!r} for user {user}"
               f"{' (sudo)' if login.sudo else ' (no sudo)'}, written by "
               f"`python -m orchestrator sandbox up`.\n"
-              f"# Use it like a real inventory: ansible-playbook site.yml -i {spec.inventory_for(user)}\n")
+              f"# Use it like a real inventory: "
+              f"ansible-playbook site.yml -i {spec.inventory_for(user)}\n")
     return header + yaml.safe_dump(inventory, sort_keys=False, default_flow_style=False)
 
 

@@ -15,6 +15,7 @@ FINGERPRINT_PY = os.path.join(os.path.dirname(os.path.realpath(__file__)), os.pa
 
 def _fingerprint():
     spec = importlib.util.spec_from_file_location("clustertrain_fingerprint", FINGERPRINT_PY)
+    assert spec is not None and spec.loader is not None  # a .py file always has both
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

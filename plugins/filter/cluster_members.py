@@ -19,6 +19,7 @@ def _load_contract():
     path = os.path.join(os.path.dirname(os.path.realpath(__file__)), os.pardir,
                         "module_utils", "cluster_contract.py")
     spec = importlib.util.spec_from_file_location("clustertrain_cluster_contract", path)
+    assert spec is not None and spec.loader is not None  # a .py file always has both
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -43,17 +43,21 @@ details:
   returned: always
 """
 
-import ipaddress
-import socket
+# Imports follow DOCUMENTATION and RETURN, as in every Ansible module.
+import ipaddress  # noqa: E402
+import socket  # noqa: E402
 
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.clustertrain.cluster.plugins.module_utils.cluster_contract import ip_literal
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible_collections.clustertrain.cluster.plugins.module_utils.cluster_contract import (  # noqa: E402
+    ip_literal,
+)
 
 
 def _usable(ip):
     addr = ipaddress.ip_address(ip)
     # IPv6 link-local addresses need an interface (scope) that other nodes do not share
-    return not (addr.is_loopback or addr.is_unspecified or (addr.version == 6 and addr.is_link_local))
+    return not (addr.is_loopback or addr.is_unspecified
+                or (addr.version == 6 and addr.is_link_local))
 
 
 def choose(addresses):
@@ -97,8 +101,8 @@ def resolve_members(members, getaddrinfo=socket.getaddrinfo, dns_only=None):
         host = str(member["host"])
         address = str(member.get("address") or "").strip()
         member = dict(member, host=host, address=address)
-        entry = {"address": address, "variable": member.get("variable") or "cluster_address",
-                 "ip": None, "resolved": False, "all": []}
+        entry: dict = {"address": address, "variable": member.get("variable") or "cluster_address",
+                       "ip": None, "resolved": False, "all": []}
         details[host] = entry
         if not address:
             errors.append("%s is empty" % describe(member))
@@ -123,7 +127,8 @@ def resolve_members(members, getaddrinfo=socket.getaddrinfo, dns_only=None):
         if ip is None:
             errors.append(
                 "%s resolves only to %s, which other nodes cannot reach (an /etc/hosts line "
-                "such as Debian's '127.0.1.1 <hostname>'?)" % (describe(member), ", ".join(found) or "nothing"))
+                "such as Debian's '127.0.1.1 <hostname>'?)"
+                % (describe(member), ", ".join(found) or "nothing"))
             continue
         entry["ip"] = ip
         addresses[host] = ip
@@ -164,7 +169,8 @@ def main():
     addresses, details, errors = resolve_members(
         module.params["members"], dns_only=_getent_dns(module))
     if errors:
-        module.fail_json(msg=failure_message(errors, module.params["node"] or socket.gethostname()), details=details)
+        module.fail_json(msg=failure_message(errors, module.params["node"] or socket.gethostname()),
+                         details=details)
     module.exit_json(changed=False, addresses=addresses, details=details)
 
 

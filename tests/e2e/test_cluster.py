@@ -96,7 +96,8 @@ def test_site_yml_is_idempotent(sandbox_cluster):
 
 def test_two_nodes_train_the_real_job_well_above_chance(sandbox_cluster, tmp_path):
     result = train(sandbox_cluster, tmp_path, "--epochs", "5", "--run-name", "e2e-learn",
-                   "--metrics-json", "/mnt/cluster/checkpoints/alice/results/e2e-learn.json", *SMALL)
+                   "--metrics-json", "/mnt/cluster/checkpoints/alice/results/e2e-learn.json",
+                   *SMALL)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     out = result.stdout
     # Every node's lines reach the terminal with their prefix; each rank reports in.
@@ -105,7 +106,8 @@ def test_two_nodes_train_the_real_job_well_above_chance(sandbox_cluster, tmp_pat
     s = summary(tmp_path)
     assert s["status"] == "succeeded"
     assert s["exit_codes"] == {"node0": 0, "node1": 0}
-    metrics = json.loads((sandbox_cluster.checkpoints("results") / "e2e-learn.json").read_text())["final"]
+    metrics = json.loads(
+        (sandbox_cluster.checkpoints("results") / "e2e-learn.json").read_text())["final"]
     # Ten classes: chance is 10 %. The generated classes are separable by their mean
     # colour pattern, so a few epochs of a real (if tiny) ResNet reach far above it
     # (about 0.85 here); 60 % leaves a margin for seeds while failing a run that did
@@ -116,8 +118,8 @@ def test_two_nodes_train_the_real_job_well_above_chance(sandbox_cluster, tmp_pat
 
 
 def test_ctrl_c_stops_every_training_process(sandbox_cluster, tmp_path):
-    proc = train(sandbox_cluster, tmp_path, "--epochs", "50", "--run-name", "e2e-ctrlc", "--no-resume",
-                 *SMALL, background=True)
+    proc = train(sandbox_cluster, tmp_path, "--epochs", "50", "--run-name", "e2e-ctrlc",
+                 "--no-resume", *SMALL, background=True)
     try:
         ckpts = sandbox_cluster.checkpoints("e2e-ctrlc")
         wait_for(lambda: list(ckpts.glob("*.pt")), 300, "the first epoch's checkpoint")
@@ -150,7 +152,8 @@ def test_resume_after_a_worker_dies_with_max_restarts(sandbox_cluster, tmp_path)
     out = (tmp_path / "orchestrator.out").read_text()
     assert proc.returncode == 0, out[-5000:]
     assert "resumed from" in out
-    final = json.loads((sandbox_cluster.checkpoints("results") / "e2e-resume.json").read_text())["final"]
+    final = json.loads(
+        (sandbox_cluster.checkpoints("results") / "e2e-resume.json").read_text())["final"]
     assert final["epochs"] == 6
     assert final["resumed_from"]["epoch"] >= 2, final
 
@@ -211,7 +214,9 @@ def test_killed_node_then_provision_again_and_resume(sandbox_cluster, tmp_path):
     wait_for(lambda: no_training_left(sandbox_cluster, ("node0",)), 10,
              "no training process on node0")
     assert_checkpoints_whole(ckpts)
-    newest = int(re.match(r"ckpt-(\d{6})", checkpoints(ckpts)[-1].name).group(1))
+    match = re.match(r"ckpt-(\d{6})", checkpoints(ckpts)[-1].name)
+    assert match, checkpoints(ckpts)
+    newest = int(match.group(1))
 
     # The node is back; provisioning again puts right what the restart changed, and
     # touches nothing on the node that kept running.
@@ -226,6 +231,7 @@ def test_killed_node_then_provision_again_and_resume(sandbox_cluster, tmp_path):
                    *SMALL)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert re.search(rf"resumed from \S*ckpt-{newest:06d}-", result.stdout), result.stdout[-3000:]
-    final = json.loads((sandbox_cluster.checkpoints("results") / "e2e-killed.json").read_text())["final"]
+    final = json.loads(
+        (sandbox_cluster.checkpoints("results") / "e2e-killed.json").read_text())["final"]
     assert final["epochs"] == 4 and final["resumed_from"]["epoch"] == newest, final
     assert not [f for f in checkpoints(ckpts) if f.name.startswith(".")], "temporaries left"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from typing import Any
 
 import pytest
 
@@ -11,7 +12,7 @@ from orchestrator.errors import LaunchError
 
 
 def cmd(**kw) -> NodeCommand:
-    base = dict(run_id="20260101-000000-abcdef", node_rank=1, nnodes=2, nproc=4,
+    base: dict[str, Any] = dict(run_id="20260101-000000-abcdef", node_rank=1, nnodes=2, nproc=4,
                 master_addr="10.0.0.1", master_port=29501,
                 torchrun="/opt/clustertrain/venv/bin/torchrun", home="/home/alice",
                 script="train.py",

@@ -10,8 +10,8 @@ import hashlib
 import http.server
 import importlib.util
 import io
-import tarfile
 import sys
+import tarfile
 import threading
 from pathlib import Path
 
@@ -27,7 +27,9 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def loader():
     """The training job's own reader (train/data.py), loaded from its file."""
-    spec = importlib.util.spec_from_file_location("clustertrain_job_data", REPO / "train" / "data.py")
+    spec = importlib.util.spec_from_file_location("clustertrain_job_data",
+                                                  REPO / "train" / "data.py")
+    assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # dataclasses look their module up there
     spec.loader.exec_module(mod)

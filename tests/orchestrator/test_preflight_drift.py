@@ -1,10 +1,10 @@
 """Which packages differ between nodes, and how preflight judges the facts."""
 
 from pathlib import Path
+from typing import Any
 
 from orchestrator.inventory import Cluster, NodeSpec
-from orchestrator.preflight import (Report, _judge, _judge_reach, fingerprint_drift,
-                                   render_table)
+from orchestrator.preflight import Report, _judge, _judge_reach, fingerprint_drift, render_table
 from orchestrator.probe import NodeFacts
 from orchestrator.ssh import SshTarget
 
@@ -17,7 +17,7 @@ def spec(name: str, address: str | None = None) -> NodeSpec:
 
 def facts(name: str, packages: dict, **kw) -> NodeFacts:
     node = spec(name)
-    defaults = dict(
+    defaults: dict[str, Any] = dict(
         fingerprint={"python": "3.11.2", "packages": packages, "torch": "2.13.0+cpu",
                      "cuda": None, "sha256": str(sorted(packages.items()))},
         python_env={"python": "/v/bin/python", "torchrun": "/v/bin/torchrun"},
@@ -110,7 +110,8 @@ def test_table_shows_the_nproc_the_job_will_get() -> None:
     f = [facts("node0", {"torch": "2.13.0"}), facts("node1", {"torch": "2.13.0"})]
     auto = report(*f)
     assert [row.split()[6] for row in render_table(auto).splitlines()[1:]] == ["1", "1"]
-    given = Report(Cluster(inventory=None, nodes=tuple(x.node for x in f)), f, nproc_per_node=4)
+    given = Report(Cluster(inventory=Path("/site/hosts.yml"), nodes=tuple(x.node for x in f)),
+                   f, nproc_per_node=4)
     _judge(given, 29500, strict_port=False)
     assert given.nproc(f[0]) == 4
     assert [row.split()[6] for row in render_table(given).splitlines()[1:]] == ["4", "4"]
@@ -205,7 +206,8 @@ def test_the_shared_mount_the_inventory_describes() -> None:
     from orchestrator.preflight import shared_spec
 
     def spec_of(**variables):
-        return shared_spec(Cluster(inventory=None, nodes=(), shared_path="/mnt/cluster",
+        return shared_spec(Cluster(inventory=Path("/site/hosts.yml"), nodes=(),
+                                   shared_path="/mnt/cluster",
                                    variables=variables))
 
     assert spec_of() == {"path": "/mnt/cluster", "fstypes": ["nfs", "nfs4"]}

@@ -170,7 +170,9 @@ def test_an_inventory_of_dns_names_only_trains(sandbox_cluster: ProvisionedClust
     resolves (ProxyJump), and they find each other by name through the site's DNS."""
     state = sandbox_cluster.inventory.parent
     config = (state / "ssh_config").read_text()
-    bastion = re.search(r"^Host bastion\n(?:    .*\n)+", config, re.M).group(0)
+    match = re.search(r"^Host bastion\n(?:    .*\n)+", config, re.M)
+    assert match, config
+    bastion = match.group(0)
     key = state / "id_ed25519"
     known = tmp_path / "known_hosts"
     # The nodes' host keys under their names (the host-key check stays on).

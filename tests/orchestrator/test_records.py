@@ -18,13 +18,20 @@ def running(age: float = 1.0) -> dict:
     return {"state": "running", "started": NOW - 100, "time": NOW - age}
 
 
+def settled(states: dict[str, dict]) -> dict:
+    """summarize() for a run that has ended: its summary (None would fail here)."""
+    summary = summarize(INFO, states, NOW)
+    assert summary is not None, "the run should have ended"
+    return summary
+
+
 def test_still_running_has_no_summary() -> None:
     states = {"node0": running(), "node1": running(), "node2": ended(0)}
     assert summarize(INFO, states, NOW) is None
 
 
 def test_all_succeeded() -> None:
-    s = summarize(INFO, {n: ended(0) for n in INFO["nodes"]}, NOW)
+    s = settled({n: ended(0) for n in INFO["nodes"]})
     assert s["status"] == "succeeded" and s["first_failed"] is None
     assert s["exit_codes"] == {"node0": 0, "node1": 0, "node2": 0}
 
@@ -33,7 +40,7 @@ def test_the_failed_node_is_named_not_the_ones_it_stopped() -> None:
     states = {"node0": ended(143, "peer-failed", "node1", at=NOW - 3),
               "node1": ended(3, at=NOW - 4),
               "node2": ended(143, "peer-failed", "node1", at=NOW - 3)}
-    s = summarize(INFO, states, NOW)
+    s = settled(states)
     assert (s["status"], s["first_failed"]) == ("failed", "node1")
     assert [n["end_reason"] for n in s["nodes"]] == ["stopped", "exited", "stopped"]
     assert s["nodes"][0]["why"] == "peer-failed node1"
@@ -43,7 +50,7 @@ def test_a_node_whose_supervisor_failed_is_the_failed_one() -> None:
     states = {"node0": ended(143, "peer-failed", "node2", at=NOW - 3),
               "node1": ended(143, "peer-failed", "node2", at=NOW - 3),
               "node2": ended(1, "supervisor-failed", "OSError: [Errno 28]", at=NOW - 4)}
-    s = summarize(INFO, states, NOW)
+    s = settled(states)
     assert (s["status"], s["first_failed"]) == ("failed", "node2")
     assert s["nodes"][2]["end_reason"] == "supervisor-failed"
 
@@ -51,19 +58,19 @@ def test_a_node_whose_supervisor_failed_is_the_failed_one() -> None:
 def test_a_node_that_went_silent_is_lost_and_named() -> None:
     states = {"node0": ended(143, "peer-lost", "node1"), "node1": running(age=3),
               "node2": ended(143, "peer-lost", "node1")}
-    s = summarize(INFO, states, NOW)
+    s = settled(states)
     assert (s["status"], s["first_failed"]) == ("failed", "node1")
     assert s["nodes"][1]["end_reason"] == "lost"
     # Silence alone, long enough, also means lost.
     states = {"node0": ended(0), "node1": ended(0), "node2": running(age=3 * PEER_TIMEOUT)}
-    assert summarize(INFO, states, NOW)["first_failed"] == "node2"
+    assert settled(states)["first_failed"] == "node2"
 
 
 def test_controller_lost_and_stopped() -> None:
     lost = {n: ended(143, "controller-lost") for n in INFO["nodes"]}
-    assert summarize(INFO, lost, NOW)["status"] == "controller-lost"
+    assert settled(lost)["status"] == "controller-lost"
     stopped = {n: ended(143, "stopped") for n in INFO["nodes"]}
-    assert summarize(INFO, stopped, NOW)["status"] == "stopped"
+    assert settled(stopped)["status"] == "stopped"
 
 
 def test_the_summary_reads_the_same_in_json_and_in_messages() -> None:
@@ -71,7 +78,7 @@ def test_the_summary_reads_the_same_in_json_and_in_messages() -> None:
 
     states = {"node0": ended(143, "peer-failed", "node1"), "node1": ended(3),
               "node2": ended(143, "peer-failed", "node1")}
-    s = summarize(INFO, states, NOW)
+    s = settled(states)
     on_disk = json.loads(json.dumps(s))
     assert on_disk["status"] == "failed"
     assert [n["end_reason"] for n in on_disk["nodes"]] == ["stopped", "exited", "stopped"]

@@ -56,7 +56,7 @@ def left(cluster: ProvisionedCluster, runs: Path) -> dict[str, list[str]]:
     """The processes of the run recorded in RUNS still alive on each node (supervisor,
     torchrun, workers: every process that carries the run's id in its environment).
     Other jobs on the same nodes do not count."""
-    found = {}
+    found: dict[str, list[str]] = {}
     for run in [d.name for d in runs.iterdir() if (d / "run.json").exists()]:
         for node in NODES:
             pids = cluster.run_processes(node, run)
@@ -165,7 +165,8 @@ def test_train_piped_into_head_returns_and_stops_the_job(sandbox_cluster, tmp_pa
                        timeout=300)
     # head leaves after 8 lines: the nodes' first lines of output, the job still running.
     assert p.stdout.startswith("NODE") and len(p.stdout.splitlines()) == 8, p.stdout + p.stderr
-    wait_for(lambda: not left(sandbox_cluster, tmp_path), 30, f"nothing left ({left(sandbox_cluster, tmp_path)})")
+    wait_for(lambda: not left(sandbox_cluster, tmp_path), 30,
+             f"nothing left ({left(sandbox_cluster, tmp_path)})")
     (summary,) = tmp_path.glob("*/summary.json")
     assert json.loads(summary.read_text())["status"] == "interrupted"
 
@@ -176,7 +177,8 @@ def test_a_node_that_dies_while_detached_stops_the_others(sandbox_cluster, tmp_p
     p = cli(sandbox_cluster, tmp_path, "train", "-i", str(sandbox_cluster.inventory),
             "--workdir", str(JOBS), "--detach", *LONG)
     assert p.returncode == 0, p.stdout + p.stderr
-    wait_for(lambda: set(left(sandbox_cluster, tmp_path)) == set(NODES), 120, "the job on all nodes")
+    wait_for(lambda: set(left(sandbox_cluster, tmp_path)) == set(NODES), 120,
+             "the job on all nodes")
     sandbox_cluster.exec("node1", "pkill", "-9", "-u", "alice", "-f",
                          "supervisor.py|torchrun|ddp_allreduce")
     died = time.monotonic()

@@ -103,6 +103,7 @@ def test_an_attached_run_stops_when_the_controller_leaves(tmp_path: Path) -> Non
         wait_file(job / "pgid")
         follower = subprocess.Popen([sys.executable, SUPERVISOR, "follow", "--job", str(job),
                                      "--lease"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert follower.stdin is not None and follower.stdout is not None
         for _ in range(3):
             follower.stdin.write(b".")
             follower.stdin.flush()

@@ -30,7 +30,7 @@ def test_snapshots_are_per_run_and_linked(sandbox_cluster: Sandbox, tmp_path: Pa
     (code / "train.py").write_text("print('v2')\n")  # edited locally after run 1 started
     second = sync_code(cluster, code, "orch-test-sync-2")
     for node in ("node0", "node1"):
-        def sh(cmd: str) -> str:
+        def sh(cmd: str, node: str = node) -> str:
             return sandbox_cluster.exec(node, "sh", "-c", cmd).stdout.strip()
         # The snapshots are the job user's, in its private state directory.
         root = "/home/alice/.clustertrain/code"
@@ -116,7 +116,7 @@ def test_preflight_table(sandbox_cluster: Sandbox) -> None:
     assert rows[0].split()[:5] == ["NODE", "ADDRESS", "USER", "SSH", "TORCH"]
     # Inventory order decides node 0 (the master port is checked there), not --hosts order.
     # Addresses are the inventory's names, with the IP each resolves to on the nodes.
-    for row, node in zip(rows[1:3], ("node0", "node1")):
+    for row, node in zip(rows[1:3], ("node0", "node1"), strict=True):
         assert row.split()[:5] == [node, f"{node}[{sandbox_cluster.nodes[node]}]", "alice",
                                    "ok", "2.13.0+cpu"]
     assert "29500" in rows[1] and "problem:" not in p.stdout

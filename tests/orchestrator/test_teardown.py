@@ -39,7 +39,8 @@ def tree(job: Path) -> set[int]:
     """PIDs of the job: its process group and all descendants (via ps, independently)."""
     pgid = int((job / "pgid").read_text())
     rows = [line.split() for line in subprocess.run(
-        ["ps", "-eo", "pid=,ppid=,pgid=,stat="], capture_output=True, text=True).stdout.splitlines()]
+        ["ps", "-eo", "pid=,ppid=,pgid=,stat="], capture_output=True,
+        text=True).stdout.splitlines()]
     live = {int(r[0]) for r in rows if int(r[2]) == pgid and not r[3].startswith("Z")}
     grew = True
     while grew:

@@ -37,6 +37,7 @@ class Train:
         self._reader.start()
 
     def _read(self) -> None:
+        assert self.proc.stdout is not None
         for line in self.proc.stdout:
             self.lines.append((time.monotonic(), line.rstrip("\n")))
 
@@ -53,12 +54,15 @@ class Train:
             if self.proc.poll() is not None and not self._reader.is_alive():
                 break
             time.sleep(0.1)
+        assert self.proc.stderr is not None
+        stderr = self.proc.stderr.read() if self.proc.poll() is not None else ''
         raise AssertionError(f"{needle!r} x{count} not seen; exit {self.proc.poll()}\n"
-                             f"{self.text[-4000:]}\n{self.proc.stderr.read() if self.proc.poll() is not None else ''}")
+                             f"{self.text[-4000:]}\n{stderr}")
 
     def finish(self, timeout: float = 300) -> int:
         code = self.proc.wait(timeout=timeout)
         self._reader.join(timeout=10)
+        assert self.proc.stderr is not None
         self.stderr = self.proc.stderr.read()
         return code
 

@@ -14,8 +14,13 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import ClusterError
-from orchestrator.wheelhouse import (STAMP, WheelhouseError, WheelhouseRequest, build,
-                                     load_environment)
+from orchestrator.wheelhouse import (
+    STAMP,
+    WheelhouseError,
+    WheelhouseRequest,
+    build,
+    load_environment,
+)
 
 # Runs pip for real: seconds each.
 pytestmark = pytest.mark.slow

@@ -10,8 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.wheelhouse import (LOCK, STAMP, WheelhouseError, WheelhouseRequest, build,
-                                     load_environment, name_version, read_lock)
+from orchestrator.wheelhouse import (
+    LOCK,
+    STAMP,
+    WheelhouseError,
+    WheelhouseRequest,
+    build,
+    load_environment,
+    name_version,
+    read_lock,
+)
 
 FILES = {"torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl": b"torch wheel",
          "typing_extensions-4.16.0-py3-none-any.whl": b"typing wheel",

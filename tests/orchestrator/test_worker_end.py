@@ -65,8 +65,8 @@ def ends_of(text: str) -> NodeEnds:
 
 
 def test_a_rank_that_finished_then_aborted_is_named_and_the_training_completed() -> None:
-    nodes = [NodeEnd("node0", 1, 0, "exited"), NodeEnd("node1", 1, 1, "exited"),
-             NodeEnd("node2", 1, 0, "exited")]
+    nodes = [NodeEnd("node0", 1, 0, End.EXITED), NodeEnd("node1", 1, 1, End.EXITED),
+             NodeEnd("node2", 1, 0, End.EXITED)]
     ends = {"node0": ends_of("node0/rank0 | [clustertrain] rank 0 finished: exit code 0"),
             "node1": ends_of(ABORT_AFTER_FINISH),
             "node2": ends_of("node2/rank2 | [clustertrain] rank 2 finished: exit code 0")}
@@ -81,7 +81,7 @@ def test_a_rank_that_finished_then_aborted_is_named_and_the_training_completed()
 
 
 def test_a_real_failure_is_not_called_a_teardown_abort() -> None:
-    nodes = [NodeEnd("node0", 1, 0, "exited"), NodeEnd("node1", 1, 3, "exited")]
+    nodes = [NodeEnd("node0", 1, 0, End.EXITED), NodeEnd("node1", 1, 3, End.EXITED)]
     # sys.exit(3): the marker says 3 and torchrun reports 3.
     exit3 = ABORT_AFTER_FINISH.replace("exit code 0", "exit code 3").replace(
         "exitcode  : -6", "exitcode  : 3")
@@ -100,11 +100,11 @@ def test_a_real_failure_is_not_called_a_teardown_abort() -> None:
 
 def test_other_deaths_after_the_marker_and_a_stopped_node() -> None:
     segv = ABORT_AFTER_FINISH.replace("exitcode  : -6", "exitcode  : -11")
-    verdict = judge([NodeEnd("node1", 1, 1, "exited")], {"node1": ends_of(segv)}, True)
+    verdict = judge([NodeEnd("node1", 1, 1, End.EXITED)], {"node1": ends_of(segv)}, True)
     assert verdict.after_finish["node1"] == [
         "rank 1 on node1 finished, then died of SIGSEGV in torch's teardown"]
     stopped = ends_of("node0/rank0 | [clustertrain] rank 0 finished: exit code 0")
-    verdict = judge([NodeEnd("node0", 1, 143, "peer-failed")], {"node0": stopped}, True)
+    verdict = judge([NodeEnd("node0", 1, 143, End.PEER_FAILED)], {"node0": stopped}, True)
     assert verdict.after_finish["node0"] == [
         "every rank on node0 had finished when the node was stopped"]
 
@@ -123,7 +123,7 @@ def record(tmp_path: Path, logs: dict[str, str], codes: dict[str, int], first_fa
     run.path.mkdir()
     for node, text in logs.items():
         run.log(node).write_text(text)
-    outcomes = {n: NodeOutcome(n, exit_code=c, reason="exited") for n, c in codes.items()}
+    outcomes = {n: NodeOutcome(n, exit_code=c, reason=End.EXITED) for n, c in codes.items()}
     outcomes["node1"].last_lines.extend(ABORT_AFTER_FINISH.splitlines())
     result = JobResult(outcomes, first_failed, False, 0.0, 1.0)
     names = list(codes)
@@ -211,7 +211,7 @@ node1/torchrun | ============================================================
 """
 
 
-def failed_run(tmp_path: Path, logs: dict[str, str], ends: dict[str, tuple[int, str, float]],
+def failed_run(tmp_path: Path, logs: dict[str, str], ends: dict[str, tuple[int | None, str, float]],
                first_failed: str):
     """A run whose nodes ended as ENDS says (node -> torchrun's code, reason, when)."""
     run = RunDir(tmp_path, "r1")

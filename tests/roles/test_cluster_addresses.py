@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _load(path: Path, name: str):
     spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -46,7 +47,7 @@ def fake_getaddrinfo(table: dict[str, list[str]]):
             out.append((fam, socket.SOCK_STREAM, 6, "", sockaddr))
         return out
 
-    getaddrinfo.asked = asked
+    getaddrinfo.asked = asked  # type: ignore[attr-defined]  # read by the tests
     return getaddrinfo
 
 
@@ -91,7 +92,8 @@ def test_a_name_with_only_an_ipv6_address_gets_it():
 
 @pytest.mark.parametrize(("variable", "hint"), [
     ("cluster_address", "n1: cluster_address 'gpu01.typo.example' does not resolve"),
-    ("ansible_host", "n1: ansible_host 'gpu01.typo.example' (cluster_address is not set) does not resolve"),
+    ("ansible_host",
+     "n1: ansible_host 'gpu01.typo.example' (cluster_address is not set) does not resolve"),
     ("inventory_hostname", "neither cluster_address nor ansible_host is set"),
 ])
 def test_a_name_that_does_not_resolve_is_an_error_naming_host_and_variable(variable, hint):
@@ -101,7 +103,8 @@ def test_a_name_that_does_not_resolve_is_an_error_naming_host_and_variable(varia
     assert addresses == {"n0": "10.0.0.1"}
     assert len(errors) == 1 and hint in errors[0], errors
     message = resolver.failure_message(errors, "node0")
-    assert "on node0" in message and "cluster_address" in message and "Name or service not known" in message
+    assert "on node0" in message and "cluster_address" in message
+    assert "Name or service not known" in message
 
 
 def test_loopback_answers_are_never_used_dns_is_asked_instead():

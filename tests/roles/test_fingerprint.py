@@ -29,6 +29,7 @@ NVIDIA = Path(__file__).resolve().parent / "fixtures" / "nvidia"
 
 def _load():
     spec = importlib.util.spec_from_file_location("fingerprint_under_test", SCRIPT)
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -139,7 +140,7 @@ def test_a_conda_environment_lists_conda_meta(tmp_path: Path) -> None:
 def test_metadata_scan_agrees_with_importlib_metadata() -> None:
     """On this machine's own virtualenv: the same distributions and versions."""
     site = sysconfig.get_paths()["purelib"]
-    expected = {}
+    expected: dict[str, str] = {}
     for dist in importlib.metadata.distributions(path=[site]):
         expected.setdefault(fp.canonical(dist.metadata["Name"]), dist.version)
     assert fp.packages([site]) == dict(sorted(expected.items()))

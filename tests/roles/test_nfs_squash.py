@@ -17,6 +17,7 @@ ROLE = REPO / "roles" / "nfs_server"
 
 _spec = importlib.util.spec_from_file_location(
     "nfs_server_filters", REPO / "plugins" / "filter" / "nfs_server_filters.py")
+assert _spec is not None and _spec.loader is not None
 filters = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(filters)
 

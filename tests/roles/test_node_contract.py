@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -25,6 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _load(path: Path, name: str):
     spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -178,6 +180,7 @@ def test_preflight_reads_the_environment_from_the_nodes_state_dir(tmp_path: Path
     """The probe, run for real (locally), reads python_env.json from the directory the
     inventory gives the python_env role (python_env_state_dir), not from a fixed path."""
     from orchestrator.probe import probe
+    from orchestrator.ssh import Connection
     from tests.orchestrator.test_probe import fake_environment
 
     prefix = fake_environment(tmp_path)   # writes tmp_path/state/python_env.json
@@ -187,7 +190,10 @@ def test_preflight_reads_the_environment_from_the_nodes_state_dir(tmp_path: Path
         f"    n0: {{ansible_host: 127.0.0.1, ansible_python_interpreter: '{sys.executable}',\n"
         f"         python_env_state_dir: '{tmp_path / 'state'}'}}\n")
     [node] = load_cluster(inventory).nodes
-    facts = probe(node, LocalConnection(tmp_path / "home"), shared={"path": str(tmp_path), "fstypes": None},
-                  addresses=[], port=None)
+    # LocalConnection has the one method probe() calls, Connection.run.
+    conn = cast(Connection, LocalConnection(tmp_path / "home"))
+    facts = probe(node, conn, shared={"path": str(tmp_path), "fstypes": None}, addresses=[],
+                  port=None)
     assert not facts.python_env_error, facts.python_env_error
+    assert facts.python_env is not None
     assert facts.python_env["prefix"] == str(prefix)

@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _load(path: Path, name: str):
     spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -57,7 +57,7 @@ def tensors_equal(a, b) -> bool:
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(tensors_equal(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(tensors_equal(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(tensors_equal(x, y) for x, y in zip(a, b, strict=True))
     return a == b
 
 

@@ -79,7 +79,7 @@ def site_packages(prefix):
 def packages(dirs):
     """{canonical name: version} of every distribution installed in DIRS, as
     importlib.metadata would list them (the first one found wins)."""
-    found = {}
+    found: dict[str, str] = {}
     for directory in dirs:
         try:
             entries = sorted(os.listdir(directory))
@@ -170,7 +170,8 @@ def driver_version(sys_root="/sys/module/nvidia", proc_root="/proc/driver/nvidia
                              capture_output=True, text=True, timeout=20).stdout
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return (out.strip().splitlines() or [None])[0]
+    lines = out.strip().splitlines()
+    return lines[0] if lines else None
 
 
 def gpu_count(proc_root="/proc/driver/nvidia", smi="nvidia-smi"):
@@ -244,8 +245,9 @@ def fingerprint(prefix, python=None, lock=None):
     torch = pkgs.get("torch") or build.get("__version__") or (
         conda["pytorch"].split("=")[0] if conda and "pytorch" in conda else None)
     cuda = build.get("cuda")
-    if not cuda and torch and re.search(r"\+cu(\d+)(\d)$", torch):
-        major, minor = re.search(r"\+cu(\d+)(\d)$", torch).groups()
+    match = re.search(r"\+cu(\d+)(\d)$", torch) if not cuda and torch else None
+    if match:
+        major, minor = match.groups()
         cuda = f"{major}.{minor}"
     cuda = cuda or _first(pkgs, r"nvidia-cuda-runtime(-cu\d+)?") or (
         _first(conda, r"cuda-cudart|cudatoolkit") or "").split("=")[0] or None
@@ -329,7 +331,7 @@ def realign(fps, provisioned=None):
     changed = [n for n, fp in fps.items() if fp and changes(provisioned.get(n), fp)]
     if changed or not drift(fps):
         return changed
-    groups = {}
+    groups: dict[str, list[str]] = {}
     for n, fp in fps.items():
         if fp:
             groups.setdefault(fp.get("sha256"), []).append(n)

@@ -6,6 +6,7 @@ that waits (the other ranks finish meanwhile) and then aborts the process."""
 import argparse
 import os
 import time
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -22,7 +23,7 @@ print(f"rank {rank}/{world} sum {t.item():.0f}", flush=True)
 dist.barrier()
 dist.destroy_process_group()
 if int(os.environ["CLUSTERTRAIN_NODE_RANK"]) == args.abort_node:
-    def abort_in_teardown(code: int) -> None:
+    def abort_in_teardown(status: int) -> NoReturn:
         time.sleep(5)
         os.abort()
     os._exit = abort_in_teardown

@@ -86,7 +86,8 @@ def test_down_removes_exactly_its_own_sandbox(sandbox_name):
 
     kept = cluster.load(keep)
     assert cluster.ssh_check(kept, kept.members()[0]) == "running"
-    assert json.loads(cli("sandbox", "status", "--name", keep, "--json").stdout)["nodes"][0]["state"] == "running"
+    status = json.loads(cli("sandbox", "status", "--name", keep, "--json").stdout)
+    assert status["nodes"][0]["state"] == "running"
 
 
 def test_ansible_on_two_sandboxes_at_once_reaches_each_ones_own_nodes(sandbox_name):
@@ -139,7 +140,8 @@ def ssh(info: dict, host: str, *command: str, user: str = "alice", **opts: str):
     """OpenSSH with the sandbox's ssh_config for USER, as a person would type it."""
     options = [a for k, v in {"BatchMode": "yes", "ConnectTimeout": "5", **opts}.items()
                for a in ("-o", f"{k}={v}")]
-    return subprocess.run(["ssh", "-F", info["users"][user]["ssh_config"], *options, host, *command],
+    return subprocess.run(["ssh", "-F", info["users"][user]["ssh_config"], *options, host,
+                           *command],
                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
 
 
@@ -168,7 +170,8 @@ def test_nodes_are_a_site_logins_by_name_sudo_for_alice_only_no_root(sandbox_nam
     # The nodes resolve each other by short name through the network's own DNS.
     for here, there in (("node0", "node1"), ("node1", "node0")):
         res = ssh(info, here, "getent", "hosts", there)
-        assert res.returncode == 0 and res.stdout.split()[0] == address[there], res.stdout + res.stderr
+        assert res.returncode == 0 and res.stdout.split()[0] == address[there], \
+            res.stdout + res.stderr
 
     # Both inventories log in as their user; alice's becomes root, bob's does not.
     for user, expected in (("alice", "root"), ("bob", "bob")):

@@ -13,8 +13,13 @@ from ansible.vars.manager import VariableManager
 
 from orchestrator.errors import SandboxError
 from orchestrator.sandbox.image import ImageRecipe, host_mirror
-from orchestrator.sandbox.spec import (SandboxSpec, describe, render_inventory, render_ssh_config,
-                                       sandbox_vars)
+from orchestrator.sandbox.spec import (
+    SandboxSpec,
+    describe,
+    render_inventory,
+    render_ssh_config,
+    sandbox_vars,
+)
 
 
 def spec(tmp_path: Path, nodes: int = 3, outsiders: int = 1, bastion: bool = False) -> SandboxSpec:
@@ -32,7 +37,8 @@ def load_inventory(tmp_path: Path, text: str):
 
 def test_inventory_is_read_by_ansible_with_groups_names_and_login(tmp_path):
     s = spec(tmp_path)
-    inv, variables = load_inventory(tmp_path, render_inventory(s, {"nfs_server_implementation": "ganesha"}))
+    inv, variables = load_inventory(
+        tmp_path, render_inventory(s, {"nfs_server_implementation": "ganesha"}))
 
     assert [h.name for h in inv.groups["train_nodes"].get_hosts()] == ["node0", "node1", "node2"]
     assert inv.groups["nfs_server"].get_hosts()[0].name == "node0"
@@ -194,7 +200,8 @@ def test_host_mirror_reads_deb822_and_one_line_sources(tmp_path):
         "Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm\n")
     assert host_mirror(tmp_path) == "http://mirror.example/debian"
     (tmp_path / "sources.list.d" / "debian.sources").unlink()
-    (tmp_path / "sources.list").write_text("deb [arch=amd64] http://other.example/debian/ bookworm main\n")
+    (tmp_path / "sources.list").write_text(
+        "deb [arch=amd64] http://other.example/debian/ bookworm main\n")
     assert host_mirror(tmp_path) == "http://other.example/debian"
 
 

@@ -7,7 +7,8 @@ import argparse
 import os
 import sys
 
-import finish_helper  # next to this script, not in the working directory
+# Next to this script, not in the working directory (nor on mypy's path).
+import finish_helper  # type: ignore[import-not-found]
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--end", choices=("return", "exit3", "raise"), default="return")
