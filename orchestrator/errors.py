@@ -23,3 +23,7 @@ class LaunchError(ClusterError):
     """A job could not be started, or failed on a node."""
 
     exit_code = 1
+
+
+class DiagnoseError(ClusterError):
+    """A hung run's stack or flight-recorder dumps could not be read or analysed."""
