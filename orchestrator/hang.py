@@ -29,9 +29,10 @@ import json
 import pickle
 import re
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from .command import WORKER_RUNNER
 from .errors import DiagnoseError

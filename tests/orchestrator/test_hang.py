@@ -12,9 +12,20 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import DiagnoseError
-from orchestrator.hang import (Frame, HangAnalysis, RankId, RankStacks, analyze_flight_records,
-                               analyze_stacks, collective_in, locate, parse_flight_record,
-                               parse_pyspy_dump, read_flight_record, read_pyspy_dump)
+from orchestrator.hang import (
+    Frame,
+    HangAnalysis,
+    RankId,
+    RankStacks,
+    analyze_flight_records,
+    analyze_stacks,
+    collective_in,
+    locate,
+    parse_flight_record,
+    parse_pyspy_dump,
+    read_flight_record,
+    read_pyspy_dump,
+)
 
 DUMPS = Path(__file__).parent / "hang_dumps"
 JOB = (DUMPS / "hang_job.py").read_text().splitlines()
@@ -122,6 +133,7 @@ def test_the_rank_is_where_its_main_thread_is_not_its_other_threads() -> None:
     stall = {s.rank.rank: s for s in stacks("stall")}
     assert all(len(s.threads) == 2 for s in stall.values())
     waiting, stuck = locate(stall[0]), locate(stall[2])
+    assert waiting.frame is not None and stuck.frame is not None
     assert (waiting.collective, waiting.frame.where, waiting.thread) == ("all_reduce", TRAIN,
                                                                          "MainThread")
     assert (stuck.collective, stuck.frame.where, stuck.thread) == (None, STUCK, "MainThread")
@@ -198,6 +210,7 @@ def test_the_pickled_dump_has_call_sites_and_gloo_states_come_from_pg_status() -
     waiting = read_flight_record(DUMPS / "stall" / "fr_rank0.pkl", r0)
     assert {e.state for e in waiting.entries} == {"scheduled"}
     seq, entry, state = waiting.last(0)
+    assert entry is not None
     assert (seq, entry.op, state) == (3, "all_reduce", "scheduled")
     stuck = read_flight_record(DUMPS / "stall" / "fr_rank2.pkl", r2)
     assert stuck.last(0)[0::2] == (2, "completed")
@@ -209,7 +222,8 @@ def test_pickle_and_json_dumps_read_alike() -> None:
         p = read_flight_record(DUMPS / "mismatch" / f"fr_rank{r.rank}.pkl", r)
         j = read_flight_record(DUMPS / "mismatch" / f"fr_rank{r.rank}.json", r)
         assert p.status == j.status and p.last(0)[0::2] == j.last(0)[0::2]
-        assert p.last(0)[1].op == j.last(0)[1].op
+        p_entry, j_entry = p.last(0)[1], j.last(0)[1]
+        assert p_entry is not None and j_entry is not None and p_entry.op == j_entry.op
 
 
 # --- bad input ------------------------------------------------------------------------

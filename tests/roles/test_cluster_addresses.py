@@ -6,30 +6,20 @@ Pure unit tests: the resolver is given a fake getaddrinfo, so no name is looked 
 
 from __future__ import annotations
 
-import importlib.util
 import socket
 import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _load(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
+from .sources import REPO, load
 
 # The module imports the collection's module_utils as Ansible ships it to a node.
-contract = _load(REPO / "plugins/module_utils/cluster_contract.py", "cluster_contract")
+contract = load("plugins/module_utils/cluster_contract.py", "cluster_contract")
 sys.modules.setdefault(
     "ansible_collections.clustertrain.cluster.plugins.module_utils.cluster_contract", contract)
-resolver = _load(REPO / "plugins/modules/cluster_addresses.py", "cluster_addresses")
-members_filters = _load(REPO / "plugins/filter/cluster_members.py", "cluster_members")
+resolver = load("plugins/modules/cluster_addresses.py", "cluster_addresses")
+members_filters = load("plugins/filter/cluster_members.py", "cluster_members")
 
 
 def fake_getaddrinfo(table: dict[str, list[str]]):

@@ -12,7 +12,6 @@ output (fixtures/nvidia/nvidia-smi-L-*.txt, one with MIG devices).
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 import json
 import os
 import subprocess
@@ -22,20 +21,13 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from .sources import REPO, load
+
 SCRIPT = REPO / "roles" / "python_env" / "files" / "fingerprint.py"
 NVIDIA = Path(__file__).resolve().parent / "fixtures" / "nvidia"
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("fingerprint_under_test", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-fp = _load()
+fp = load("roles/python_env/files/fingerprint.py", "fingerprint_under_test")
 
 
 def fake_nvidia_smi(tmp_path: Path, listing: str) -> str:

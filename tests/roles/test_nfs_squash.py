@@ -5,21 +5,15 @@ the role's defaults. Pure unit tests (Jinja2 and the role's filter module, no An
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import jinja2
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+from .sources import REPO, load
+
 ROLE = REPO / "roles" / "nfs_server"
 
-_spec = importlib.util.spec_from_file_location(
-    "nfs_server_filters", REPO / "plugins" / "filter" / "nfs_server_filters.py")
-assert _spec is not None and _spec.loader is not None
-filters = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(filters)
+filters = load("plugins/filter/nfs_server_filters.py", "nfs_server_filters")
 
 DEFAULTS = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
 SPECS = yaml.safe_load((ROLE / "meta" / "argument_specs.yml").read_text())

@@ -8,7 +8,6 @@ an empty (or blank) cluster_address counts as not set.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -21,19 +20,10 @@ import pytest
 from orchestrator import contract as orchestrator_contract
 from orchestrator.inventory import load_cluster
 
-REPO = Path(__file__).resolve().parents[2]
+from .sources import REPO, load
 
-
-def _load(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-rules = _load(REPO / "plugins/module_utils/cluster_contract.py", "cluster_contract")
-filters = _load(REPO / "plugins/filter/cluster_members.py", "cluster_members")
+rules = load("plugins/module_utils/cluster_contract.py", "cluster_contract")
+filters = load("plugins/filter/cluster_members.py", "cluster_members")
 
 # (inventory name, its variables in YAML, the address every part must give)
 CASES = [

@@ -4,7 +4,6 @@ words: both take the comparison and the message from roles/python_env/files/fing
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -19,19 +18,10 @@ from orchestrator.preflight import Report, _judge_drift
 from orchestrator.probe import NodeFacts
 from orchestrator.ssh import SshTarget
 
-REPO = Path(__file__).resolve().parents[2]
+from .sources import REPO, load
 
-
-def _load(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-fp = _load(REPO / "roles/python_env/files/fingerprint.py", "fingerprint_under_test")
-drift_filter = _load(REPO / "playbooks/filter_plugins/python_env_drift.py", "python_env_drift")
+fp = load("roles/python_env/files/fingerprint.py", "fingerprint_under_test")
+drift_filter = load("playbooks/filter_plugins/python_env_drift.py", "python_env_drift")
 
 
 def preflight_problems(inventory: Path, live: dict, provisioned: dict) -> list[str]:

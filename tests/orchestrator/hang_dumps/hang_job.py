@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _dump_fr_trace, _dump_fr_trace_json
+from torch._C._distributed_c10d import _dump_fr_trace, _dump_fr_trace_json  # type: ignore[attr-defined]
 
 MODES = ("stall", "mismatch", "tie", "healthy", "async_wait")
 FOREVER = 3600.0
