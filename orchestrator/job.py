@@ -90,7 +90,8 @@ class Job:
     # -- launch ------------------------------------------------------------------------
     def launch(self) -> dict[str, str]:
         """Start every node's supervisor (and so torchrun) at once; {node: error} for the
-        nodes where that failed. Returns once torchrun runs on every node that started."""
+        nodes where that failed, after stopping the job on the nodes where it started.
+        Returns once torchrun runs on every node (or, on a failure, runs on none)."""
         def one(item: tuple[NodeSpec, NodeCommand]) -> tuple[str, str | None]:
             spec, cmd = item
             try:
@@ -104,7 +105,13 @@ class Job:
             return spec.name, None
 
         with ThreadPoolExecutor(max_workers=min(len(self.nodes), 32)) as pool:
-            return {n: e for n, e in pool.map(one, self.nodes) if e}
+            failed = {n: e for n, e in pool.map(one, self.nodes) if e}
+        if failed:  # nothing half-started is left: the nodes that started are stopped
+            self._stop([spec.name for spec, _ in self.nodes if spec.name not in failed],
+                       "launch failed")
+            for t in self._stop_threads:
+                t.join(timeout=self.grace + 30)
+        return failed
 
     # -- per-node threads -------------------------------------------------------------
     def _pump(self, spec: NodeSpec, cmd: NodeCommand, lease: bool) -> None:

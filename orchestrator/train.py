@@ -231,9 +231,6 @@ def _main(args: argparse.Namespace) -> int:
                       grace=args.grace)
             failed = job.launch()
             if failed:
-                job._stop([n for n in cluster.names if n not in failed], "launch failed")
-                for t in job._stop_threads:
-                    t.join(timeout=args.grace + 30)
                 first = next(n for n in cluster.names if n in failed)
                 raise LaunchError(f"{first}: {failed[first]}; the job was stopped on the "
                                   "other nodes")

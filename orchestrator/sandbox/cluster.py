@@ -19,9 +19,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ..errors import SandboxError
-from ..podman import podman, podman_json
 from .image import ensure_image
 from .limits import check_host
+from .podman import podman, podman_json
 from .spec import (
     ADMIN_USER,
     BASTION_TABLE,

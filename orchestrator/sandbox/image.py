@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import SandboxError
-from ..podman import podman, podman_env, require_podman
+from .podman import podman, podman_env, require_podman
 from .spec import BASTION_TABLE, USERS
 
 IMAGE_REPO = "localhost/clustertrain-node"

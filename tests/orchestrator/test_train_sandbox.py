@@ -119,6 +119,29 @@ def test_old_runs_are_pruned_on_the_nodes(sandbox_cluster: Sandbox, tmp_path: Pa
             assert ids[2] in left, (node, sub, left)
 
 
+def test_a_launch_that_fails_on_one_node_leaves_nothing_running(sandbox_cluster: Sandbox,
+                                                                tmp_path: Path) -> None:
+    """node1 cannot create its job directory: the run fails naming node1 and the cause,
+    node0 (whose torchrun had started, waiting for node1) is stopped again at once, and
+    the run's record says failed."""
+    user = sandbox_cluster.user
+    jobs = f"/home/{user}/.clustertrain/jobs"
+    sandbox_cluster.exec("node1", "runuser", "-u", user, "--", "mkdir", "-p", jobs)
+    sandbox_cluster.exec("node1", "chmod", "0500", jobs)
+    try:
+        t = Train(sandbox_cluster, tmp_path, "--nodes", "2", "ddp_allreduce.py", "--",
+                  "--sleep", "600")
+        code = t.finish(timeout=120)
+    finally:
+        sandbox_cluster.exec("node1", "chmod", "0700", jobs)
+    assert code != 0
+    assert "node1: could not start the job" in t.stderr, t.stderr
+    assert "Permission denied" in t.stderr and "stopped on the other nodes" in t.stderr
+    assert "stopping node0 (launch failed" in t.text, t.text[-2000:]
+    assert t.summary()["status"] == "failed"
+    assert_no_job_processes(sandbox_cluster, within=10)
+
+
 def test_failure_on_node1_stops_node0(sandbox_cluster: Sandbox, tmp_path: Path) -> None:
     t = Train(sandbox_cluster, tmp_path, "--nodes", "2", "fail_on_node.py", "--",
               "--fail-node", "1")

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import SandboxError
-from orchestrator.podman import podman, podman_json
 from orchestrator.sandbox import cluster
 from orchestrator.sandbox.image import ensure_image
+from orchestrator.sandbox.podman import podman, podman_json
 from orchestrator.sandbox.spec import LABEL, state_root
 
 pytestmark = pytest.mark.sandbox

@@ -9,8 +9,8 @@ import subprocess
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import SandboxError
-from .resources import project
+from ..errors import SandboxError
+from ..resources import project
 
 
 def podman_env() -> dict[str, str]:
