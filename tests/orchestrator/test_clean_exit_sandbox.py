@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ..cluster import ProvisionedCluster as Sandbox
-from .test_train_sandbox import Train
+from .test_train_sandbox import JOBS, Train
 
 # The timeout covers the session fixture too: preparing nodes takes minutes on a busy machine.
 pytestmark = [pytest.mark.sandbox, pytest.mark.timeout(1500)]
@@ -100,7 +100,9 @@ def test_an_uncaught_exception_fails_the_run_with_its_traceback(sandbox_cluster:
               if line.startswith(f"{failed}/rank{rank} | ")]
     at = worker.index("Traceback (most recent call last):")
     assert worker[at + 1].startswith('  File "/home/alice/.clustertrain/code/')
-    assert worker[at + 1].endswith('/finish/finish.py", line 26, in <module>')
+    raised_at = next(i for i, line in enumerate(
+        (JOBS / "finish" / "finish.py").read_text().splitlines(), 1) if "raise Runtime" in line)
+    assert worker[at + 1].endswith(f'/finish/finish.py", line {raised_at}, in <module>')
     assert f"RuntimeError: simulated failure on rank {rank}" in worker
     assert not any("run_worker" in line for line in worker)  # no frame of the runner
     assert f"RuntimeError: simulated failure on rank {rank}" in t.stderr  # last lines

@@ -7,8 +7,7 @@ import argparse
 import os
 import sys
 
-# Next to this script, not in the working directory (nor on mypy's path).
-import finish_helper  # type: ignore[import-not-found]
+import finish_helper  # type: ignore[import-not-found]  # next to this script, not in cwd
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--end", choices=("return", "exit3", "raise"), default="return")
