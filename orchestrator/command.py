@@ -168,7 +168,9 @@ class NodeCommand:
                 "--nodes", ",".join(self.nodes), "--grace", str(self.grace),
                 "--lease-timeout", str(self.lease_timeout), "--keep", str(self.keep_runs),
                 *(["--attached"] if self.attached else []), "--", *self.torchrun_argv()]
-        return (f"umask 077; mkdir -p {job} && cd {code} && cat > {job}/supervisor.py && "
+        # A job directory that cannot be made fails the launch here, with mkdir's words.
+        return (f"umask 077; mkdir -p {job} && cd {code} && cat > {job}/supervisor.py "
+                "|| exit 1; "
                 f"if [ -r {env_file} ]; then set -a; . {env_file}; set +a; fi; "
                 f"export {exports}; "
                 f"setsid {shlex.join(argv)} </dev/null >{job}/supervisor.log 2>&1 & "

@@ -43,15 +43,18 @@ def summarize(info: dict[str, Any], states: dict[str, dict], now: float) -> dict
         or now - float(states[n].get("time", 0)) > 2 * PEER_TIMEOUT)]
     if len(ended) + len(lost) < len(nodes):
         return None
-    failed = sorted((s.get("ended", 0), n) for n, s in ended.items()
-                    if not reasons[n].caused_elsewhere and s.get("code") != 0)
+    # The first to go wrong, by when: a failed node by its end, a lost one by its last
+    # heartbeat (its peers' ranks fail after it, when their collectives break).
+    failed = sorted([(float(s.get("ended", 0)), n) for n, s in ended.items()
+                     if not reasons[n].caused_elsewhere and s.get("code") != 0]
+                    + [(float(states.get(n, {}).get("time", 0)), n) for n in lost])
     how = set(reasons.values())
     status: RunStatus
     first: str | None
     if failed:
         status, first = RunStatus.FAILED, failed[0][1]
-    elif lost or blamed:
-        status, first = RunStatus.FAILED, (lost or blamed)[0]
+    elif blamed:
+        status, first = RunStatus.FAILED, blamed[0]
     elif End.CONTROLLER_LOST in how:
         status, first = RunStatus.CONTROLLER_LOST, None
     elif how & {End.STOPPED, End.PEER_STOPPED}:

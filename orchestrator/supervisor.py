@@ -177,31 +177,37 @@ class Peers:
         self.started = time.monotonic()
 
     def verdict(self) -> tuple[End, str] | None:
-        """('peer-failed'|'peer-stopped'|'peer-lost', node) when the run must stop here:
-        a peer's torchrun failed, a peer was stopped (for any reason: a node cut off from
-        the others ends too), or a peer went silent. None while all is well."""
+        """('peer-failed'|'peer-lost'|'peer-stopped', node) when the run must stop here:
+        a peer's torchrun failed, a peer went silent, or a peer was stopped (for any
+        reason: a node cut off from the others ends too). None while all is well. Of
+        several, the cause comes first: a peer stopped because another failed names that
+        other, whichever of the two this node reads first."""
         now = time.monotonic()
+        found: dict[End, str] = {}
         for name in self.names:
             state = read_json(os.path.join(self.state_dir, f"{name}.json"))
             seen = self.last.get(name)
             if state is None:  # not written yet, or unreadable for a moment (NFS: ESTALE)
                 since = seen[1] if seen else self.started
                 if now - since > (PEER_TIMEOUT if seen else PEER_START):
-                    return End.PEER_LOST, name
+                    found.setdefault(End.PEER_LOST, name)
                 continue
             if state.get("state") == "ended":
                 reason = state.get("reason")
                 if reason == End.SUPERVISOR_FAILED or (
                         reason == End.EXITED and state.get("code") != 0):
-                    return End.PEER_FAILED, name
-                if reason != End.EXITED:
-                    return End.PEER_STOPPED, name
+                    found.setdefault(End.PEER_FAILED, name)
+                elif reason != End.EXITED:
+                    found.setdefault(End.PEER_STOPPED, name)
                 continue
             beat = state.get("beat")
             if seen is None or seen[0] != beat:
                 self.last[name] = (beat, now)
             elif now - seen[1] > PEER_TIMEOUT:
-                return End.PEER_LOST, name
+                found.setdefault(End.PEER_LOST, name)
+        for kind in (End.PEER_FAILED, End.PEER_LOST, End.PEER_STOPPED):
+            if kind in found:
+                return kind, found[kind]
         return None
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shlex
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -161,3 +163,18 @@ def test_the_sync_ships_the_runner_into_every_snapshot(tmp_path) -> None:
     assert runner["src"] == f"{tmp_path / 'runner'}/" and runner["dest"] == code["dest"]
     assert "delete" not in runner and runner["link_dest"] == code["link_dest"]
     assert WORKER_RUNNER == ".clustertrain/run_worker.py"
+
+
+def test_a_job_directory_that_cannot_be_made_fails_the_launch(tmp_path: Path) -> None:
+    """The launch line run by bash where the job directory cannot be made (`jobs` is a
+    file): it fails with mkdir's words and starts nothing, so the launch names the node
+    and the cause instead of a follower that finds no job later."""
+
+    home = tmp_path / "home"
+    (home / ".clustertrain" / "code" / "r1").mkdir(parents=True)
+    (home / ".clustertrain" / "jobs").write_text("not a directory")
+    line = cmd(home=str(home), run_id="r1", python="/bin/false").shell()
+    p = subprocess.run(["bash", "-c", line], input="", capture_output=True, text=True,
+                       timeout=30)
+    assert p.returncode != 0 and "started" not in p.stdout
+    assert "mkdir" in p.stderr and "Not a directory" in p.stderr, p.stderr

@@ -84,3 +84,14 @@ def test_the_summary_reads_the_same_in_json_and_in_messages() -> None:
     assert [n["end_reason"] for n in on_disk["nodes"]] == ["stopped", "exited", "stopped"]
     # What `runs` and train's last line print: the value, never "RunStatus.FAILED".
     assert f"{s['status']}" == "failed" and str(s["status"]) == "failed"
+
+
+def test_a_lost_node_is_named_over_a_peer_whose_ranks_failed_after_it() -> None:
+    """node1 died (no heartbeat since); node2's ranks then failed in gloo and its torchrun
+    exited 1 by itself before anyone called node1 lost: node1 went wrong first."""
+    silent = 2 * PEER_TIMEOUT + 10
+    states = {"node0": ended(143, "peer-lost", "node1", at=NOW - silent + 8),
+              "node1": running(age=silent),
+              "node2": ended(1, at=NOW - silent + 2)}
+    s = settled(states)
+    assert (s["status"], s["first_failed"]) == ("failed", "node1")

@@ -239,3 +239,16 @@ def test_a_peer_state_unreadable_for_a_moment_is_not_a_lost_peer(tmp_path: Path)
     name, (beat, seen) = "n1", peers.last["n1"]
     peers.last[name] = (beat, seen - supervisor.PEER_TIMEOUT - 1)
     assert peers.verdict() == (supervisor.End.PEER_LOST, "n1")
+
+
+def test_a_peer_stopped_for_another_peers_failure_names_that_failure(tmp_path: Path) -> None:
+    """n1 failed, then n0 was stopped for it: n2 reads both and names n1's failure, in
+    whatever order the peers are listed."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    supervisor.write_json(str(shared / "n0.json"), {"state": "ended", "reason": "stopped",
+                                                    "code": 143})
+    supervisor.write_json(str(shared / "n1.json"), {"state": "ended", "reason": "exited",
+                                                    "code": 1})
+    peers = supervisor.Peers(str(shared), ["n0", "n1", "n2"], "n2")
+    assert peers.verdict() == (supervisor.End.PEER_FAILED, "n1")
