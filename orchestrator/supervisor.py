@@ -177,11 +177,12 @@ class Peers:
         self.started = time.monotonic()
 
     def verdict(self) -> tuple[End, str] | None:
-        """('peer-failed'|'peer-lost'|'peer-stopped', node) when the run must stop here:
-        a peer's torchrun failed, a peer went silent, or a peer was stopped (for any
+        """('peer-lost'|'peer-failed'|'peer-stopped', node) when the run must stop here:
+        a peer went silent, a peer's torchrun failed, or a peer was stopped (for any
         reason: a node cut off from the others ends too). None while all is well. Of
-        several, the cause comes first: a peer stopped because another failed names that
-        other, whichever of the two this node reads first."""
+        several seen at once, the earliest cause comes first: a peer found lost has been
+        silent for PEER_TIMEOUT, longer than a failure seen since the last look; a peer
+        stopped because another failed names that other, whichever this node reads first."""
         now = time.monotonic()
         found: dict[End, str] = {}
         for name in self.names:
@@ -205,7 +206,7 @@ class Peers:
                 self.last[name] = (beat, now)
             elif now - seen[1] > PEER_TIMEOUT:
                 found.setdefault(End.PEER_LOST, name)
-        for kind in (End.PEER_FAILED, End.PEER_LOST, End.PEER_STOPPED):
+        for kind in (End.PEER_LOST, End.PEER_FAILED, End.PEER_STOPPED):
             if kind in found:
                 return kind, found[kind]
         return None
