@@ -102,8 +102,10 @@ class Tree:
         return live
 
 
-def belongs(pid: int, run_id: str) -> bool:
+def belongs(pid: int | None, run_id: str) -> bool:
     """Whether PID carries the run's id in its environment (not a reused PID)."""
+    if pid is None:
+        return False
     try:
         with open(f"/proc/{pid}/environ", "rb") as fh:
             return f"CLUSTERTRAIN_RUN_ID={run_id}".encode() in fh.read().split(b"\0")
@@ -111,16 +113,38 @@ def belongs(pid: int, run_id: str) -> bool:
         return False
 
 
-def stop_tree(job: str, run_id: str, grace: float) -> dict:
-    """Stop the run whose torchrun recorded its process group in JOB/pgid."""
-    me = getpass.getuser()
+def read_pid(path: str) -> int | None:
     try:
-        with open(os.path.join(job, "pgid")) as fh:
-            pgid = int(fh.read().split()[0])
+        with open(path) as fh:
+            return int(fh.read().split()[0])
     except (OSError, ValueError, IndexError):
+        return None
+
+
+# A supervisor launched a moment ago starts torchrun and records its group within this.
+STARTING = 10.0
+
+
+def stop_tree(job: str, run_id: str, grace: float) -> dict:
+    """Stop the run whose torchrun recorded its process group in JOB/pgid. A run whose
+    supervisor has been launched but has not started torchrun yet is stopped too: asked
+    first, it never starts torchrun; a moment late, it records the group, which is then
+    stopped here."""
+    me = getpass.getuser()
+    pgid = read_pid(os.path.join(job, "pgid"))
+    supervisor = read_pid(os.path.join(job, "supervisor.pid"))
+    starting = pgid is None and supervisor is not None and belongs(supervisor, run_id)
+    if pgid is None and not starting:
         return {"found": False, "user": me, "killed": [], "left": []}
     with open(os.path.join(job, "stop-requested"), "a") as fh:
         fh.write(f"{time.time()}\n")
+    deadline = time.monotonic() + STARTING
+    while pgid is None and belongs(supervisor, run_id) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        pgid = read_pid(os.path.join(job, "pgid"))
+    if pgid is None:  # it ended before starting torchrun (or is stuck: say so)
+        left = [supervisor] if belongs(supervisor, run_id) else []
+        return {"found": True, "user": me, "initial": left, "killed": [], "left": left}
     tree = Tree(pgid)
     start = tree.members()
     if start and not any(belongs(p, run_id) for p in start):
@@ -217,16 +241,18 @@ def _live(job: str) -> bool:
     """A run whose supervisor has not recorded an end and whose torchrun still runs."""
     if os.path.exists(os.path.join(job, "exit")):
         return False
-    try:
-        with open(os.path.join(job, "pgid")) as fh:
-            os.kill(int(fh.read().split()[0]), 0)
-        return True
-    except (OSError, ValueError, IndexError):
-        # No process (yet): a run being launched right now is young; keep it a while.
+    pgid = read_pid(os.path.join(job, "pgid"))
+    if pgid is not None:
         try:
-            return time.time() - os.stat(job).st_mtime < 3600
+            os.kill(pgid, 0)
+            return True
         except OSError:
-            return False
+            pass
+    # No process (yet): a run being launched right now is young; keep it a while.
+    try:
+        return time.time() - os.stat(job).st_mtime < 3600
+    except OSError:
+        return False
 
 
 def prune(state: str, keep: int, current: str) -> list[str]:
@@ -301,6 +327,14 @@ def _supervise(args: argparse.Namespace) -> int:
     lease = os.path.join(job, "lease")
     if args.attached:
         open(lease, "w").close()
+    if os.path.exists(os.path.join(job, "stop-requested")):
+        # Stopped before torchrun started (the launch failed on another node).
+        final = {"node": args.node, "user": getpass.getuser(), "state": "ended",
+                 "code": 0, "reason": End.STOPPED.value, "why": "", "ended": time.time(),
+                 "time": time.time()}
+        write_json(mine, final)
+        write_json(os.path.join(job, "exit"), final)
+        return 0
     with open(os.path.join(job, "output.log"), "ab") as out:
         proc = subprocess.Popen(args.argv, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
@@ -407,10 +441,8 @@ def follow(args: argparse.Namespace) -> int:
 def _supervisor_vanished(job: str) -> bool:
     """The supervisor (its pid in JOB/supervisor.pid, written at launch) is gone without
     an exit status. Unknown (no pid file yet) counts as not gone."""
-    try:
-        with open(os.path.join(job, "supervisor.pid")) as fh:
-            pid = int(fh.read().split()[0])
-    except (OSError, ValueError, IndexError):
+    pid = read_pid(os.path.join(job, "supervisor.pid"))
+    if pid is None:
         return False
     try:
         os.kill(pid, 0)

@@ -65,6 +65,21 @@ def test_a_finished_job_is_recorded_on_the_share_and_on_the_node(tmp_path: Path)
     assert "job started" in (tmp_path / "n0" / "job" / "output.log").read_text()
 
 
+def test_a_supervisor_asked_to_stop_before_it_started_never_starts_the_job(
+        tmp_path: Path) -> None:
+    """The launch failed on another node while this one's supervisor was starting: the
+    stop request it finds keeps it from starting torchrun, and it ends as stopped."""
+    job = tmp_path / "n0" / "job"
+    job.mkdir(parents=True)
+    (job / "stop-requested").write_text("1\n")
+    argv = [sys.executable, SUPERVISOR, "run", "--job", str(job), "--state-dir",
+            str(tmp_path / "shared"), "--run", "r1", "--node", "n0", "--nodes", "n0",
+            "--", sys.executable, "-c", "open('started', 'w')"]
+    assert subprocess.run(argv, cwd=tmp_path, timeout=30).returncode == 0
+    assert wait_file(job / "exit")["reason"] == "stopped"
+    assert not (tmp_path / "started").exists() and not (job / "pgid").exists()
+
+
 def test_a_failed_peer_stops_this_node(tmp_path: Path) -> None:
     healthy = start(tmp_path, "n0")
     failing = start(tmp_path, "n1", seconds=2, code=1)

@@ -118,3 +118,23 @@ def test_stale_record_signals_nothing(tmp_path: Path) -> None:
         other.kill()
         for p in tree(tmp_path / "jobs" / "run-old"):
             os.kill(p, 9)
+
+
+def test_a_stop_during_the_launch_waits_for_the_job_to_start_and_stops_it(tmp_path: Path) -> None:
+    """The launch has started the supervisor (its pid recorded) but torchrun's group is
+    not recorded yet, as when another node's launch fails a moment later: the stop waits
+    for the group and stops it, instead of finding "no job" and leaving it to run."""
+    job = tmp_path / "jobs" / "run-s"
+    job.mkdir(parents=True)
+    inner = f"sleep 1; echo $$ > {job}/pgid; exec {sys.executable} -c \"$0\" polite"
+    starting = subprocess.Popen(["setsid", "-w", "/bin/sh", "-c", inner, WORKER],
+                                env={**os.environ, "CLUSTERTRAIN_RUN_ID": job.name})
+    (job / "supervisor.pid").write_text(f"{starting.pid}\n")
+    try:
+        result = stop(job, grace=2.0)
+        assert result["found"] and result["initial"] and result["left"] == []
+        starting.wait(timeout=10)
+        assert not tree(job), "the job started after the stop and kept running"
+    finally:
+        if starting.poll() is None:
+            starting.kill()
