@@ -43,8 +43,9 @@ from sandbox_bench import (  # REPO on sys.path
 
 from orchestrator.command import NodeCommand  # noqa: E402
 from orchestrator.inventory import load_cluster  # noqa: E402
-from orchestrator.job import Job, connect_all  # noqa: E402
+from orchestrator.job import Job  # noqa: E402
 from orchestrator.runs import RunDir, new_run_id, run_state_dir  # noqa: E402
+from orchestrator.ssh import connect_all  # noqa: E402
 from orchestrator.sync import sync_code  # noqa: E402
 
 TRIVIAL = "import os\nprint('rank', os.environ['RANK'], flush=True)\n"

@@ -10,9 +10,10 @@ from pathlib import Path
 from .command import NodeCommand
 from .errors import ClusterError
 from .inventory import load_cluster
-from .job import Job, connect_all
+from .job import Job
 from .records import settle
 from .runs import DEFAULT_RUNS_DIR, RunStatus, open_run
+from .ssh import connect_all
 from .train import _conclude, make_summary
 
 

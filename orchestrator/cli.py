@@ -20,6 +20,7 @@ COMMANDS = (
     "orchestrator.train",
     "orchestrator.attach",
     "orchestrator.stop",
+    "orchestrator.diagnose",
     "orchestrator.runlogs",
     "orchestrator.provision",
     "orchestrator.wheelhouse",

@@ -20,6 +20,7 @@ NODE_STATE_DIR = ".clustertrain"
 WORKER_RUNNER = f"{NODE_STATE_DIR}/run_worker.py"
 CODE_SUBDIR = "code"
 JOBS_SUBDIR = "jobs"
+JOBS_DIR = f"{NODE_STATE_DIR}/{JOBS_SUBDIR}"  # relative to the job user's home
 # torchrun prefixes every worker line with its global rank; logstream parses it.
 LOG_PREFIX_TEMPLATE = "[rank${rank}]:"
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -30,6 +31,12 @@ EXIT_MARKER = supervisor.EXIT_MARKER
 SUPERVISOR_SOURCE = Path(supervisor.__file__).read_text()
 DEFAULT_LEASE_TIMEOUT = 30.0
 DEFAULT_KEEP_RUNS = 20
+
+
+def supervisor_call(python: str, verb: str, *args: str) -> str:
+    """The command line that runs VERB of the supervisor's source (this version's, sent
+    on the command line) with the node's system PYTHON, as the SSH user: `stop`, `dump`."""
+    return f"{python} -c {shlex.quote(SUPERVISOR_SOURCE)} {shlex.join([verb, *args])}"
 
 
 def state_dir(home: str) -> str:

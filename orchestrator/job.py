@@ -19,13 +19,16 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import IO, cast
+from enum import Enum
+from typing import IO, Any, cast
 
 from . import ssh
 from .command import EXIT_MARKER, SUPERVISOR_SOURCE, NodeCommand
+from .diagnose import Target, analyse, py_spy_path, sample
 from .inventory import NodeSpec
 from .logstream import LineSplitter
-from .runs import RunDir
+from .progress import Progress
+from .runs import RunDir, iso
 from .supervisor import End
 from .teardown import DEFAULT_GRACE, stop_job
 from .worker_end import PEER_GONE
@@ -35,6 +38,25 @@ LAST_WORKER_LINES = 10   # lines the training processes printed
 WATCH_INTERVAL = 0.5     # seconds between checks that each node's master connection lives
 HEARTBEAT = 1.0          # seconds between the lease renewals sent to every node
 LAUNCH_TIMEOUT = 60.0
+PROGRESS_INTERVAL = 1.0  # seconds between looks at the run's progress (hang, stragglers)
+DEFAULT_HANG_TIMEOUT = 1800.0
+
+
+class OnHang(str, Enum):
+    """What a hung run comes to, once every rank's stack is dumped and read."""
+    STOP = "stop"   # stop it on every node: status "hung", a non-zero exit
+    WAIT = "wait"   # keep it, and keep watching (a hang that resolves is reported again)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class HangWatch:
+    """`train --hang-timeout S --on-hang stop|wait`: a run is hung when no rank printed
+    a line or a beat (progress.py) for S seconds; 0 turns the watch off."""
+    timeout: float = DEFAULT_HANG_TIMEOUT
+    on_hang: OnHang = OnHang.STOP
 
 
 @dataclass
@@ -60,6 +82,9 @@ class JobResult:
     started: float
     ended: float
     why_interrupted: str = ""
+    hang: dict[str, Any] | None = None   # the hang found (summary.json "hang")
+    hung: bool = False                   # and the run was stopped for it
+    progress: dict[str, Any] = field(default_factory=dict)  # step times, stragglers
 
     @property
     def ok(self) -> bool:
@@ -70,7 +95,7 @@ class JobResult:
 class Job:
     def __init__(self, run: RunDir, nodes: list[tuple[NodeSpec, NodeCommand]],
                  clients: dict[str, ssh.Connection], out: IO[str] = sys.stdout,
-                 grace: float = DEFAULT_GRACE) -> None:
+                 grace: float = DEFAULT_GRACE, hang: HangWatch | None = None) -> None:
         self.rundir = run
         self.nodes = nodes
         self.clients = clients
@@ -86,6 +111,11 @@ class Job:
         self._out_broken = False
         self._log_broken = False
         self.tail: int | None = None   # follow from the last N lines (attach --tail)
+        self.watch = hang
+        self.progress = Progress(time.monotonic())
+        self._hang: dict[str, Any] | None = None
+        self._hang_open = False          # a hang found and not yet resolved
+        self._stragglers: set[str] = set()
 
     # -- launch ------------------------------------------------------------------------
     def launch(self) -> dict[str, str]:
@@ -145,6 +175,15 @@ class Job:
                              "status (node down, rebooted, or sshd killed)"))
 
     def _emit(self, log: IO[str], outcome: NodeOutcome, lines: list[str]) -> None:
+        now = time.monotonic()
+        shown = []
+        for line in lines:  # every rank's line is progress; its beats are not shown
+            head, sep, text = line.partition(" | ")
+            node, slash, rank = head.partition("/rank")
+            if not (sep and slash and rank.isdigit()
+                    and self.progress.line(node, int(rank), text, now)):
+                shown.append(line)
+        lines = shown
         if not lines:
             return
         text = "".join(line + "\n" for line in lines)
@@ -244,9 +283,14 @@ class Job:
         if attached:
             threading.Thread(target=self._heartbeat, daemon=True).start()
         give_up_at: float | None = None
+        next_look = time.monotonic() + PROGRESS_INTERVAL
         previous = self._install_signals()
         try:
             while running:
+                if time.monotonic() >= next_look and not interrupted and not first_failed:
+                    next_look = time.monotonic() + PROGRESS_INTERVAL
+                    if self._look_at_progress(sorted(running)):
+                        give_up_at = give_up_at or time.monotonic() + self.grace + 20
                 try:
                     kind, name, value = self.events.get(timeout=0.5)
                 except queue.Empty:
@@ -313,7 +357,45 @@ class Job:
         for t in self._stop_threads:
             t.join(timeout=self.grace + 5)
         return JobResult(self.outcomes, first_failed, interrupted, started, time.time(),
-                         why_interrupted)
+                         why_interrupted, self._hang,
+                         bool(self._hang) and self.watch is not None
+                         and self.watch.on_hang == OnHang.STOP, self.progress.to_json())
+
+    # -- progress: stragglers and hangs ---------------------------------------------------
+    def _look_at_progress(self, running: list[str]) -> bool:
+        """Say which nodes straggle; on a hang, dump and read every rank's stack and, by
+        the watch's policy, stop the run (True) or keep watching."""
+        for s in self.progress.stragglers():
+            if s.node not in self._stragglers:
+                self._stragglers.add(s.node)
+                self._say(s.message())
+        watch = self.watch
+        if watch is None or watch.timeout <= 0:
+            return False
+        quiet = self.progress.quiet_for(time.monotonic())
+        if quiet < watch.timeout:
+            if self._hang_open:
+                self._hang_open = False
+                self._say("the run makes progress again")
+            return False
+        if self._hang_open:
+            return False
+        self._hang_open = True
+        self._say(f"hung: no rank printed a line or a beat for {quiet:.0f} s "
+                  f"(--hang-timeout {watch.timeout:g}); dumping every rank's stack")
+        detected = time.time()
+        targets = [Target(spec.name, self.clients[spec.name], spec.python,
+                          py_spy_path(cmd.torchrun)) for spec, cmd in self.nodes]
+        diagnosis = analyse(sample(targets, self.rundir.run_id), self.rundir.path / "hang")
+        self._hang = {"detected_at": iso(detected), "quiet_s": round(quiet, 1),
+                      **diagnosis.to_json()}
+        for line in diagnosis.report().splitlines():
+            self._say(line)
+        if watch.on_hang == OnHang.WAIT:
+            self._say("--on-hang wait: the run goes on; watching it still")
+            return False
+        self._stop(running, "hung")
+        return True
 
     def _install_signals(self) -> dict:
         """First Ctrl-C (or SIGTERM, SIGHUP): stop the job everywhere and wait for it;
@@ -362,9 +444,3 @@ def take_exit_marker(lines: list[str], end: tuple[int, End, str] | None
         if head and not head.endswith(" | "):  # output that did not end with a newline
             kept.append(head)
     return kept, end
-
-
-def connect_all(specs: list[NodeSpec]) -> dict[str, ssh.Connection]:
-    with ThreadPoolExecutor(max_workers=min(len(specs), 32)) as pool:
-        return dict(zip([s.name for s in specs],
-                        pool.map(lambda s: ssh.connect(s.name, s.ssh), specs), strict=True))

@@ -7,6 +7,7 @@ import os
 import secrets
 import subprocess
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from enum import Enum
@@ -26,9 +27,22 @@ class RunStatus(str, Enum):
     STOPPED = "stopped"                  # Ctrl-C in train, or `stop`
     INTERRUPTED = "interrupted"          # the controller was interrupted before the end
     CONTROLLER_LOST = "controller-lost"  # an attached run whose controller went away
+    HUNG = "hung"                        # no progress for --hang-timeout: diagnosed, stopped
 
     def __str__(self) -> str:  # the value in f-strings and tables
         return self.value
+
+
+def check_owner(specs: Iterable[Any], info: dict, action: str) -> None:
+    """Refuse, before any node is touched, a run of another user: on its nodes it runs as
+    that user (its processes and records are theirs), unless this inventory logs in as root."""
+    owners = info.get("users") or {}
+    for spec in specs:
+        owner, me = owners.get(spec.name), spec.ssh.effective_user()
+        if owner and me not in (owner, "root"):
+            raise ClusterError(f"run {info['run_id']} runs as {owner} on {spec.name}, and "
+                               f"this inventory connects as {me}: only {owner} (or root on "
+                               f"the node) can {action}")
 
 
 class RunNotFound(ClusterError):

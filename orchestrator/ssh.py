@@ -22,7 +22,9 @@ import signal
 import subprocess
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from .errors import PreflightError
 
@@ -237,4 +239,11 @@ def explain(name: str, target: SshTarget, stderr: str) -> str:
 def connect(name: str, target: SshTarget) -> Connection:
     """An open connection to the node; PreflightError naming the node and the fix if not."""
     return Connection(name, target).open()
+
+
+def connect_all(specs: list[Any]) -> dict[str, Connection]:
+    """An open connection to each node (anything with .name and .ssh), made at once."""
+    with ThreadPoolExecutor(max_workers=min(len(specs), 32) or 1) as pool:
+        return dict(zip([s.name for s in specs],
+                        pool.map(lambda s: connect(s.name, s.ssh), specs), strict=True))
 

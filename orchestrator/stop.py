@@ -18,7 +18,7 @@ from pathlib import Path
 from . import ssh
 from .errors import ClusterError
 from .inventory import load_cluster
-from .runs import DEFAULT_RUNS_DIR, open_run
+from .runs import DEFAULT_RUNS_DIR, check_owner, open_run
 from .teardown import DEFAULT_GRACE, StopResult, stop_job
 from .train import check_grace
 
@@ -46,15 +46,7 @@ def stop_run(runs_dir: Path, run_id: str, grace: float = DEFAULT_GRACE,
     run = open_run(runs_dir, run_id)
     info = run.info()
     cluster = load_cluster(inventory or info["inventory"]).select(hosts=",".join(info["nodes"]))
-    owners = info.get("users") or {}
-    for spec in cluster.nodes:
-        owner = owners.get(spec.name)
-        me = spec.ssh.effective_user()
-        if owner and me not in (owner, "root"):
-            raise ClusterError(
-                f"run {run_id} runs as {owner} on {spec.name}, and this inventory connects "
-                f"as {me}: only {owner} (or root on the node) can stop it. Nothing was "
-                "signalled")
+    check_owner(cluster.nodes, info, "stop it. Nothing was signalled")
 
     def one(spec):
         conn = ssh.connect(spec.name, spec.ssh)

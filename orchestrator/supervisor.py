@@ -17,6 +17,8 @@ it with the node's system python), so it uses the standard library only. Subcomm
           controller was killed, or its terminal closed).
   stop    stop the run's torchrun and every descendant: SIGTERM, SIGKILL after a grace
           period (used by the supervisor itself, by the controller and by `stop`).
+  dump    the Python stack of every worker of the run with py-spy (`diagnose`, and the
+          controller when a run hangs): a JSON list, one entry per rank.
 """
 
 from __future__ import annotations
@@ -171,6 +173,60 @@ def stop_tree(job: str, run_id: str, grace: float) -> dict:
         fh.write(str(time.time()))
     return {"found": True, "user": me, "pgid": pgid, "initial": sorted(start),
             "killed": killed, "left": sorted(tree.members())}
+
+
+# -- stack dumps -------------------------------------------------------------------------
+DUMP_TIMEOUT = 30.0  # seconds for one py-spy dump (a busy node, native frames)
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return {}
+    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
+
+
+def workers(job: str, run_id: str) -> list[tuple[int, int]]:
+    """(global rank, pid) of the run's workers on this node: torchrun's children that
+    carry the run's id and a RANK (not their own children, e.g. data-loader workers)."""
+    pgid = read_pid(os.path.join(job, "pgid"))
+    if pgid is None:
+        return []
+    table = _table()
+    found = []
+    for pid in Tree(pgid).members():
+        if table.get(pid, ("", 0, 0))[1] != pgid:
+            continue
+        env = _environ(pid)
+        if env.get("CLUSTERTRAIN_RUN_ID") == run_id and env.get("RANK", "").isdigit():
+            found.append((int(env["RANK"]), pid))
+    return sorted(found)
+
+
+def dump_workers(job: str, run_id: str, py_spy: str, native: bool) -> list[dict]:
+    """One py-spy dump per worker, taken at once on all of them."""
+    def one(rank: int, pid: int, into: dict) -> None:
+        cmd = [py_spy, "dump", "--json", "--pid", str(pid)] + (["--native"] if native else [])
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=DUMP_TIMEOUT)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            into.update(error=f"{type(exc).__name__}: {exc}")
+            return
+        if out.returncode != 0:
+            into.update(error=(out.stderr.strip() or f"py-spy exited with {out.returncode}"))
+        else:
+            into.update(dump=out.stdout)
+
+    results = [{"rank": rank, "pid": pid} for rank, pid in workers(job, run_id)]
+    threads = [threading.Thread(target=one, args=(r["rank"], r["pid"], r)) for r in results]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
 
 
 # -- shared state ------------------------------------------------------------------------
@@ -499,6 +555,11 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("jobs")      # the jobs directory, relative to the user's home
     s.add_argument("run")
     s.add_argument("grace", type=float)
+    d = sub.add_parser("dump")
+    d.add_argument("jobs")      # the jobs directory, relative to the user's home
+    d.add_argument("run")
+    d.add_argument("py_spy")
+    d.add_argument("--native", action="store_true")
     args = p.parse_args(argv)
     if args.verb == "run":
         if args.argv and args.argv[0] == "--":
@@ -509,6 +570,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         os._exit(code)  # the lease thread may be blocked reading stdin: do not wait for it
     job = os.path.join(os.path.expanduser("~"), args.jobs, args.run)
+    if args.verb == "dump":
+        print(json.dumps(dump_workers(job, args.run, args.py_spy, args.native)))
+        return 0
     print(json.dumps(stop_tree(job, args.run, args.grace)))
     return 0
 

@@ -12,11 +12,10 @@ grace period SIGKILLs whatever of that set is left.
 from __future__ import annotations
 
 import json
-import shlex
 from dataclasses import dataclass
 
 from . import ssh
-from .command import JOBS_SUBDIR, NODE_STATE_DIR, SUPERVISOR_SOURCE
+from .command import JOBS_DIR, SUPERVISOR_SOURCE, supervisor_call
 
 DEFAULT_GRACE = 5.0
 
@@ -38,9 +37,7 @@ class StopResult:
 
 def stop_job(conn: ssh.Connection, python: str, run_id: str,
              grace: float = DEFAULT_GRACE) -> StopResult:
-    jobs = f"{NODE_STATE_DIR}/{JOBS_SUBDIR}"
-    cmd = (f"{python} -c {shlex.quote(STOP_SCRIPT)} stop {shlex.quote(jobs)} "
-           f"{shlex.quote(run_id)} {grace}")
+    cmd = supervisor_call(python, "stop", JOBS_DIR, run_id, str(grace))
     result = conn.run(cmd, timeout=grace + 30)
     lines = result.stdout.strip().splitlines()
     if result.exit_code != 0 or not lines:

@@ -23,7 +23,7 @@ from .command import (
 )
 from .errors import LaunchError
 from .inventory import load_cluster
-from .job import Job, JobResult
+from .job import DEFAULT_HANG_TIMEOUT, HangWatch, Job, JobResult, OnHang
 from .preflight import add_selection_args, print_report, raise_if_blocked, run_preflight
 from .probe import NodeFacts, release_port
 from .resources import project
@@ -104,6 +104,15 @@ def parse_request(args: argparse.Namespace) -> TrainRequest:
                         module=bool(args.module), clean_exit=args.clean_exit)
 
 
+def hang_watch(args: argparse.Namespace) -> HangWatch:
+    timeout = args.hang_timeout
+    if not math.isfinite(timeout) or timeout < 0:
+        raise LaunchError(f"--hang-timeout {timeout}: give the seconds without progress after "
+                          "which the run counts as hung, as a number of 0 or more (0: never; "
+                          f"default {DEFAULT_HANG_TIMEOUT:g})")
+    return HangWatch(timeout, OnHang(args.on_hang))
+
+
 def check_grace(grace: float) -> None:
     if not math.isfinite(grace) or grace < 0:
         raise LaunchError(f"--grace {grace}: give the seconds between SIGTERM and SIGKILL "
@@ -147,6 +156,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--keep-runs", type=int, default=DEFAULT_KEEP_RUNS, metavar="N",
                    help="on each node, keep the code snapshots and job directories of the "
                    "N newest runs (never a live run's); 0 keeps all (default: %(default)s)")
+    p.add_argument("--hang-timeout", type=float, default=DEFAULT_HANG_TIMEOUT, metavar="S",
+                   help="the run is hung when no rank printed a line or a beat for S "
+                   "seconds: every rank's stack is then dumped and the rank that holds the "
+                   "others up is named (runs/RUN/hang/); 0: never (default: %(default)s)")
+    p.add_argument("--on-hang", choices=[str(o) for o in OnHang], default=str(OnHang.STOP),
+                   help="after the diagnosis of a hang: stop the run (status hung, exit 1) "
+                   "or wait (keep it, keep watching) (default: %(default)s)")
     p.add_argument("--dry-run", action="store_true",
                    help="check the nodes and print the exact per-node commands; start nothing")
     p.add_argument("-m", "--module", metavar="MODULE",
@@ -166,6 +182,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _main(args: argparse.Namespace) -> int:
     request = parse_request(args)
+    watch = hang_watch(args)
     cluster = load_cluster(args.inventory).select(args.nodes, args.hosts)
     run_id = new_run_id()
     report = run_preflight(cluster, request.master_port,
@@ -213,6 +230,7 @@ def _main(args: argparse.Namespace) -> int:
             "code_revision": code_revision(request.workdir),
             "fingerprint": report.fingerprint,
             "detached": args.detach,
+            "hang_timeout": watch.timeout, "on_hang": str(watch.on_hang),
             "node_commands": {c.node: c.to_record() for c in commands},
         }
         run.create(info)
@@ -228,7 +246,7 @@ def _main(args: argparse.Namespace) -> int:
                   f"{', '.join(cluster.names)} (master {commands[0].master_addr}:"
                   f"{commands[0].master_port})", flush=True)
             job = Job(run, list(zip(cluster.nodes, commands, strict=True)), report.clients,
-                      grace=args.grace)
+                      grace=args.grace, hang=watch)
             failed = job.launch()
             if failed:
                 first = next(n for n in cluster.names if n in failed)
@@ -280,6 +298,7 @@ def make_summary(info: dict, commands: list[NodeCommand], names: list[str],
     # whatever killed a worker after that (torch's teardown).
     status = (RunStatus.SUCCEEDED if result.ok else RunStatus.STOPPED if stop_requested
               else RunStatus.INTERRUPTED if result.interrupted
+              else RunStatus.HUNG if result.hung
               else RunStatus.SUCCEEDED if verdict.training_completed else RunStatus.FAILED)
     first = root_cause(result.first_failed, nodes, ends) if status == RunStatus.FAILED \
         else None
@@ -307,6 +326,10 @@ def make_summary(info: dict, commands: list[NodeCommand], names: list[str],
         "rank_exit_codes": {n: {str(r): c for r, c in sorted(codes.items())}
                             for n, codes in verdict.exit_codes.items()},
         "command": {n: shlex.join(c.torchrun_argv()) for n, c in zip(names, commands, strict=True)},
+        **({"hang": result.hang} if result.hang else {}),
+        **({"step_times": result.progress["nodes"]} if result.progress.get("nodes") else {}),
+        **({"stragglers": result.progress["stragglers"]}
+           if result.progress.get("stragglers") else {}),
     }
 
 
@@ -333,6 +356,13 @@ def _conclude(run: RunDir, result: JobResult, summary: dict) -> int:
                   f"{'; '.join(n for notes in after.values() for n in notes)}",
                   file=sys.stderr)
         return 0
+    if summary["status"] == RunStatus.HUNG:
+        hang = summary["hang"]
+        named = "; ".join(f"rank {s['rank']} on {s['node']} {s['why']}"
+                          for s in hang["suspects"]) or f"nobody ({hang['verdict']})"
+        raise LaunchError(f"run {run.run_id} hung: no rank made progress for "
+                          f"{hang['quiet_s']:.0f} s; holding it up: {named}. The job was "
+                          f"stopped on every node. Every rank's stack: {hang['dumps']}/")
     if summary["status"] in (RunStatus.INTERRUPTED, RunStatus.STOPPED):
         print(f"run {run.run_id}: {summary['status']}; the job was stopped on every node",
               file=sys.stderr)

@@ -17,6 +17,7 @@ import math
 import os
 import random
 import signal
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -60,6 +61,30 @@ class StopRequest:
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
         self.signum = signum
+
+
+class StepBeat:
+    """The beat line the orchestrator reads (`##clustertrain beat`, see
+    orchestrator/progress.py): this rank makes progress, and its own time per step (the
+    batch's preparation and the forward pass, where it waits for no other rank), so that
+    a slow node shows. At most one line per INTERVAL seconds: the median of its steps."""
+
+    INTERVAL = 1.0
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.last = clock()
+        self.times: list[float] = []
+        self.samples = 0
+
+    def step(self, own_s: float, samples: int) -> None:
+        self.times.append(own_s)
+        self.samples += samples
+        now = self.clock()
+        if now - self.last >= self.INTERVAL:
+            print(f"##clustertrain beat step_s={statistics.median(self.times):.6f} "
+                  f"samples={round(self.samples / len(self.times))}", flush=True)
+            self.last, self.times, self.samples = now, [], 0
 
 
 def log(env: distributed.DistEnv, msg: str) -> None:
@@ -113,6 +138,10 @@ class Trainer:
         if env.distributed:
             self.model = DDP(core, device_ids=[env.local_rank] if env.device.type == "cuda"
                              else None)
+        # When the bare model's forward starts: after DDP's buffer broadcast, a wait.
+        self._forward_at = 0.0
+        core.register_forward_pre_hook(self._forward_starts)
+        self.beat = StepBeat()
         # A range of indices stands in for the dataset: the sampler only takes its len().
         self.sampler: DistributedSampler[int] = DistributedSampler(
             range(len(data.train_y)),  # type: ignore[arg-type]
@@ -207,13 +236,21 @@ class Trainer:
             x = cifar.augment(x, self.aug_gen)
         return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
 
+    def _forward_starts(self, _module: nn.Module, _inputs: Any) -> None:
+        self._forward_at = time.perf_counter()
+
     def train_step(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One optimizer step on the training images `idx`: (mean loss, correct count)."""
+        """One optimizer step on the training images `idx`: (mean loss, correct count).
+        Beats with this rank's own time: the batch's preparation and the forward pass (on
+        a GPU, the time to queue its kernels)."""
+        t0 = time.perf_counter()
         x = self._input(self.data.train_x[idx], train=True)
         y = self.data.train_y[idx].to(self.env.device, non_blocking=True)
+        prepared = time.perf_counter()
         with self._autocast():
             out = self.model(x)
             loss = nn.functional.cross_entropy(out.float(), y)
+        self.beat.step(prepared - t0 + time.perf_counter() - self._forward_at, len(idx))
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()

@@ -137,3 +137,25 @@ def test_every_rank_reads_the_chosen_checkpoint_once_and_resumes_at_the_same_ste
         assert got["reads"] == ["ckpt-000000-0000003.pt"], f"rank {r} read {got['reads']}"
         assert got["restored"] == "ckpt-000000-0000003.pt"
         assert (got["epoch"], got["step"]) == (0, 3), f"rank {r} resumed at {got}"
+
+
+def test_training_steps_beat_at_most_once_a_second_with_their_own_time(job, capsys,
+                                                                       train_modules) -> None:
+    """The beat the orchestrator reads (orchestrator/progress.py): one line per second at
+    most, with the median of this rank's own step times and the batch size."""
+    from orchestrator.progress import Beat, parse_beat
+
+    beat = train_modules("trainer").StepBeat(clock=iter([0.0, 0.4, 0.8, 1.2, 1.5]).__next__)
+    for own in (0.3, 0.1, 0.2):
+        beat.step(own, 32)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and parse_beat(lines[0]) == Beat(0.2, 32)  # median of the three
+    beat.step(0.5, 16)  # 0.3 s after the last beat: no line
+    assert capsys.readouterr().out == ""
+
+    t = job.trainer()
+    t.beat.last = float("-inf")  # due at once
+    t.train_step(job.batch(0))
+    [line] = capsys.readouterr().out.splitlines()
+    b = parse_beat(line)
+    assert b is not None and b.samples == 32 and b.step_s is not None and 0 < b.step_s < 10

@@ -1,0 +1,226 @@
+"""`diagnose RUN`: a Python stack of every rank of a running run, and which rank holds
+the others up (orchestrator/hang.py reads the stacks).
+
+Each node dumps its own workers at once with py-spy (the supervisor's `dump` verb, run as
+the job's user: py-spy reads that user's processes without extra rights). The dumps, one
+per rank, and the report go to a directory of the run's record: `hang/` when the
+controller found the run hung, `diagnose/<time>/` on demand. Diagnosing reads the
+processes for a moment and does not disturb the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import ssh
+from .command import JOBS_DIR, NodeCommand, supervisor_call
+from .errors import ClusterError, DiagnoseError
+from .hang import HangAnalysis, RankId, RankStacks, analyze_stacks, locate, parse_pyspy_dump
+from .inventory import NodeSpec, load_cluster
+from .runs import DEFAULT_RUNS_DIR, check_owner, open_run
+
+NODE_TIMEOUT = 90.0  # seconds for one node's dumps (py-spy's own limit is 30 s a rank)
+
+
+def py_spy_path(torchrun: str) -> str:
+    """py-spy comes with the training environment (environment.yml), next to torchrun."""
+    return os.path.join(os.path.dirname(torchrun), "py-spy")
+
+
+@dataclass(frozen=True)
+class Target:
+    """One node of the run to dump: how to reach it and where its tools are."""
+
+    node: str
+    conn: ssh.Connection
+    python: str   # the node's system python, which runs the supervisor's source
+    py_spy: str
+
+
+@dataclass
+class NodeDumps:
+    node: str
+    ranks: list[dict] = field(default_factory=list)  # {rank, pid, dump | error}
+    error: str | None = None                          # the node could not be dumped
+
+
+def dump_node(target: Target, run_id: str, native: bool = False) -> NodeDumps:
+    args = [JOBS_DIR, run_id, target.py_spy] + (["--native"] if native else [])
+    try:
+        result = target.conn.run(supervisor_call(target.python, "dump", *args),
+                                 timeout=NODE_TIMEOUT)
+    except (OSError, TimeoutError) as exc:
+        return NodeDumps(target.node, error=str(exc))
+    lines = result.stdout.strip().splitlines()
+    if result.exit_code != 0 or not lines:
+        said = result.stderr.strip().splitlines() or [f"exit {result.exit_code}"]
+        return NodeDumps(target.node, error=f"the dump failed: {said[-1]}")
+    try:
+        ranks = json.loads(lines[-1])
+    except ValueError:
+        return NodeDumps(target.node, error=f"the dump printed no JSON: {lines[-1][:200]}")
+    if not ranks:
+        return NodeDumps(target.node, error="no worker of this run runs there")
+    return NodeDumps(target.node, ranks)
+
+
+def collect(targets: list[Target], run_id: str, native: bool = False) -> list[NodeDumps]:
+    """Every node's dumps, taken at the same time on all nodes."""
+    with ThreadPoolExecutor(max_workers=min(len(targets), 32) or 1) as pool:
+        return list(pool.map(lambda t: dump_node(t, run_id, native), targets))
+
+
+@dataclass
+class Diagnosis:
+    analysis: HangAnalysis | None   # None: no rank could be dumped
+    directory: Path                 # the dumps (one file per rank) and report.txt
+    missing: list[str]              # what could not be dumped, and why
+
+    def report(self) -> str:
+        lines = [self.analysis.report()] if self.analysis else [
+            "No rank could be dumped, so nobody can be named."]
+        lines += [f"  not dumped: {m}" for m in self.missing]
+        if any("py-spy" in m and ("No such file" in m or "not found" in m)
+               for m in self.missing):
+            lines.append("  py-spy is missing from the training environment there: "
+                         "provision the nodes again (`ansible-playbook site.yml`); "
+                         "environment.yml carries py-spy")
+        lines.append(f"Dumps and this report: {self.directory}/")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        suspects = self.analysis.to_json()["suspects"] if self.analysis else []
+        return {"suspects": suspects, "dumps": str(self.directory),
+                "verdict": self.analysis.verdict if self.analysis else None,
+                "not_dumped": self.missing}
+
+
+SAMPLES = 3           # dumps taken of every rank, INTERVAL apart: a hang holds still
+INTERVAL = 1.0
+
+
+def sample(targets: list[Target], run_id: str, samples: int = SAMPLES,
+           interval: float = INTERVAL, native: bool = False) -> list[list[NodeDumps]]:
+    """SAMPLES rounds of every node's dumps."""
+    rounds = []
+    for i in range(samples):
+        if i:
+            time.sleep(interval)
+        rounds.append(collect(targets, run_id, native))
+    return rounds
+
+
+def _read_round(dumps: list[NodeDumps], into: Path, suffix: str,
+                missing: list[str]) -> list[RankStacks]:
+    stacks: list[RankStacks] = []
+    for node in dumps:
+        if node.error:
+            missing.append(f"{node.node}: {node.error}")
+            continue
+        for entry in node.ranks:
+            rank = RankId(node.node, int(entry["rank"]), int(entry["pid"]))
+            if "dump" not in entry:
+                missing.append(f"rank {rank.rank} on {node.node} (pid {rank.pid}): "
+                               f"py-spy: {entry.get('error', 'no output')}")
+                continue
+            (into / f"{node.node}-rank{rank.rank}{suffix}.json").write_text(entry["dump"])
+            try:
+                stacks.append(parse_pyspy_dump(entry["dump"], rank))
+            except DiagnoseError as exc:
+                missing.append(str(exc))
+    return stacks
+
+
+def _still(analyses: list[HangAnalysis], places: list[dict[RankId, tuple]]) -> HangAnalysis:
+    """The first sample's analysis, keeping only the suspects every sample names at the
+    same place; none when the ranks moved between the samples (the run goes on)."""
+    first = analyses[0]
+    if len(analyses) == 1:
+        return first
+    common = [s for s in first.suspects if all(s in a.suspects for a in analyses[1:])]
+    moved = sorted({r.rank for p in places[1:] for r in p if p[r] != places[0].get(r)})
+    if common == first.suspects and not moved:
+        return first
+    if not common:
+        who = f"rank{'s' if len(moved) > 1 else ''} {', '.join(map(str, moved))}"
+        verdict = (f"no suspect: {who} moved between the {len(analyses)} samples, so "
+                   "the run makes progress" if moved else
+                   f"no suspect: no rank is named in all {len(analyses)} samples")
+    else:
+        verdict = first.verdict + f" (in all {len(analyses)} samples)"
+    return HangAnalysis(common, first.groups, verdict, first.source, first.ranks)
+
+
+def analyse(rounds: list[list[NodeDumps]], into: Path) -> Diagnosis:
+    """Keep every rank's dumps under INTO (the first sample as NODE-rankR.json, later ones
+    as NODE-rankR.sampleN.json), read them, and name the suspects that hold still."""
+    into.mkdir(parents=True, exist_ok=True)
+    missing: list[str] = []
+    analyses, places = [], []
+    for i, dumps in enumerate(rounds):
+        seen = len(missing)
+        stacks = _read_round(dumps, into, f".sample{i + 1}" if i else "", missing)
+        if i:  # say what could not be dumped once, from the first sample
+            del missing[seen:]
+        if stacks:
+            analyses.append(analyze_stacks(stacks))
+            places.append({state.rank: (state.collective, state.frame)
+                           for state in map(locate, stacks)})
+    diagnosis = Diagnosis(_still(analyses, places) if analyses else None, into, missing)
+    (into / "report.txt").write_text(diagnosis.report() + "\n")
+    (into / "analysis.json").write_text(json.dumps(diagnosis.to_json(), indent=2) + "\n")
+    return diagnosis
+
+
+def targets_of(specs: Iterable[NodeSpec], records: dict[str, dict],
+               clients: dict[str, ssh.Connection]) -> list[Target]:
+    """The nodes of a run, from their inventory entries and the run's node commands."""
+    return [Target(spec.name, clients[spec.name], spec.python,
+                   py_spy_path(NodeCommand.from_record(records[spec.name]).torchrun))
+            for spec in specs]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("diagnose", help="dump every rank's stack of a running run and "
+                       "name the rank that holds the others up",
+                       description="For a run that looks slow or stuck (attached or "
+                       "detached): a py-spy dump of every worker on every node, grouped "
+                       "by where the ranks are; the odd ones out are named. The run goes "
+                       "on undisturbed.")
+    p.add_argument("run", help="run id (see `python -m orchestrator runs`)")
+    p.add_argument("--native", action="store_true",
+                   help="with C/C++ frames (slower; shows where in torch a rank waits)")
+    p.add_argument("--json", action="store_true", help="print the analysis as JSON")
+    p.add_argument("--runs-dir", default=str(DEFAULT_RUNS_DIR))
+    p.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    run = open_run(Path(args.runs_dir), args.run)
+    info = run.info()
+    if not info.get("node_commands"):
+        raise ClusterError(f"run {args.run} was started by an older version; it cannot be "
+                           "diagnosed")
+    summary = run.summary()
+    if summary is not None:
+        raise ClusterError(f"run {args.run} has ended ({summary['status']}): there is "
+                           f"nothing to dump; see `python -m orchestrator logs {args.run}`")
+    cluster = load_cluster(info["inventory"]).select(hosts=",".join(info["nodes"]))
+    check_owner(cluster.nodes, info, "read its processes")
+    clients = ssh.connect_all(list(cluster.nodes))
+    try:
+        rounds = sample(targets_of(cluster.nodes, info["node_commands"], clients),
+                        args.run, native=args.native)
+    finally:
+        for conn in clients.values():
+            conn.close()
+    diagnosis = analyse(rounds, run.path / "diagnose" / time.strftime("%Y%m%d-%H%M%S"))
+    print(json.dumps(diagnosis.to_json(), indent=2) if args.json else diagnosis.report())
+    return 0 if diagnosis.analysis else 1
