@@ -53,8 +53,9 @@ class OnHang(str, Enum):
 
 @dataclass(frozen=True)
 class HangWatch:
-    """`train --hang-timeout S --on-hang stop|wait`: a run is hung when no rank printed
-    a line or a beat (progress.py) for S seconds; 0 turns the watch off."""
+    """`train --hang-timeout S --on-hang stop|wait`: a run is hung when it printed
+    nothing, not a line, not a beat, not a part of a line (progress.py), for S seconds;
+    0 turns the watch off."""
     timeout: float = DEFAULT_HANG_TIMEOUT
     on_hang: OnHang = OnHang.STOP
 
@@ -161,6 +162,7 @@ class Job:
                 chunk = proc.stdout.read1(65536)  # type: ignore[attr-defined]
                 if not chunk:
                     break
+                self.progress.output(time.monotonic())
                 lines, end = take_exit_marker(splitter.feed(chunk), end)
                 self._emit(log, outcome, lines)
             lines, end = take_exit_marker(splitter.flush(), end)
@@ -381,7 +383,7 @@ class Job:
         if self._hang_open:
             return False
         self._hang_open = True
-        self._say(f"hung: no rank printed a line or a beat for {quiet:.0f} s "
+        self._say(f"hung: the run printed nothing (no line, no beat) for {quiet:.0f} s "
                   f"(--hang-timeout {watch.timeout:g}); dumping every rank's stack")
         detected = time.time()
         targets = [Target(spec.name, self.clients[spec.name], spec.python,

@@ -1,7 +1,8 @@
 """Whether a run makes progress, and which node is slower than the others (pure).
 
-Progress is any line a worker prints. A job that prints nothing for long stretches (or
-that wants its step times compared) opts in with one line per step, on every rank:
+Progress is any output of the run, a line or a part of one (a progress bar). A job that
+prints nothing for long stretches (or that wants its step times compared) opts in with one
+line per step, on every rank:
 
     print(f"##clustertrain beat step_s={seconds:.4f} samples={batch}", flush=True)
 
@@ -86,6 +87,12 @@ class Progress:
             lambda: deque(maxlen=WINDOW))
         self._samples: dict[tuple[str, int], deque[int]] = defaultdict(
             lambda: deque(maxlen=WINDOW))
+
+    def output(self, now: float) -> None:
+        """Some output of the run arrived, whole lines or not (a progress bar that
+        redraws itself with carriage returns prints no line for a whole epoch)."""
+        with self._lock:
+            self._last = max(self._last, now)
 
     def line(self, node: str, rank: int, text: str, now: float) -> bool:
         """Record a line of RANK on NODE; True when it is a beat (not to be shown)."""

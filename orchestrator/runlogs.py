@@ -1,4 +1,5 @@
-"""`runs` (list the recorded runs) and `logs RUN [--node NAME] [--follow]`."""
+"""`runs` (list the recorded runs), `runs show RUN` (one run's summary) and
+`logs RUN [--node NAME] [--follow]`."""
 
 from __future__ import annotations
 
@@ -8,12 +9,17 @@ import time
 from pathlib import Path
 
 from .errors import ClusterError
+from .progress import Straggler
 from .records import settle
 from .runs import DEFAULT_RUNS_DIR, RunDir, RunStatus, list_runs, open_run
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("runs", help="list the runs recorded in the runs directory")
+    p = sub.add_parser("runs", help="list the runs recorded in the runs directory, or "
+                       "show one (`runs show RUN`)")
+    p.add_argument("show", nargs="?", metavar="show",
+                   help="show RUN: status, each node's end, step times, stragglers, hang")
+    p.add_argument("run", nargs="?", help="the run to show")
     p.add_argument("--runs-dir", default=str(DEFAULT_RUNS_DIR))
     p.set_defaults(func=_runs)
 
@@ -27,6 +33,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _runs(args: argparse.Namespace) -> int:
+    if args.show is not None and args.show != "show":
+        raise ClusterError(f"runs {args.show}: to show one run, say `runs show {args.show}`")
+    if args.show:
+        if not args.run:
+            raise ClusterError("runs show: name the run, e.g. `runs show RUN` (see `runs`)")
+        return _show(open_run(Path(args.runs_dir), args.run))
     runs = list_runs(Path(args.runs_dir))
     if not runs:
         print(f"no runs in {args.runs_dir}/")
@@ -45,6 +57,38 @@ def _runs(args: argparse.Namespace) -> int:
         duration = f"{summary['duration_s']:.1f}s" if summary else "-"
         print(f"{run.run_id:<24} {status:<20} {','.join(info['nodes']):<20} {duration:>9}  "
               f"{info['script']} {' '.join(info.get('script_args', []))}".rstrip())
+    return 0
+
+
+def _show(run: RunDir) -> int:
+    info = run.info()
+    summary = settle(run)
+    if summary is None:
+        print(f"run {run.run_id}: running on {', '.join(info['nodes'])}; follow it with "
+              f"`attach {run.run_id}`, look inside with `diagnose {run.run_id}`")
+        return 0
+    first = f" (first failed: {summary['first_failed']})" if summary.get("first_failed") else ""
+    print(f"run {run.run_id}: {summary['status']}{first} after {summary['duration_s']:.1f} s")
+    print(f"  {info['script']} {' '.join(info.get('script_args', []))}".rstrip())
+    times = summary.get("step_times") or {}
+    print(f"  {'NODE':<12} {'EXIT':>5}  {'END':<14} {'STEP_S':>8} {'SAMPLES/S':>10}")
+    for node in summary.get("nodes", []):
+        t = times.get(node["name"], {})
+        step = f"{t['step_s']:.3f}" if "step_s" in t else "-"
+        rate = f"{t['samples_per_s']:.1f}" if "samples_per_s" in t else "-"
+        code = "-" if node.get("exit_code") is None else str(node["exit_code"])
+        print(f"  {node['name']:<12} {code:>5}  {node.get('end_reason', ''):<14} {step:>8} "
+              f"{rate:>10}")
+    for s in summary.get("stragglers", []):
+        print("  straggler: " + Straggler(s["node"], s["rank"], s["step_s"],
+                                          s["median_step_s"]).message())
+    hang = summary.get("hang")
+    if hang:
+        print(f"  hang found at {hang['detected_at']}: {hang['verdict']}")
+        for s in hang["suspects"]:
+            print(f"    suspect: rank {s['rank']} on {s['node']} {s['why']}")
+        print(f"    every rank's stack: {hang['dumps']}/")
+    print(f"  logs: python -m orchestrator logs {run.run_id}; record: {run.path}/")
     return 0
 
 

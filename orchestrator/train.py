@@ -157,9 +157,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="on each node, keep the code snapshots and job directories of the "
                    "N newest runs (never a live run's); 0 keeps all (default: %(default)s)")
     p.add_argument("--hang-timeout", type=float, default=DEFAULT_HANG_TIMEOUT, metavar="S",
-                   help="the run is hung when no rank printed a line or a beat for S "
+                   help="the run is hung when it printed nothing (no line, no beat) for S "
                    "seconds: every rank's stack is then dumped and the rank that holds the "
-                   "others up is named (runs/RUN/hang/); 0: never (default: %(default)s)")
+                   "others up is named (runs/RUN/hang/). Keep it below the backend's "
+                   "collective timeout (NCCL 10 min, gloo 30 min by default), or the ranks "
+                   "fail before they are dumped; 0: never (default: %(default)s)")
     p.add_argument("--on-hang", choices=[str(o) for o in OnHang], default=str(OnHang.STOP),
                    help="after the diagnosis of a hang: stop the run (status hung, exit 1) "
                    "or wait (keep it, keep watching) (default: %(default)s)")

@@ -43,7 +43,7 @@ def test_a_stalled_rank_is_named_and_the_run_ends_as_hung(sandbox_cluster: Sandb
     report = (dumps / "report.txt").read_text()
     assert ("ranks 0, 2 (node0: 0; node2: 2): in all_reduce, called from "
             "waiting_in_all_reduce") in report, report
-    assert "hung: no rank printed a line or a beat for" in t.text
+    assert "hung: the run printed nothing (no line, no beat) for" in t.text
     assert "suspect: rank 1 on node1 is in stuck_before_all_reduce" in t.text
     assert "hung: no rank made progress" in t.stderr and "rank 1 on node1" in t.stderr
     assert_no_job_processes(sandbox_cluster, NODES, within=15)
@@ -114,3 +114,11 @@ def test_a_cpu_throttled_node_is_flagged_as_the_straggler(sandbox_cluster: Sandb
     assert set(times) == set(NODES) and all(times[n]["samples_per_s"] > 0 for n in NODES)
     assert times["node2"]["step_s"] > 1.2 * max(times["node0"]["step_s"],
                                                 times["node1"]["step_s"])
+    shown = subprocess.run([sys.executable, "-m", "orchestrator", "runs", "show",
+                            summary["run_id"], "--runs-dir", str(tmp_path)], cwd=REPO,
+                           env=PODMAN_ENV, capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    rows = {line.split()[0]: line.split() for line in shown.stdout.splitlines()
+            if line.startswith("  node")}
+    assert set(rows) == set(NODES) and all(float(rows[n][-1]) > 0 for n in NODES), rows
+    assert "  straggler: node2 is " in shown.stdout

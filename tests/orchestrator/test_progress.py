@@ -28,6 +28,8 @@ def test_any_line_is_progress_and_only_beats_are_hidden() -> None:
     assert p.quiet_for(130.0) == 5.0
     assert p.line("node1", 1, "##clustertrain beat", now=129.0) is True
     assert p.quiet_for(130.0) == 1.0
+    p.output(now=129.5)  # a part of a line: a progress bar redrawn with \r
+    assert p.quiet_for(130.0) == 0.5
 
 
 def feed(p: Progress, node: str, rank: int, step_s: float, n: int = MIN_STEPS,
