@@ -15,13 +15,13 @@ import json
 import os
 import time
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import ssh
 from .command import JOBS_DIR, NodeCommand, supervisor_call
 from .errors import ClusterError, DiagnoseError
+from .fanout import each
 from .hang import HangAnalysis, RankId, RankStacks, analyze_stacks, locate, parse_pyspy_dump
 from .inventory import NodeSpec, load_cluster
 from .runs import DEFAULT_RUNS_DIR, check_owner, open_run
@@ -53,11 +53,8 @@ class NodeDumps:
 
 def dump_node(target: Target, run_id: str, native: bool = False) -> NodeDumps:
     args = [JOBS_DIR, run_id, target.py_spy] + (["--native"] if native else [])
-    try:
-        result = target.conn.run(supervisor_call(target.python, "dump", *args),
-                                 timeout=NODE_TIMEOUT)
-    except (OSError, TimeoutError) as exc:
-        return NodeDumps(target.node, error=str(exc))
+    result = target.conn.run(supervisor_call(target.python, "dump", *args),
+                             timeout=NODE_TIMEOUT)
     lines = result.stdout.strip().splitlines()
     if result.exit_code != 0 or not lines:
         said = result.stderr.strip().splitlines() or [f"exit {result.exit_code}"]
@@ -73,8 +70,9 @@ def dump_node(target: Target, run_id: str, native: bool = False) -> NodeDumps:
 
 def collect(targets: list[Target], run_id: str, native: bool = False) -> list[NodeDumps]:
     """Every node's dumps, taken at the same time on all nodes."""
-    with ThreadPoolExecutor(max_workers=min(len(targets), 32) or 1) as pool:
-        return list(pool.map(lambda t: dump_node(t, run_id, native), targets))
+    results = each(targets, lambda t: dump_node(t, run_id, native), lambda t: t.node)
+    return [r.value if r.value is not None else NodeDumps(r.node, error=str(r.error))
+            for r in results.values()]
 
 
 @dataclass

@@ -17,7 +17,6 @@ import sys
 import threading
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import IO, Any, cast
@@ -25,6 +24,7 @@ from typing import IO, Any, cast
 from . import ssh
 from .command import EXIT_MARKER, SUPERVISOR_SOURCE, NodeCommand
 from .diagnose import Target, analyse, py_spy_path, sample
+from .fanout import each
 from .inventory import NodeSpec
 from .logstream import LineSplitter
 from .progress import Progress
@@ -123,20 +123,16 @@ class Job:
         """Start every node's supervisor (and so torchrun) at once; {node: error} for the
         nodes where that failed, after stopping the job on the nodes where it started.
         Returns once torchrun runs on every node (or, on a failure, runs on none)."""
-        def one(item: tuple[NodeSpec, NodeCommand]) -> tuple[str, str | None]:
+        def one(item: tuple[NodeSpec, NodeCommand]) -> None:
             spec, cmd = item
-            try:
-                result = self.clients[spec.name].run(cmd.shell(), timeout=LAUNCH_TIMEOUT,
-                                                     stdin=SUPERVISOR_SOURCE)
-            except Exception as exc:  # noqa: BLE001 - any failure to start is this node's
-                return spec.name, f"could not start the job: {exc}"
+            result = self.clients[spec.name].run(cmd.shell(), timeout=LAUNCH_TIMEOUT,
+                                                 stdin=SUPERVISOR_SOURCE)
             if result.exit_code != 0 or "started" not in result.stdout:
                 said = (result.stderr.strip().splitlines() or [f"exit {result.exit_code}"])
-                return spec.name, f"could not start the job: {said[-1]}"
-            return spec.name, None
+                raise RuntimeError(said[-1])
 
-        with ThreadPoolExecutor(max_workers=min(len(self.nodes), 32)) as pool:
-            failed = {n: e for n, e in pool.map(one, self.nodes) if e}
+        failed = {n: f"could not start the job: {e}" for n, e in
+                  each(self.nodes, one, lambda item: item[0].name).failed.items()}
         if failed:  # nothing half-started is left: the nodes that started are stopped
             self._stop([spec.name for spec, _ in self.nodes if spec.name not in failed],
                        "launch failed")

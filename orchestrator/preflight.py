@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from . import contract, ssh
 from .errors import PreflightError
+from .fanout import each
 from .inventory import DEFAULT_INVENTORY, Cluster, NodeSpec, load_cluster
 from .probe import NodeFacts, Rendezvous, fingerprint_lib, probe, reach, stop_listener
 
@@ -106,23 +106,22 @@ def run_preflight(cluster: Cluster, port: int | None = None, strict_port: bool =
     port = port or cluster.rendezvous_port
     nodes = cluster.nodes
     rendezvous = Rendezvous.new(len(nodes)) if len(nodes) > 1 else None
-    with ThreadPoolExecutor(max_workers=min(len(nodes), 32)) as pool:
-        results = list(pool.map(
-            lambda n: _check_node(n, cluster, port if n is nodes[0] else None, run_id,
-                                  strict_port, rendezvous if n is nodes[0] else None),
-            nodes))
-        report = Report(cluster, [f for f, _ in results],
-                        {f.node.name: c for f, c in results if c is not None},
-                        nproc_per_node=nproc_per_node)
-        _judge(report, port, strict_port)
-        if rendezvous is not None:
-            _second_round(report, rendezvous, pool)
+    results = list(each(
+        nodes, lambda n: _check_node(n, cluster, port if n is nodes[0] else None, run_id,
+                                     strict_port, rendezvous if n is nodes[0] else None),
+        lambda n: n.name).values_or_raise().values())
+    report = Report(cluster, [f for f, _ in results],
+                    {f.node.name: c for f, c in results if c is not None},
+                    nproc_per_node=nproc_per_node)
+    _judge(report, port, strict_port)
+    if rendezvous is not None:
+        _second_round(report, rendezvous)
     if not keep_connections:
         report.close()
     return report
 
 
-def _second_round(report: Report, rendezvous: Rendezvous, pool: ThreadPoolExecutor) -> None:
+def _second_round(report: Report, rendezvous: Rendezvous) -> None:
     """Every node but node 0 reads node 0's token and connects to its master port; the
     listener is stopped when not every node got through to it."""
     node0 = report.facts[0]
@@ -133,14 +132,13 @@ def _second_round(report: Report, rendezvous: Rendezvous, pool: ThreadPoolExecut
               if not f.error and f.node.name in report.clients]
     addr = report.master_addr
     if addr:
-        def one(f: NodeFacts) -> None:
-            try:
-                f.reach = reach(f.node, report.clients[f.node.name], addr=addr,
-                                port=listener["port"], rendezvous=rendezvous,
-                                shared_path=report.cluster.shared_path)
-            except Exception as exc:  # noqa: BLE001 - reported, job refused
-                f.reach = {"error": str(exc)}
-        list(pool.map(one, others))
+        answers = each(others, lambda f: reach(f.node, report.clients[f.node.name], addr=addr,
+                                               port=listener["port"], rendezvous=rendezvous,
+                                               shared_path=report.cluster.shared_path),
+                       lambda f: f.node.name)
+        for f in others:  # an error is reported and the job refused
+            r = answers[f.node.name]
+            f.reach = r.value if r.error is None else {"error": str(r.error)}
         _judge_reach(report, listener["port"])
     reached = sum(bool((f.reach or {}).get("connect", {}).get("ok")) for f in others)
     if not (listener.get("self") or {}).get("ok") or reached < len(report.facts) - 1:

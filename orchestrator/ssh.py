@@ -22,11 +22,11 @@ import signal
 import subprocess
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import PreflightError
+from .fanout import each
 
 CONNECT_TIMEOUT = 10
 # The master's liveness probes: a node that misses this many in a row is lost.
@@ -242,8 +242,12 @@ def connect(name: str, target: SshTarget) -> Connection:
 
 
 def connect_all(specs: list[Any]) -> dict[str, Connection]:
-    """An open connection to each node (anything with .name and .ssh), made at once."""
-    with ThreadPoolExecutor(max_workers=min(len(specs), 32) or 1) as pool:
-        return dict(zip([s.name for s in specs],
-                        pool.map(lambda s: connect(s.name, s.ssh), specs), strict=True))
+    """An open connection to each node (anything with .name and .ssh), made at once; the
+    first node's error (in order) if any failed, with the others closed again."""
+    results = each(specs, lambda s: connect(s.name, s.ssh), lambda s: s.name)
+    if results.failed:
+        for r in results.values():
+            if r.value is not None:
+                r.value.close()
+    return results.values_or_raise()
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 import argparse
 import re
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from . import ssh
 from .errors import ClusterError
+from .fanout import each
 from .inventory import load_cluster
 from .runs import DEFAULT_RUNS_DIR, check_owner, open_run
 from .teardown import DEFAULT_GRACE, StopResult, stop_job
@@ -57,8 +57,7 @@ def stop_run(runs_dir: Path, run_id: str, grace: float = DEFAULT_GRACE,
 
     (run.path / "stop-requested").write_text(f"{time.time()}\n")
 
-    with ThreadPoolExecutor(max_workers=min(len(cluster.nodes), 32)) as pool:
-        return list(pool.map(one, cluster.nodes))
+    return list(each(cluster.nodes, one, lambda s: s.name).values_or_raise().values())
 
 
 def _main(args: argparse.Namespace) -> int:

@@ -26,7 +26,6 @@ import shutil
 import subprocess
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +34,7 @@ import yaml
 from . import run_worker
 from .command import CODE_SUBDIR, NODE_STATE_DIR, WORKER_RUNNER
 from .errors import LaunchError
+from .fanout import each
 from .inventory import Cluster
 from .runner import run_playbook
 from .ssh import DROPPED, Connection
@@ -172,8 +172,7 @@ def _each(clients: dict[str, Connection], names: list[str], command: str
             return clients[name].run(command, timeout=60).exit_code
         except (OSError, TimeoutError):
             return -1
-    with ThreadPoolExecutor(max_workers=min(len(names), 32) or 1) as pool:
-        return dict(zip(names, pool.map(one, names), strict=True))
+    return each(names, one, str).values_or_raise()
 
 
 @dataclass(frozen=True)
