@@ -162,11 +162,9 @@ def analyse(rounds: list[list[NodeDumps]], into: Path) -> Diagnosis:
     into.mkdir(parents=True, exist_ok=True)
     missing: list[str] = []
     analyses, places = [], []
-    for i, dumps in enumerate(rounds):
-        seen = len(missing)
-        stacks = _read_round(dumps, into, f".sample{i + 1}" if i else "", missing)
-        if i:  # say what could not be dumped once, from the first sample
-            del missing[seen:]
+    for i, dumps in enumerate(rounds):  # what could not be dumped: said once, from sample 1
+        stacks = _read_round(dumps, into, f".sample{i + 1}" if i else "",
+                             missing if i == 0 else [])
         if stacks:
             analyses.append(analyze_stacks(stacks))
             places.append({state.rank: (state.collective, state.frame)
@@ -177,12 +175,11 @@ def analyse(rounds: list[list[NodeDumps]], into: Path) -> Diagnosis:
     return diagnosis
 
 
-def targets_of(specs: Iterable[NodeSpec], records: dict[str, dict],
+def targets_of(nodes: Iterable[tuple[NodeSpec, NodeCommand]],
                clients: dict[str, ssh.Connection]) -> list[Target]:
     """The nodes of a run, from their inventory entries and the run's node commands."""
-    return [Target(spec.name, clients[spec.name], spec.python,
-                   py_spy_path(NodeCommand.from_record(records[spec.name]).torchrun))
-            for spec in specs]
+    return [Target(spec.name, clients[spec.name], spec.python, py_spy_path(cmd.torchrun))
+            for spec, cmd in nodes]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -214,8 +211,9 @@ def _main(args: argparse.Namespace) -> int:
     check_owner(cluster.nodes, info, "read its processes")
     clients = ssh.connect_all(list(cluster.nodes))
     try:
-        rounds = sample(targets_of(cluster.nodes, info["node_commands"], clients),
-                        args.run, native=args.native)
+        commands = info["node_commands"]
+        nodes = [(spec, NodeCommand.from_record(commands[spec.name])) for spec in cluster.nodes]
+        rounds = sample(targets_of(nodes, clients), args.run, native=args.native)
     finally:
         for conn in clients.values():
             conn.close()

@@ -23,7 +23,7 @@ from typing import IO, Any, cast
 
 from . import ssh
 from .command import EXIT_MARKER, SUPERVISOR_SOURCE, NodeCommand
-from .diagnose import Target, analyse, py_spy_path, sample
+from .diagnose import analyse, sample, targets_of
 from .fanout import each
 from .inventory import NodeSpec
 from .logstream import LineSplitter
@@ -382,9 +382,8 @@ class Job:
         self._say(f"hung: the run printed nothing (no line, no beat) for {quiet:.0f} s "
                   f"(--hang-timeout {watch.timeout:g}); dumping every rank's stack")
         detected = time.time()
-        targets = [Target(spec.name, self.clients[spec.name], spec.python,
-                          py_spy_path(cmd.torchrun)) for spec, cmd in self.nodes]
-        diagnosis = analyse(sample(targets, self.rundir.run_id), self.rundir.path / "hang")
+        diagnosis = analyse(sample(targets_of(self.nodes, self.clients), self.rundir.run_id),
+                            self.rundir.path / "hang")
         self._hang = {"detected_at": iso(detected), "quiet_s": round(quiet, 1),
                       **diagnosis.to_json()}
         for line in diagnosis.report().splitlines():

@@ -106,13 +106,17 @@ class Tree:
 
 def belongs(pid: int | None, run_id: str) -> bool:
     """Whether PID carries the run's id in its environment (not a reused PID)."""
-    if pid is None:
-        return False
+    return pid is not None and _environ(pid).get("CLUSTERTRAIN_RUN_ID") == run_id
+
+
+def _environ(pid: int) -> dict[str, str]:
     try:
         with open(f"/proc/{pid}/environ", "rb") as fh:
-            return f"CLUSTERTRAIN_RUN_ID={run_id}".encode() in fh.read().split(b"\0")
+            raw = fh.read()
     except OSError:
-        return False
+        return {}
+    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
 
 
 def read_pid(path: str) -> int | None:
@@ -177,16 +181,6 @@ def stop_tree(job: str, run_id: str, grace: float) -> dict:
 
 # -- stack dumps -------------------------------------------------------------------------
 DUMP_TIMEOUT = 30.0  # seconds for one py-spy dump (a busy node, native frames)
-
-
-def _environ(pid: int) -> dict[str, str]:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as fh:
-            raw = fh.read()
-    except OSError:
-        return {}
-    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
-    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
 
 
 def workers(job: str, run_id: str) -> list[tuple[int, int]]:
