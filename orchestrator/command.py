@@ -11,6 +11,7 @@ from pathlib import Path
 
 from . import contract, supervisor
 from .errors import LaunchError
+from .run_worker import FR_DIR_ENV
 
 # Every job runs as the SSH user and keeps its state under that user's home on each
 # node (mode 0700: other users cannot see it): code snapshots and per-run job records.
@@ -21,6 +22,7 @@ WORKER_RUNNER = f"{NODE_STATE_DIR}/run_worker.py"
 CODE_SUBDIR = "code"
 JOBS_SUBDIR = "jobs"
 JOBS_DIR = f"{NODE_STATE_DIR}/{JOBS_SUBDIR}"  # relative to the job user's home
+FR_BUFFER_SIZE = "2000"  # flight-recorder entries a rank keeps (torch's default)
 # torchrun prefixes every worker line with its global rank; logstream parses it.
 LOG_PREFIX_TEMPLATE = "[rank${rank}]:"
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -150,12 +152,28 @@ class NodeCommand:
         runner = [WORKER_RUNNER] if self.clean_exit else []
         return [*runner, *target, *self.script_args]
 
+    @property
+    def flight_records_dir(self) -> str:
+        """Where the workers' flight-recorder dumps go: on request (run_worker.py serves
+        them) and, with NCCL, torch's own dump when a collective times out."""
+        return f"{self.job_dir}/{supervisor.FR_SUBDIR}"
+
     def environment(self) -> dict[str, str]:
+        fr = self.flight_records_dir
         return {
             "PYTHONUNBUFFERED": "1",
             "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": LOG_PREFIX_TEMPLATE,
             "CLUSTERTRAIN_RUN_ID": self.run_id,
             "CLUSTERTRAIN_NODE_RANK": str(self.node_rank),
+            # The flight recorder: on, with torch's default size, and dumped into the job
+            # on a NCCL timeout (torch appends the rank). The TORCH_NCCL_ names are the
+            # older torch's for the same settings.
+            FR_DIR_ENV: fr,
+            "TORCH_FR_BUFFER_SIZE": FR_BUFFER_SIZE,
+            "TORCH_NCCL_TRACE_BUFFER_SIZE": FR_BUFFER_SIZE,
+            "TORCH_FR_DUMP_TEMP_FILE": f"{fr}/{supervisor.TIMEOUT_DUMP_PREFIX}",
+            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{fr}/{supervisor.TIMEOUT_DUMP_PREFIX}",
+            "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
             **self.env,
         }
 

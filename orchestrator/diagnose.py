@@ -1,19 +1,28 @@
-"""`diagnose RUN`: a Python stack of every rank of a running run, and which rank holds
-the others up (orchestrator/hang.py reads the stacks).
+"""`diagnose RUN`: a Python stack and the flight recorder of every rank of a running
+run, and which rank holds the others up (orchestrator/hang.py reads both).
 
-Each node dumps its own workers at once with py-spy (the supervisor's `dump` verb, run as
-the job's user: py-spy reads that user's processes without extra rights). The dumps, one
-per rank, and the report go to a directory of the run's record: `hang/` when the
-controller found the run hung, `diagnose/<time>/` on demand. Diagnosing reads the
-processes for a moment and does not disturb the run.
+Each node dumps its own workers at once (the supervisor's `dump` verb, run as the job's
+user): py-spy reads that user's processes without extra rights, and each worker's runner
+answers with torch's own dump of its flight recorder (run_worker.py). The dumps, per rank
+NODE-rankR.json (py-spy) and NODE-rankR.fr.pkl (flight recorder), and the report go to a
+directory of the run's record: `hang/` when the controller found the run hung,
+`diagnose/<time>/` on demand. Diagnosing reads the processes for a moment and does not
+disturb the run.
+
+The stacks name a rank that is elsewhere than the others in Python (a data loader, a
+different collective). The flight recorder adds the collectives' sequence numbers, and
+names the rank that is behind when the stacks cannot tell: NCCL collectives run on the
+GPU, so every rank's Python may have gone past the call and wait in the same place.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import time
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +31,18 @@ from . import ssh
 from .command import JOBS_DIR, NodeCommand, supervisor_call
 from .errors import ClusterError, DiagnoseError
 from .fanout import each
-from .hang import HangAnalysis, RankId, RankStacks, analyze_stacks, locate, parse_pyspy_dump
+from .hang import (
+    FlightRecord,
+    HangAnalysis,
+    RankId,
+    RankStacks,
+    analyze_flight_records,
+    analyze_stacks,
+    blame_survivors,
+    locate,
+    parse_flight_record,
+    parse_pyspy_dump,
+)
 from .inventory import NodeSpec, load_cluster
 from .runs import DEFAULT_RUNS_DIR, check_owner, open_run
 
@@ -47,7 +67,7 @@ class Target:
 @dataclass
 class NodeDumps:
     node: str
-    ranks: list[dict] = field(default_factory=list)  # {rank, pid, dump | error}
+    ranks: list[dict] = field(default_factory=list)  # {rank, pid, dump | error, fr | fr_error}
     error: str | None = None                          # the node could not be dumped
 
 
@@ -77,12 +97,21 @@ def collect(targets: list[Target], run_id: str, native: bool = False) -> list[No
 
 @dataclass
 class Diagnosis:
-    analysis: HangAnalysis | None   # None: no rank could be dumped
-    directory: Path                 # the dumps (one file per rank) and report.txt
+    stacks: HangAnalysis | None     # from py-spy; None: no rank could be dumped
+    flight: HangAnalysis | None     # from the flight recorders; None: none came
+    directory: Path                 # the dumps (files per rank) and report.txt
     missing: list[str]              # what could not be dumped, and why
 
+    @property
+    def analysis(self) -> HangAnalysis | None:
+        """The one that names suspects: the stacks' where they do, else the recorders'."""
+        if self.stacks and (self.stacks.suspects or not (self.flight and self.flight.suspects)):
+            return self.stacks
+        return self.flight or self.stacks
+
     def report(self) -> str:
-        lines = [self.analysis.report()] if self.analysis else [
+        found = [a for a in (self.analysis, self.flight, self.stacks) if a]
+        lines = [a.report() for i, a in enumerate(found) if a not in found[:i]] or [
             "No rank could be dumped, so nobody can be named."]
         lines += [f"  not dumped: {m}" for m in self.missing]
         if any("py-spy" in m and ("No such file" in m or "not found" in m)
@@ -94,9 +123,13 @@ class Diagnosis:
         return "\n".join(lines)
 
     def to_json(self) -> dict:
-        suspects = self.analysis.to_json()["suspects"] if self.analysis else []
-        return {"suspects": suspects, "dumps": str(self.directory),
-                "verdict": self.analysis.verdict if self.analysis else None,
+        chosen = self.analysis
+        return {"suspects": chosen.to_json()["suspects"] if chosen else [],
+                "source": chosen.source if chosen else None,
+                "dumps": str(self.directory),
+                "verdict": chosen.verdict if chosen else None,
+                "flight_recorder": ({"verdict": self.flight.verdict, **self.flight.to_json()}
+                                    if self.flight else None),
                 "not_dumped": self.missing}
 
 
@@ -115,25 +148,44 @@ def sample(targets: list[Target], run_id: str, samples: int = SAMPLES,
     return rounds
 
 
+@dataclass
+class Round:
+    """One sample of every rank: what could be read of it."""
+
+    stacks: list[RankStacks] = field(default_factory=list)
+    records: list[FlightRecord] = field(default_factory=list)
+
+
 def _read_round(dumps: list[NodeDumps], into: Path, suffix: str,
-                missing: list[str]) -> list[RankStacks]:
-    stacks: list[RankStacks] = []
+                missing: list[str]) -> Round:
+    found = Round()
     for node in dumps:
         if node.error:
             missing.append(f"{node.node}: {node.error}")
             continue
         for entry in node.ranks:
             rank = RankId(node.node, int(entry["rank"]), int(entry["pid"]))
-            if "dump" not in entry:
+            name = f"{node.node}-rank{rank.rank}{suffix}"
+            if "dump" in entry:
+                (into / f"{name}.json").write_text(entry["dump"])
+                try:
+                    found.stacks.append(parse_pyspy_dump(entry["dump"], rank))
+                except DiagnoseError as exc:
+                    missing.append(str(exc))
+            else:
                 missing.append(f"rank {rank.rank} on {node.node} (pid {rank.pid}): "
                                f"py-spy: {entry.get('error', 'no output')}")
-                continue
-            (into / f"{node.node}-rank{rank.rank}{suffix}.json").write_text(entry["dump"])
-            try:
-                stacks.append(parse_pyspy_dump(entry["dump"], rank))
-            except DiagnoseError as exc:
-                missing.append(str(exc))
-    return stacks
+            if "fr" in entry:
+                data = zlib.decompress(base64.b64decode(entry["fr"]))
+                (into / f"{name}.fr.pkl").write_bytes(data)
+                try:
+                    found.records.append(parse_flight_record(data, rank))
+                except DiagnoseError as exc:
+                    missing.append(str(exc))
+            elif entry.get("fr_error"):
+                missing.append(f"rank {rank.rank} on {node.node}: flight recorder: "
+                               f"{entry['fr_error']}")
+    return found
 
 
 def _still(analyses: list[HangAnalysis], places: list[dict[RankId, tuple]]) -> HangAnalysis:
@@ -156,20 +208,37 @@ def _still(analyses: list[HangAnalysis], places: list[dict[RankId, tuple]]) -> H
     return HangAnalysis(common, first.groups, verdict, first.source, first.ranks)
 
 
-def analyse(rounds: list[list[NodeDumps]], into: Path) -> Diagnosis:
-    """Keep every rank's dumps under INTO (the first sample as NODE-rankR.json, later ones
-    as NODE-rankR.sampleN.json), read them, and name the suspects that hold still."""
+def _fr_place(record: FlightRecord) -> tuple:
+    return tuple(record.last(pg)[::2] for pg in sorted(record.status))  # (seq, state)
+
+
+def analyse(rounds: list[list[NodeDumps]], into: Path,
+            timed_out: str | None = None) -> Diagnosis:
+    """Keep every rank's dumps under INTO (the first sample as NODE-rankR.json and
+    NODE-rankR.fr.pkl, later ones with .sampleN before the suffix), read them, and name
+    the suspects that hold still. TIMED_OUT: the dumps are of the ranks that survived
+    others' collective timeout (whose: the words), see hang.blame_survivors."""
     into.mkdir(parents=True, exist_ok=True)
     missing: list[str] = []
-    analyses, places = [], []
+    stacks: list[HangAnalysis] = []
+    flights: list[HangAnalysis] = []
+    stack_places: list[dict[RankId, tuple]] = []
+    flight_places: list[dict[RankId, tuple]] = []
     for i, dumps in enumerate(rounds):  # what could not be dumped: said once, from sample 1
-        stacks = _read_round(dumps, into, f".sample{i + 1}" if i else "",
-                             missing if i == 0 else [])
-        if stacks:
-            analyses.append(analyze_stacks(stacks))
-            places.append({state.rank: (state.collective, state.frame)
-                           for state in map(locate, stacks)})
-    diagnosis = Diagnosis(_still(analyses, places) if analyses else None, into, missing)
+        found = _read_round(dumps, into, f".sample{i + 1}" if i else "",
+                            missing if i == 0 else [])
+        if found.stacks:
+            stacks.append(analyze_stacks(found.stacks))
+            stack_places.append({state.rank: (state.collective, state.frame)
+                                 for state in map(locate, found.stacks)})
+        if found.records:
+            flights.append(analyze_flight_records(found.records))
+            flight_places.append({r.rank: _fr_place(r) for r in found.records})
+    held = _still(stacks, stack_places) if stacks else None
+    if held and timed_out:
+        held = blame_survivors(held, timed_out)
+    diagnosis = Diagnosis(held,
+                          _still(flights, flight_places) if flights else None, into, missing)
     (into / "report.txt").write_text(diagnosis.report() + "\n")
     (into / "analysis.json").write_text(json.dumps(diagnosis.to_json(), indent=2) + "\n")
     return diagnosis

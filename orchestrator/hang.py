@@ -562,3 +562,20 @@ def analyze_flight_records(records: Iterable[FlightRecord]) -> HangAnalysis:
         verdict = ("no suspect: in every process group all ranks got to the same collective "
                    "(same sequence number and operation)")
     return HangAnalysis(suspects, groups, verdict, "flight recorder", ranks)
+
+
+def blame_survivors(analysis: HangAnalysis, timed_out: str) -> HangAnalysis:
+    """Stacks of the ranks still running after others (TIMED_OUT says whose) timed out
+    waiting in a collective: a survivor in its own code, outside any collective, is the
+    one they waited for. A rank caught leaving (no frame of user code) is not named."""
+    if analysis.suspects:
+        return analysis
+    suspects = [Suspect(r.node, r.rank, g.frame.where,
+                        f"is {g.place}, while {timed_out} timed out waiting in a collective")
+                for g in analysis.groups if g.collective is None and g.frame for r in g.ranks]
+    if not suspects:
+        return analysis
+    who = ", ".join(f"rank {s.rank} on {s.node}" for s in suspects)
+    verdict = f"{who} held up the others: {timed_out} timed out waiting in a collective"
+    return HangAnalysis(suspects, analysis.groups, verdict, analysis.source, analysis.ranks)
+

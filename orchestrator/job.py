@@ -23,7 +23,7 @@ from typing import IO, Any, cast
 
 from . import ssh
 from .command import EXIT_MARKER, SUPERVISOR_SOURCE, NodeCommand
-from .diagnose import analyse, sample, targets_of
+from .diagnose import analyse, collect, sample, targets_of
 from .fanout import each
 from .inventory import NodeSpec
 from .logstream import LineSplitter
@@ -31,7 +31,7 @@ from .progress import Progress
 from .runs import RunDir, iso
 from .supervisor import End
 from .teardown import DEFAULT_GRACE, stop_job
-from .worker_end import PEER_GONE
+from .worker_end import COLLECTIVE_TIMEOUT, PEER_GONE
 
 LAST_LINES = 30          # any line: torchrun's own error report is about 20 lines
 LAST_WORKER_LINES = 10   # lines the training processes printed
@@ -115,6 +115,7 @@ class Job:
         self.watch = hang
         self.progress = Progress(time.monotonic())
         self._hang: dict[str, Any] | None = None
+        self._hung = False               # stopped for a hang (--on-hang stop)
         self._hang_open = False          # a hang found and not yet resolved
         self._stragglers: set[str] = set()
 
@@ -326,13 +327,15 @@ class Job:
                     if code != 0 and first_failed is None and not interrupted \
                             and reason != End.STOPPED:
                         first_failed = name
-                        lost_peer = any(PEER_GONE.search(line) for line in
-                                        self.outcomes[name].last_worker_lines)
+                        lines = self.outcomes[name].last_worker_lines
+                        lost_peer = any(PEER_GONE.search(line) for line in lines)
                         self._say(f"{name}: its clustertrain supervisor failed"
                                   if reason == End.SUPERVISOR_FAILED
                                   else f"{name}: torchrun exited with code {code}" + (
                                       " (its ranks lost a peer: the cause is likely on "
                                       "another node)" if lost_peer else ""))
+                        if running and any(COLLECTIVE_TIMEOUT.search(x) for x in lines):
+                            self._diagnose_timeout(sorted(running), name)
                 else:
                     self._finish(name, None, End.LOST)
                     self._say(f"{name}: {value}")
@@ -355,9 +358,7 @@ class Job:
         for t in self._stop_threads:
             t.join(timeout=self.grace + 5)
         return JobResult(self.outcomes, first_failed, interrupted, started, time.time(),
-                         why_interrupted, self._hang,
-                         bool(self._hang) and self.watch is not None
-                         and self.watch.on_hang == OnHang.STOP, self.progress.to_json())
+                         why_interrupted, self._hang, self._hung, self.progress.to_json())
 
     # -- progress: stragglers and hangs ---------------------------------------------------
     def _look_at_progress(self, running: list[str]) -> bool:
@@ -391,8 +392,25 @@ class Job:
         if watch.on_hang == OnHang.WAIT:
             self._say("--on-hang wait: the run goes on; watching it still")
             return False
+        self._hung = True
         self._stop(running, "hung")
         return True
+
+    def _diagnose_timeout(self, running: list[str], failed: str) -> None:
+        """A rank on FAILED timed out waiting in a collective: the rank it waited for is
+        among those still running, so dump them (once) before they are stopped."""
+        if self._hang is not None:
+            return
+        self._say(f"{failed}: a collective timed out; dumping the ranks still running "
+                  f"({', '.join(running)}) before stopping them")
+        survivors = [(spec, cmd) for spec, cmd in self.nodes if spec.name in running]
+        detected = time.time()
+        diagnosis = analyse([collect(targets_of(survivors, self.clients), self.rundir.run_id)],
+                            self.rundir.path / "hang", timed_out=f"{failed}'s ranks")
+        self._hang = {"detected_at": iso(detected), "trigger": f"collective timeout on {failed}",
+                      **diagnosis.to_json()}
+        for line in diagnosis.report().splitlines():
+            self._say(line)
 
     def _install_signals(self) -> dict:
         """First Ctrl-C (or SIGTERM, SIGHUP): stop the job everywhere and wait for it;

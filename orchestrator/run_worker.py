@@ -16,6 +16,12 @@ gloo, torch's threads at that point now and then abort a finished process (SIGAB
 one. The orchestrator reads the marker (orchestrator/worker_end.py): a rank that printed
 it and still died, died after its script had finished.
 
+With CLUSTERTRAIN_FR_DIR set (the launch sets it), the runner also answers requests for
+the rank's PyTorch flight recorder (`diagnose`, a hang): a daemon thread reads tokens from
+the named pipe DIR/rank{R}.pipe and, for each, writes torch's own dump of the recorder
+(pickled, as torch writes it on a NCCL timeout) to DIR/rank{R}-{token}.pkl. It works
+while the script's thread is blocked inside a collective, which releases the GIL.
+
 Standard library only: this file is copied into every run's code snapshot
 (.clustertrain/run_worker.py) and runs in the nodes' Python, whatever is installed there.
 """
@@ -34,6 +40,8 @@ import types
 import warnings
 
 MARKER = "[clustertrain] rank {rank} finished: exit code {code}"
+FR_DIR_ENV = "CLUSTERTRAIN_FR_DIR"
+TOKEN_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
 INTERRUPTED = -1  # run()'s answer for an uncaught KeyboardInterrupt
 USAGE = "usage: run_worker.py SCRIPT [ARGS...] | run_worker.py -m MODULE [ARGS...]"
 
@@ -86,6 +94,70 @@ def _run_module(name: str) -> None:
     _fresh_main()
     # What `python -m NAME` runs: the module's code in __main__, sys.argv[0] its file.
     runpy._run_module_as_main(name, alter_argv=True)  # type: ignore[attr-defined]
+
+
+def flight_record() -> bytes:
+    """This process's flight recorder as torch dumps it (a pickled dict): the NCCL
+    recorder when the default group is NCCL's, else the one gloo records into. Empty when
+    the script never imported torch or its torch has no recorder."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return b""
+    c10d = getattr(getattr(torch, "_C", None), "_distributed_c10d", None)
+    dist = getattr(torch, "distributed", None)
+    nccl = False
+    try:
+        nccl = bool(dist and dist.is_initialized() and dist.get_backend() == "nccl")
+    except Exception:  # noqa: BLE001 - a group torn down meanwhile: the generic recorder
+        pass
+    for name in (["_dump_nccl_trace"] if nccl else []) + ["_dump_fr_trace"]:
+        dump = getattr(c10d, name, None)
+        if dump is not None:
+            return bytes(dump())
+    return b""
+
+
+def _write_atomically(path: str, data: bytes) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, path)
+
+
+def serve_flight_records(directory: str, rank: str) -> None:
+    """Answer every token written into DIR/rank{R}.pipe with DIR/rank{R}-{token}.pkl.
+    The pipe is held open for writing here too, so a request never finds it without a
+    reader while this process lives, and reads never see end-of-file."""
+    pipe = os.path.join(directory, f"rank{rank}.pipe")
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        if os.path.exists(pipe):  # a worker restarted by torchrun: its predecessor's
+            os.unlink(pipe)
+        os.mkfifo(pipe, 0o600)
+        requests = os.fdopen(os.open(pipe, os.O_RDWR), "rb", buffering=0)
+    except OSError as exc:
+        print(f"[clustertrain] rank {rank}: no flight-recorder dumps on request: {exc}",
+              file=sys.stderr, flush=True)
+        return
+    for line in requests:
+        token = line.strip().decode("ascii", "replace")
+        if not token or not set(token) <= TOKEN_CHARS:
+            continue
+        try:
+            data = flight_record()
+        except Exception as exc:  # noqa: BLE001 - say why in the answer, go on serving
+            data = f"error: {type(exc).__name__}: {exc}".encode()
+        try:
+            _write_atomically(os.path.join(directory, f"rank{rank}-{token}.pkl"), data)
+        except OSError:
+            pass
+
+
+def _start_flight_record_server() -> None:
+    directory = os.environ.get(FR_DIR_ENV)
+    if directory:
+        threading.Thread(target=serve_flight_records, name="clustertrain-flight-recorder",
+                         args=(directory, os.environ.get("RANK", "0")), daemon=True).start()
 
 
 def _is_file_type(cls: type) -> bool:
@@ -181,6 +253,7 @@ def run(argv: list[str]) -> int:
 
 
 def main() -> None:
+    _start_flight_record_server()
     code = run(sys.argv[1:])
     finish(130 if code == INTERRUPTED else code, interrupted=code == INTERRUPTED)
 

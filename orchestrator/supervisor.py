@@ -17,13 +17,15 @@ it with the node's system python), so it uses the standard library only. Subcomm
           controller was killed, or its terminal closed).
   stop    stop the run's torchrun and every descendant: SIGTERM, SIGKILL after a grace
           period (used by the supervisor itself, by the controller and by `stop`).
-  dump    the Python stack of every worker of the run with py-spy (`diagnose`, and the
-          controller when a run hangs): a JSON list, one entry per rank.
+  dump    the Python stack of every worker of the run with py-spy, and its PyTorch flight
+          recorder (`diagnose`, and the controller when a run hangs): a JSON list, one
+          entry per rank.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import getpass
 import json
 import os
@@ -34,6 +36,7 @@ import sys
 import threading
 import time
 import traceback
+import zlib
 from enum import Enum
 
 EXIT_MARKER = "@@clustertrain-exit"
@@ -200,21 +203,73 @@ def workers(job: str, run_id: str) -> list[tuple[int, int]]:
     return sorted(found)
 
 
+FR_TIMEOUT = 10.0  # seconds for the workers' flight-recorder dumps
+FR_SUBDIR = "fr"   # JOB/fr: the workers' request pipes and flight-recorder dumps
+TIMEOUT_DUMP_PREFIX = "timeout-rank"  # torch's own dump on a NCCL timeout: JOB/fr/<this>R
+
+
+def request_flight_records(job: str, ranks: list[int], token: str) -> dict[int, str]:
+    """Ask each rank's runner for its flight recorder (see run_worker.py); the ranks that
+    could not be asked, and why."""
+    failed = {}
+    for rank in ranks:
+        try:
+            fd = os.open(os.path.join(job, FR_SUBDIR, f"rank{rank}.pipe"),
+                         os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as exc:  # ENOENT: not run through the runner; ENXIO: nobody reads
+            failed[rank] = f"the worker serves no flight recorder ({exc.strerror})"
+            continue
+        try:
+            os.write(fd, f"{token}\n".encode())
+        except OSError as exc:
+            failed[rank] = f"the request could not be written ({exc.strerror})"
+        finally:
+            os.close(fd)
+    return failed
+
+
+def collect_flight_record(job: str, rank: int, token: str, deadline: float) -> dict:
+    """{"fr": base64 of zlib of torch's pickled dump} or {"fr_error": why}."""
+    path = os.path.join(job, FR_SUBDIR, f"rank{rank}-{token}.pkl")
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            return {"fr_error": f"no answer within {FR_TIMEOUT:.0f} s (the rank's Python "
+                                "is held: py-spy's stack shows where)"}
+        time.sleep(0.05)
+    with open(path, "rb") as fh:
+        data = fh.read()
+    os.unlink(path)
+    if not data:
+        return {"fr_error": "the rank has no flight recorder (torch not imported, or "
+                            "TORCH_FR_BUFFER_SIZE=0)"}
+    if data.startswith(b"error: "):
+        return {"fr_error": data[7:].decode(errors="replace")}
+    return {"fr": base64.b64encode(zlib.compress(data)).decode()}
+
+
 def dump_workers(job: str, run_id: str, py_spy: str, native: bool) -> list[dict]:
-    """One py-spy dump per worker, taken at once on all of them."""
+    """Each worker's py-spy dump and flight recorder, taken at once on all of them."""
     def one(rank: int, pid: int, into: dict) -> None:
         cmd = [py_spy, "dump", "--json", "--pid", str(pid)] + (["--native"] if native else [])
         try:
             out = subprocess.run(cmd, capture_output=True, text=True, timeout=DUMP_TIMEOUT)
         except (OSError, subprocess.TimeoutExpired) as exc:
             into.update(error=f"{type(exc).__name__}: {exc}")
-            return
-        if out.returncode != 0:
-            into.update(error=(out.stderr.strip() or f"py-spy exited with {out.returncode}"))
         else:
-            into.update(dump=out.stdout)
+            if out.returncode != 0:
+                into.update(error=(out.stderr.strip() or f"py-spy exited with {out.returncode}"))
+            else:
+                into.update(dump=out.stdout)
+        if rank not in unasked:
+            into.update(collect_flight_record(job, rank, token, deadline))
 
-    results = [{"rank": rank, "pid": pid} for rank, pid in workers(job, run_id)]
+    results: list[dict] = [{"rank": rank, "pid": pid} for rank, pid in workers(job, run_id)]
+    token = os.urandom(8).hex()
+    deadline = time.monotonic() + FR_TIMEOUT
+    unasked = request_flight_records(job, [r["rank"] for r in results], token)
+    for r in results:
+        if r["rank"] in unasked:
+            r["fr_error"] = unasked[r["rank"]]
     threads = [threading.Thread(target=one, args=(r["rank"], r["pid"], r)) for r in results]
     for t in threads:
         t.start()
@@ -385,6 +440,7 @@ def _supervise(args: argparse.Namespace) -> int:
         write_json(mine, final)
         write_json(os.path.join(job, "exit"), final)
         return 0
+    os.makedirs(os.path.join(job, FR_SUBDIR), exist_ok=True)  # torch's timeout dumps too
     with open(os.path.join(job, "output.log"), "ab") as out:
         proc = subprocess.Popen(args.argv, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)

@@ -391,6 +391,11 @@ def _conclude(run: RunDir, result: JobResult, summary: dict) -> int:
     lines += [line for line in (outcome.last_lines if outcome else [])
               if "/rank" not in line.split(" | ")[0]]
     tail = "\n    ".join(lines) if lines else "(no output)"
+    hang = summary.get("hang")
+    held = ("\nA collective timed out; holding it up: " + ("; ".join(
+        f"rank {s['rank']} on {s['node']} {s['why']}" for s in hang["suspects"])
+        or f"nobody named ({hang['verdict']})") + f". Stacks of the ranks still running: "
+        f"{hang['dumps']}/") if hang and hang.get("trigger") else ""
     raise LaunchError(f"run {run.run_id} failed: {failed} {how} first; the other nodes were "
                       f"stopped. Last lines from {failed} (training processes first, then "
-                      f"torchrun):\n    {tail}\nFull logs: {run.path}/")
+                      f"torchrun):\n    {tail}{held}\nFull logs: {run.path}/")

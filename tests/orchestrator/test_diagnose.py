@@ -3,12 +3,14 @@ real processes of this machine) and the reading of every node's dumps into a rep
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -127,3 +129,80 @@ def test_a_rank_that_moved_between_samples_is_not_named(tmp_path: Path) -> None:
     assert diagnosis.analysis is not None and diagnosis.analysis.suspects == []
     assert diagnosis.analysis.verdict == ("no suspect: rank 2 moved between the 2 samples, "
                                           "so the run makes progress")
+
+
+# --- flight records beside the stacks -------------------------------------------------
+
+def as_sent(path: Path) -> str:
+    """A flight-recorder dump as the supervisor's dump verb sends it."""
+    return base64.b64encode(zlib.compress(path.read_bytes())).decode()
+
+
+def with_records(dumps: list[NodeDumps], case: str) -> list[NodeDumps]:
+    for node in dumps:
+        for entry in node.ranks:
+            entry["fr"] = as_sent(DUMPS / case / f"fr_rank{entry['rank']}.pkl")
+    return dumps
+
+
+def test_flight_records_are_kept_and_read_beside_the_stacks(tmp_path: Path) -> None:
+    diagnosis = analyse([with_records(stall_round(), "stall")], tmp_path / "hang")
+    kept = sorted(p.name for p in (tmp_path / "hang").glob("*.fr.pkl"))
+    assert kept == ["node0-rank0.fr.pkl", "node0-rank1.fr.pkl", "node1-rank2.fr.pkl",
+                    "node1-rank3.fr.pkl"]
+    data = diagnosis.to_json()
+    assert data["source"] == "py-spy stacks"
+    assert [(s["node"], s["rank"]) for s in data["flight_recorder"]["suspects"]] == [
+        ("node1", 2)]
+    report = diagnosis.report()
+    assert "Hang analysis from flight recorder" in report
+    assert "#3 all_reduce" in report  # the sequence number the others wait at
+
+
+def test_the_flight_recorder_names_the_rank_when_the_stacks_agree(tmp_path: Path) -> None:
+    """With NCCL every rank's Python may have gone past the collective and wait at the
+    same line, so the stacks name nobody; the recorders still show the rank behind.
+    Stacks of the recorded `healthy` hang (every rank in one place) with the recorders
+    of the recorded `stall` hang stand for that case."""
+    healthy = {r["rank"]: r["pid"]
+               for r in json.loads((DUMPS / "healthy" / "ranks.json").read_text())}
+    stacks = stall_round()
+    for node in stacks:
+        for entry in node.ranks:
+            dump = (DUMPS / "healthy" / f"rank{entry['rank']}.json").read_text()
+            entry["dump"] = dump.replace(f'"pid": {healthy[entry["rank"]]}',
+                                         f'"pid": {entry["pid"]}')
+    diagnosis = analyse([with_records(stacks, "stall")], tmp_path / "hang")
+    assert diagnosis.stacks is not None and diagnosis.stacks.suspects == []
+    data = diagnosis.to_json()
+    assert data["source"] == "flight recorder"
+    assert [(s["node"], s["rank"]) for s in data["suspects"]] == [("node1", 2)]
+
+
+def test_a_rank_without_a_flight_recorder_is_said_and_the_stacks_still_read(
+        tmp_path: Path) -> None:
+    dumps = stall_round()
+    for node in dumps:
+        for entry in node.ranks:
+            entry["fr_error"] = "the worker serves no flight recorder (No such file or directory)"
+    diagnosis = analyse([dumps], tmp_path / "hang")
+    assert diagnosis.flight is None and diagnosis.analysis is not None
+    assert [(s.node, s.rank) for s in diagnosis.analysis.suspects] == [("node1", 2)]
+    assert ("not dumped: rank 2 on node1: flight recorder: the worker serves no flight "
+            "recorder") in diagnosis.report()
+
+
+def test_a_recorded_nccl_rank_shows_the_collective_its_stack_has_left(tmp_path: Path) -> None:
+    """Recorded on an H100 (bench/gpu_checks.py): a NCCL all_reduce enqueued behind a
+    long GPU kernel, its rank's Python already waiting further on. py-spy finds the rank
+    outside any collective; its recorder holds the collective, its number and its caller."""
+    nccl = DUMPS / "nccl"
+    pid = json.loads((nccl / "rank0.json").read_text())[0]["pid"]
+    dumps = [NodeDumps("gpu0", [{"rank": 0, "pid": pid,
+                                 "dump": (nccl / "rank0.json").read_text(),
+                                 "fr": as_sent(nccl / "fr_request_rank0.pkl")}])]
+    diagnosis = analyse([dumps], tmp_path / "d")
+    assert diagnosis.stacks is not None and diagnosis.flight is not None
+    assert "outside any collective" in diagnosis.stacks.report()
+    assert ("rank 0 (gpu0: 0): #5 all_reduce (scheduled) in process group 0, called from "
+            "train_step (job.py:28)") in diagnosis.flight.report()

@@ -19,7 +19,9 @@ from orchestrator.hang import (
     RankStacks,
     analyze_flight_records,
     analyze_stacks,
+    blame_survivors,
     collective_in,
+    innermost_user_frame,
     locate,
     parse_flight_record,
     parse_pyspy_dump,
@@ -275,3 +277,42 @@ def test_bad_flight_recorder_dumps_say_what_is_wrong(data: bytes, says: str) -> 
     with pytest.raises(DiagnoseError, match="flight-recorder dump of rank 0 on node0") as err:
         parse_flight_record(data, R0)
     assert says in str(err.value)
+
+
+# --- NCCL, recorded on an H100 (bench/gpu_checks.py) ----------------------------------
+
+@pytest.mark.parametrize("dump", ["fr_request_rank0.pkl", "fr_timeout_rank0.pkl"])
+def test_a_nccl_flight_recorder_reads_as_gloos_does(dump: str) -> None:
+    """torch 2.11's NCCL recorder, dumped on request by the runner and by torch itself when
+    the collective timed out: the same format (2.10) as gloo's, with NCCL's completion
+    states; the last collective is still in flight."""
+    rec = read_flight_record(DUMPS / "nccl" / dump, R0)
+    assert rec.version == "2.10"
+    assert [e.profiling_name for e in rec.entries] == [
+        "nccl:all_reduce", "nccl:all_reduce", "nccl:all_reduce", "nccl:broadcast",
+        "nccl:all_reduce"]
+    assert [e.state for e in rec.entries] == ["completed"] * 4 + ["scheduled"]
+    seq, entry, state = rec.last(0)
+    assert entry is not None and (seq, entry.op, state) == (5, "all_reduce", "scheduled")
+    frame = innermost_user_frame(entry.frames)
+    assert frame is not None and frame.function == "train_step"
+
+
+# --- after a collective timeout: the survivors ----------------------------------------
+
+def test_a_survivor_in_its_own_code_is_what_the_timed_out_ranks_waited_for() -> None:
+    """Ranks 0, 1 and 3 of the recorded stall timed out and are gone; rank 2 is left,
+    outside any collective: alone it is no odd one out, but it is the one they waited for."""
+    [rank2] = [s for s in stacks("stall") if s.rank.rank == 2]
+    alone = analyze_stacks([rank2])
+    assert alone.suspects == []
+    named = blame_survivors(alone, "node0's ranks")
+    assert [(s.node, s.rank, s.frame) for s in named.suspects] == [("node1", 2, STUCK)]
+    assert named.suspects[0].why.endswith("while node0's ranks timed out waiting in a "
+                                          "collective")
+    assert named.verdict.startswith("rank 2 on node1 held up the others")
+
+
+def test_survivors_that_wait_in_a_collective_are_not_named() -> None:
+    waiting = [s for s in stacks("stall") if s.rank.rank != 2]
+    assert blame_survivors(analyze_stacks(waiting[:1]), "node1's ranks").suspects == []

@@ -43,9 +43,35 @@ def test_a_stalled_rank_is_named_and_the_run_ends_as_hung(sandbox_cluster: Sandb
     report = (dumps / "report.txt").read_text()
     assert ("ranks 0, 2 (node0: 0; node2: 2): in all_reduce, called from "
             "waiting_in_all_reduce") in report, report
+    # Each rank's flight recorder, served by its runner: rank 1 is a collective behind.
+    assert sorted(p.name for p in dumps.glob("node?-rank?.fr.pkl")) == [
+        "node0-rank0.fr.pkl", "node1-rank1.fr.pkl", "node2-rank2.fr.pkl"]
+    assert [(s["node"], s["rank"]) for s in hang["flight_recorder"]["suspects"]] == [
+        ("node1", 1)], hang["flight_recorder"]
     assert "hung: the run printed nothing (no line, no beat) for" in t.text
     assert "suspect: rank 1 on node1 is in stuck_before_all_reduce" in t.text
     assert "hung: no rank made progress" in t.stderr and "rank 1 on node1" in t.stderr
+    assert_no_job_processes(sandbox_cluster, NODES, within=15)
+
+
+def test_a_collective_timeout_dumps_the_survivors_and_names_the_rank_they_waited_for(
+        sandbox_cluster: Sandbox, tmp_path: Path) -> None:
+    """No hang watch; the process group times out after 10 s instead: ranks 0 and 2 fail
+    in all_reduce, and before the run is stopped the ranks still running are dumped:
+    rank 1 on node1, in its own code, is named."""
+    t = Train(sandbox_cluster, tmp_path, "--nodes", "3", "--hang-timeout", "0", JOB, "--",
+              "stall", "--rank", "1", "--timeout", "10")
+    code = t.finish(timeout=180)
+    assert code == 1, t.text[-3000:] + t.stderr
+    summary = t.summary()
+    assert summary["status"] == "failed"
+    hang = summary["hang"]
+    assert hang["trigger"].startswith("collective timeout on node"), hang
+    assert [(s["node"], s["rank"]) for s in hang["suspects"]] == [("node1", 1)], hang
+    assert hang["suspects"][0]["frame"].startswith("stuck_before_all_reduce")
+    assert (Path(hang["dumps"]) / "node1-rank1.json").exists()
+    assert "a collective timed out; dumping the ranks still running" in t.text
+    assert "A collective timed out; holding it up: rank 1 on node1" in t.stderr
     assert_no_job_processes(sandbox_cluster, NODES, within=15)
 
 
@@ -78,6 +104,8 @@ def test_diagnose_of_a_healthy_run_names_nobody_and_the_run_finishes(
     [dumps] = list((run / "diagnose").iterdir())
     assert sorted(p.name for p in dumps.glob("node?-rank?.json")) == [
         "node0-rank0.json", "node1-rank1.json", "node2-rank2.json"]
+    assert sorted(p.name for p in dumps.glob("node?-rank?.fr.pkl")) == [
+        "node0-rank0.fr.pkl", "node1-rank1.fr.pkl", "node2-rank2.fr.pkl"]
     code = t.finish(timeout=300)
     assert code == 0, t.text[-3000:] + t.stderr
     assert t.summary()["status"] == "succeeded"

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -237,3 +239,80 @@ def test_a_missing_script_is_reported_as_python_reports_it(tmp_path: Path) -> No
     assert ours.stderr == plain.stderr and "can't open file" in ours.stderr
     usage = runner(cwd=tmp_path)
     assert usage.returncode == 2 and "usage: run_worker.py SCRIPT" in usage.stderr
+
+
+# --- the flight recorder on request ---------------------------------------------------
+
+FR_JOB = """
+    import os, sys, time
+    import torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    t = torch.ones(4)
+    for _ in range(2):
+        dist.all_reduce(t)
+    print("entering", flush=True)
+    if dist.get_rank() == 1:
+        time.sleep(120)  # held up outside any collective
+    dist.all_reduce(t)   # rank 0 waits here for rank 1
+"""
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_rank_blocked_in_a_collective_answers_with_its_flight_recorder(
+        tmp_path: Path) -> None:
+    """Two real gloo ranks through the runner: rank 0 waits in all_reduce #3 for rank 1,
+    which never gets there. Asked the way the supervisor asks (supervisor.py's request
+    and collect), both answer with torch's own dump, and the analysis names rank 1."""
+    import base64
+    import zlib
+
+    from orchestrator import supervisor
+    from orchestrator.hang import RankId, analyze_flight_records, parse_flight_record
+
+    pytest.importorskip("torch")
+    script = write(tmp_path / "job.py", FR_JOB)
+    job = tmp_path / "job"
+    port = str(free_port())
+    procs = []
+    for rank in (0, 1):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+               run_worker.FR_DIR_ENV: str(job / supervisor.FR_SUBDIR)}
+        procs.append(subprocess.Popen([sys.executable, str(RUNNER), str(script)], cwd=tmp_path,
+                                      env=env, stdout=subprocess.PIPE, text=True))
+    try:
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline().strip() == "entering"
+        time.sleep(1.0)  # rank 0 is inside its third all_reduce by now
+        token = "0a1b2c"
+        assert supervisor.request_flight_records(str(job), [0, 1], token) == {}
+        deadline = time.monotonic() + supervisor.FR_TIMEOUT
+        answers = {r: supervisor.collect_flight_record(str(job), r, token, deadline)
+                   for r in (0, 1)}
+        assert procs[0].poll() is None  # still waiting: the dump did not disturb it
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    records = [parse_flight_record(zlib.decompress(base64.b64decode(answers[r]["fr"])),
+                                   RankId(f"node{r}", r, procs[r].pid)) for r in (0, 1)]
+    assert [rec.last(0)[0] for rec in records] == [3, 2]
+    last = records[0].last(0)[1]
+    assert last is not None and last.op == "all_reduce"
+    analysis = analyze_flight_records(records)
+    assert [(s.node, s.rank) for s in analysis.suspects] == [("node1", 1)]
+
+
+def test_a_worker_without_the_runner_is_said_to_serve_no_flight_recorder(
+        tmp_path: Path) -> None:
+    from orchestrator import supervisor
+
+    assert "serves no flight recorder" in supervisor.request_flight_records(
+        str(tmp_path), [0], "abc")[0]

@@ -5,8 +5,12 @@
     stall:    two healthy steps, then rank --rank sleeps before its all_reduce: the others
               wait in all_reduce, for ever
     mismatch: two healthy steps, then rank 0 broadcasts while the others all_reduce
+
+--timeout S: the process group's timeout (gloo's default is 30 minutes): a stall then
+ends in the waiting ranks' collective timeout.
 """
 import argparse
+import datetime
 import os
 import time
 
@@ -19,10 +23,13 @@ parser.add_argument("--rank", type=int, default=1, help="the rank that stalls")
 parser.add_argument("--steps", type=int, default=10)
 parser.add_argument("--work", type=int, default=40, help="matmuls per step")
 parser.add_argument("--pause", type=float, default=0.0, help="seconds of sleep per step")
+parser.add_argument("--timeout", type=float, help="the process group's timeout, seconds")
 args = parser.parse_args()
 
 torch.set_num_threads(1)
-dist.init_process_group(os.environ.get("CLUSTERTRAIN_BACKEND", "gloo"))
+dist.init_process_group(os.environ.get("CLUSTERTRAIN_BACKEND", "gloo"),
+                        timeout=datetime.timedelta(seconds=args.timeout) if args.timeout
+                        else None)
 rank = dist.get_rank()
 a = torch.randn(128, 128)
 print(f"rank {rank} started", flush=True)

@@ -1,0 +1,305 @@
+"""The project's GPU paths, run on a machine with an NVIDIA GPU (none in CI or the
+sandbox): what the roles and preflight read of the GPU, and the flight recorder of a real
+NCCL job through the node-side code that launches and diagnoses runs.
+
+    python3 bench/gpu_checks.py --out DIR   (needs torch with CUDA, and py-spy on PATH
+                                              or --py-spy; root or the job's own user)
+
+Writes DIR/gpu_checks.json (every check: ok, what it read) and the flight-recorder dumps
+it took (DIR/nccl_fr_rank0.pkl, on request while a NCCL collective was in flight;
+DIR/nccl_timeout_rank0.pkl, torch's own dump when that collective timed out), which the
+unit tests read as recorded dumps (tests/orchestrator/hang_dumps/nccl/).
+
+The node side is the one a run uses: supervisor.py `run` starts torchrun with the
+environment NodeCommand.environment() gives every run (flight recorder on, its timeout
+dump into the job), workers go through run_worker.py, and supervisor.py `dump` takes the
+py-spy stacks and flight records that `diagnose` reads; orchestrator/hang.py analyses them.
+
+One GPU is enough for the flight-recorder checks: a world of one NCCL rank whose
+all_reduce waits behind a long GPU kernel (torch.cuda._sleep) is in flight, as a hung
+collective is, and with a 10 s process group timeout it times out, so the NCCL watchdog
+dumps the recorder as it would on a cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import traceback
+import zlib
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from orchestrator import command, hang, supervisor  # noqa: E402
+
+FINGERPRINT = ROOT / "roles" / "python_env" / "files" / "fingerprint.py"
+DETECT = ROOT / "roles" / "nvidia_driver" / "tasks" / "detect.yml"
+
+JOB = """
+    import os, sys, time, datetime
+    import torch, torch.distributed as dist
+    mode = sys.argv[1]
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
+    # "timeout": the watchdog ends the run after 10 s; "request": dumped long before.
+    seconds = 10 if mode == "timeout" else 300
+    dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=seconds))
+    t = torch.ones(1 << 20, device="cuda")
+    for _ in range(3):
+        dist.all_reduce(t)
+    dist.broadcast(t, 0)
+    torch.cuda.synchronize()
+    print("steps done", flush=True)
+    if mode == "mismatch":  # rank 0 broadcasts where the others all_reduce
+        def sync_weights():
+            dist.broadcast(t, 0)
+        def train_step():
+            dist.all_reduce(t)
+        (sync_weights if dist.get_rank() == 0 else train_step)()
+        print("in flight", flush=True)
+        t.sum().item()  # every rank waits here, past its collective: the stacks agree
+        sys.exit(0)
+    def held_up_on_the_gpu():
+        torch.cuda._sleep(int(1.9e9 * 60))  # a minute of GPU time before the collective
+    held_up_on_the_gpu()
+    def train_step():
+        dist.all_reduce(t)   # enqueued behind the sleep: in flight, not completed
+    train_step()
+    print("in flight", flush=True)
+    torch.cuda.synchronize()  # waits here (GIL released) until the timeout ends it
+"""
+
+
+def check(results: dict, name: str, only: set[str]):
+    """Run one check (all, or those in ONLY); record what it returned, or its error,
+    under NAME."""
+    def wrap(fn):
+        if only and name not in only:
+            return fn
+        t0 = time.time()
+        try:
+            results[name] = {"ok": True, **fn()}
+        except Exception as exc:  # noqa: BLE001 - each check reports, the rest go on
+            results[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}",
+                             "traceback": traceback.format_exc()[-2000:]}
+        results[name]["seconds"] = round(time.time() - t0, 2)
+        print(f"{name}: {json.dumps(results[name])[:600]}", flush=True)
+        return fn
+    return wrap
+
+
+def load_fingerprint() -> dict:
+    ns: dict = {"__name__": "clustertrain_fingerprint"}
+    exec(compile(FINGERPRINT.read_text(), str(FINGERPRINT), "exec"), ns)  # noqa: S102
+    return ns
+
+
+def role_detection() -> dict:
+    """The nvidia_driver role's detection: its own shell loop, its own patterns."""
+    tasks = yaml.safe_load(DETECT.read_text())
+    loop = tasks[0]["ansible.builtin.shell"]["cmd"].replace(
+        "{{ nvidia_driver_pci_devices_path | quote }}", "/sys/bus/pci/devices")
+    out = subprocess.run(["bash", "-c", loop], capture_output=True, text=True, check=True)
+    lines = out.stdout.splitlines()
+    return {"gpus": sum(bool(re.match(r"^\S+ 0x10de 0x03", x)) for x in lines),
+            "nvswitches": sum(bool(re.match(r"^\S+ 0x10de 0x0680", x)) for x in lines),
+            "nvidia_devices": [x for x in lines if " 0x10de " in x]}
+
+
+def start_run(work: Path, run_id: str, mode: str,
+              nproc: int = 1) -> tuple[Path, subprocess.Popen, dict]:
+    """supervisor.py `run` of a one-node job (NPROC ranks, all on GPU 0), as a launch
+    starts it."""
+    home = work / "home"
+    cmd = command.NodeCommand(
+        run_id=run_id, node_rank=0, nnodes=1, nproc=nproc, master_addr="127.0.0.1",
+        master_port=29571 + ["request", "timeout", "mismatch"].index(mode),
+        torchrun=str(Path(sys.executable).parent / "torchrun"),
+        home=str(home), script="job.py", script_args=(mode,), node="gpu0", nodes=("gpu0",),
+        python=sys.executable, run_state=str(work / "state" / run_id), attached=False)
+    code, job = Path(cmd.code_dir), Path(cmd.job_dir)
+    (job / supervisor.FR_SUBDIR).mkdir(parents=True)
+    code.mkdir(parents=True)
+    (code / "job.py").write_text(textwrap.dedent(JOB))
+    runner = code / command.WORKER_RUNNER
+    runner.parent.mkdir(parents=True)
+    shutil.copy(ROOT / "orchestrator" / "run_worker.py", runner)
+    env = {**os.environ, **cmd.environment(), "HOME": str(home)}
+    argv = [sys.executable, str(ROOT / "orchestrator" / "supervisor.py"), "run",
+            "--job", str(job), "--state-dir", cmd.run_state, "--run", run_id,
+            "--node", "gpu0", "--nodes", "gpu0", "--", *cmd.torchrun_argv()]
+    proc = subprocess.Popen(argv, cwd=code, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.STDOUT)
+    return job, proc, env
+
+
+def wait_for(path: Path, text: str, seconds: float, times: int = 1) -> None:
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if path.exists() and path.read_text(errors="replace").count(text) >= times:
+            return
+        if (path.parent / "exit").exists():
+            break
+        time.sleep(0.2)
+    raise TimeoutError(f"{text!r} not in {path} after {seconds} s:\n"
+                       + (path.read_text(errors="replace")[-3000:] if path.exists() else ""))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--py-spy", default=shutil.which("py-spy") or "py-spy")
+    p.add_argument("--only", default="", help="comma-separated names of checks to run")
+    args = p.parse_args()
+    only = set(filter(None, args.only.split(",")))
+    args.out.mkdir(parents=True, exist_ok=True)
+    results: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    work = Path(tempfile.mkdtemp(prefix="gpu-checks-"))
+
+    @check(results, "nvidia_smi", only)
+    def _() -> dict:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                              "--format=csv,noheader"], capture_output=True, text=True,
+                             check=True).stdout.strip()
+        return {"gpus": out.splitlines()}
+
+    @check(results, "role_detection", only)
+    def _() -> dict:
+        return role_detection()
+
+    @check(results, "fingerprint", only)
+    def _() -> dict:
+        fp = load_fingerprint()
+        return {"driver_version": fp["driver_version"](), "gpu_count": fp["gpu_count"](),
+                "pci_gpus": fp["pci_gpus"](), "checks": fp["checks"]()}
+
+    @check(results, "torch_names", only)
+    def _() -> dict:
+        import torch
+
+        lib = Path(torch.__file__).parent / "lib"
+        names: set[str] = set()
+        for so in lib.glob("libtorch_cuda*.so"):
+            names |= set(re.findall(rb"TORCH_(?:FR|NCCL)_[A-Z_]+", so.read_bytes()))
+        return {"torch": torch.__version__,
+                "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+                "dump_functions": sorted(n for n in dir(torch._C._distributed_c10d)
+                                         if "dump" in n),
+                "env_names": sorted(n.decode() for n in names)}
+
+    @check(results, "flight_recorder_on_request", only)
+    def _() -> dict:
+        job, proc, _env = start_run(work, "gpu-fr-request", "request")
+        try:
+            wait_for(job / "output.log", "in flight", 120)
+            time.sleep(1.0)
+            dumps = supervisor.dump_workers(str(job), "gpu-fr-request", args.py_spy, False)
+        finally:
+            supervisor.stop_tree(str(job), "gpu-fr-request", 5.0)
+            proc.wait(timeout=60)
+        (rank,) = dumps
+        found = {"pid": rank["pid"], "py_spy": "dump" in rank,
+                 "py_spy_error": rank.get("error"), "fr_error": rank.get("fr_error")}
+        rid = hang.RankId("gpu0", rank["rank"], rank["pid"])
+        if "fr" in rank:
+            data = zlib.decompress(base64.b64decode(rank["fr"]))
+            (args.out / "nccl_fr_rank0.pkl").write_bytes(data)
+            rec = hang.parse_flight_record(data, rid)
+            seq, entry, state = rec.last(0)
+            found.update(version=rec.version, last_seq=seq, last_op=entry and entry.op,
+                         last_state=state, entries=len(rec.entries),
+                         ops=[e.profiling_name for e in rec.entries])
+        if "dump" in rank:
+            (args.out / "nccl_pyspy_rank0.json").write_text(rank["dump"])
+            found["where"] = str(hang.locate(hang.parse_pyspy_dump(rank["dump"], rid)))
+        return found
+
+    @check(results, "flight_recorder_on_timeout", only)
+    def _() -> dict:
+        job, proc, _env = start_run(work, "gpu-fr-timeout", "timeout")
+        try:
+            proc.wait(timeout=240)  # the watchdog's timeout (10 s) ends the run
+        finally:
+            supervisor.stop_tree(str(job), "gpu-fr-timeout", 5.0)
+        fr = job / supervisor.FR_SUBDIR
+        files = sorted(x.name for x in fr.iterdir())
+        log = (job / "output.log").read_text(errors="replace")
+        found = {"files": files, "exit": json.loads((job / "exit").read_text()),
+                 "log_tail": log[-2500:]}
+        dump = fr / f"{supervisor.TIMEOUT_DUMP_PREFIX}0"
+        if dump.exists():
+            data = dump.read_bytes()
+            (args.out / "nccl_timeout_rank0.pkl").write_bytes(data)
+            rec = hang.parse_flight_record(data, hang.RankId("gpu0", 0, 0))
+            seq, entry, state = rec.last(0)
+            found.update(last_seq=seq, last_op=entry and entry.op, last_state=state)
+        return found
+
+    @check(results, "training_job_throughput", only)
+    def _() -> dict:
+        """The project's training job (train/train.py) on the GPU through torchrun, fp32
+        and bf16 autocast (--amp), on synthetic data: samples/s of the last epoch."""
+        from orchestrator.data import SyntheticSpec, write_synthetic
+
+        data = work / "data"
+        write_synthetic(data, SyntheticSpec(train_per_class=2000, test_per_class=100))
+        found = {"model": "ResNet width 64, 2 blocks a stage", "batch": 512, "images": 20000}
+        for amp in ("off", "on"):
+            ckpt = work / f"ckpt-{amp}"
+            out = subprocess.run(
+                [str(Path(sys.executable).parent / "torchrun"), "--standalone",
+                 "--nproc-per-node", "1", str(ROOT / "train" / "train.py"), "--data-dir",
+                 str(data), "--checkpoint-dir", str(ckpt), "--epochs", "4", "--batch-size",
+                 "512", "--width", "64", "--blocks", "2", "--amp", amp, "--no-resume"],
+                cwd=ROOT, capture_output=True, text=True, timeout=400)
+            if out.returncode != 0:
+                raise RuntimeError(f"--amp {amp}: exit {out.returncode}: "
+                                   f"{(out.stdout + out.stderr)[-1500:]}")
+            history = json.loads((ckpt / "metrics.json").read_text())["history"]
+            found[f"amp_{amp}"] = {"samples_per_s": [round(h["samples_per_s"]) for h in history],
+                                   "final_train_acc": round(history[-1]["train_acc"], 3)}
+        return found
+
+    @check(results, "nccl_mismatch_three_ranks", only)
+    def _() -> dict:
+        """Three NCCL ranks, a GPU each: rank 0 broadcasts where ranks 1 and 2
+        all_reduce; all three wait in .item(). diagnose's own analysis of the node's dumps
+        (py-spy stacks and flight recorders). NCCL refuses two ranks on one GPU
+        ("ncclInvalidUsage: Duplicate GPU detected", NCCL 2.28.9, seen on an H100)."""
+        import torch
+
+        from orchestrator.diagnose import NodeDumps, analyse
+
+        if torch.cuda.device_count() < 3:
+            return {"skipped": f"needs 3 GPUs, this machine has "
+                               f"{torch.cuda.device_count()}"}
+        job, proc, _env = start_run(work, "gpu-mismatch", "mismatch", nproc=3)
+        try:
+            wait_for(job / "output.log", "in flight", 120, times=3)
+            time.sleep(1.0)
+            dumps = supervisor.dump_workers(str(job), "gpu-mismatch", args.py_spy, False)
+        finally:
+            supervisor.stop_tree(str(job), "gpu-mismatch", 5.0)
+            proc.wait(timeout=60)
+        diagnosis = analyse([[NodeDumps("gpu0", dumps)]], args.out / "mismatch")
+        return {"report": diagnosis.report(), "analysis": diagnosis.to_json(),
+                "log_tail": (job / "output.log").read_text(errors="replace")[-2000:]}
+
+    (args.out / "gpu_checks.json").write_text(json.dumps(results, indent=2) + "\n")
+    return 0 if all(v.get("ok") for v in results.values() if isinstance(v, dict)) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
