@@ -272,6 +272,51 @@ def main() -> int:
                                    "final_train_acc": round(history[-1]["train_acc"], 3)}
         return found
 
+    @check(results, "py_spy_under_yama", only)
+    def _() -> dict:
+        """kernel.yama.ptrace_scope=1 (Ubuntu's default on GPU servers), a non-root job
+        user: py-spy run by that user from outside the worker's ancestry (as the
+        supervisor's dump verb is) reads a worker started through the runner; a process
+        started without it is the control. The sysctl is put back as it was."""
+        yama = Path(supervisor.YAMA)
+        if os.geteuid() != 0 or not yama.exists():
+            return {"skipped": "needs root and a kernel with yama"}
+        before = yama.read_text().strip()
+        subprocess.run(["useradd", "-m", "ctjob"], capture_output=True)
+        d = Path(tempfile.mkdtemp(prefix="yama-", dir="/tmp"))
+        d.chmod(0o777)
+        shutil.copy(ROOT / "orchestrator" / "run_worker.py", d / "run_worker.py")
+        (d / "sleeper.py").write_text(
+            "import os, sys, time\n"
+            "open(sys.argv[1], 'w').write(str(os.getpid()))\n"
+            "def waiting_for_data():\n    time.sleep(120)\n"
+            "waiting_for_data()\n")
+        procs, found = [], {"ptrace_scope_before": before}
+        try:
+            yama.write_text("1")
+            for name, runner in (("with_runner", [str(d / "run_worker.py")]),
+                                 ("without_runner", [])):
+                pidfile = d / f"{name}.pid"
+                procs.append(subprocess.Popen(
+                    ["runuser", "-u", "ctjob", "--", sys.executable, *runner,
+                     str(d / "sleeper.py"), str(pidfile)], start_new_session=True))
+                deadline = time.time() + 30
+                while not pidfile.exists() or not pidfile.read_text():
+                    assert time.time() < deadline, f"{name}: the sleeper did not start"
+                    time.sleep(0.1)
+                out = subprocess.run(["runuser", "-u", "ctjob", "--", args.py_spy, "dump",
+                                      "--pid", pidfile.read_text()],
+                                     capture_output=True, text=True, timeout=60)
+                said = (out.stdout + out.stderr).strip()
+                found[name] = {"exit": out.returncode, "read_its_stack": "waiting_for_data" in said,
+                               "said": said[-400:], "hint": supervisor.ptrace_hint(said)}
+        finally:
+            yama.write_text(before)
+            for p in procs:
+                os.killpg(p.pid, 9)
+                p.wait()
+        return found
+
     @check(results, "nccl_mismatch_three_ranks", only)
     def _() -> dict:
         """Three NCCL ranks, a GPU each: rank 0 broadcasts where ranks 1 and 2

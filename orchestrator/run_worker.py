@@ -16,6 +16,9 @@ gloo, torch's threads at that point now and then abort a finished process (SIGAB
 one. The orchestrator reads the marker (orchestrator/worker_end.py): a rank that printed
 it and still died, died after its script had finished.
 
+The runner lets the job's user read the worker's stack (py-spy) where yama's
+ptrace_scope=1 would allow only its ancestors (allow_same_user_tracers).
+
 With CLUSTERTRAIN_FR_DIR set (the launch sets it), the runner also answers requests for
 the rank's PyTorch flight recorder (`diagnose`, a hang): a daemon thread reads tokens from
 the named pipe DIR/rank{R}.pipe and, for each, writes torch's own dump of the recorder
@@ -41,6 +44,8 @@ import warnings
 
 MARKER = "[clustertrain] rank {rank} finished: exit code {code}"
 FR_DIR_ENV = "CLUSTERTRAIN_FR_DIR"
+PR_SET_PTRACER = 0x59616D61          # prctl: who may ptrace this process (yama)
+PR_SET_PTRACER_ANY = (1 << 64) - 1   # ... any process, under the usual same-user rule
 TOKEN_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
 INTERRUPTED = -1  # run()'s answer for an uncaught KeyboardInterrupt
 USAGE = "usage: run_worker.py SCRIPT [ARGS...] | run_worker.py -m MODULE [ARGS...]"
@@ -160,6 +165,21 @@ def _start_flight_record_server() -> None:
                          args=(directory, os.environ.get("RANK", "0")), daemon=True).start()
 
 
+def allow_same_user_tracers() -> bool:
+    """Let py-spy, run by the job's own user from the supervisor's `dump` verb, read this
+    worker. Under yama's ptrace_scope=1 (Ubuntu's default) only a process's ancestors may
+    ptrace it, and the dump verb is not one; this lifts that rule for this process only,
+    and the kernel's own rule (same user, or CAP_SYS_PTRACE) still applies. False where
+    it could not be set: a kernel without yama has no such rule to lift."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PTRACER, ctypes.c_ulong(PR_SET_PTRACER_ANY), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
 def _is_file_type(cls: type) -> bool:
     try:
         return issubclass(cls, io.IOBase)
@@ -253,6 +273,7 @@ def run(argv: list[str]) -> int:
 
 
 def main() -> None:
+    allow_same_user_tracers()
     _start_flight_record_server()
     code = run(sys.argv[1:])
     finish(130 if code == INTERRUPTED else code, interrupted=code == INTERRUPTED)

@@ -203,6 +203,27 @@ def workers(job: str, run_id: str) -> list[tuple[int, int]]:
     return sorted(found)
 
 
+YAMA = "/proc/sys/kernel/yama/ptrace_scope"
+
+
+def ptrace_hint(said: str) -> str:
+    """Why py-spy may not read the job's own worker, when it said permission denied."""
+    if not any(w in said.lower() for w in ("permission denied", "not permitted")):
+        return ""
+    try:
+        with open(YAMA) as fh:
+            scope = fh.read().strip()
+    except OSError:
+        return ""
+    if scope in ("2", "3"):
+        return (f" (kernel.yama.ptrace_scope is {scope} on this node: only root may read "
+                "another process's stack; set it to 1 to let users read their own jobs)")
+    if scope == "1":
+        return (" (kernel.yama.ptrace_scope is 1: a worker started without the worker "
+                "runner (--no-clean-exit) lets only its ancestors read its stack)")
+    return ""
+
+
 FR_TIMEOUT = 10.0  # seconds for the workers' flight-recorder dumps
 FR_SUBDIR = "fr"   # JOB/fr: the workers' request pipes and flight-recorder dumps
 TIMEOUT_DUMP_PREFIX = "timeout-rank"  # torch's own dump on a NCCL timeout: JOB/fr/<this>R
@@ -257,7 +278,8 @@ def dump_workers(job: str, run_id: str, py_spy: str, native: bool) -> list[dict]
             into.update(error=f"{type(exc).__name__}: {exc}")
         else:
             if out.returncode != 0:
-                into.update(error=(out.stderr.strip() or f"py-spy exited with {out.returncode}"))
+                said = out.stderr.strip() or f"py-spy exited with {out.returncode}"
+                into.update(error=said + ptrace_hint(said))
             else:
                 into.update(dump=out.stdout)
         if rank not in unasked:

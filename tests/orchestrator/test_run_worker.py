@@ -316,3 +316,11 @@ def test_a_worker_without_the_runner_is_said_to_serve_no_flight_recorder(
 
     assert "serves no flight recorder" in supervisor.request_flight_records(
         str(tmp_path), [0], "abc")[0]
+
+
+def test_the_job_user_may_read_the_workers_stack_where_yama_would_forbid_it() -> None:
+    """PR_SET_PTRACER_ANY succeeds exactly where the kernel has yama (the rule it lifts);
+    run for real on this machine's kernel."""
+    from orchestrator import supervisor
+
+    assert run_worker.allow_same_user_tracers() == os.path.exists(supervisor.YAMA)

@@ -267,3 +267,18 @@ def test_a_peer_stopped_for_another_peers_failure_names_that_failure(tmp_path: P
                                                     "code": 1})
     peers = supervisor.Peers(str(shared), ["n0", "n1", "n2"], "n2")
     assert peers.verdict() == (supervisor.End.PEER_FAILED, "n1")
+
+
+@pytest.mark.parametrize("scope,says", [
+    ("1", "kernel.yama.ptrace_scope is 1: a worker started without the worker runner"),
+    ("2", "kernel.yama.ptrace_scope is 2 on this node: only root may read"),
+    ("0", None),
+])
+def test_a_refused_py_spy_says_what_the_kernel_allows(tmp_path, monkeypatch, scope, says):
+    yama = tmp_path / "ptrace_scope"
+    yama.write_text(scope + "\n")
+    monkeypatch.setattr(supervisor, "YAMA", str(yama))
+    hint = supervisor.ptrace_hint("Error: Permission Denied: Try running again with "
+                                  "elevated permissions")
+    assert (says in hint) if says else hint == ""
+    assert supervisor.ptrace_hint("Error: No such process") == ""
