@@ -1,6 +1,7 @@
 """`attach RUN`: follow a running (e.g. detached) run's logs live, from the start or the
 last lines, and exit with the run's status when it ends. Ctrl-C only stops following:
-the run goes on (the nodes supervise it); `stop RUN` stops it."""
+the run goes on (the nodes supervise it); `stop RUN` stops it. While attached, the run is
+watched for hangs as `train` watches it (its --hang-timeout and --on-hang)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 from .command import NodeCommand
 from .errors import ClusterError
 from .inventory import load_cluster
-from .job import Job
+from .job import HangWatch, Job, OnHang
 from .records import settle
 from .runs import DEFAULT_RUNS_DIR, RunStatus, open_run
 from .ssh import connect_all
@@ -50,7 +51,9 @@ def _main(args: argparse.Namespace) -> int:
         if args.tail is None:  # the whole log again: the local copy starts over
             for name in cluster.names:
                 run.log(name).write_text("")
-        job = Job(run, list(zip(cluster.nodes, commands, strict=True)), clients)
+        watch = HangWatch(float(info.get("hang_timeout", 0)),
+                          OnHang(info.get("on_hang", str(OnHang.STOP))))
+        job = Job(run, list(zip(cluster.nodes, commands, strict=True)), clients, hang=watch)
         job.tail = args.tail
         result = job.run(attached=False)
     finally:
@@ -58,7 +61,10 @@ def _main(args: argparse.Namespace) -> int:
             conn.close()
     if result.interrupted:
         return 130
-    summary = settle(run) or make_summary(info, commands, cluster.names, result, 0.0, run)
+    # A hang found here is known only here; otherwise the nodes' records say how it ended.
+    summary = ((make_summary(info, commands, cluster.names, result, 0.0, run)
+                if result.hang else settle(run))
+               or make_summary(info, commands, cluster.names, result, 0.0, run))
     if run.summary() is None:
         run.write_summary(summary)
     return _conclude(run, result, summary)

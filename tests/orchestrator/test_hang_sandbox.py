@@ -4,6 +4,7 @@ containers, py-spy from the provisioned environment reading the job user's worke
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from ..cluster import ENV as PODMAN_ENV, REPO, ProvisionedCluster as Sandbox
+from .test_supervision_sandbox import JOBS, cli
 from .test_train_sandbox import Train, assert_no_job_processes
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.timeout(1500)]
@@ -72,6 +74,24 @@ def test_a_collective_timeout_dumps_the_survivors_and_names_the_rank_they_waited
     assert (Path(hang["dumps"]) / "node1-rank1.json").exists()
     assert "a collective timed out; dumping the ranks still running" in t.text
     assert "A collective timed out; holding it up: rank 1 on node1" in t.stderr
+    assert_no_job_processes(sandbox_cluster, NODES, within=15)
+
+
+def test_a_detached_run_is_watched_for_hangs_while_attached(sandbox_cluster: Sandbox,
+                                                           tmp_path: Path) -> None:
+    """train --detach keeps the run's --hang-timeout; `attach` watches with it, names the
+    stalled rank, stops the run and ends with its status, hung."""
+    p = cli(sandbox_cluster, tmp_path, "train", "-i", str(sandbox_cluster.inventory),
+            "--workdir", str(JOBS), "--detach", "--nodes", "3", "--hang-timeout", "20", JOB,
+            "--", "stall", "--rank", "1")
+    assert p.returncode == 0, p.stdout + p.stderr
+    (run_id,) = [d.name for d in tmp_path.iterdir() if d.is_dir()]
+    a = cli(sandbox_cluster, tmp_path, "attach", run_id, timeout=300)
+    assert a.returncode == 1, a.stdout[-3000:] + a.stderr
+    summary = json.loads((tmp_path / run_id / "summary.json").read_text())
+    assert summary["status"] == "hung", summary
+    assert [(s["node"], s["rank"]) for s in summary["hang"]["suspects"]] == [("node1", 1)]
+    assert "hung: no rank made progress" in a.stderr and "rank 1 on node1" in a.stderr
     assert_no_job_processes(sandbox_cluster, NODES, within=15)
 
 
