@@ -1,0 +1,514 @@
+"""The node side of preflight: what each node answers about itself, in JSON.
+
+Runs on the nodes, shipped by its source (orchestrator/probe.py builds each verb's
+program: this file, then the call of main(), with fingerprint.py's source for `probe`),
+in the node's system python: standard library only.
+
+    probe   round 1, a JSON request on stdin: who the job runs as, the environment now
+            (fingerprint.py) and as provisioned, torch (imported only when the
+            environment changed since this user last checked it, see TORCH_CACHE), GPUs,
+            the shared path, names; on node 0 the master port (claimed for the run) and
+            a short-lived listener on it
+    reach   round 2, on every other node: node 0's token on the share, its listener
+    stop    PORT NONCE: end node 0's listener now
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from types import ModuleType
+from typing import Any
+
+# Master-port claims on node 0, shared by every user of the node (see claim()).
+LEASE_DIR = "/tmp/clustertrain-ports"
+LEASE_S = 120  # a claim lives this long: by then the job's TCPStore holds the port itself
+# Per user on each node: the result of the last torch import, keyed by the live fingerprint.
+TORCH_CACHE = ".cache/clustertrain/torch-check.json"
+LIBCUDA_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib/aarch64-linux-gnu",
+                "/usr/lib")
+
+
+# --- files the roles wrote --------------------------------------------------------------
+
+def read_json(path: str) -> tuple[Any, str | None]:
+    """(the file's JSON, None) or (None, why it could not be read)."""
+    try:
+        with open(path) as fh:
+            return json.load(fh), None
+    except FileNotFoundError:
+        return None, f"{path} is missing"
+    except (OSError, ValueError) as exc:
+        return None, f"{path}: {exc}"
+
+
+def read_cluster_env(path: str) -> dict[str, str]:
+    """The common role's cluster.env (KEY=VALUE lines); {} if it cannot be read."""
+    found = {}
+    try:
+        with open(path) as fh:
+            for line in fh:
+                line = line.strip()
+                if line and not line.startswith("#") and "=" in line:
+                    k, _, v = line.partition("=")
+                    found[k.strip()] = v.strip().strip('"')
+    except OSError:
+        pass
+    return found
+
+
+def load_fingerprint(source: str) -> ModuleType:
+    """fingerprint.py (its source, as shipped) as a module."""
+    module = ModuleType("clustertrain_fingerprint")
+    exec(compile(source, "fingerprint.py", "exec"), module.__dict__)  # noqa: S102
+    return module
+
+
+def live_fingerprint(env: dict | None, fp: ModuleType) -> tuple[dict | None, str | None]:
+    """The environment as it is now, from its metadata (nothing is imported)."""
+    if not (env and env.get("prefix")):
+        return None, None
+    if not os.path.isdir(env["prefix"]):
+        return None, f"the environment {env['prefix']} does not exist"
+    try:
+        return fp.fingerprint(env["prefix"], env.get("python"), env.get("lock")), None
+    except Exception as exc:  # noqa: BLE001 - any unreadable metadata is reported
+        return None, f"cannot read the environment {env['prefix']}: {exc}"
+
+
+# --- torch, imported only when the environment changed ----------------------------------
+
+def libcuda() -> str | None:
+    for d in LIBCUDA_DIRS:
+        p = os.path.join(d, "libcuda.so.1")
+        if os.path.exists(p):
+            return os.path.realpath(p)
+    return None
+
+
+def _write_private(path: str, data: dict) -> None:
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    tmp = "%s.%d" % (path, os.getpid())
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
+        json.dump(data, fh)
+    os.replace(tmp, path)
+
+
+def import_torch(python: str, fp_source: str) -> tuple[dict | None, str | None]:
+    """fingerprint.py's checks() in the environment's python: (result, None) or (None, why)."""
+    code = ("FP = {'__name__': 'clustertrain_fingerprint'}\n"
+            "exec(compile(%r, 'fingerprint.py', 'exec'), FP)\n"
+            "import json; print(json.dumps(FP['checks']()))" % fp_source)
+    try:
+        p = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
+        if p.returncode != 0:
+            return None, (p.stderr.strip().splitlines() or ["exit %d" % p.returncode])[-1]
+        c = json.loads(p.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as exc:
+        return None, str(exc)
+    if c.get("torch_import") != "ok":
+        return None, c.get("torch_import")
+    return {"ok": True, "version": c["version"], "gpus": c["gpu_count"],
+            "cuda_available": c["cuda_available"], "distributed": c["distributed"],
+            "nccl": c["nccl"]}, None
+
+
+def check_torch(env: dict | None, live: dict | None, provisioned: dict | None, gpus: int,
+                home: str, fp: ModuleType, fp_source: str,
+                env_error: str | None) -> dict[str, Any]:
+    """What torch says in the environment: from this user's cache while the environment,
+    driver, GPUs and libcuda are as they were at the last import, else imported now."""
+    torch: dict[str, Any] = {"ok": False, "version": None, "gpus": 0,
+                             "cuda_available": False, "distributed": False, "error": None,
+                             "cached": False, "seconds": 0.0}
+    if live and provisioned and fp.changes(provisioned, live):
+        # refused for drift anyway: no need to spend seconds importing torch
+        torch["skipped"] = "the environment changed since it was provisioned"
+    elif env and env.get("python") and live:
+        key = hashlib.sha256(json.dumps([live["sha256"], env["python"], libcuda(),
+                                         gpus]).encode()).hexdigest()
+        cache_path = os.path.join(home, TORCH_CACHE)
+        cache = read_json(cache_path)[0]
+        cache = cache if isinstance(cache, dict) else {}
+        if isinstance(cache.get(key), dict):
+            torch.update(cache[key], cached=True)
+        else:
+            t0 = time.time()
+            result, torch["error"] = import_torch(env["python"], fp_source)
+            if result is not None:
+                torch.update(result)
+                keep = dict(list(cache.items())[-7:])  # the newest few, private to the user
+                keep[key] = result
+                try:
+                    _write_private(cache_path, keep)
+                except OSError:
+                    pass
+            torch["seconds"] = round(time.time() - t0, 3)
+    elif not (env and env.get("python")):
+        torch["error"] = env_error or "python_env.json has no 'python'"
+    else:
+        torch["error"] = env_error or "the environment cannot be read"
+    torch["torchrun"] = bool(env and env.get("torchrun")
+                             and os.access(env["torchrun"], os.X_OK))
+    return torch
+
+
+# --- the shared path ----------------------------------------------------------------------
+
+def unescape(path: str) -> str:
+    """A path as /proc/self/mountinfo escapes it, unescaped."""
+    return (path.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n")
+            .replace("\\134", "\\"))
+
+
+def mounts(mountinfo: str = "/proc/self/mountinfo") -> list[tuple[str, str, str]]:
+    """(mount point, filesystem type, source) of every mount, in mount order."""
+    found = []
+    with open(mountinfo) as fh:
+        for line in fh:
+            left, _, right = line.partition(" - ")
+            fields, rest = left.split(), right.split()
+            if len(fields) >= 5 and len(rest) >= 2:
+                found.append((unescape(fields[4]), rest[0], rest[1]))
+    return found
+
+
+def check_shared(spec: dict, user: str, uid: int) -> dict[str, Any]:
+    """The shared path: mounted as the inventory says (SPEC: path, fstypes), not empty,
+    holding checkpoints/, writable by this user; with SPEC's token, node 0's token is
+    written there for the others to read."""
+    path = spec["path"]
+    res: dict[str, Any] = {"ok": False, "kind": None, "error": None, "fstype": None}
+    try:
+        entries = os.listdir(path)  # first: an automount mounts now
+    except OSError as exc:
+        res.update(kind="missing", error=f"{path}: {exc.strerror}")
+        return res
+    real = os.path.realpath(path)
+    try:
+        table = mounts()
+    except OSError as exc:
+        res.update(kind="mountinfo", error=f"/proc/self/mountinfo: {exc.strerror}")
+        return res
+    here = [m for m in table if m[0] == real]
+    if not here:
+        under = max((m for m in table if real.startswith(m[0].rstrip("/") + "/")),
+                    key=lambda m: len(m[0]), default=("/", "?", "?"))
+        res.update(kind="not_mounted", error=f"{path} is not a mount point (it is a directory "
+                   f"of {under[0]}, {under[1]}){' and it is empty' if not entries else ''}")
+        return res
+    fstype, source = here[-1][1:]  # the last one is on top (autofs, then nfs4)
+    res["fstype"] = fstype
+    if spec.get("fstypes") and fstype not in spec["fstypes"]:
+        res.update(kind="wrong_type", error=f"{path} is a {fstype} mount of {source}, not "
+                   f"{' or '.join(spec['fstypes'])} as the inventory says")
+        return res
+    if not entries:
+        res.update(kind="empty", error=f"{path} is mounted ({fstype}, {source}) but empty: "
+                   "not the cluster's share")
+        return res
+    checkpoints = os.path.join(path, "checkpoints")
+    if not os.path.isdir(checkpoints):
+        res.update(kind="no_checkpoints", error=f"{checkpoints} does not exist on the share "
+                   f"({fstype}, {source}): not the cluster's share, or made without the "
+                   "nfs_server role")
+        return res
+    mine = os.path.join(checkpoints, user)
+    probe = os.path.join(mine, ".clustertrain-probe-%s-%d" % (socket.gethostname(), os.getpid()))
+    try:
+        os.makedirs(mine, mode=0o700, exist_ok=True)
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.write(fd, b"clustertrain preflight\n")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        res.update(kind="not_writable", error=f"{mine} is not writable by {user} "
+                   f"(uid {uid}): {exc.strerror}")
+        return res
+    if spec.get("token"):
+        tok = spec["token"]
+        try:
+            fd = os.open(os.path.join(checkpoints, tok["name"]),
+                         os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            os.write(fd, tok["value"].encode())
+            os.close(fd)
+        except OSError as exc:
+            res.update(kind="not_writable", error=f"{checkpoints} is not writable by "
+                       f"{user} (uid {uid}): {exc.strerror}")
+            return res
+    res["ok"] = True
+    return res
+
+
+# --- the master port: free, and claimed for one launch ----------------------------------
+
+def port_free(port: int) -> bool:
+    """Bindable with SO_REUSEADDR as torch's TCPStore binds: a listener makes the port
+    taken, sockets left in TIME_WAIT by the previous run's connections do not."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(("0.0.0.0", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def claims(port: int, leases: str = LEASE_DIR) -> list[tuple[int, str]]:
+    """The live claims of PORT, oldest first."""
+    now, found = time.time(), []
+    for name in os.listdir(leases):
+        if name.split(".")[0] == str(port):
+            try:
+                st = os.stat(os.path.join(leases, name))
+            except OSError:
+                continue
+            if now - st.st_mtime < LEASE_S:
+                found.append((st.st_mtime_ns, name))
+    return sorted(found)
+
+
+def claim(port: int, user: str, run: str | None, leases: str = LEASE_DIR) -> bool:
+    """Two launches (any users) that probe at the same moment must not both take one port
+    before either torchrun listens on it. A launch claims a free port with a file
+    LEASES/<port>.<user>.<run> (a directory like /tmp: every user may add, nobody may
+    remove another's); the oldest live claim of a port wins, the others try the next
+    port. Without RUN (preflight alone) nothing is claimed: True if it could be."""
+    if not port_free(port) or claims(port, leases):
+        return False
+    if not run:
+        return True
+    mine = f"{port}.{user}.{run}"
+    open(os.path.join(leases, mine), "w").close()
+    if claims(port, leases)[0][1] == mine:
+        return True
+    os.unlink(os.path.join(leases, mine))
+    return False
+
+
+def find_port(port: int, user: str, run: str | None,
+              leases: str = LEASE_DIR) -> dict[str, Any]:
+    """{"port_free": PORT claimed, "free_port": it or the next one claimed (None: none in
+    200)}; {"port_error"} too when the lease directory cannot be used."""
+    try:
+        os.makedirs(leases, exist_ok=True)
+        if os.stat(leases).st_uid == os.getuid():
+            os.chmod(leases, 0o1777)
+        for name in os.listdir(leases):  # my own expired claims
+            path = os.path.join(leases, name)
+            if (name.split(".")[1:2] == [user]
+                    and time.time() - os.stat(path).st_mtime > LEASE_S):
+                os.unlink(path)
+        free = claim(port, user, run, leases)
+        return {"port_free": free, "free_port": port if free else next(
+            (p for p in range(port + 1, port + 200) if claim(p, user, run, leases)), None)}
+    except OSError as exc:
+        return {"port_free": False, "free_port": None, "port_error": str(exc)}
+
+
+def resolve(names: list[str]) -> dict[str, str | None]:
+    """Each name's IPv4 address as this node resolves it (None: it does not)."""
+    found: dict[str, str | None] = {}
+    for name in names:
+        try:
+            found[name] = str(socket.getaddrinfo(name, None, socket.AF_INET)[0][4][0])
+        except OSError:
+            found[name] = None
+    return found
+
+
+# --- node 0's listener on the master port -----------------------------------------------
+
+def serve(sock: socket.socket, spec: dict, token_path: str | None) -> None:
+    """Accept until SPEC's expected number of nodes connected (or its seconds ran out):
+    greet each with the nonce; the last one only after the listening socket is closed, so
+    the port is free when preflight ends. Then remove the token."""
+    deadline, count = time.time() + spec["seconds"], 0
+    greeting = ("clustertrain %s\n" % spec["nonce"]).encode()
+    try:
+        while count < spec["expect"] and time.time() < deadline:
+            sock.settimeout(max(0.1, deadline - time.time()))
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                break
+            if count + 1 >= spec["expect"]:
+                sock.close()
+            said = b""
+            try:  # the client closes first: no TIME_WAIT is left on this side of the port
+                conn.settimeout(2.0)
+                conn.sendall(greeting)
+                while True:
+                    part = conn.recv(64)
+                    if not part:
+                        break
+                    said += part
+            except OSError:
+                pass
+            finally:
+                conn.close()
+            if said.startswith(b"stop " + spec["nonce"].encode()):
+                break
+            count += 1
+    finally:
+        sock.close()
+        if token_path:
+            try:
+                os.unlink(token_path)
+            except OSError:
+                pass
+
+
+def greeted(addr: str, port: int, nonce: str, timeout: float) -> tuple[bool, bytes]:
+    """Connect to the listener at ADDR:PORT; (it greeted with NONCE, what it said)."""
+    c = socket.create_connection((addr, port), timeout=timeout)
+    c.settimeout(timeout)
+    said = c.recv(64)
+    c.sendall(b"ok\n")
+    c.close()
+    return said.strip() == ("clustertrain " + nonce).encode(), said
+
+
+def listen(port: int, spec: dict, token_path: str | None,
+           master_ip: str | None) -> dict[str, Any]:
+    """Listen on PORT in a process of its own that outlives this probe (serve()); then,
+    with MASTER_IP, check that this node reaches it there too (torchrun's agent does)."""
+    info: dict[str, Any] = {"port": port, "ok": False, "error": None, "self": None}
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(("0.0.0.0", port))
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        info["error"] = f"cannot listen on port {port}: {exc.strerror}"
+        return info
+    info["ok"] = True
+    sys.stdout.flush()
+    if os.fork() == 0:  # the listener, detached from the session
+        try:
+            os.setsid()
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            serve(sock, spec, token_path)
+        finally:
+            os._exit(0)
+    sock.close()
+    if master_ip:
+        try:
+            ok = greeted(master_ip, port, spec["nonce"], spec["timeout"])[0]
+            info["self"] = {"ok": ok, "error": None if ok else "another program answers"}
+        except OSError as exc:
+            info["self"] = {"ok": False, "error": str(exc.strerror or exc)}
+    return info
+
+
+def _unlink(path: str | None) -> None:
+    if path:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+# --- the verbs ----------------------------------------------------------------------------
+
+def probe(req: dict, fp_source: str, state_dir: str) -> dict[str, Any]:
+    """Round 1 (see the module's docstring). REQ: shared, addresses, port, run, strict,
+    state_dir (else STATE_DIR: where the python_env role wrote its files), and on node 0
+    listen."""
+    started = time.time()
+    fp = load_fingerprint(fp_source)
+    out: dict[str, Any] = {"user": getpass.getuser(), "uid": os.getuid(),
+                           "home": os.path.expanduser("~")}
+    state = req.get("state_dir") or state_dir
+    out["provisioned"], out["provisioned_error"] = read_json(state + "/fingerprint.json")
+    env, out["python_env_error"] = read_json(state + "/python_env.json")
+    out["python_env"] = env
+    out["cluster_env"] = read_cluster_env(state + "/cluster.env")
+    live, error = live_fingerprint(env, fp)
+    out["fingerprint"] = live
+    if error:
+        out["fingerprint_error"] = error
+    out["gpu_count"], out["gpu_source"] = fp.gpu_count()
+    out["torch"] = check_torch(
+        env, live, out["provisioned"], out["gpu_count"], out["home"], fp, fp_source,
+        out["python_env_error"] if not (env and env.get("python"))
+        else out.get("fingerprint_error"))
+    out["shared"] = check_shared(req["shared"], out["user"], out["uid"])
+    if req.get("port"):
+        out.update(find_port(req["port"], out["user"], req.get("run")))
+    out["resolve"] = resolve(req.get("addresses", []))
+    spec = req.get("listen")
+    token = req["shared"].get("token")
+    token_path = (os.path.join(req["shared"]["path"], "checkpoints", token["name"])
+                  if token and out["shared"]["ok"] else None)
+    if spec and (out.get("port_free") or (out.get("free_port") and not req.get("strict"))):
+        port = req["port"] if out["port_free"] else out["free_port"]
+        out["listener"] = listen(port, spec, token_path, out["resolve"].get(spec["address"]))
+    if not (out.get("listener") or {}).get("ok"):
+        _unlink(token_path)  # nobody will read it: no listener, so no second round
+    out["seconds"] = round(time.time() - started, 3)
+    out["time"] = time.time()
+    return out
+
+
+def reach(req: dict) -> dict[str, Any]:
+    """Round 2 (see the module's docstring). REQ: addr, port, nonce, timeout, token."""
+    out: dict[str, Any] = {}
+    tok = req.get("token")
+    if tok:  # before connecting: the listener removes the token once all nodes connected
+        try:
+            with open(tok["path"]) as fh:
+                seen = fh.read()
+            out["token"] = {"ok": seen == tok["value"], "error": None if seen == tok["value"]
+                            else "it holds something else"}
+        except OSError as exc:
+            out["token"] = {"ok": False, "error": exc.strerror or str(exc)}
+    t0 = time.time()
+    try:
+        ok, said = greeted(req["addr"], req["port"], req["nonce"], req["timeout"])
+        out["connect"] = {"ok": ok, "error": None if ok else
+                          "another program answers there (%r)" % said[:40]}
+    except socket.timeout:  # noqa: UP041 - not TimeoutError before Python 3.10
+        out["connect"] = {"ok": False, "error": "no answer within %g s (packets dropped: a "
+                                                "firewall?)" % req["timeout"]}
+    except OSError as exc:
+        out["connect"] = {"ok": False, "error": exc.strerror or str(exc)}
+    out["seconds"] = round(time.time() - t0, 3)
+    return out
+
+
+def stop_listener(port: int, nonce: str) -> None:
+    """End node 0's listener on PORT now, if it is the one greeting with NONCE."""
+    try:
+        s = socket.create_connection(("127.0.0.1", port), timeout=3)
+        s.settimeout(3)
+        if s.recv(64).strip() == ("clustertrain " + nonce).encode():
+            s.sendall(("stop " + nonce + "\n").encode())
+        s.close()
+    except OSError:
+        pass
+
+
+def main(argv: list[str], fp_source: str = "", state_dir: str = "") -> int:
+    verb = argv[0] if argv else ""
+    if verb == "probe":
+        print(json.dumps(probe(json.load(sys.stdin), fp_source, state_dir)))
+    elif verb == "reach":
+        print(json.dumps(reach(json.load(sys.stdin))))
+    elif verb == "stop" and len(argv) == 3:
+        stop_listener(int(argv[1]), argv[2])
+    else:
+        print("usage: node_probe probe|reach < REQUEST | stop PORT NONCE", file=sys.stderr)
+        return 2
+    return 0
