@@ -100,6 +100,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
+from orchestrator.node_probe import port_free  # noqa: E402
 from orchestrator.probe import REACH_SCRIPT, STOP_SCRIPT  # noqa: E402
 
 
@@ -221,15 +222,7 @@ def reach(port: int, nonce: str, token: dict | None, timeout: float = 3) -> dict
 
 def bindable(port: int) -> bool:
     """As torch's TCPStore binds: with SO_REUSEADDR (TIME_WAIT does not count)."""
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        s.bind(("0.0.0.0", port))
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
+    return port_free(port)
 
 
 def wait_until(check, timeout: float = 10) -> bool:
