@@ -166,13 +166,11 @@ class NodeCommand:
             "CLUSTERTRAIN_RUN_ID": self.run_id,
             "CLUSTERTRAIN_NODE_RANK": str(self.node_rank),
             # The flight recorder: on, with torch's default size, and dumped into the job
-            # on a NCCL timeout (torch appends the rank). The TORCH_NCCL_ names are the
-            # older torch's for the same settings.
+            # on a NCCL timeout (torch appends the rank). Only the current names: torch
+            # warns about the older ones (TORCH_NCCL_TRACE_BUFFER_SIZE, ...) when set.
             FR_DIR_ENV: fr,
             "TORCH_FR_BUFFER_SIZE": FR_BUFFER_SIZE,
-            "TORCH_NCCL_TRACE_BUFFER_SIZE": FR_BUFFER_SIZE,
             "TORCH_FR_DUMP_TEMP_FILE": f"{fr}/{supervisor.TIMEOUT_DUMP_PREFIX}",
-            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{fr}/{supervisor.TIMEOUT_DUMP_PREFIX}",
             "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
             **self.env,
         }

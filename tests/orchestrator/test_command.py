@@ -178,3 +178,15 @@ def test_a_job_directory_that_cannot_be_made_fails_the_launch(tmp_path: Path) ->
                        timeout=30)
     assert p.returncode != 0 and "started" not in p.stdout
     assert "mkdir" in p.stderr and "Not a directory" in p.stderr, p.stderr
+
+
+def test_every_run_has_the_flight_recorder_on_and_its_dumps_in_the_job() -> None:
+    c = cmd()
+    env = c.environment()
+    assert env["TORCH_FR_BUFFER_SIZE"] == "2000"
+    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert env["TORCH_FR_DUMP_TEMP_FILE"] == f"{c.job_dir}/fr/timeout-rank"
+    assert env["CLUSTERTRAIN_FR_DIR"] == f"{c.job_dir}/fr"
+    # No deprecated names (torch warns about them), and the user's --env wins.
+    assert not any(k.startswith("TORCH_NCCL_TRACE") or "DEBUG_INFO" in k for k in env)
+    assert cmd(env={"TORCH_FR_BUFFER_SIZE": "0"}).environment()["TORCH_FR_BUFFER_SIZE"] == "0"
