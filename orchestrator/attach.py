@@ -1,7 +1,6 @@
 """`attach RUN`: follow a running (e.g. detached) run's logs live, from the start or the
 last lines, and exit with the run's status when it ends. Ctrl-C only stops following:
-the run goes on (the nodes supervise it); `stop RUN` stops it. While attached, the run is
-watched for hangs as `train` watches it (its --hang-timeout and --on-hang)."""
+the run goes on (the nodes supervise it); `stop RUN` stops it."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ from pathlib import Path
 from .command import NodeCommand
 from .errors import ClusterError
 from .inventory import load_cluster
-from .job import HangWatch, Job, OnHang
+from .job import Job
 from .records import settle
 from .runs import DEFAULT_RUNS_DIR, RunStatus, open_run
 from .ssh import connect_all
@@ -51,9 +50,7 @@ def _main(args: argparse.Namespace) -> int:
         if args.tail is None:  # the whole log again: the local copy starts over
             for name in cluster.names:
                 run.log(name).write_text("")
-        watch = HangWatch(float(info.get("hang_timeout", 0)),
-                          OnHang(info.get("on_hang", str(OnHang.STOP))))
-        job = Job(run, list(zip(cluster.nodes, commands, strict=True)), clients, hang=watch)
+        job = Job(run, list(zip(cluster.nodes, commands, strict=True)), clients)
         job.tail = args.tail
         result = job.run(attached=False)
     finally:
@@ -61,10 +58,7 @@ def _main(args: argparse.Namespace) -> int:
             conn.close()
     if result.interrupted:
         return 130
-    # A hang found here is known only here; otherwise the nodes' records say how it ended.
-    summary = ((make_summary(info, commands, cluster.names, result, 0.0, run)
-                if result.hang else settle(run))
-               or make_summary(info, commands, cluster.names, result, 0.0, run))
+    summary = settle(run) or make_summary(info, commands, cluster.names, result, 0.0, run)
     if run.summary() is None:
         run.write_summary(summary)
     return _conclude(run, result, summary)

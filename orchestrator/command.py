@@ -96,6 +96,9 @@ class NodeCommand:
     keep_runs: int = DEFAULT_KEEP_RUNS   # older snapshots and job dirs are pruned
     module: bool = False                # script is a module name, run as `python -m`
     clean_exit: bool = True             # start the workers through WORKER_RUNNER
+    # Detached runs are watched for hangs by the nodes (attached ones by the controller).
+    hang_timeout: float = 0.0
+    on_hang: str = "stop"
     # the common role's cluster.env on this node (NodeSpec.cluster_env_file)
     cluster_env: str = field(default_factory=lambda: str(
         contract.role_default("common", "common_cluster_env_file")))
@@ -190,7 +193,9 @@ class NodeCommand:
                 "--state-dir", self.run_state, "--run", self.run_id, "--node", self.node,
                 "--nodes", ",".join(self.nodes), "--grace", str(self.grace),
                 "--lease-timeout", str(self.lease_timeout), "--keep", str(self.keep_runs),
-                *(["--attached"] if self.attached else []), "--", *self.torchrun_argv()]
+                *(["--attached"] if self.attached else
+                  ["--hang-timeout", f"{self.hang_timeout:g}", "--on-hang", self.on_hang]),
+                "--", *self.torchrun_argv()]
         # A job directory that cannot be made fails the launch here, with mkdir's words.
         return (f"umask 077; mkdir -p {job} && cd {code} && cat > {job}/supervisor.py "
                 "|| exit 1; "

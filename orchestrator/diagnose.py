@@ -20,14 +20,13 @@ from __future__ import annotations
 import argparse
 import base64
 import json
-import os
 import time
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import ssh
+from . import ssh, supervisor
 from .command import JOBS_DIR, NodeCommand, supervisor_call
 from .errors import ClusterError, DiagnoseError
 from .fanout import each
@@ -47,11 +46,6 @@ from .inventory import NodeSpec, load_cluster
 from .runs import DEFAULT_RUNS_DIR, check_owner, open_run
 
 NODE_TIMEOUT = 90.0  # seconds for one node's dumps (py-spy's own limit is 30 s a rank)
-
-
-def py_spy_path(torchrun: str) -> str:
-    """py-spy comes with the training environment (environment.yml), next to torchrun."""
-    return os.path.join(os.path.dirname(torchrun), "py-spy")
 
 
 @dataclass(frozen=True)
@@ -247,7 +241,8 @@ def analyse(rounds: list[list[NodeDumps]], into: Path,
 def targets_of(nodes: Iterable[tuple[NodeSpec, NodeCommand]],
                clients: dict[str, ssh.Connection]) -> list[Target]:
     """The nodes of a run, from their inventory entries and the run's node commands."""
-    return [Target(spec.name, clients[spec.name], spec.python, py_spy_path(cmd.torchrun))
+    return [Target(spec.name, clients[spec.name], spec.python,
+                   supervisor.py_spy_for(cmd.torchrun))
             for spec, cmd in nodes]
 
 

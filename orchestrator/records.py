@@ -14,19 +14,23 @@ import shlex
 from typing import Any
 
 from . import ssh
+from .diagnose import NodeDumps, analyse
 from .inventory import load_cluster
 from .runs import RunDir, RunStatus, iso
 from .supervisor import PEER_TIMEOUT, End
 
 READ_STATES = r'''
 import glob, json, os, sys, time
-states = {}
-for path in glob.glob(os.path.join(sys.argv[1], "*.json")):
-    try:
-        states[os.path.basename(path)[:-5]] = json.load(open(path))
-    except (OSError, ValueError):
-        pass
-print(json.dumps({"now": time.time(), "states": states}))
+def read(pattern):
+    found = {}
+    for path in glob.glob(pattern):
+        try:
+            found[os.path.basename(path)[:-5]] = json.load(open(path))
+        except (OSError, ValueError):
+            pass
+    return found
+print(json.dumps({"now": time.time(), "states": read(os.path.join(sys.argv[1], "*.json")),
+                  "hang": read(os.path.join(sys.argv[1], "hang", "*.json"))}))
 '''
 
 
@@ -55,6 +59,8 @@ def summarize(info: dict[str, Any], states: dict[str, dict], now: float) -> dict
         status, first = RunStatus.FAILED, failed[0][1]
     elif blamed:
         status, first = RunStatus.FAILED, blamed[0]
+    elif End.HUNG in how:
+        status, first = RunStatus.HUNG, None
     elif End.CONTROLLER_LOST in how:
         status, first = RunStatus.CONTROLLER_LOST, None
     elif how & {End.STOPPED, End.PEER_STOPPED}:
@@ -94,8 +100,9 @@ def _node_record(name: str, state: dict | None) -> dict:
             **({"why": why} if why else {})}
 
 
-def fetch_states(info: dict[str, Any]) -> tuple[dict[str, dict], float]:
-    """The nodes' state files, read through the first node that answers."""
+def fetch_states(info: dict[str, Any]) -> tuple[dict[str, dict], float, dict[str, dict]]:
+    """The nodes' state files, the time on the node that answered, and the nodes' hang
+    dumps, read through the first node that answers."""
     cluster = load_cluster(info["inventory"]).select(hosts=",".join(info["nodes"]))
     commands = info.get("node_commands") or {}
     errors = []
@@ -115,7 +122,7 @@ def fetch_states(info: dict[str, Any]) -> tuple[dict[str, dict], float]:
             conn.close()
         if result.exit_code == 0 and result.stdout.strip():
             data = json.loads(result.stdout.strip().splitlines()[-1])
-            return data["states"], float(data["now"])
+            return data["states"], float(data["now"]), data.get("hang") or {}
         errors.append(f"{spec.name}: {result.stderr.strip()[-200:]}")
     raise OSError("no node of the run answered: " + "; ".join(errors))
 
@@ -127,8 +134,23 @@ def settle(run: RunDir) -> dict | None:
     if summary is not None:
         return summary
     info = run.info()
-    states, now = fetch_states(info)
+    states, now, dumps = fetch_states(info)
     summary = summarize(info, states, now)
     if summary is not None:
+        if dumps:  # the nodes found the run hung (detached): read their dumps here
+            summary["hang"] = read_hang_dumps(dumps, run)
         run.write_summary(summary)
     return summary
+
+
+def read_hang_dumps(dumps: dict[str, dict], run: RunDir) -> dict[str, Any]:
+    """The nodes' own hang dumps (supervisor.py, STATE/hang/<node>.json), read as
+    `diagnose` reads its own: into runs/<run>/hang/, with the suspects named."""
+    nodes = [NodeDumps(name, d.get("ranks") or [],
+                       None if d.get("ranks") else "no worker of this run ran there")
+             for name, d in sorted(dumps.items())]
+    diagnosis = analyse([nodes], run.path / "hang")
+    first = min(dumps.values(), key=lambda d: float(d.get("detected_at", 0)))
+    return {"detected_at": iso(float(first.get("detected_at", 0))),
+            "quiet_s": first.get("quiet_s"), "found_by": "the nodes (detached run)",
+            **diagnosis.to_json()}

@@ -56,6 +56,7 @@ class End(str, Enum):
     PEER_STOPPED = "peer-stopped"        # ... because another node was stopped
     PEER_LOST = "peer-lost"              # ... because another node went silent
     SUPERVISOR_FAILED = "supervisor-failed"  # the supervisor itself failed or vanished
+    HUNG = "hung"                        # no rank made progress (detached: --hang-timeout)
     RUNNING = "running"
     LOST = "lost"
 
@@ -66,7 +67,7 @@ class End(str, Enum):
     def caused_elsewhere(self) -> bool:
         """Stopped for something outside this node (never its run's first failure)."""
         return self in (End.STOPPED, End.CONTROLLER_LOST, End.PEER_FAILED,
-                        End.PEER_STOPPED, End.PEER_LOST)
+                        End.PEER_STOPPED, End.PEER_LOST, End.HUNG)
 
 
 # -- stopping a process tree -------------------------------------------------------------
@@ -225,6 +226,7 @@ def ptrace_hint(said: str) -> str:
 
 
 FR_TIMEOUT = 10.0  # seconds for the workers' flight-recorder dumps
+HANG_SUBDIR = "hang"  # STATE/hang/<node>.json: a detached run's hang dumps, on the share
 FR_SUBDIR = "fr"   # JOB/fr: the workers' request pipes and flight-recorder dumps
 TIMEOUT_DUMP_PREFIX = "timeout-rank"  # torch's own dump on a NCCL timeout: JOB/fr/<this>R
 
@@ -325,6 +327,7 @@ class Peers:
     def __init__(self, state_dir: str, names: list[str], me: str) -> None:
         self.state_dir, self.names, self.me = state_dir, [n for n in names if n != me], me
         self.last: dict[str, tuple[object, float]] = {}
+        self.states: dict[str, dict] = {}   # each peer's state at the last verdict()
         self.started = time.monotonic()
 
     def verdict(self) -> tuple[End, str] | None:
@@ -344,11 +347,14 @@ class Peers:
                 if now - since > (PEER_TIMEOUT if seen else PEER_START):
                     found.setdefault(End.PEER_LOST, name)
                 continue
+            self.states[name] = state
             if state.get("state") == "ended":
                 reason = state.get("reason")
                 if reason == End.SUPERVISOR_FAILED or (
                         reason == End.EXITED and state.get("code") != 0):
                     found.setdefault(End.PEER_FAILED, name)
+                elif reason == End.HUNG:  # a peer found the run hung: so is it here
+                    found.setdefault(End.HUNG, name)
                 elif reason != End.EXITED:
                     found.setdefault(End.PEER_STOPPED, name)
                 continue
@@ -357,10 +363,17 @@ class Peers:
                 self.last[name] = (beat, now)
             elif now - seen[1] > PEER_TIMEOUT:
                 found.setdefault(End.PEER_LOST, name)
-        for kind in (End.PEER_LOST, End.PEER_FAILED, End.PEER_STOPPED):
+        for kind in (End.PEER_LOST, End.PEER_FAILED, End.HUNG, End.PEER_STOPPED):
             if kind in found:
                 return kind, found[kind]
         return None
+
+    def quiet(self) -> float | None:
+        """The shortest time without progress any running peer reported at its last
+        beat (each by its own clock); None if one has not reported it."""
+        times = [(self.states.get(n) or {}).get("quiet_s") for n in self.names]
+        known = [float(t) for t in times if isinstance(t, (int, float))]
+        return min(known, default=float("inf")) if len(known) == len(times) else None
 
 
 # -- prune -------------------------------------------------------------------------------
@@ -474,17 +487,32 @@ def _supervise(args: argparse.Namespace) -> int:
     peers = Peers(state_dir, args.nodes.split(","), args.node)
     beat, why = 0, ""
     reason: End | None = None
+    dumped = False  # this hang's stacks are on the share (--on-hang wait: once a hang)
     state = {"node": args.node, "user": getpass.getuser(), "state": "running",
              "pid": proc.pid, "started": time.time()}
     while proc.poll() is None:
         beat += 1
+        quiet = _quiet_for(job)
         try:
-            write_json(mine, {**state, "beat": beat, "time": time.time()})
+            write_json(mine, {**state, "beat": beat, "time": time.time(),
+                              "quiet_s": round(quiet, 1)})
         except OSError as exc:  # the share, for a moment; for long, the peers stop
             print(f"{time.strftime('%H:%M:%S')} heartbeat not written: {exc}", flush=True)
         if reason is None:
             found = peers.verdict()
-            if found:
+            hung = args.hang_timeout > 0 and (
+                (found and found[0] == End.HUNG)
+                or (found is None and min(quiet, peers.quiet() or 0.0) >= args.hang_timeout))
+            if quiet < args.hang_timeout:
+                dumped = False
+            if hung:
+                if not dumped:
+                    _dump_hang(args, quiet)
+                    dumped = True
+                if args.on_hang == "stop":
+                    reason, why = End.HUNG, (f"no rank made progress for {quiet:.0f} s "
+                                             f"(--hang-timeout {args.hang_timeout:g})")
+            elif found:
                 reason, why = found[0], found[1]
             elif os.path.exists(os.path.join(job, "stop-requested")):
                 reason = End.STOPPED
@@ -505,6 +533,35 @@ def _supervise(args: argparse.Namespace) -> int:
     write_json(mine, final)
     write_json(os.path.join(job, "exit"), final)
     return 0
+
+
+def _quiet_for(job: str) -> float:
+    """Seconds since the job last printed anything (a line, a beat, part of a line)."""
+    try:
+        return max(0.0, time.time() - os.stat(os.path.join(job, "output.log")).st_mtime)
+    except OSError:
+        return 0.0
+
+
+def py_spy_for(torchrun: str) -> str:
+    """py-spy comes with the training environment (environment.yml), next to torchrun."""
+    return os.path.join(os.path.dirname(torchrun), "py-spy")
+
+
+def _dump_hang(args: argparse.Namespace, quiet: float) -> None:
+    """Every worker's stack and flight recorder of this node, for the run's record: on
+    the share, STATE/hang/<node>.json (records.settle reads them through any node)."""
+    into = os.path.join(args.state_dir, HANG_SUBDIR)
+    print(f"{time.strftime('%H:%M:%S')} no rank made progress for {quiet:.0f} s: dumping "
+          "this node's workers", flush=True)
+    try:
+        os.makedirs(into, exist_ok=True)
+        ranks = dump_workers(args.job, args.run, py_spy_for(args.argv[0]), False)
+        write_json(os.path.join(into, f"{args.node}.json"),
+                   {"node": args.node, "detected_at": time.time(),
+                    "quiet_s": round(quiet, 1), "ranks": ranks})
+    except OSError as exc:
+        print(f"{time.strftime('%H:%M:%S')} hang dump not written: {exc}", flush=True)
 
 
 def _lease_gone(job: str, timeout: float) -> bool:
@@ -616,6 +673,10 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--grace", type=float, default=5.0)
     r.add_argument("--lease-timeout", type=float, default=30.0)
     r.add_argument("--attached", action="store_true")
+    r.add_argument("--hang-timeout", type=float, default=0.0,
+                   help="detached runs: seconds without progress on every node after which "
+                   "the run is hung (0: not watched here)")
+    r.add_argument("--on-hang", choices=("stop", "wait"), default="stop")
     r.add_argument("--keep", type=int, default=0,
                    help="prune all but the KEEP newest runs' snapshots and job dirs")
     r.add_argument("argv", nargs=argparse.REMAINDER)

@@ -208,6 +208,7 @@ def _main(args: argparse.Namespace) -> int:
                         attached=not args.detach, lease_timeout=args.lease_timeout,
                         grace=args.grace, keep_runs=args.keep_runs, module=request.module,
                         clean_exit=request.clean_exit,
+                        hang_timeout=watch.timeout, on_hang=str(watch.on_hang),
                         cluster_env=facts.node.cluster_env_file)
             for i, facts in enumerate(report.facts)]
         facts_by = {f.node.name: f for f in report.facts}

@@ -77,21 +77,30 @@ def test_a_collective_timeout_dumps_the_survivors_and_names_the_rank_they_waited
     assert_no_job_processes(sandbox_cluster, NODES, within=15)
 
 
-def test_a_detached_run_is_watched_for_hangs_while_attached(sandbox_cluster: Sandbox,
-                                                           tmp_path: Path) -> None:
-    """train --detach keeps the run's --hang-timeout; `attach` watches with it, names the
-    stalled rank, stops the run and ends with its status, hung."""
+def test_a_detached_run_that_hangs_is_found_hung_by_the_nodes(sandbox_cluster: Sandbox,
+                                                              tmp_path: Path) -> None:
+    """train --detach --hang-timeout 20, and nobody attached: the nodes' supervisors see
+    that no node made progress, dump their workers onto the share and stop the run; the
+    next `runs` settles it as hung, naming the stalled rank from those dumps."""
     p = cli(sandbox_cluster, tmp_path, "train", "-i", str(sandbox_cluster.inventory),
             "--workdir", str(JOBS), "--detach", "--nodes", "3", "--hang-timeout", "20", JOB,
             "--", "stall", "--rank", "1")
     assert p.returncode == 0, p.stdout + p.stderr
     (run_id,) = [d.name for d in tmp_path.iterdir() if d.is_dir()]
-    a = cli(sandbox_cluster, tmp_path, "attach", run_id, timeout=300)
-    assert a.returncode == 1, a.stdout[-3000:] + a.stderr
+    started, listed = time.monotonic(), ""
+    while "hung" not in listed:
+        assert time.monotonic() - started < 120, f"not hung after 120 s:\n{listed}"
+        time.sleep(5)
+        listed = cli(sandbox_cluster, tmp_path, "runs").stdout
     summary = json.loads((tmp_path / run_id / "summary.json").read_text())
     assert summary["status"] == "hung", summary
-    assert [(s["node"], s["rank"]) for s in summary["hang"]["suspects"]] == [("node1", 1)]
-    assert "hung: no rank made progress" in a.stderr and "rank 1 on node1" in a.stderr
+    hang = summary["hang"]
+    assert hang["found_by"] == "the nodes (detached run)" and hang["quiet_s"] >= 20
+    assert [(s["node"], s["rank"]) for s in hang["suspects"]] == [("node1", 1)], hang
+    assert sorted(p.name for p in Path(hang["dumps"]).glob("node?-rank?.json")) == [
+        "node0-rank0.json", "node1-rank1.json", "node2-rank2.json"]
+    shown = cli(sandbox_cluster, tmp_path, "runs", "show", run_id).stdout
+    assert "hang found at" in shown and "rank 1 on node1" in shown, shown
     assert_no_job_processes(sandbox_cluster, NODES, within=15)
 
 

@@ -27,14 +27,15 @@ JOB = ("import subprocess, sys, time\n"
 
 def start(tmp: Path, node: str, *, seconds: float = 300, code: int = 0, attached: bool = False,
           lease_timeout: float = 30, nodes: str = "n0,n1", run: str = "r1",
-          state_dir: Path | None = None) -> subprocess.Popen:
+          state_dir: Path | None = None, hang: list[str] | None = None,
+          job_code: str = JOB) -> subprocess.Popen:
     job = tmp / node / "job"
     job.mkdir(parents=True)
     argv = [sys.executable, SUPERVISOR, "run", "--job", str(job), "--state-dir",
             str(state_dir or tmp / "shared"), "--run", run, "--node", node, "--nodes", nodes,
             "--grace", "1", "--lease-timeout", str(lease_timeout),
-            *(["--attached"] if attached else []), "--",
-            sys.executable, "-c", JOB, str(seconds), str(code)]
+            *(["--attached"] if attached else []), *(hang or []), "--",
+            sys.executable, "-c", job_code, str(seconds), str(code)]
     return subprocess.Popen(argv, env={**os.environ, "CLUSTERTRAIN_RUN_ID": run},
                             start_new_session=True)
 
@@ -282,3 +283,52 @@ def test_a_refused_py_spy_says_what_the_kernel_allows(tmp_path, monkeypatch, sco
                                   "elevated permissions")
     assert (says in hint) if says else hint == ""
     assert supervisor.ptrace_hint("Error: No such process") == ""
+
+
+# A job that prints a line every 0.3 s for as long as it runs (progress).
+CHATTY = ("import sys, time\n"
+          "while True:\n    print('step', flush=True)\n    time.sleep(0.3)\n")
+
+
+def test_a_detached_run_quiet_on_every_node_is_stopped_as_hung_with_its_dumps(
+        tmp_path: Path) -> None:
+    """--hang-timeout 3 on both nodes, jobs that print once and go quiet: both nodes dump
+    their workers onto the share (STATE/hang/<node>.json) and end as hung."""
+    hang = ["--hang-timeout", "3", "--on-hang", "stop"]
+    sups = [start(tmp_path, n, hang=hang) for n in ("n0", "n1")]
+    for n, sup in zip(("n0", "n1"), sups):
+        assert sup.wait(timeout=60) == 0
+        end = wait_file(tmp_path / n / "job" / "exit")
+        assert end["reason"] == "hung", end
+        assert "no rank made progress for" in end["why"]
+        dump = wait_file(tmp_path / "shared" / "hang" / f"{n}.json")
+        assert dump["node"] == n and dump["quiet_s"] >= 3 and dump["ranks"] == []
+        assert not group_alive(tmp_path / n / "job")
+
+
+def test_a_node_that_makes_progress_keeps_the_run_from_being_hung(tmp_path: Path) -> None:
+    """Hung means no progress anywhere: n0 is quiet, n1 prints; after twice the timeout
+    neither has stopped and nothing was dumped. --on-hang wait on a quiet pair dumps and
+    goes on."""
+    hang = ["--hang-timeout", "2", "--on-hang", "stop"]
+    quiet = start(tmp_path, "n0", hang=hang)
+    chatty = start(tmp_path, "n1", hang=hang, job_code=CHATTY)
+    try:
+        time.sleep(6)
+        assert quiet.poll() is None and chatty.poll() is None
+        assert not (tmp_path / "shared" / "hang").exists()
+    finally:
+        for job in (tmp_path / "n0" / "job", tmp_path / "n1" / "job"):
+            supervisor.stop_tree(str(job), "r1", 1.0)
+        quiet.wait(timeout=30)
+        chatty.wait(timeout=30)
+    waiting = start(tmp_path / "w", "n0", nodes="n0", hang=["--hang-timeout", "2",
+                                                           "--on-hang", "wait"])
+    try:
+        dump = wait_file(tmp_path / "w" / "shared" / "hang" / "n0.json", timeout=30)
+        assert dump["quiet_s"] >= 2
+        time.sleep(1.5)
+        assert waiting.poll() is None  # kept: wait
+    finally:
+        supervisor.stop_tree(str(tmp_path / "w" / "n0" / "job"), "r1", 1.0)
+        waiting.wait(timeout=30)
