@@ -95,3 +95,35 @@ def test_a_lost_node_is_named_over_a_peer_whose_ranks_failed_after_it() -> None:
               "node2": ended(1, at=NOW - silent + 2)}
     s = settled(states)
     assert (s["status"], s["first_failed"]) == ("failed", "node1")
+
+
+def test_a_run_its_nodes_found_hung_is_hung_not_failed() -> None:
+    """Each node stopped its part for the hang (killed: code 143), one saw a peer end
+    first: nobody failed, the run hung."""
+    why = "no rank made progress for 21 s (--hang-timeout 20)"
+    s = settled({"node0": ended(143, "hung", why), "node1": ended(143, "hung", why),
+                 "node2": ended(143, "hung", "node0")})
+    assert s["status"] == "hung" and s["first_failed"] is None
+    assert s["nodes"][0]["end_reason"] == "stopped" and "hung" in s["nodes"][0]["why"]
+
+
+def test_the_nodes_hang_dumps_are_read_as_diagnose_reads_its_own(tmp_path) -> None:
+    """Recorded dumps of a real hung job (hang_dumps/stall: rank 2 held up the others),
+    as the supervisors write them onto the share, one file per node."""
+    import json
+    from pathlib import Path
+
+    from orchestrator.records import read_hang_dumps
+    from orchestrator.runs import RunDir
+
+    stall = Path(__file__).parent / "hang_dumps" / "stall"
+    dumps: dict[str, dict] = {}
+    for r in json.loads((stall / "ranks.json").read_text()):
+        node = dumps.setdefault(r["node"], {"node": r["node"], "detected_at": NOW,
+                                            "quiet_s": 21.0, "ranks": []})
+        node["ranks"].append({"rank": r["rank"], "pid": r["pid"],
+                              "dump": (stall / f"rank{r['rank']}.json").read_text()})
+    hang = read_hang_dumps(dumps, RunDir(tmp_path, "r1"))
+    assert [(s["node"], s["rank"]) for s in hang["suspects"]] == [("node1", 2)]
+    assert hang["quiet_s"] == 21.0 and hang["found_by"] == "the nodes (detached run)"
+    assert (tmp_path / "r1" / "hang" / "report.txt").exists()
