@@ -296,7 +296,7 @@ def test_a_detached_run_quiet_on_every_node_is_stopped_as_hung_with_its_dumps(
     their workers onto the share (STATE/hang/<node>.json) and end as hung."""
     hang = ["--hang-timeout", "3", "--on-hang", "stop"]
     sups = [start(tmp_path, n, hang=hang) for n in ("n0", "n1")]
-    for n, sup in zip(("n0", "n1"), sups):
+    for n, sup in zip(("n0", "n1"), sups, strict=True):
         assert sup.wait(timeout=60) == 0
         end = wait_file(tmp_path / n / "job" / "exit")
         assert end["reason"] == "hung", end
