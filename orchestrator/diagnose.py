@@ -17,7 +17,6 @@ GPU, so every rank's Python may have gone past the call and wait in the same pla
 
 from __future__ import annotations
 
-import argparse
 import base64
 import json
 import time
@@ -43,7 +42,7 @@ from .hang import (
     parse_pyspy_dump,
 )
 from .inventory import NodeSpec, load_cluster
-from .runs import DEFAULT_RUNS_DIR, check_owner, open_run
+from .runs import check_owner, open_run
 
 NODE_TIMEOUT = 90.0  # seconds for one node's dumps (py-spy's own limit is 30 s a rank)
 
@@ -246,41 +245,27 @@ def targets_of(nodes: Iterable[tuple[NodeSpec, NodeCommand]],
             for spec, cmd in nodes]
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("diagnose", help="dump every rank's stack of a running run and "
-                       "name the rank that holds the others up",
-                       description="For a run that looks slow or stuck (attached or "
-                       "detached): a py-spy dump of every worker on every node, grouped "
-                       "by where the ranks are; the odd ones out are named. The run goes "
-                       "on undisturbed.")
-    p.add_argument("run", help="run id (see `python -m orchestrator runs`)")
-    p.add_argument("--native", action="store_true",
-                   help="with C/C++ frames (slower; shows where in torch a rank waits)")
-    p.add_argument("--json", action="store_true", help="print the analysis as JSON")
-    p.add_argument("--runs-dir", default=str(DEFAULT_RUNS_DIR))
-    p.set_defaults(func=_main)
-
-
-def _main(args: argparse.Namespace) -> int:
-    run = open_run(Path(args.runs_dir), args.run)
+def diagnose_run(runs_dir: Path, run_id: str, native: bool = False) -> Diagnosis:
+    """`diagnose RUN`: sample every rank of a running run, keep the dumps in the run's
+    record (diagnose/<time>/) and name the suspects."""
+    run = open_run(runs_dir, run_id)
     info = run.info()
     if not info.get("node_commands"):
-        raise ClusterError(f"run {args.run} was started by an older version; it cannot be "
+        raise ClusterError(f"run {run_id} was started by an older version; it cannot be "
                            "diagnosed")
     summary = run.summary()
     if summary is not None:
-        raise ClusterError(f"run {args.run} has ended ({summary['status']}): there is "
-                           f"nothing to dump; see `python -m orchestrator logs {args.run}`")
+        raise ClusterError(f"run {run_id} has ended ({summary['status']}): there is "
+                           f"nothing to dump; see `python -m orchestrator logs {run_id}`")
     cluster = load_cluster(info["inventory"]).select(hosts=",".join(info["nodes"]))
     check_owner(cluster.nodes, info, "read its processes")
     clients = ssh.connect_all(list(cluster.nodes))
     try:
         commands = info["node_commands"]
         nodes = [(spec, NodeCommand.from_record(commands[spec.name])) for spec in cluster.nodes]
-        rounds = sample(targets_of(nodes, clients), args.run, native=args.native)
+        rounds = sample(targets_of(nodes, clients), run_id, native=native)
     finally:
         for conn in clients.values():
             conn.close()
-    diagnosis = analyse(rounds, run.path / "diagnose" / time.strftime("%Y%m%d-%H%M%S"))
-    print(json.dumps(diagnosis.to_json(), indent=2) if args.json else diagnosis.report())
-    return 0 if diagnosis.analysis else 1
+    return analyse(rounds, run.path / "diagnose" / time.strftime("%Y%m%d-%H%M%S"))
+

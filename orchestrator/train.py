@@ -1,11 +1,12 @@
-"""`train`: preflight, sync the code, start torchrun on every node, stream logs, tear down.
+"""A training run: preflight, sync the code, start torchrun on every node, stream logs,
+tear down (run_training, for `train`); follow a running one (attach_run, for `attach`);
+its summary and how it concluded.
 
     python -m orchestrator train --nodes 2 ddp.py -- --epochs 3
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import re
 import shlex
@@ -19,15 +20,24 @@ from .command import (
     DEFAULT_LEASE_TIMEOUT,
     NodeCommand,
     TorchrunOptions,
-    parse_env,
 )
-from .errors import LaunchError
-from .inventory import load_cluster
-from .job import DEFAULT_HANG_TIMEOUT, HangWatch, Job, JobResult, OnHang
-from .preflight import add_selection_args, print_report, raise_if_blocked, run_preflight
+from .errors import ClusterError, LaunchError
+from .inventory import Cluster, load_cluster
+from .job import HangWatch, Job, JobResult
+from .preflight import print_report, raise_if_blocked, run_preflight
 from .probe import NodeFacts, release_port
-from .resources import project
-from .runs import DEFAULT_RUNS_DIR, RunDir, RunStatus, code_revision, iso, new_run_id, run_state_dir
+from .records import settle
+from .runs import (
+    DEFAULT_RUNS_DIR,
+    RunDir,
+    RunStatus,
+    code_revision,
+    iso,
+    new_run_id,
+    open_run,
+    run_state_dir,
+)
+from .ssh import connect_all
 from .supervisor import End
 from .sync import sync_code
 from .teardown import DEFAULT_GRACE
@@ -50,67 +60,12 @@ class TrainRequest:
     options: TorchrunOptions
     module: bool = False         # script is a module name (`-m pkg.mod`)
     clean_exit: bool = True      # workers start through the runner (run_worker.py)
-
-
-def parse_request(args: argparse.Namespace) -> TrainRequest:
-    workdir = Path(args.workdir).expanduser()
-    if not workdir.is_dir():
-        raise LaunchError(f"--workdir {workdir}: no such directory; point --workdir at the "
-                          "directory that holds your training code")
-    script, rest = args.script or DEFAULT_SCRIPT, list(args.script_args or [])
-    if args.module:  # `-m pkg.mod -- ARGS`: no script; what follows is the module's
-        script, rest = args.module, [*([args.script] if args.script else []), *rest]
-        if not MODULE_NAME.match(script):
-            raise LaunchError(f"-m {script!r} is not a module name (dotted Python "
-                              "identifiers, e.g. -m mypkg.train)")
-    elif script.startswith("-"):  # `train --nodes 2 -- --epochs 3`: no script named
-        script, rest = DEFAULT_SCRIPT, [script, *rest]
-    if not args.module and Path(script).is_absolute():
-        try:
-            script = str(Path(script).resolve().relative_to(workdir.resolve()))
-        except ValueError:
-            raise LaunchError(f"script {args.script} is outside --workdir {workdir}; only "
-                              "the work directory is copied to the nodes") from None
-    if not args.module and not (workdir / script).is_file():
-        raise LaunchError(f"script {script!r} not found in {workdir.resolve()}; give a path "
-                          "relative to --workdir (default: the repository's train/)")
-    if rest and rest[0] == "--":
-        rest = rest[1:]
-    if args.nproc_per_node == "auto":
-        nproc = None
-    else:
-        try:
-            nproc = int(args.nproc_per_node)
-            if nproc < 1:
-                raise ValueError
-        except ValueError:
-            raise LaunchError(f"--nproc-per-node {args.nproc_per_node!r}: give 'auto' or a "
-                              "positive number") from None
-    if args.master_port is not None and not 1 <= args.master_port <= 65535:
-        raise LaunchError(f"--master-port {args.master_port}: choose a port in 1024-65535")
-    if args.max_restarts < 0:
-        raise LaunchError(f"--max-restarts {args.max_restarts}: give 0 (fail on the first "
-                          "worker failure) or a positive number of restarts")
-    check_grace(args.grace)
-    if args.keep_runs < 0:
-        raise LaunchError(f"--keep-runs {args.keep_runs}: give 0 (keep all) or more")
-    if not math.isfinite(args.lease_timeout) or args.lease_timeout < 3:
-        raise LaunchError(f"--lease-timeout {args.lease_timeout}: give at least 3 seconds")
-    return TrainRequest(workdir, script, tuple(rest), parse_env(args.env), nproc,
-                        args.master_port,
-                        TorchrunOptions(max_restarts=args.max_restarts,
-                                        rdzv_backend=args.rdzv_backend,
-                                        extra=tuple(args.torchrun_arg or ())),
-                        module=bool(args.module), clean_exit=args.clean_exit)
-
-
-def hang_watch(args: argparse.Namespace) -> HangWatch:
-    timeout = args.hang_timeout
-    if not math.isfinite(timeout) or timeout < 0:
-        raise LaunchError(f"--hang-timeout {timeout}: give the seconds without progress after "
-                          "which the run counts as hung, as a number of 0 or more (0: never; "
-                          f"default {DEFAULT_HANG_TIMEOUT:g})")
-    return HangWatch(timeout, OnHang(args.on_hang))
+    runs_dir: Path = DEFAULT_RUNS_DIR   # where the run's record goes
+    detach: bool = False         # return once the job runs; the nodes supervise it
+    dry_run: bool = False        # check the nodes and print the commands; start nothing
+    lease_timeout: float = DEFAULT_LEASE_TIMEOUT
+    grace: float = DEFAULT_GRACE
+    keep_runs: int = DEFAULT_KEEP_RUNS
 
 
 def check_grace(grace: float) -> None:
@@ -119,78 +74,15 @@ def check_grace(grace: float) -> None:
                           f"as a number of 0 or more (default {DEFAULT_GRACE:g})")
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="run a training script on the cluster with torchrun",
-                       description="Preflight every node, copy the code into a per-run "
-                       "snapshot, start torchrun on all nodes at once, stream their logs, "
-                       "and stop the job everywhere if one node fails or on Ctrl-C.")
-    add_selection_args(p)
-    p.add_argument("--workdir", default=str(project().train),
-                   help="local directory with the training code (default: %(default)s)")
-    p.add_argument("--env", action="append", metavar="K=V",
-                   help="environment variable for the job (repeatable)")
-    p.add_argument("--nproc-per-node", default="auto",
-                   help="processes per node: a number, or auto (GPUs per node; 1 with gloo "
-                   "on CPU nodes) (default: auto)")
-    p.add_argument("--master-port", type=int,
-                   help="rendezvous port on node 0 (default: cluster_rendezvous_port or "
-                   "29500; another free one is picked if it is in use)")
-    p.add_argument("--max-restarts", type=int, default=0, help="torchrun --max-restarts")
-    p.add_argument("--rdzv-backend", choices=("static", "c10d"), default="static",
-                   help="rendezvous: static (--master-addr/--master-port) or c10d")
-    p.add_argument("--torchrun-arg", action="append", metavar="ARG",
-                   help="extra torchrun option, verbatim (repeatable), e.g. "
-                   "--torchrun-arg=--monitor-interval=1")
-    p.add_argument("--runs-dir", default=str(DEFAULT_RUNS_DIR),
-                   help="where run records go (default: %(default)s)")
-    p.add_argument("--grace", type=float, default=DEFAULT_GRACE,
-                   help="seconds between SIGTERM and SIGKILL at teardown (default: %(default)s)")
-    p.add_argument("--detach", action="store_true",
-                   help="return once the job runs on every node; the nodes supervise it "
-                   "(follow it with `attach RUN`, stop it with `stop RUN`)")
-    p.add_argument("--lease-timeout", type=float, default=DEFAULT_LEASE_TIMEOUT,
-                   help="seconds after which the nodes stop an attached run whose "
-                   "controller vanished without a word (killed, network cut, laptop "
-                   "asleep); a closed terminal or kill -9 is noticed at once "
-                   "(default: %(default)s)")
-    p.add_argument("--keep-runs", type=int, default=DEFAULT_KEEP_RUNS, metavar="N",
-                   help="on each node, keep the code snapshots and job directories of the "
-                   "N newest runs (never a live run's); 0 keeps all (default: %(default)s)")
-    p.add_argument("--hang-timeout", type=float, default=DEFAULT_HANG_TIMEOUT, metavar="S",
-                   help="the run is hung when it printed nothing (no line, no beat) for S "
-                   "seconds: every rank's stack is then dumped and the rank that holds the "
-                   "others up is named (runs/RUN/hang/). Keep it below the backend's "
-                   "collective timeout (NCCL 10 min, gloo 30 min by default), or the ranks "
-                   "fail before they are dumped; 0: never (default: %(default)s)")
-    p.add_argument("--on-hang", choices=[str(o) for o in OnHang], default=str(OnHang.STOP),
-                   help="after the diagnosis of a hang: stop the run (status hung, exit 1) "
-                   "or wait (keep it, keep watching) (default: %(default)s)")
-    p.add_argument("--dry-run", action="store_true",
-                   help="check the nodes and print the exact per-node commands; start nothing")
-    p.add_argument("-m", "--module", metavar="MODULE",
-                   help="run a module as `python -m MODULE` (from --workdir, or installed "
-                   "on the nodes) instead of a script; its arguments follow --")
-    p.add_argument("--no-clean-exit", dest="clean_exit", action="store_false",
-                   help="start the script itself, not through the worker runner that ends "
-                   "each finished worker with os._exit after atexit handlers and a flush "
-                   "of every open file (which keeps torch's teardown from failing a "
-                   "finished run)")
-    p.add_argument("script", nargs="?", default=None,
-                   help=f"training script, relative to --workdir (default: {DEFAULT_SCRIPT})")
-    p.add_argument("script_args", nargs=argparse.REMAINDER,
-                   help="arguments for the script (after --)")
-    p.set_defaults(func=_main)
-
-
-def _main(args: argparse.Namespace) -> int:
-    request = parse_request(args)
-    watch = hang_watch(args)
-    cluster = load_cluster(args.inventory).select(args.nodes, args.hosts)
+def run_training(request: TrainRequest, watch: HangWatch, cluster: Cluster) -> int:
+    """Preflight CLUSTER's nodes, sync the code, launch torchrun everywhere and follow the
+    run to its end (or, detached, until it runs); the run's exit status. Every exit path
+    leaves a summary and no claim on node 0's master port."""
     run_id = new_run_id()
     report = run_preflight(cluster, request.master_port,
                            strict_port=request.master_port is not None,
                            keep_connections=True, nproc_per_node=request.nproc,
-                           run_id=None if args.dry_run else run_id)
+                           run_id=None if request.dry_run else run_id)
     try:
         print_report(report)
         raise_if_blocked(report)
@@ -205,14 +97,14 @@ def _main(args: argparse.Namespace) -> int:
                         options=request.options, node=facts.node.name,
                         nodes=tuple(cluster.names), python=facts.node.python,
                         run_state=run_state_dir(cluster.shared_path, str(facts.user), run_id),
-                        attached=not args.detach, lease_timeout=args.lease_timeout,
-                        grace=args.grace, keep_runs=args.keep_runs, module=request.module,
+                        attached=not request.detach, lease_timeout=request.lease_timeout,
+                        grace=request.grace, keep_runs=request.keep_runs, module=request.module,
                         clean_exit=request.clean_exit,
                         hang_timeout=watch.timeout, on_hang=str(watch.on_hang),
                         cluster_env=facts.node.cluster_env_file)
             for i, facts in enumerate(report.facts)]
         facts_by = {f.node.name: f for f in report.facts}
-        if args.dry_run:
+        if request.dry_run:
             for spec, cmd in zip(cluster.nodes, commands, strict=True):
                 print(f"# {spec.name} ({facts_by[spec.name].user}@{spec.host}), node rank "
                       f"{cmd.node_rank}")
@@ -220,7 +112,7 @@ def _main(args: argparse.Namespace) -> int:
             print(f"# dry run: code would be synced from {request.workdir.resolve()} to "
                   f"{commands[0].code_dir}; nothing was started")
             return 0
-        run = RunDir(Path(args.runs_dir), run_id)
+        run = RunDir(request.runs_dir, run_id)
         info = {
             "run_id": run_id, "inventory": str(cluster.inventory.resolve()),
             "nodes": cluster.names, "workdir": str(request.workdir.resolve()),
@@ -232,7 +124,7 @@ def _main(args: argparse.Namespace) -> int:
                          for s, c in zip(cluster.nodes, commands, strict=True)},
             "code_revision": code_revision(request.workdir),
             "fingerprint": report.fingerprint,
-            "detached": args.detach,
+            "detached": request.detach,
             "hang_timeout": watch.timeout, "on_hang": str(watch.on_hang),
             "node_commands": {c.node: c.to_record() for c in commands},
         }
@@ -249,19 +141,19 @@ def _main(args: argparse.Namespace) -> int:
                   f"{', '.join(cluster.names)} (master {commands[0].master_addr}:"
                   f"{commands[0].master_port})", flush=True)
             job = Job(run, list(zip(cluster.nodes, commands, strict=True)), report.clients,
-                      grace=args.grace, hang=watch)
+                      grace=request.grace, hang=watch)
             failed = job.launch()
             if failed:
                 first = next(n for n in cluster.names if n in failed)
                 raise LaunchError(f"{first}: {failed[first]}; the job was stopped on the "
                                   "other nodes")
-            if args.detach:
+            if request.detach:
                 print(f"run {run_id}: running on {', '.join(cluster.names)}, supervised by "
                       "the nodes (detached).\n"
                       f"  follow it: python -m orchestrator attach {run_id} "
-                      f"--runs-dir {args.runs_dir}\n"
+                      f"--runs-dir {request.runs_dir}\n"
                       f"  stop it:   python -m orchestrator stop {run_id} "
-                      f"--runs-dir {args.runs_dir}", flush=True)
+                      f"--runs-dir {request.runs_dir}", flush=True)
                 return 0
             result = job.run(attached=True)
         except BaseException as exc:
@@ -276,12 +168,47 @@ def _main(args: argparse.Namespace) -> int:
         return _conclude(run, result, summary)
     finally:
         node0 = report.clients.get(cluster.nodes[0].name)
-        if node0 is not None and not args.dry_run:
+        if node0 is not None and not request.dry_run:
             try:
                 release_port(node0, run_id)
             except (OSError, TimeoutError):
                 pass  # the claim lapses by itself
         report.close()
+
+
+def attach_run(runs_dir: Path, run_id: str, tail: int | None = None) -> int:
+    """Follow a running run's logs (from the start, or each node's last TAIL lines) until
+    it ends, and conclude as train does; Ctrl-C only stops following (130)."""
+    run = open_run(runs_dir, run_id)
+    info = run.info()
+    records = info.get("node_commands")
+    if not records:
+        raise ClusterError(f"run {run_id} was started by an older version and cannot be "
+                           "attached to; see `logs` instead")
+    summary = run.summary()
+    if summary is not None:
+        print(f"run {run_id} has ended ({summary['status']}); its logs: "
+              f"python -m orchestrator logs {run_id}")
+        return 0 if summary["status"] == RunStatus.SUCCEEDED else 1
+    cluster = load_cluster(info["inventory"]).select(hosts=",".join(info["nodes"]))
+    commands = [NodeCommand.from_record(records[n]) for n in cluster.names]
+    clients = connect_all(list(cluster.nodes))
+    try:
+        if tail is None:  # the whole log again: the local copy starts over
+            for name in cluster.names:
+                run.log(name).write_text("")
+        job = Job(run, list(zip(cluster.nodes, commands, strict=True)), clients)
+        job.tail = tail
+        result = job.run(attached=False)
+    finally:
+        for conn in clients.values():
+            conn.close()
+    if result.interrupted:
+        return 130
+    summary = settle(run) or make_summary(info, commands, cluster.names, result, 0.0, run)
+    if run.summary() is None:
+        run.write_summary(summary)
+    return _conclude(run, result, summary)
 
 
 def _torchrun(facts: NodeFacts) -> str:

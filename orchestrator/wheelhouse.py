@@ -13,7 +13,6 @@ the files against the lock and refuses a changed one here too.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -237,34 +236,5 @@ def build(request: WheelhouseRequest) -> WheelhouseResult:
     return WheelhouseResult(request.dest, files, False)
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "wheelhouse", help="download the environment's pip packages for offline nodes",
-        description="Download the pip: section of a conda-style environment file into a "
-        "directory of wheels, for `pip install --no-index --find-links DIR` on nodes "
-        "(variable python_env_wheelhouse). Does nothing when DIR is already up to date.")
-    p.add_argument("--env", type=Path, default=Path("environment.yml"),
-                   help="environment file (default: environment.yml)")
-    p.add_argument("--dest", type=Path, required=True, help="wheelhouse directory")
-    p.add_argument("--python-version", help="nodes' python, e.g. 3.11, when it differs from "
-                   "this machine's (wheels only)")
-    p.add_argument("--platform", help="nodes' wheel platform, e.g. manylinux_2_28_x86_64, "
-                   "when it differs from this machine's (wheels only)")
-    p.add_argument("--extra-index-url", help="extra package index, e.g. "
-                   "https://download.pytorch.org/whl/cu128 for CUDA builds of torch")
-    p.set_defaults(func=_run)
-
-
-def _run(args: argparse.Namespace) -> int:
-    result = build(WheelhouseRequest(env_file=args.env, dest=args.dest,
-                                     python_version=args.python_version,
-                                     platform=args.platform,
-                                     extra_index_url=args.extra_index_url))
-    state = "up to date" if result.up_to_date else "built"
-    print(f"wheelhouse {result.dest}: {state}, {len(result.files)} files, sha256 of each "
-          f"in {LOCK}")
-    return 0
-
-
 __all__ = ["LOCK", "EnvironmentSpec", "WheelhouseError", "WheelhouseRequest", "WheelhouseResult",
-           "build", "load_environment", "is_up_to_date", "read_lock", "register", "verify_lock"]
+           "build", "load_environment", "is_up_to_date", "read_lock", "verify_lock"]

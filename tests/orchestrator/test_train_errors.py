@@ -133,7 +133,7 @@ def test_unparseable_inventory(tmp_path: Path, capsys) -> None:
 def test_script_defaults_to_the_training_job(argv, script, script_args):
     import argparse as _argparse
 
-    from orchestrator import train as train_cmd
+    from orchestrator.cli import cmd_train as train_cmd
 
     parser = _argparse.ArgumentParser()
     train_cmd.register(parser.add_subparsers())
@@ -153,7 +153,7 @@ def test_script_defaults_to_the_training_job(argv, script, script_args):
 def test_a_module_and_no_clean_exit(argv, script, script_args, module, clean_exit):
     import argparse as _argparse
 
-    from orchestrator import train as train_cmd
+    from orchestrator.cli import cmd_train as train_cmd
 
     parser = _argparse.ArgumentParser()
     train_cmd.register(parser.add_subparsers())

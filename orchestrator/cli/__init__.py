@@ -1,7 +1,9 @@
 """Command line: `python -m orchestrator VERB ...`.
 
-Each command lives in its own module with a `register(subparsers)` function that
-adds its parser and sets `func`; add new modules to COMMANDS.
+Each verb is a thin module here, `cmd_<verb>.py`: `register(subparsers)` adds its parser
+and sets `func`, which parses the arguments into the core's request, calls the core
+(orchestrator/<module>.py: preflight, train, stop, diagnose, ...) and prints. Add new
+modules to COMMANDS.
 """
 
 from __future__ import annotations
@@ -11,19 +13,19 @@ import importlib
 import os
 import sys
 
-from .errors import ClusterError
+from ..errors import ClusterError
 
 COMMANDS = (
-    "orchestrator.sandbox.cli",
-    "orchestrator.data",
-    "orchestrator.preflight",
-    "orchestrator.train",
-    "orchestrator.attach",
-    "orchestrator.stop",
-    "orchestrator.diagnose",
-    "orchestrator.runlogs",
-    "orchestrator.provision",
-    "orchestrator.wheelhouse",
+    "orchestrator.cli.cmd_sandbox",
+    "orchestrator.cli.cmd_data",
+    "orchestrator.cli.cmd_preflight",
+    "orchestrator.cli.cmd_train",
+    "orchestrator.cli.cmd_attach",
+    "orchestrator.cli.cmd_stop",
+    "orchestrator.cli.cmd_diagnose",
+    "orchestrator.cli.cmd_runs",
+    "orchestrator.cli.cmd_provision",
+    "orchestrator.cli.cmd_wheelhouse",
 )
 
 

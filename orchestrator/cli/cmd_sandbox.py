@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from . import cluster
+from ..sandbox import cluster
 
 
 def register(sub: argparse._SubParsersAction) -> None:

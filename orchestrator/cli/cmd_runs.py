@@ -8,10 +8,10 @@ import sys
 import time
 from pathlib import Path
 
-from .errors import ClusterError
-from .progress import Straggler
-from .records import settle
-from .runs import DEFAULT_RUNS_DIR, RunDir, RunStatus, list_runs, open_run
+from ..errors import ClusterError
+from ..progress import Straggler
+from ..records import settle
+from ..runs import DEFAULT_RUNS_DIR, RunDir, RunStatus, list_runs, open_run
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -1,0 +1,30 @@
+"""`attach RUN`: follow a running (e.g. detached) run's logs live, from the start or the
+last lines, and exit with the run's status when it ends. Ctrl-C only stops following:
+the run goes on (the nodes supervise it); `stop RUN` stops it."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..errors import ClusterError
+from ..runs import DEFAULT_RUNS_DIR
+from ..train import attach_run
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("attach", help="follow a run's logs live until it ends",
+                       description="Stream every node's log of RUN, prefixed like train, "
+                       "and exit with the run's exit status when it ends. Ctrl-C detaches "
+                       "without stopping the run.")
+    p.add_argument("run", help="run id (see `python -m orchestrator runs`)")
+    p.add_argument("--tail", type=int, metavar="N",
+                   help="start with the last N lines of each node (default: from the start)")
+    p.add_argument("--runs-dir", default=str(DEFAULT_RUNS_DIR))
+    p.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    if args.tail is not None and args.tail < 0:
+        raise ClusterError(f"--tail {args.tail}: give a number of lines, 0 or more")
+    return attach_run(Path(args.runs_dir), args.run, args.tail)

@@ -1,0 +1,37 @@
+"""`preflight`: check every node before a run (orchestrator/preflight.py); the node
+selection options the verbs share."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..inventory import DEFAULT_INVENTORY, load_cluster
+from ..preflight import (
+    print_report,
+    run_preflight,
+)
+
+
+def add_selection_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-i", "--inventory", default=str(DEFAULT_INVENTORY),
+                   help="Ansible inventory, the one site.yml uses (default: %(default)s)")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--nodes", type=int, help="use the first N nodes of train_nodes")
+    group.add_argument("--hosts", help="use these nodes, by inventory name: a,b")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("preflight", help="check that the nodes are ready to train together",
+                       description="SSH, identical environments, torch, GPUs, shared path, "
+                       "master port, name resolution and clocks, on every node at once.")
+    add_selection_args(p)
+    p.add_argument("--master-port", type=int, help="port to check on node 0 "
+                   "(default: cluster_rendezvous_port, else 29500)")
+    p.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    cluster = load_cluster(args.inventory).select(args.nodes, args.hosts)
+    report = run_preflight(cluster, args.master_port)
+    print_report(report)
+    return 1 if report.problems else 0
