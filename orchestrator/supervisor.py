@@ -227,6 +227,7 @@ def ptrace_hint(said: str) -> str:
 
 FR_TIMEOUT = 10.0  # seconds for the workers' flight-recorder dumps
 HANG_SUBDIR = "hang"  # STATE/hang/<node>.json: a detached run's hang dumps, on the share
+HANG_GATHER = 45.0    # seconds a node that dumped waits for its peers' dumps before stopping
 FR_SUBDIR = "fr"   # JOB/fr: the workers' request pipes and flight-recorder dumps
 TIMEOUT_DUMP_PREFIX = "timeout-rank"  # torch's own dump on a NCCL timeout: JOB/fr/<this>R
 
@@ -368,6 +369,15 @@ class Peers:
                 return kind, found[kind]
         return None
 
+    def any_dumped(self) -> bool:
+        """A peer found the run hung and dumped its workers (see _supervise)."""
+        return any(s.get("hang") == "dumped" for s in self.states.values())
+
+    def all_dumped(self) -> bool:
+        """Every peer has dumped its workers for this hang, or has ended."""
+        return all((self.states.get(n) or {}).get("hang") == "dumped"
+                   or (self.states.get(n) or {}).get("state") == "ended" for n in self.names)
+
     def quiet(self) -> float | None:
         """The shortest time without progress any running peer reported at its last
         beat (each by its own clock); None if one has not reported it."""
@@ -487,7 +497,7 @@ def _supervise(args: argparse.Namespace) -> int:
     peers = Peers(state_dir, args.nodes.split(","), args.node)
     beat, why = 0, ""
     reason: End | None = None
-    dumped = False  # this hang's stacks are on the share (--on-hang wait: once a hang)
+    dumped_at: float | None = None  # this hang's stacks are on the share (once a hang)
     state = {"node": args.node, "user": getpass.getuser(), "state": "running",
              "pid": proc.pid, "started": time.time()}
     while proc.poll() is None:
@@ -500,18 +510,28 @@ def _supervise(args: argparse.Namespace) -> int:
             print(f"{time.strftime('%H:%M:%S')} heartbeat not written: {exc}", flush=True)
         if reason is None:
             found = peers.verdict()
+            # Hung: no node made progress for the timeout. Every node dumps its workers
+            # first and says so in its state; with --on-hang stop, a node stops only once
+            # every peer has dumped (or HANG_GATHER passed), or its stop would end the
+            # others' ranks before they are dumped. A peer's word starts this node's dump.
+            stopping = args.on_hang == "stop"
             hung = args.hang_timeout > 0 and (
-                (found and found[0] == End.HUNG)
-                or (found is None and min(quiet, peers.quiet() or 0.0) >= args.hang_timeout))
-            if quiet < args.hang_timeout:
-                dumped = False
-            if hung:
-                if not dumped:
-                    _dump_hang(args, quiet)
-                    dumped = True
-                if args.on_hang == "stop":
-                    reason, why = End.HUNG, (f"no rank made progress for {quiet:.0f} s "
-                                             f"(--hang-timeout {args.hang_timeout:g})")
+                (found is not None and found[0] == End.HUNG)
+                or (found is None and (min(quiet, peers.quiet() or 0.0) >= args.hang_timeout
+                                       or (stopping and peers.any_dumped()))))
+            if not hung and quiet < args.hang_timeout and dumped_at is not None:
+                dumped_at = None  # progress again (--on-hang wait): a later hang is new
+                state.pop("hang", None)
+            if hung and dumped_at is None:
+                _dump_hang(args, quiet)
+                dumped_at = time.monotonic()
+                state["hang"] = "dumped"
+            if hung and stopping and dumped_at is not None and (
+                    peers.all_dumped() or time.monotonic() - dumped_at > HANG_GATHER):
+                reason, why = End.HUNG, (f"no rank made progress for {quiet:.0f} s "
+                                         f"(--hang-timeout {args.hang_timeout:g})")
+            elif hung:
+                pass  # dumped; waiting for the peers' dumps (stop) or for progress (wait)
             elif found:
                 reason, why = found[0], found[1]
             elif os.path.exists(os.path.join(job, "stop-requested")):

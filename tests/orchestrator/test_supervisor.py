@@ -332,3 +332,18 @@ def test_a_node_that_makes_progress_keeps_the_run_from_being_hung(tmp_path: Path
     finally:
         supervisor.stop_tree(str(tmp_path / "w" / "n0" / "job"), "r1", 1.0)
         waiting.wait(timeout=30)
+
+
+def test_no_node_stops_for_a_hang_before_every_node_has_dumped(tmp_path: Path) -> None:
+    """The nodes see the hang a beat or two apart (here: n0 after 2 s, n1 only after 10 s).
+    n0's word starts n1's dump, and n0 stops only once n1 has dumped: a stop before that
+    would end n1's ranks (their collective breaks) before their stacks are taken."""
+    first = start(tmp_path, "n0", hang=["--hang-timeout", "2", "--on-hang", "stop"])
+    second = start(tmp_path, "n1", hang=["--hang-timeout", "10", "--on-hang", "stop"])
+    for sup in (first, second):
+        assert sup.wait(timeout=90) == 0
+    n0_end = wait_file(tmp_path / "n0" / "job" / "exit")
+    n1_dump = wait_file(tmp_path / "shared" / "hang" / "n1.json")
+    assert n0_end["reason"] == "hung"
+    assert n1_dump["detected_at"] < n0_end["ended"], "n0 stopped before n1 had dumped"
+    assert n1_dump["quiet_s"] < 10  # n1 dumped on n0's word, before its own timeout
