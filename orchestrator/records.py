@@ -55,12 +55,12 @@ def summarize(info: dict[str, Any], states: dict[str, dict], now: float) -> dict
     how = set(reasons.values())
     status: RunStatus
     first: str | None
-    if failed:
+    if End.HUNG in how:  # the nodes stopped it for a hang: what failed then followed
+        status, first = RunStatus.HUNG, None
+    elif failed:
         status, first = RunStatus.FAILED, failed[0][1]
     elif blamed:
         status, first = RunStatus.FAILED, blamed[0]
-    elif End.HUNG in how:
-        status, first = RunStatus.HUNG, None
     elif End.CONTROLLER_LOST in how:
         status, first = RunStatus.CONTROLLER_LOST, None
     elif how & {End.STOPPED, End.PEER_STOPPED}:

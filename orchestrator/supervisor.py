@@ -548,6 +548,9 @@ def _supervise(args: argparse.Namespace) -> int:
     code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
     if reason is None and os.path.exists(os.path.join(job, "stop-requested")):
         reason = End.STOPPED
+    if reason is None and dumped_at is not None and args.on_hang == "stop":
+        # Hung and dumped: a peer stopped first, and this node's ranks ended with it.
+        reason, why = End.HUNG, f"no rank made progress (--hang-timeout {args.hang_timeout:g})"
     final = {**state, "state": "ended", "code": code, "reason": (reason or End.EXITED).value,
              "why": why, "beat": beat + 1, "ended": time.time()}
     write_json(mine, final)

@@ -127,3 +127,13 @@ def test_the_nodes_hang_dumps_are_read_as_diagnose_reads_its_own(tmp_path) -> No
     assert [(s["node"], s["rank"]) for s in hang["suspects"]] == [("node1", 2)]
     assert hang["quiet_s"] == 21.0 and hang["found_by"] == "the nodes (detached run)"
     assert (tmp_path / "r1" / "hang" / "report.txt").exists()
+
+
+def test_a_node_whose_ranks_failed_while_the_others_stopped_for_a_hang_is_no_failure() -> None:
+    """Stopping for a hang breaks the other nodes' collectives: a node whose torchrun then
+    exited with 1 by itself, a beat before its supervisor stopped it, is not the cause."""
+    why = "no rank made progress for 23 s (--hang-timeout 20)"
+    s = settled({"node0": ended(1, "exited", at=NOW - 3), "node1": ended(143, "hung", why,
+                                                                          at=NOW - 4),
+                 "node2": ended(143, "hung", why, at=NOW - 4)})
+    assert s["status"] == "hung" and s["first_failed"] is None
