@@ -272,6 +272,29 @@ def main() -> int:
                                    "final_train_acc": round(history[-1]["train_acc"], 3)}
         return found
 
+    @check(results, "doctor_job", only)
+    def _() -> dict:
+        """doctor's job (orchestrator/doctor_job.py) on this machine's GPUs through
+        torchrun, as `doctor` runs it on one node: NCCL all_reduce, bf16 matrix products
+        per GPU, and nvidia-smi's health fields as doctor reads them (the raw lines are
+        kept: they become the unit tests' recorded nvidia-smi output)."""
+        from orchestrator import doctor, doctor_job
+
+        out = subprocess.run(
+            [str(Path(sys.executable).parent / "torchrun"), "--standalone",
+             "--nproc-per-node", "gpu", doctor_job.__file__, "--addresses", "127.0.0.1"],
+            cwd=ROOT, capture_output=True, text=True, timeout=300,
+            env={**os.environ, "CLUSTERTRAIN_BACKEND": "nccl"})
+        line = next((x for x in out.stdout.splitlines() if doctor_job.RESULT_MARK in x), None)
+        if out.returncode != 0 or line is None:
+            raise RuntimeError(f"exit {out.returncode}: {(out.stdout + out.stderr)[-1500:]}")
+        result = json.loads(line.split(doctor_job.RESULT_MARK, 1)[1])
+        report = doctor.analyse("gpu", result, ["gpu0"])
+        return {"raw_nvidia_smi": result["gpus"].get("0"), "allreduce": result["allreduce"],
+                "gflops": [r["gflops"] for r in result["ranks"]],
+                "gpus": [vars(g) for g in report.nodes[0].gpus],
+                "suspects": [vars(s) for s in report.suspects]}
+
     @check(results, "py_spy_under_yama", only)
     def _() -> dict:
         """kernel.yama.ptrace_scope=1 (Ubuntu's default on GPU servers), a non-root job

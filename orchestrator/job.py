@@ -95,12 +95,12 @@ class JobResult:
 
 class Job:
     def __init__(self, run: RunDir, nodes: list[tuple[NodeSpec, NodeCommand]],
-                 clients: dict[str, ssh.Connection], out: IO[str] = sys.stdout,
+                 clients: dict[str, ssh.Connection], out: IO[str] | None = None,
                  grace: float = DEFAULT_GRACE, hang: HangWatch | None = None) -> None:
         self.rundir = run
         self.nodes = nodes
         self.clients = clients
-        self.out = out
+        self.out = out if out is not None else sys.stdout  # as it is now (redirect_stdout)
         self.grace = grace
         self.events: queue.Queue[tuple[str, str, object]] = queue.Queue()
         self.outcomes = {spec.name: NodeOutcome(spec.name) for spec, _ in nodes}

@@ -101,6 +101,11 @@ class RunDir:
     def write_summary(self, summary: dict[str, Any]) -> None:
         _write_json(self.summary_json, summary)
 
+    def write_json(self, name: str, data: dict[str, Any]) -> Path:
+        """Another record of the run (doctor.json, ...) beside its summary."""
+        _write_json(self.path / name, data)
+        return self.path / name
+
     def info(self) -> dict[str, Any]:
         return json.loads(self.run_json.read_text())
 

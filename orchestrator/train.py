@@ -66,6 +66,7 @@ class TrainRequest:
     lease_timeout: float = DEFAULT_LEASE_TIMEOUT
     grace: float = DEFAULT_GRACE
     keep_runs: int = DEFAULT_KEEP_RUNS
+    run_id: str | None = None    # its record, runs_dir/RUN_ID/ (None: a new id at the start)
 
 
 def check_grace(grace: float) -> None:
@@ -78,7 +79,7 @@ def run_training(request: TrainRequest, watch: HangWatch, cluster: Cluster) -> i
     """Preflight CLUSTER's nodes, sync the code, launch torchrun everywhere and follow the
     run to its end (or, detached, until it runs); the run's exit status. Every exit path
     leaves a summary and no claim on node 0's master port."""
-    run_id = new_run_id()
+    run_id = request.run_id or new_run_id()
     report = run_preflight(cluster, request.master_port,
                            strict_port=request.master_port is not None,
                            keep_connections=True, nproc_per_node=request.nproc,

@@ -25,6 +25,7 @@ from ..train import (
     check_grace,
     run_training,
 )
+from .cmd_doctor import add_measure_args, diagnose_cluster, parse_request as doctor_request
 from .cmd_preflight import add_selection_args
 
 
@@ -140,6 +141,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "or wait (keep it, keep watching) (default: %(default)s)")
     p.add_argument("--dry-run", action="store_true",
                    help="check the nodes and print the exact per-node commands; start nothing")
+    p.add_argument("--doctor", action="store_true",
+                   help="run `doctor` on the nodes first and start nothing if it names a "
+                   "suspect")
+    p.add_argument("--ignore-suspects", action="store_true",
+                   help="with --doctor: start the run even if doctor names suspects")
+    add_measure_args(p)
     p.add_argument("-m", "--module", metavar="MODULE",
                    help="run a module as `python -m MODULE` (from --workdir, or installed "
                    "on the nodes) instead of a script; its arguments follow --")
@@ -158,5 +165,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _main(args: argparse.Namespace) -> int:
     request = parse_request(args)
     watch = hang_watch(args)
+    if args.ignore_suspects and not args.doctor:
+        raise LaunchError("--ignore-suspects goes with --doctor")
+    checkup = doctor_request(args) if args.doctor else None
     cluster = load_cluster(args.inventory).select(args.nodes, args.hosts)
+    if checkup is not None:
+        report = diagnose_cluster(cluster, checkup, as_json=False)
+        if report.suspects and not args.ignore_suspects:
+            raise LaunchError(
+                f"doctor (run {report.run_id}) names "
+                + "; ".join(f"{s.node}: {s.why}" for s in report.suspects)
+                + ". Nothing was started: leave the node out (--hosts), fix it, or start "
+                "anyway with --ignore-suspects")
     return run_training(request, watch, cluster)

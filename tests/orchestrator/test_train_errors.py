@@ -160,3 +160,15 @@ def test_a_module_and_no_clean_exit(argv, script, script_args, module, clean_exi
     request = train_cmd.parse_request(parser.parse_args(["train", *argv]))
     assert (request.script, request.script_args, request.module, request.clean_exit) == (
         script, script_args, module, clean_exit)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--ignore-suspects"], "error: --ignore-suspects goes with --doctor"),
+    (["--doctor", "--link-seconds", "0"], "error: --link-seconds 0: give a number above 0"),
+    (["--doctor", "--allreduce-mb", "inf"], "error: --allreduce-mb inf: give a number"),
+])
+def test_bad_doctor_options_are_refused_before_any_node(setup, capsys, args, words) -> None:
+    base, runs = setup
+    code, out = run([*base, *args, "job.py"], capsys)
+    assert code != 0 and words in out, out
+    assert not runs.exists()

@@ -1,0 +1,336 @@
+"""`doctor`: measure every link and every node through the same launch as a job, and name
+the nodes that fall far below the others (run_doctor); the analysis (analyse) and the
+report (render, DoctorReport.to_json).
+
+The measurements run on the nodes as the run's script (doctor_job.py); rank 0 prints
+them as one line, read here from node 0's log of the run (runs/RUN/), and the analysis
+goes beside it as runs/RUN/doctor.json.
+
+A node is a suspect when one of its numbers is worse than the others' by a margin that
+noise does not reach (`thresholds()`): its median link bandwidth out (or in), or the
+matrix products of one of its ranks, below SLOW_RATIO x the median of every node's (of
+every rank's) and, with 3 nodes or more, more than MAD_K scaled median absolute
+deviations below it; its median round trip above LATENCY_RATIO x the median and as many
+deviations above it; or a GPU that nvidia-smi reports unwell. A single link that is slow
+by the same rule, between nodes that are not suspects already, names both its ends.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import statistics
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+from . import doctor_job
+from .command import TorchrunOptions
+from .errors import ClusterError, LaunchError
+from .inventory import Cluster
+from .job import HangWatch
+from .runs import DEFAULT_RUNS_DIR, RunDir, new_run_id
+from .train import TrainRequest, run_training
+
+K = TypeVar("K")
+SLOW_RATIO = 0.5        # below half the median: slow
+LATENCY_RATIO = 3.0     # round trips over 3x the median: slow
+MAD_K = 3.0             # and that many scaled MADs from the median (3 nodes or more)
+MAD_SCALE = 1.4826      # MAD x this estimates the standard deviation of normal noise
+HANG_TIMEOUT = 120.0    # no line from the doctor's job for this long: hung
+# nvidia-smi's clock event reasons that slow a GPU down for a fault, not by choice:
+# HW slowdown, SW thermal, HW thermal, HW power brake (nvml's bit values).
+BAD_CLOCK_EVENTS = {0x8: "hardware slowdown", 0x20: "software thermal slowdown",
+                    0x40: "hardware thermal slowdown", 0x80: "hardware power brake"}
+
+
+@dataclass(frozen=True)
+class DoctorRequest:
+    link_seconds: float = 1.0      # per direction of each link
+    pings: int = 50                # round trips per link
+    compute_seconds: float = 1.0
+    allreduce_mb: float = 16.0
+    allreduce_iters: int = 5
+    runs_dir: Path = DEFAULT_RUNS_DIR
+    master_port: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("link_seconds", "compute_seconds", "allreduce_mb"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or not 0 < value <= 60:
+                raise LaunchError(f"--{name.replace('_', '-')} {value:g}: give a number "
+                                  "above 0 and at most 60")
+        for name in ("pings", "allreduce_iters"):
+            if not 1 <= getattr(self, name) <= 10000:
+                raise LaunchError(f"--{name.replace('_', '-')} {getattr(self, name)}: give "
+                                  "a whole number from 1 to 10000")
+
+    def script_args(self, addresses: list[str]) -> tuple[str, ...]:
+        return ("--addresses", ",".join(addresses), "--link-seconds", f"{self.link_seconds:g}",
+                "--pings", str(self.pings), "--compute-seconds", f"{self.compute_seconds:g}",
+                "--allreduce-mb", f"{self.allreduce_mb:g}",
+                "--allreduce-iters", str(self.allreduce_iters))
+
+
+@dataclass(frozen=True)
+class Link:
+    src: str
+    dst: str
+    gbit_s: float
+    latency_ms: float | None   # the median round trip of one byte
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU's health, from nvidia-smi (None: the field is not supported, [N/A])."""
+    index: int
+    bus_id: str
+    name: str
+    ecc_uncorrected: int | None
+    clock_events: int | None
+    sm_clock_mhz: int | None
+    max_sm_clock_mhz: int | None
+    pcie_width: int | None
+    max_pcie_width: int | None
+    temperature_c: int | None
+
+    def problems(self) -> list[str]:
+        found = []
+        if self.ecc_uncorrected:
+            found.append(f"{self.ecc_uncorrected} uncorrected ECC error(s)")
+        if self.clock_events:
+            found += [f"clocks held down: {what}" for bit, what in BAD_CLOCK_EVENTS.items()
+                      if self.clock_events & bit]
+        if self.pcie_width and self.max_pcie_width and self.pcie_width < self.max_pcie_width:
+            found.append(f"PCIe link x{self.pcie_width} of x{self.max_pcie_width}")
+        return [f"GPU {self.index} ({self.bus_id}): {p}" for p in found]
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    name: str
+    send_gbit_s: float | None     # the median of its links out
+    recv_gbit_s: float | None     # the median of its links in
+    latency_ms: float | None      # the median round trip of its links
+    gflops: list[float]           # per rank (GPU), in local rank order
+    device: str
+    gpus: list[Gpu] = field(default_factory=list)
+    gpu_error: str | None = None  # nvidia-smi failed: its words
+
+
+@dataclass(frozen=True)
+class Suspect:
+    node: str
+    why: str
+
+
+@dataclass
+class DoctorReport:
+    run_id: str
+    links: list[Link]
+    nodes: list[NodeReport]
+    allreduce: dict
+    suspects: list[Suspect]
+
+    def to_json(self) -> dict:
+        return {"run_id": self.run_id, "links": [asdict(lk) for lk in self.links],
+                "nodes": [asdict(n) for n in self.nodes], "allreduce": self.allreduce,
+                "suspects": [asdict(s) for s in self.suspects], "thresholds": thresholds()}
+
+
+def thresholds() -> dict:
+    """The rule that makes a suspect, as the report shows it."""
+    return {"slow_ratio": SLOW_RATIO, "latency_ratio": LATENCY_RATIO, "mad_k": MAD_K,
+            "rule": f"bandwidth or GFLOP/s below {SLOW_RATIO:g} x the median, round trip "
+                    f"above {LATENCY_RATIO:g} x the median, and (3 nodes or more) over "
+                    f"{MAD_K:g} scaled MADs from it; a slow link names both ends; or a GPU that "
+                    "nvidia-smi reports unwell"}
+
+
+# --- running it ----------------------------------------------------------------------
+
+def run_doctor(cluster: Cluster, request: DoctorRequest) -> DoctorReport:
+    """Run the measurements on CLUSTER's nodes as a job (preflight, sync, torchrun on every
+    node, logs under runs/), analyse them and keep the analysis as doctor.json."""
+    run_id = new_run_id()
+    with tempfile.TemporaryDirectory(prefix="clustertrain-doctor-") as workdir:
+        script = Path(doctor_job.__file__)
+        # with its mtime: the sync's digest is then the same as the last doctor's, whose
+        # snapshot a node still has as its latest is linked, not copied
+        shutil.copy2(script, Path(workdir) / script.name)
+        train = TrainRequest(
+            workdir=Path(workdir), script=script.name,
+            script_args=request.script_args([n.cluster_address for n in cluster.nodes]),
+            env={}, nproc=None, master_port=request.master_port, options=TorchrunOptions(),
+            runs_dir=request.runs_dir, run_id=run_id)
+        run_training(train, HangWatch(HANG_TIMEOUT), cluster)
+    run = RunDir(request.runs_dir, run_id)
+    report = analyse(run_id, read_result(run.log(cluster.names[0])), cluster.names)
+    run.write_json("doctor.json", report.to_json())
+    return report
+
+
+def read_result(log: Path) -> dict:
+    """Rank 0's result line in node 0's log of the doctor's run."""
+    try:
+        lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError as exc:
+        raise ClusterError(f"doctor: cannot read the run's log {log}: {exc}") from None
+    for line in reversed(lines):
+        if doctor_job.RESULT_MARK in line:
+            return json.loads(line.split(doctor_job.RESULT_MARK, 1)[1])
+    raise ClusterError(f"doctor: the run ended without its results in {log}; see that log")
+
+
+# --- the analysis ----------------------------------------------------------------------
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def outliers(values: dict[K, float], ratio: float, high: bool = False) -> dict[K, float]:
+    """The keys of VALUES that are far from the others: below RATIO x the median (above
+    it, with HIGH) and, with 3 values or more, over MAD_K scaled MADs away from it. With
+    two values, the better one is the reference."""
+    if len(values) < 2:
+        return {}
+    xs = list(values.values())
+    reference = statistics.median(xs) if len(xs) > 2 else (min(xs) if high else max(xs))
+    spread = MAD_SCALE * statistics.median(abs(x - reference) for x in xs) \
+        if len(xs) > 2 else 0.0
+    if high:
+        return {k: reference for k, x in values.items()
+                if x > ratio * reference and x > reference + MAD_K * spread}
+    return {k: reference for k, x in values.items()
+            if x < ratio * reference and x < reference - MAD_K * spread}
+
+
+def parse_gpus(text: str | None) -> tuple[list[Gpu], str | None]:
+    """nvidia-smi's CSV of doctor_job.GPU_FIELDS: the GPUs, or an error to show."""
+    if text is None:
+        return [], None
+    if text.startswith("error:"):
+        return [], text[len("error:"):].strip()
+
+    def number(value: str, base: int = 10) -> int | None:
+        try:
+            return int(value.strip(), base)
+        except ValueError:
+            return None   # [N/A], [Not Supported]
+
+    gpus: list[Gpu] = []
+    for row in text.strip().splitlines():
+        cells = [c.strip() for c in row.split(",")]
+        if len(cells) != len(doctor_job.GPU_FIELDS):
+            return gpus, f"unexpected nvidia-smi line: {row!r}"
+        index, bus, name, ecc, events, sm, max_sm, width, max_width, temp = cells
+        gpus.append(Gpu(index=number(index) or 0, bus_id=bus, name=name,
+                        ecc_uncorrected=number(ecc), clock_events=number(events, 16),
+                        sm_clock_mhz=number(sm), max_sm_clock_mhz=number(max_sm),
+                        pcie_width=number(width), max_pcie_width=number(max_width),
+                        temperature_c=number(temp)))
+    return gpus, None
+
+
+def analyse(run_id: str, result: dict, names: list[str]) -> DoctorReport:
+    """The doctor job's RESULT (node ranks) as a report on the nodes NAMES, with suspects."""
+    links = [Link(names[lk["src"]], names[lk["dst"]], lk["gbit_s"], lk["latency_ms"])
+             for lk in result["links"]]
+    ranks = sorted(result["ranks"], key=lambda r: (r["node"], r["local_rank"]))
+    suspects: dict[str, list[str]] = {n: [] for n in names}
+
+    def by_node(pick: Callable[[Link], str], among: list[Link]) -> dict[str, float]:
+        return {n: m for n in names
+                if (m := _median([lk.gbit_s for lk in among if pick(lk) == n])) is not None}
+
+    send = by_node(lambda lk: lk.src, links)
+    for n, ref in outliers(send, SLOW_RATIO).items():
+        suspects[n].append(f"sends at {send[n]:.3g} Gbit/s (median of its links out; the "
+                           f"nodes' median {ref:.3g})")
+    recv = by_node(lambda lk: lk.dst, links)
+    # Links from a node that sends slowly say nothing of the receiver: judged without them.
+    slow_senders = {n for n, why in suspects.items() if why}
+    judged = by_node(lambda lk: lk.dst, [lk for lk in links if lk.src not in slow_senders])
+    for n, ref in outliers(judged, SLOW_RATIO).items():
+        suspects[n].append(f"receives at {judged[n]:.3g} Gbit/s (median of its links in "
+                           f"from nodes that send normally; the nodes' median {ref:.3g})")
+    # A slow link between nodes that are otherwise fine (a cable, a switch port): both ends.
+    explained = {n for n, why in suspects.items() if why}
+    by_link = {(lk.src, lk.dst): lk.gbit_s for lk in links}
+    for (src, dst), ref in outliers(by_link, SLOW_RATIO).items():
+        if src not in explained and dst not in explained:
+            for n in (src, dst):
+                suspects[n].append(f"link {src} -> {dst} runs at {by_link[src, dst]:.3g} "
+                                   f"Gbit/s (the links' median {ref:.3g})")
+    latency = {n: m for n in names if (m := _median(
+        [lk.latency_ms for lk in links if n in (lk.src, lk.dst) and lk.latency_ms is not None]))
+        is not None}
+    for n, ref in outliers(latency, LATENCY_RATIO, high=True).items():
+        suspects[n].append(f"round trips take {latency[n]:.3g} ms (median of its links; "
+                           f"the nodes' median {ref:.3g})")
+    gflops = {f"{names[r['node']]}/{r['local_rank']}": r["gflops"] for r in ranks}
+    for key, ref in outliers(gflops, SLOW_RATIO).items():
+        node, local = key.split("/")
+        suspects[node].append(f"rank {local} computes {gflops[key]:.3g} GFLOP/s (the ranks' "
+                              f"median {ref:.3g})")
+    nodes = []
+    for i, n in enumerate(names):
+        gpus, error = parse_gpus(result.get("gpus", {}).get(str(i)))
+        for gpu in gpus:
+            suspects[n] += gpu.problems()
+        mine = [r for r in ranks if r["node"] == i]
+        nodes.append(NodeReport(name=n, send_gbit_s=send.get(n), recv_gbit_s=recv.get(n),
+                                latency_ms=latency.get(n), gflops=[r["gflops"] for r in mine],
+                                device=mine[0]["device"] if mine else "?", gpus=gpus,
+                                gpu_error=error))
+    return DoctorReport(run_id=run_id, links=links, nodes=nodes,
+                        allreduce=result["allreduce"],
+                        suspects=[Suspect(n, "; ".join(why)) for n, why in suspects.items()
+                                  if why])
+
+
+# --- the report ------------------------------------------------------------------------
+
+def render(report: DoctorReport) -> str:
+    names = [n.name for n in report.nodes]
+    speed = {(lk.src, lk.dst): lk.gbit_s for lk in report.links}
+    width = max(8, *(len(n) for n in names))
+    lines = [f"links, Gbit/s (row sends to column; {len(report.links)} measured in rounds "
+             "of disjoint pairs):",
+             " " * width + "".join(f" {n:>{width}}" for n in names)]
+    for src in names:
+        cells = "".join(f" {speed[(src, dst)]:>{width}.3g}" if (src, dst) in speed
+                        else f" {'-':>{width}}" for dst in names)
+        lines.append(f"{src:<{width}}{cells}")
+    lines += ["", f"{'node':<{width}} {'out Gbit/s':>10} {'in Gbit/s':>10} {'rtt ms':>8} "
+              f"{'GFLOP/s':>10}  device"]
+
+    def num(x: float | None, w: int) -> str:
+        return f"{x:>{w}.3g}" if x is not None else f"{'-':>{w}}"
+
+    for n in report.nodes:
+        lines.append(f"{n.name:<{width}} {num(n.send_gbit_s, 10)} {num(n.recv_gbit_s, 10)} "
+                     f"{num(n.latency_ms, 8)} {num(min(n.gflops) if n.gflops else None, 10)}"
+                     f"  {n.device}" + (f" x{len(n.gflops)}" if len(n.gflops) > 1 else ""))
+        for gpu in n.gpus:
+            lines.append(f"{'':<{width}}   GPU {gpu.index} {gpu.bus_id}: ECC uncorrected "
+                         f"{gpu.ecc_uncorrected if gpu.ecc_uncorrected is not None else '-'}, "
+                         f"SM {gpu.sm_clock_mhz or '-'}/{gpu.max_sm_clock_mhz or '-'} MHz, "
+                         f"PCIe x{gpu.pcie_width or '-'}/x{gpu.max_pcie_width or '-'}, "
+                         f"{gpu.temperature_c if gpu.temperature_c is not None else '-'} C")
+        if n.gpu_error:
+            lines.append(f"{'':<{width}}   nvidia-smi failed: {n.gpu_error}")
+    ar = report.allreduce
+    lines += ["", f"all_reduce ({ar['backend']}, {ar['ranks']} ranks, "
+              f"{ar['bytes'] / 1e6:.3g} MB): {ar['seconds'] * 1000:.3g} ms, algbw "
+              f"{ar['algbw_gbyte_s']:.3g} GB/s, busbw {ar['busbw_gbyte_s']:.3g} GB/s "
+              f"({ar['busbw_gbyte_s'] * 8:.3g} Gbit/s)",
+              f"suspect when: {thresholds()['rule']}"]
+    if report.suspects:
+        lines += ["suspects:"] + [f"  {s.node}: {s.why}" for s in report.suspects]
+    else:
+        lines.append("suspects: none")
+    return "\n".join(lines)

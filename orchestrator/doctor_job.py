@@ -1,0 +1,317 @@
+"""The measurements of `doctor`, run by torchrun on every node like a job (copied there as
+the run's script; the standard library and torch only).
+
+    torchrun ... doctor_job.py --addresses A0,A1,... [--link-seconds 1] [--pings 50] ...
+
+- links: every node's first rank serves a TCP socket on its cluster address; in rounds of
+  disjoint pairs (so that each node is in one measurement at a time) the lower node of
+  each pair sends for LINK_SECONDS, receives for as long, and times PINGS one-byte round
+  trips. Throughput is counted by the side that receives.
+- compute: every rank times matrix products (bf16 on a GPU, float32 on the CPU).
+- all_reduce: the whole world reduces a tensor of ALLREDUCE_MB; bus bandwidth as
+  nccl-tests defines it (algbw x 2(n-1)/n).
+- GPUs: each node's first rank reads nvidia-smi's health fields (parsed by the controller).
+
+Rank 0 prints one line, RESULT_MARK followed by the results as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+RESULT_MARK = "clustertrain-doctor-result "
+CHUNK = 1 << 20
+# nvidia-smi's health fields, in this order (`--format=csv,noheader,nounits`). Drivers
+# before 535 call the event reasons clocks_throttle_reasons.active.
+GPU_FIELDS = ("index", "pci.bus_id", "name", "ecc.errors.uncorrected.volatile.total",
+              "clocks_event_reasons.active", "clocks.sm", "clocks.max.sm",
+              "pcie.link.width.current", "pcie.link.width.max", "temperature.gpu")
+OLD_GPU_FIELDS = tuple(f.replace("clocks_event_reasons", "clocks_throttle_reasons")
+                       for f in GPU_FIELDS)
+
+
+def pair_rounds(n: int) -> list[list[tuple[int, int]]]:
+    """Every pair of N nodes once, in rounds of disjoint pairs (the circle method: N-1
+    rounds for an even N, N for an odd one, where each round one node rests)."""
+    players: list[int | None] = list(range(n)) + ([None] if n % 2 else [])
+    m = len(players)
+    rounds = []
+    for _ in range(m - 1):
+        pairs = [(players[i], players[m - 1 - i]) for i in range(m // 2)]
+        rounds.append(sorted((min(a, b), max(a, b)) for a, b in pairs
+                             if a is not None and b is not None))
+        players = [players[0], players[-1], *players[1:-1]]
+    return [r for r in rounds if r]
+
+
+# --- the link server and client (plain sockets) -------------------------------------
+
+def _recv_line(conn: socket.socket) -> str:
+    data = b""
+    while not data.endswith(b"\n"):
+        byte = conn.recv(1)
+        if not byte:
+            break
+        data += byte
+    return data.decode().strip()
+
+
+def _receive_all(conn: socket.socket) -> tuple[int, float]:
+    """Bytes received until the peer closes, and the seconds from the first to the last."""
+    buf = bytearray(CHUNK)
+    total, first, last = 0, 0.0, 0.0
+    while True:
+        n = conn.recv_into(buf)
+        if not n:
+            return total, max(last - first, 1e-9)
+        now = time.perf_counter()
+        if not total:
+            first = now
+        total, last = total + n, now
+
+
+def _send_for(conn: socket.socket, seconds: float) -> None:
+    payload = b"\0" * CHUNK
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        conn.sendall(payload)
+    conn.shutdown(socket.SHUT_WR)
+
+
+def _serve_one(conn: socket.socket) -> None:
+    with conn:
+        verb, _, arg = _recv_line(conn).partition(" ")
+        if verb == "SEND":      # the peer sends: count, then answer what arrived
+            total, seconds = _receive_all(conn)
+            conn.sendall(f"{total} {seconds}\n".encode())
+        elif verb == "RECV":    # the peer receives: send for ARG seconds
+            _send_for(conn, float(arg))
+        elif verb == "PING":    # echo ARG single bytes
+            for _ in range(int(arg)):
+                byte = conn.recv(1)
+                if not byte:
+                    break
+                conn.sendall(byte)
+
+
+def serve(address: str) -> tuple[socket.socket, int]:
+    """Listen on ADDRESS (an ephemeral port) and answer every connection in a daemon
+    thread; the socket (close it to stop) and its port."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.bind((address, 0))
+    listener.listen(16)
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=_serve_one, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    return listener, listener.getsockname()[1]
+
+
+def _connect(address: str, port: int, verb: str) -> socket.socket:
+    conn = socket.create_connection((address, port), timeout=60)
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    conn.sendall(f"{verb}\n".encode())
+    return conn
+
+
+def measure_link(address: str, port: int, seconds: float, pings: int) -> dict:
+    """Both directions and the round trip to the server at ADDRESS:PORT: Gbit/s out (this
+    node sends), Gbit/s in, and the median round trip of a byte in milliseconds."""
+    with _connect(address, port, "SEND") as conn:
+        _send_for(conn, seconds)
+        total, took = (float(x) for x in _recv_line(conn).split())
+        out = total * 8 / took / 1e9
+    with _connect(address, port, f"RECV {seconds}") as conn:
+        total, took = _receive_all(conn)
+        back = total * 8 / took / 1e9
+    trips = []
+    with _connect(address, port, f"PING {pings}") as conn:
+        for _ in range(pings):
+            start = time.perf_counter()
+            conn.sendall(b"x")
+            if not conn.recv(1):
+                break
+            trips.append(time.perf_counter() - start)
+    return {"out_gbit_s": out, "in_gbit_s": back,
+            "rtt_ms": statistics.median(trips) * 1000 if trips else None}
+
+
+# --- the measurements inside the job -----------------------------------------------
+
+def gpu_health() -> str | None:
+    """nvidia-smi's health fields as CSV, or None without nvidia-smi."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    for fields in (GPU_FIELDS, OLD_GPU_FIELDS):
+        done = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(fields)}",
+                               "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True, timeout=30, check=False)
+        if done.returncode == 0:
+            return done.stdout
+    return f"error: {(done.stderr or done.stdout).strip()}"
+
+
+def matmul_gflops(torch, device, seconds: float) -> float:  # noqa: ANN001 (torch module)
+    """Matrix products for about SECONDS: GFLOP/s (bf16 on a GPU, float32 on the CPU)."""
+    cuda = device.type == "cuda"
+    n, dtype = (8192, torch.bfloat16) if cuda else (512, torch.float32)
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    torch.matmul(a, b)
+    sync()
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        torch.matmul(a, b)
+        count += 1
+        if cuda and count % 10:
+            continue
+        sync()
+    sync()
+    return 2 * n ** 3 * count / (time.perf_counter() - start) / 1e9
+
+
+def allreduce(torch, dist, device, megabytes: float, iters: int) -> dict:  # noqa: ANN001
+    """Time an all_reduce of MEGABYTES (float32) over the whole world."""
+    world = dist.get_world_size()
+    tensor = torch.ones(max(1, int(megabytes * 1e6 // 4)), device=device)
+    size = tensor.numel() * 4
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    for _ in range(2):
+        dist.all_reduce(tensor)
+    sync()
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(iters):
+        dist.all_reduce(tensor)
+    sync()
+    took = (time.perf_counter() - start) / iters
+    algbw = size / took / 1e9
+    return {"bytes": size, "ranks": world, "iters": iters, "seconds": took,
+            "algbw_gbyte_s": algbw, "busbw_gbyte_s": algbw * 2 * (world - 1) / world,
+            "backend": str(dist.get_backend())}
+
+
+def all_gather_json(torch, dist, obj, group) -> list:  # noqa: ANN001 (torch modules)
+    """Every rank's OBJ (JSON), through CPU tensors on GROUP (torch's *_object collectives
+    need numpy, which a node's environment need not have)."""
+    data = torch.tensor(list(json.dumps(obj).encode()), dtype=torch.uint8)
+    world = dist.get_world_size()
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(sizes, torch.tensor([data.numel()], dtype=torch.int64), group=group)
+    longest = max(int(s.item()) for s in sizes)
+    padded = torch.zeros(longest, dtype=torch.uint8)
+    padded[:data.numel()] = data
+    everyone = [torch.zeros(longest, dtype=torch.uint8) for _ in range(world)]
+    dist.all_gather(everyone, padded, group=group)
+    return [json.loads(bytes(t[:int(n.item())].tolist()).decode())
+            for t, n in zip(everyone, sizes, strict=True)]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--addresses", required=True,
+                   help="the nodes' cluster addresses, by node rank, comma-separated")
+    p.add_argument("--link-seconds", type=float, default=1.0)
+    p.add_argument("--pings", type=int, default=50)
+    p.add_argument("--compute-seconds", type=float, default=1.0)
+    p.add_argument("--allreduce-mb", type=float, default=16.0)
+    p.add_argument("--allreduce-iters", type=int, default=5)
+    return p.parse_args(argv)
+
+
+def say(rank: int, text: str) -> None:
+    if rank == 0:
+        print(f"doctor: {text}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+    import torch.distributed as dist
+
+    addresses = args.addresses.split(",")
+    node, local = int(os.environ["GROUP_RANK"]), int(os.environ["LOCAL_RANK"])
+    gpu = torch.cuda.is_available() and os.environ.get("CLUSTERTRAIN_BACKEND") == "nccl"
+    device = torch.device("cuda", local) if gpu else torch.device("cpu")
+    if gpu:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if gpu else "gloo")
+    rank = dist.get_rank()
+    control = dist.new_group(backend="gloo") if gpu else None  # barriers, objects
+
+    # links: one server per node, pairs in rounds
+    server = port = None
+    if local == 0:
+        own = addresses[node]
+        server, port = serve(own if ":" in own else socket.gethostbyname(own))
+    ports = all_gather_json(torch, dist, [node, port], control)
+    port_of = {n: p for n, p in ports if p is not None}
+    links = []
+    rounds = pair_rounds(len(addresses))
+    for i, pairs in enumerate(rounds, 1):
+        dist.barrier(group=control)
+        say(rank, f"links: round {i}/{len(rounds)}: "
+            + ", ".join(f"{a}-{b}" for a, b in pairs))
+        for a, b in pairs:
+            if local == 0 and node == a:
+                got = measure_link(addresses[b], port_of[b], args.link_seconds, args.pings)
+                links.append({"src": a, "dst": b, "gbit_s": got["out_gbit_s"],
+                              "latency_ms": got["rtt_ms"]})
+                links.append({"src": b, "dst": a, "gbit_s": got["in_gbit_s"],
+                              "latency_ms": got["rtt_ms"]})
+    dist.barrier(group=control)
+    if server is not None:
+        server.close()
+
+    say(rank, "compute: matrix products on every rank")
+    dist.barrier(group=control)
+    gflops = matmul_gflops(torch, device, args.compute_seconds)
+    say(rank, f"all_reduce: {args.allreduce_mb:g} MB over {dist.get_world_size()} ranks")
+    reduced = allreduce(torch, dist, device, args.allreduce_mb, args.allreduce_iters)
+
+    mine = {"rank": rank, "node": node, "local_rank": local, "gflops": gflops,
+            "device": str(torch.cuda.get_device_name(device)) if gpu else "cpu",
+            "links": links, "gpus": gpu_health() if local == 0 else None}
+    everyone = all_gather_json(torch, dist, mine, control)
+    if rank == 0:
+        result = {"nodes": len(addresses), "allreduce": reduced,
+                  "ranks": [{k: v for k, v in r.items() if k not in ("links", "gpus")}
+                            for r in everyone],
+                  "links": [link for r in everyone for link in r["links"]],
+                  "gpus": {str(r["node"]): r["gpus"] for r in everyone
+                           if r["gpus"] is not None},
+                  "link_seconds": args.link_seconds, "pings": args.pings}
+        print(RESULT_MARK + json.dumps(result), flush=True)
+    dist.barrier(group=control)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

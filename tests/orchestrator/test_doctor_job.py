@@ -1,0 +1,63 @@
+"""doctor's node side (orchestrator/doctor_job.py): the schedule of pairs, the link
+server and client on real sockets, and the whole job under a real torchrun with two
+"nodes" on this machine (127.0.0.1 and 127.0.0.2)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator import doctor_job as job
+
+
+@pytest.mark.parametrize("n", range(1, 10))
+def test_every_pair_is_measured_once_and_no_node_is_in_two_pairs_at_a_time(n: int) -> None:
+    rounds = job.pair_rounds(n)
+    pairs = [p for r in rounds for p in r]
+    assert sorted(pairs) == list(itertools.combinations(range(n), 2))
+    for r in rounds:
+        nodes = [x for p in r for x in p]
+        assert len(nodes) == len(set(nodes))
+    assert len(rounds) == (0 if n < 2 else n - 1 if n % 2 == 0 else n)
+
+
+def test_a_link_is_measured_both_ways_with_its_round_trip() -> None:
+    listener, port = job.serve("127.0.0.1")
+    try:
+        got = job.measure_link("127.0.0.1", port, seconds=0.2, pings=20)
+    finally:
+        listener.close()
+    # Loopback moves well over a Gbit/s either way; a byte's round trip is under 50 ms.
+    assert got["out_gbit_s"] > 1 and got["in_gbit_s"] > 1
+    assert 0 < got["rtt_ms"] < 50
+
+
+@pytest.mark.slow
+def test_the_job_under_torchrun_measures_links_compute_and_all_reduce(tmp_path: Path) -> None:
+    torchrun = Path(sys.executable).with_name("torchrun")
+    env = {**os.environ, "CLUSTERTRAIN_BACKEND": "gloo", "OMP_NUM_THREADS": "1"}
+    argv = ["--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
+            "--master-port", "29641", job.__file__, "--addresses", "127.0.0.1,127.0.0.2",
+            "--link-seconds", "0.2", "--pings", "5", "--compute-seconds", "0.2",
+            "--allreduce-mb", "1", "--allreduce-iters", "2"]
+    procs = [subprocess.Popen([str(torchrun), "--node-rank", str(i), *argv], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i in range(2)]
+    out = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], out
+    line = next(x for x in out[0].splitlines() if job.RESULT_MARK in x)
+    result = json.loads(line.split(job.RESULT_MARK, 1)[1])
+    assert {(lk["src"], lk["dst"]) for lk in result["links"]} == {(0, 1), (1, 0)}
+    assert all(lk["gbit_s"] > 0 and lk["latency_ms"] > 0 for lk in result["links"])
+    assert sorted(r["node"] for r in result["ranks"]) == [0, 1]
+    assert all(r["gflops"] > 0 for r in result["ranks"])
+    ar = result["allreduce"]
+    assert ar["ranks"] == 2 and ar["backend"] == "gloo" and ar["bytes"] == 1_000_000
+    assert ar["busbw_gbyte_s"] == pytest.approx(ar["algbw_gbyte_s"])  # 2(n-1)/n = 1
+    assert result["gpus"] == {}   # no nvidia-smi here
