@@ -81,6 +81,7 @@ class Link:
     dst: str
     gbit_s: float
     latency_ms: float | None   # the median round trip of one byte
+    error: str | None = None   # the link could not be measured: what failed
 
 
 @dataclass(frozen=True)
@@ -237,8 +238,10 @@ def parse_gpus(text: str | None) -> tuple[list[Gpu], str | None]:
 
 def analyse(run_id: str, result: dict, names: list[str]) -> DoctorReport:
     """The doctor job's RESULT (node ranks) as a report on the nodes NAMES, with suspects."""
-    links = [Link(names[lk["src"]], names[lk["dst"]], lk["gbit_s"], lk["latency_ms"])
-             for lk in result["links"]]
+    every = [Link(names[lk["src"]], names[lk["dst"]], lk["gbit_s"], lk["latency_ms"],
+                  lk.get("error")) for lk in result["links"]]
+    broken = [lk for lk in every if lk.error]
+    links = [lk for lk in every if not lk.error]   # the numbers are judged without them
     ranks = sorted(result["ranks"], key=lambda r: (r["node"], r["local_rank"]))
     suspects: dict[str, list[str]] = {n: [] for n in names}
 
@@ -246,6 +249,10 @@ def analyse(run_id: str, result: dict, names: list[str]) -> DoctorReport:
         return {n: m for n in names
                 if (m := _median([lk.gbit_s for lk in among if pick(lk) == n])) is not None}
 
+    for lk in broken:   # both directions fail together: say it once, at both ends
+        if lk.src < lk.dst:
+            for n in (lk.src, lk.dst):
+                suspects[n].append(f"link {lk.src} <-> {lk.dst} failed: {lk.error}")
     send = by_node(lambda lk: lk.src, links)
     for n, ref in outliers(send, SLOW_RATIO).items():
         suspects[n].append(f"sends at {send[n]:.3g} Gbit/s (median of its links out; the "
@@ -286,7 +293,7 @@ def analyse(run_id: str, result: dict, names: list[str]) -> DoctorReport:
                                 latency_ms=latency.get(n), gflops=[r["gflops"] for r in mine],
                                 device=mine[0]["device"] if mine else "?", gpus=gpus,
                                 gpu_error=error))
-    return DoctorReport(run_id=run_id, links=links, nodes=nodes,
+    return DoctorReport(run_id=run_id, links=every, nodes=nodes,
                         allreduce=result["allreduce"],
                         suspects=[Suspect(n, "; ".join(why)) for n, why in suspects.items()
                                   if why])
@@ -296,13 +303,14 @@ def analyse(run_id: str, result: dict, names: list[str]) -> DoctorReport:
 
 def render(report: DoctorReport) -> str:
     names = [n.name for n in report.nodes]
-    speed = {(lk.src, lk.dst): lk.gbit_s for lk in report.links}
+    speed = {(lk.src, lk.dst): "failed" if lk.error else f"{lk.gbit_s:.3g}"
+             for lk in report.links}
     width = max(8, *(len(n) for n in names))
     lines = [f"links, Gbit/s (row sends to column; {len(report.links)} measured in rounds "
              "of disjoint pairs):",
              " " * width + "".join(f" {n:>{width}}" for n in names)]
     for src in names:
-        cells = "".join(f" {speed[(src, dst)]:>{width}.3g}" if (src, dst) in speed
+        cells = "".join(f" {speed[(src, dst)]:>{width}}" if (src, dst) in speed
                         else f" {'-':>{width}}" for dst in names)
         lines.append(f"{src:<{width}}{cells}")
     lines += ["", f"{'node':<{width}} {'out Gbit/s':>10} {'in Gbit/s':>10} {'rtt ms':>8} "

@@ -30,6 +30,8 @@ import time
 
 RESULT_MARK = "clustertrain-doctor-result "
 CHUNK = 1 << 20
+CONNECT_TIMEOUT = 10.0   # seconds to open a link's connection
+IO_TIMEOUT = 30.0        # seconds a link may stall beyond its measurement
 # nvidia-smi's health fields, in this order (`--format=csv,noheader,nounits`). Drivers
 # before 535 call the event reasons clocks_throttle_reasons.active.
 GPU_FIELDS = ("index", "pci.bus_id", "name", "ecc.errors.uncorrected.volatile.total",
@@ -124,8 +126,9 @@ def serve(address: str) -> tuple[socket.socket, int]:
     return listener, listener.getsockname()[1]
 
 
-def _connect(address: str, port: int, verb: str) -> socket.socket:
-    conn = socket.create_connection((address, port), timeout=60)
+def _connect(address: str, port: int, verb: str, seconds: float) -> socket.socket:
+    conn = socket.create_connection((address, port), timeout=CONNECT_TIMEOUT)
+    conn.settimeout(seconds + IO_TIMEOUT)   # a peer that stops answering ends the wait
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     conn.sendall(f"{verb}\n".encode())
     return conn
@@ -133,22 +136,30 @@ def _connect(address: str, port: int, verb: str) -> socket.socket:
 
 def measure_link(address: str, port: int, seconds: float, pings: int) -> dict:
     """Both directions and the round trip to the server at ADDRESS:PORT: Gbit/s out (this
-    node sends), Gbit/s in, and the median round trip of a byte in milliseconds."""
-    with _connect(address, port, "SEND") as conn:
-        _send_for(conn, seconds)
-        total, took = (float(x) for x in _recv_line(conn).split())
-        out = total * 8 / took / 1e9
-    with _connect(address, port, f"RECV {seconds}") as conn:
-        total, took = _receive_all(conn)
-        back = total * 8 / took / 1e9
-    trips = []
-    with _connect(address, port, f"PING {pings}") as conn:
-        for _ in range(pings):
-            start = time.perf_counter()
-            conn.sendall(b"x")
-            if not conn.recv(1):
-                break
-            trips.append(time.perf_counter() - start)
+    node sends), Gbit/s in, and the median round trip of a byte in milliseconds; or, when
+    the link cannot carry them (a blocked port, a peer gone), "error" with what failed."""
+    step = "connecting"
+    try:
+        with _connect(address, port, "SEND", seconds) as conn:
+            step = "sending"
+            _send_for(conn, seconds)
+            total, took = (float(x) for x in _recv_line(conn).split())
+            out = total * 8 / took / 1e9
+        step = "receiving"
+        with _connect(address, port, f"RECV {seconds}", seconds) as conn:
+            total, took = _receive_all(conn)
+            back = total * 8 / took / 1e9
+        step = "timing round trips"
+        trips = []
+        with _connect(address, port, f"PING {pings}", seconds) as conn:
+            for _ in range(pings):
+                start = time.perf_counter()
+                conn.sendall(b"x")
+                if not conn.recv(1):
+                    break
+                trips.append(time.perf_counter() - start)
+    except (OSError, ValueError) as exc:   # ValueError: no byte count came back
+        return {"error": f"{step} to {address}:{port}: {exc or type(exc).__name__}"}
     return {"out_gbit_s": out, "in_gbit_s": back,
             "rtt_ms": statistics.median(trips) * 1000 if trips else None}
 
@@ -281,10 +292,11 @@ def main(argv: list[str] | None = None) -> int:
         for a, b in pairs:
             if local == 0 and node == a:
                 got = measure_link(addresses[b], port_of[b], args.link_seconds, args.pings)
-                links.append({"src": a, "dst": b, "gbit_s": got["out_gbit_s"],
-                              "latency_ms": got["rtt_ms"]})
-                links.append({"src": b, "dst": a, "gbit_s": got["in_gbit_s"],
-                              "latency_ms": got["rtt_ms"]})
+                error = got.get("error")
+                for src, dst, key in ((a, b, "out_gbit_s"), (b, a, "in_gbit_s")):
+                    links.append({"src": src, "dst": dst, "gbit_s": got.get(key, 0.0),
+                                  "latency_ms": got.get("rtt_ms"),
+                                  **({"error": error} if error else {})})
     dist.barrier(group=control)
     if server is not None:
         server.close()

@@ -70,6 +70,22 @@ def test_one_slow_link_between_healthy_nodes_names_both_ends() -> None:
                for s in report.suspects)
 
 
+def test_a_link_that_cannot_be_measured_names_both_ends_and_the_rest_is_judged() -> None:
+    res = result(4)
+    for link in res["links"]:
+        if {link["src"], link["dst"]} == {0, 3}:
+            link.update(gbit_s=0.0, latency_ms=None,
+                        error="connecting to 10.0.0.3:41000: timed out")
+    report = doctor.analyse("r", res, NAMES[:4])
+    assert names_of(report) == ["node0", "node3"]
+    assert all(s.why == "link node0 <-> node3 failed: connecting to 10.0.0.3:41000: timed out"
+               for s in report.suspects)
+    assert report.nodes[0].send_gbit_s is not None and report.nodes[0].send_gbit_s > 10
+    text = doctor.render(report)
+    assert next(line for line in text.splitlines()
+                if line.startswith("node0 ")).split()[4] == "failed"
+
+
 def test_with_two_nodes_the_slow_direction_names_its_sender() -> None:
     report = doctor.analyse("r", result(2, send={0: 0.2}), NAMES[:2])
     assert names_of(report) == ["node0"]
@@ -140,7 +156,7 @@ def test_the_report_has_the_link_matrix_the_nodes_and_the_suspects() -> None:
     assert "busbw" in text and "suspects:\n  node1: sends at" in text
     data = report.to_json()
     assert set(data) >= {"links", "nodes", "allreduce", "suspects"}
-    assert set(data["links"][0]) == {"src", "dst", "gbit_s", "latency_ms"}
+    assert set(data["links"][0]) == {"src", "dst", "gbit_s", "latency_ms", "error"}
     assert data["suspects"] == [{"node": "node1", "why": report.suspects[0].why}]
     json.dumps(data)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +37,14 @@ def test_a_link_is_measured_both_ways_with_its_round_trip() -> None:
     # Loopback moves well over a Gbit/s either way; a byte's round trip is under 50 ms.
     assert got["out_gbit_s"] > 1 and got["in_gbit_s"] > 1
     assert 0 < got["rtt_ms"] < 50
+
+
+def test_a_link_with_nothing_listening_is_an_error_not_a_crash() -> None:
+    with socket.socket() as s:   # a port that was free a moment ago: refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    got = job.measure_link("127.0.0.1", port, seconds=0.2, pings=5)
+    assert got == {"error": f"connecting to 127.0.0.1:{port}: [Errno 111] Connection refused"}
 
 
 @pytest.mark.slow
