@@ -28,7 +28,8 @@ import sys
 import threading
 import time
 
-RESULT_MARK = "clustertrain-doctor-result "
+# a record line (logstream.RECORD): in the run's log, not on the terminal
+RESULT_MARK = "##clustertrain record doctor "
 CHUNK = 1 << 20
 CONNECT_TIMEOUT = 10.0   # seconds to open a link's connection
 IO_TIMEOUT = 30.0        # seconds a link may stall beyond its measurement

@@ -26,7 +26,7 @@ from .command import EXIT_MARKER, SUPERVISOR_SOURCE, NodeCommand
 from .diagnose import analyse, collect, sample, targets_of
 from .fanout import each
 from .inventory import NodeSpec
-from .logstream import LineSplitter
+from .logstream import LineSplitter, is_record
 from .progress import Progress
 from .runs import RunDir, iso
 from .supervisor import End
@@ -182,10 +182,10 @@ class Job:
             if not (sep and slash and rank.isdigit()
                     and self.progress.line(node, int(rank), text, now)):
                 shown.append(line)
-        lines = shown
-        if not lines:
+        if not shown:
             return
-        text = "".join(line + "\n" for line in lines)
+        text = "".join(line + "\n" for line in shown)   # the log keeps records
+        lines = [line for line in shown if not is_record(line)]
         outcome.last_lines.extend(lines)
         outcome.last_worker_lines.extend(line for line in lines if "/rank" in line.split(" | ")[0])
         try:
@@ -197,10 +197,10 @@ class Job:
                 print(f"[clustertrain] warning: cannot write the run's log ({exc}); the "
                       "nodes keep their own copy (logs RUN fetches it)", file=sys.stderr)
         with self._print_lock:
-            if self._out_broken:
+            if self._out_broken or not lines:
                 return
             try:
-                self.out.write(text)
+                self.out.write("".join(line + "\n" for line in lines))
                 self.out.flush()
             except (BrokenPipeError, OSError, ValueError):
                 # `train | head`: nobody reads any more. Stop the job rather than hang.

@@ -7,6 +7,15 @@ from dataclasses import dataclass, field
 
 # torchrun writes worker lines as "[rank3]:text" (LOG_PREFIX_TEMPLATE in command.py).
 RANK_PREFIX = re.compile(r"^\[rank(\d+)\]:")
+# A worker line that starts so is a record for the controller (doctor's results): kept in
+# the run's log, not shown on the terminal.
+RECORD = "##clustertrain record "
+
+
+def is_record(line: str) -> bool:
+    """Whether a prefixed line (`node/rankN | text`) is a worker's record."""
+    head, sep, text = line.partition(" | ")
+    return bool(sep) and "/rank" in head and text.startswith(RECORD)
 
 
 def prefix_line(node: str, line: str) -> str:

@@ -169,7 +169,9 @@ def _main(args: argparse.Namespace) -> int:
         raise LaunchError("--ignore-suspects goes with --doctor")
     checkup = doctor_request(args) if args.doctor else None
     cluster = load_cluster(args.inventory).select(args.nodes, args.hosts)
-    if checkup is not None:
+    if checkup is not None and request.dry_run:  # doctor is a job: a dry run starts none
+        print("# dry run: `doctor` would run first on these nodes; it was not run")
+    elif checkup is not None:
         report = diagnose_cluster(cluster, checkup, as_json=False)
         if report.suspects and not args.ignore_suspects:
             raise LaunchError(

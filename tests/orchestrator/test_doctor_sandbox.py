@@ -70,6 +70,7 @@ def test_a_healthy_cluster_names_nobody_and_train_doctor_trains(sandbox_cluster:
     code = t.finish(timeout=300)
     assert code == 0, t.text[-3000:] + t.stderr
     assert "suspects: none" in t.text
+    assert "##clustertrain record" not in t.text   # doctor's results: in its log only
     runs = sorted((p for p in tmp_path.iterdir() if (p / "summary.json").exists()),
                   key=lambda p: p.name)
     assert [(p / "doctor.json").exists() for p in runs] == [True, False]  # doctor, train

@@ -1,6 +1,7 @@
 """`node/rank | line` prefixing of a node's byte stream."""
 
-from orchestrator.logstream import LineSplitter, prefix_line
+from orchestrator import doctor_job
+from orchestrator.logstream import RECORD, LineSplitter, is_record, prefix_line
 
 
 def test_prefix_worker_and_torchrun_lines() -> None:
@@ -17,3 +18,10 @@ def test_splitter_joins_partial_chunks_and_utf8() -> None:
     assert s.feed(b"\xa9t\xc3\xa9\r\n[rank1]:tail") == ["node0/rank1 | été"]
     assert s.flush() == ["node0/rank1 | tail"]
     assert s.flush() == []
+
+
+def test_a_workers_record_line_is_told_from_other_lines() -> None:
+    assert is_record("node0/rank0 | ##clustertrain record doctor {}")
+    assert not is_record("node0/torchrun | ##clustertrain record doctor {}")
+    assert not is_record("node0/rank0 | doctor: links: round 1/3")
+    assert doctor_job.RESULT_MARK.startswith(RECORD)   # doctor's results are records

@@ -90,7 +90,7 @@ def test_dry_run_prints_commands_and_starts_nothing(sandbox_cluster: Sandbox,
     p = subprocess.run([sys.executable, "-m", "orchestrator", "train", "-i",
                         str(sandbox_cluster.inventory), "--nodes", "2", "--workdir", str(jobs),
                         "--runs-dir", str(tmp_path / "runs"), "--env", "LR=0.5", "--dry-run",
-                        "ddp_allreduce.py", "--", "--steps", "1"],
+                        "--doctor", "ddp_allreduce.py", "--", "--steps", "1"],
                        cwd=REPO, env=PODMAN_ENV, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     addr0 = sandbox_cluster.nodes["node0"]  # the IP node0's name resolves to on the nodes
@@ -98,7 +98,8 @@ def test_dry_run_prints_commands_and_starts_nothing(sandbox_cluster: Sandbox,
         assert (f"--nnodes 2 --node-rank {rank} --nproc-per-node 1 --master-addr {addr0} "
                 "--master-port") in p.stdout
     assert "LR=0.5" in p.stdout and "ddp_allreduce.py --steps 1" in p.stdout
-    assert not (tmp_path / "runs").exists()
+    assert "# dry run: `doctor` would run first on these nodes; it was not run" in p.stdout
+    assert not (tmp_path / "runs").exists()   # no run at all: not the doctor's either
     assert "# node0 (alice@node0), node rank 0" in p.stdout
     run_id = p.stdout.split("/home/alice/.clustertrain/jobs/")[1].split("/")[0]
     for node in ("node0", "node1"):
