@@ -167,8 +167,13 @@ def run_doctor(cluster: Cluster, request: DoctorRequest) -> DoctorReport:
             script_args=request.script_args([n.cluster_address for n in cluster.nodes]),
             env={}, nproc=None, master_port=request.master_port, options=TorchrunOptions(),
             runs_dir=request.runs_dir, run_id=run_id)
-        run_training(train, HangWatch(HANG_TIMEOUT), cluster)
+        code = run_training(train, HangWatch(HANG_TIMEOUT), cluster)  # raises on failure
     run = RunDir(request.runs_dir, run_id)
+    if code == 130:   # Ctrl-C: the run was stopped on every node and recorded
+        raise KeyboardInterrupt
+    if code != 0:
+        raise LaunchError(f"doctor's run {run_id} ended with status {code}; its logs: "
+                          f"{run.path}/")
     report = analyse(run_id, read_result(run.log(cluster.names[0])), cluster.names)
     run.write_json("doctor.json", report.to_json())
     return report
