@@ -8,10 +8,10 @@ goes beside it as runs/RUN/doctor.json.
 
 A node is a suspect when one of its numbers is worse than the others' by a margin that
 noise does not reach (`thresholds()`): its median link bandwidth out (or in), or the
-matrix products of one of its ranks, below SLOW_RATIO x the median of every node's (of
-every rank's) and, with 3 nodes or more, more than MAD_K scaled median absolute
-deviations below it; its median round trip above LATENCY_RATIO x the median and as many
-deviations above it; or a GPU that nvidia-smi reports unwell. A single link that is slow
+matrix products of one of its ranks, below SLOW_RATIO x the median of the other nodes'
+(ranks') and, with 4 nodes or more, more than MAD_K scaled median absolute deviations of
+theirs below it; its median round trip above LATENCY_RATIO x the others' median and as
+many deviations above it; or a GPU that nvidia-smi reports unwell. A single link that is slow
 by the same rule, between nodes that are not suspects already, names both its ends.
 """
 
@@ -38,7 +38,8 @@ from .train import TrainRequest, run_training
 K = TypeVar("K")
 SLOW_RATIO = 0.5        # below half the median: slow
 LATENCY_RATIO = 3.0     # round trips over 3x the median: slow
-MAD_K = 3.0             # and that many scaled MADs from the median (3 nodes or more)
+MAD_K = 2.0             # and that many scaled MADs from the median,
+MAD_MIN_OTHERS = 3      # when there are this many others to take a MAD of (4 nodes)
 MAD_SCALE = 1.4826      # MAD x this estimates the standard deviation of normal noise
 HANG_TIMEOUT = 120.0    # no line from the doctor's job for this long: hung
 # nvidia-smi's clock event reasons that slow a GPU down for a fault, not by choice:
@@ -145,10 +146,10 @@ class DoctorReport:
 def thresholds() -> dict:
     """The rule that makes a suspect, as the report shows it."""
     return {"slow_ratio": SLOW_RATIO, "latency_ratio": LATENCY_RATIO, "mad_k": MAD_K,
-            "rule": f"bandwidth or GFLOP/s below {SLOW_RATIO:g} x the median, round trip "
-                    f"above {LATENCY_RATIO:g} x the median, and (3 nodes or more) over "
-                    f"{MAD_K:g} scaled MADs from it; a slow link names both ends; or a GPU that "
-                    "nvidia-smi reports unwell"}
+            "rule": f"bandwidth or GFLOP/s below {SLOW_RATIO:g} x the median of the others, "
+                    f"round trip above {LATENCY_RATIO:g} x theirs, and (4 nodes or more) over "
+                    f"{MAD_K:g} of their scaled MADs from it; a slow link names both ends; or "
+                    "a GPU that nvidia-smi reports unwell"}
 
 
 # --- running it ----------------------------------------------------------------------
@@ -198,20 +199,24 @@ def _median(values: list[float]) -> float | None:
 
 
 def outliers(values: dict[K, float], ratio: float, high: bool = False) -> dict[K, float]:
-    """The keys of VALUES that are far from the others: below RATIO x the median (above
-    it, with HIGH) and, with 3 values or more, over MAD_K scaled MADs away from it. With
-    two values, the better one is the reference."""
-    if len(values) < 2:
-        return {}
-    xs = list(values.values())
-    reference = statistics.median(xs) if len(xs) > 2 else (min(xs) if high else max(xs))
-    spread = MAD_SCALE * statistics.median(abs(x - reference) for x in xs) \
-        if len(xs) > 2 else 0.0
-    if high:
-        return {k: reference for k, x in values.items()
-                if x > ratio * reference and x > reference + MAD_K * spread}
-    return {k: reference for k, x in values.items()
-            if x < ratio * reference and x < reference - MAD_K * spread}
+    """The keys of VALUES that are far from the others, each with its reference: the
+    median of the other values. Far: below RATIO x that median (above it, with HIGH) and,
+    with MAD_MIN_OTHERS others or more, over MAD_K of their scaled MADs away from it. A
+    value is judged against the others only, so that it never widens its own yardstick:
+    among three nodes, one slow node's own distance made the MAD of all three as wide as
+    itself. Two others' MAD is half their difference, too unsteady to judge by."""
+    found = {}
+    for key, x in values.items():
+        others = [v for k, v in values.items() if k != key]
+        if not others:
+            continue
+        reference = statistics.median(others)
+        spread = MAD_SCALE * statistics.median(abs(v - reference) for v in others) \
+            if len(others) >= MAD_MIN_OTHERS else 0.0
+        if (x > ratio * reference and x > reference + MAD_K * spread) if high else \
+                (x < ratio * reference and x < reference - MAD_K * spread):
+            found[key] = reference
+    return found
 
 
 def parse_gpus(text: str | None) -> tuple[list[Gpu], str | None]:
@@ -261,14 +266,14 @@ def analyse(run_id: str, result: dict, names: list[str]) -> DoctorReport:
     send = by_node(lambda lk: lk.src, links)
     for n, ref in outliers(send, SLOW_RATIO).items():
         suspects[n].append(f"sends at {send[n]:.3g} Gbit/s (median of its links out; the "
-                           f"nodes' median {ref:.3g})")
+                           f"other nodes' median {ref:.3g})")
     recv = by_node(lambda lk: lk.dst, links)
     # Links from a node that sends slowly say nothing of the receiver: judged without them.
     slow_senders = {n for n, why in suspects.items() if why}
     judged = by_node(lambda lk: lk.dst, [lk for lk in links if lk.src not in slow_senders])
     for n, ref in outliers(judged, SLOW_RATIO).items():
         suspects[n].append(f"receives at {judged[n]:.3g} Gbit/s (median of its links in "
-                           f"from nodes that send normally; the nodes' median {ref:.3g})")
+                           f"from nodes that send normally; the other nodes' median {ref:.3g})")
     # A slow link between nodes that are otherwise fine (a cable, a switch port): both ends.
     explained = {n for n, why in suspects.items() if why}
     by_link = {(lk.src, lk.dst): lk.gbit_s for lk in links}
@@ -276,13 +281,13 @@ def analyse(run_id: str, result: dict, names: list[str]) -> DoctorReport:
         if src not in explained and dst not in explained:
             for n in (src, dst):
                 suspects[n].append(f"link {src} -> {dst} runs at {by_link[src, dst]:.3g} "
-                                   f"Gbit/s (the links' median {ref:.3g})")
+                                   f"Gbit/s (the other links' median {ref:.3g})")
     latency = {n: m for n in names if (m := _median(
         [lk.latency_ms for lk in links if n in (lk.src, lk.dst) and lk.latency_ms is not None]))
         is not None}
     for n, ref in outliers(latency, LATENCY_RATIO, high=True).items():
         suspects[n].append(f"round trips take {latency[n]:.3g} ms (median of its links; "
-                           f"the nodes' median {ref:.3g})")
+                           f"the other nodes' median {ref:.3g})")
     gflops = {f"{names[r['node']]}/{r['local_rank']}": r["gflops"] for r in ranks}
     for key, ref in outliers(gflops, SLOW_RATIO).items():
         node, local = key.split("/")

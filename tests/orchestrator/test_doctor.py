@@ -103,13 +103,27 @@ def test_noise_of_30_percent_names_nobody(seed: int) -> None:
     assert names_of(doctor.analyse("r", result(n, noise=0.3, seed=seed), NAMES[:n])) == []
 
 
+@pytest.mark.parametrize("seed", range(50))
+def test_a_tenfold_drop_is_named_through_30_percent_noise(seed: int) -> None:
+    # the healthy values spread as the sandbox's do at worst (MAD_K = 3 missed some)
+    n = 3 + seed % 6
+    sends = doctor.analyse("r", result(n, noise=0.3, seed=seed, send={1: 2.0}), NAMES[:n])
+    assert names_of(sends) == ["node1"]
+    slow = doctor.analyse("r", result(n, noise=0.3, seed=seed, gflops={2: 2.0}), NAMES[:n])
+    assert names_of(slow) == ["node2"]
+
+
 def test_the_rule_on_a_few_numbers() -> None:
-    # below half the median and far outside the others' spread
-    assert doctor.outliers({"a": 10, "b": 11, "c": 9, "d": 2}, 0.5) == {"d": 9.5}
-    # below half the median, but the values are spread as widely: no outlier
+    # below half the others' median and far outside their spread
+    assert doctor.outliers({"a": 10, "b": 11, "c": 9, "d": 2}, 0.5) == {"d": 10}
+    # below half the median, but the others are spread as widely: no outlier
     assert doctor.outliers({"a": 10, "b": 1, "c": 4, "d": 20, "e": 2}, 0.5) == {}
-    assert doctor.outliers({"a": 1, "b": 1.1, "c": 5}, 3.0, high=True) == {"c": 1.1}
+    assert doctor.outliers({"a": 1, "b": 1.1, "c": 5}, 3.0, high=True) == {"c": 1.05}
     assert doctor.outliers({"a": 5}, 0.5) == {}
+    # seen in CI: three nodes, node1 throttled. Judged with itself among the values, its
+    # own distance made the MAD of all three too wide to name it.
+    assert doctor.outliers({"node0": 19.05, "node1": 0.19, "node2": 23.7}, 0.5) == \
+        {"node1": 21.375}
 
 
 # nvidia-smi --query-gpu=<doctor_job.GPU_FIELDS> --format=csv,noheader,nounits, written
