@@ -93,7 +93,7 @@ def main() -> int:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": "the 2-core x86_64 build machine; sandbox nodes are containers on it",
         "command": f"python -m orchestrator doctor --nodes N --json (defaults: link "
-                   f"{doctor_job.parse_args(['--addresses', 'x']).link_seconds:g} s per "
+                   f"{doctor_job.LINK_SECONDS:g} s per "
                    "direction)",
         "results": results}, indent=2) + "\n")
     print("| nodes | doctor, median (min-max) | healthy runs with a suspect | throttled node "

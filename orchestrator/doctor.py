@@ -50,11 +50,11 @@ BAD_CLOCK_EVENTS = {0x8: "hardware slowdown", 0x20: "software thermal slowdown",
 
 @dataclass(frozen=True)
 class DoctorRequest:
-    link_seconds: float = 1.0      # per direction of each link
-    pings: int = 50                # round trips per link
-    compute_seconds: float = 1.0
-    allreduce_mb: float = 16.0
-    allreduce_iters: int = 5
+    link_seconds: float = doctor_job.LINK_SECONDS
+    pings: int = doctor_job.PINGS
+    compute_seconds: float = doctor_job.COMPUTE_SECONDS
+    allreduce_mb: float = doctor_job.ALLREDUCE_MB
+    allreduce_iters: int = doctor_job.ALLREDUCE_ITERS
     runs_dir: Path = DEFAULT_RUNS_DIR
     master_port: int | None = None
 

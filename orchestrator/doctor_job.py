@@ -31,6 +31,12 @@ import time
 # a record line (logstream.RECORD): in the run's log, not on the terminal
 RESULT_MARK = "##clustertrain record doctor "
 CHUNK = 1 << 20
+# What doctor measures by default (DoctorRequest takes them from here).
+LINK_SECONDS = 1.0       # per direction of each link
+PINGS = 50               # round trips per link
+COMPUTE_SECONDS = 1.0
+ALLREDUCE_MB = 16.0
+ALLREDUCE_ITERS = 5
 CONNECT_TIMEOUT = 10.0   # seconds to open a link's connection
 IO_TIMEOUT = 30.0        # seconds a link may stall beyond its measurement
 # nvidia-smi's health fields, in this order (`--format=csv,noheader,nounits`). Drivers
@@ -180,27 +186,26 @@ def gpu_health() -> str | None:
     return f"error: {(done.stderr or done.stdout).strip()}"
 
 
+def _sync(torch, device) -> None:  # noqa: ANN001 (torch module)
+    """Wait for the GPU's queued work (nothing to wait for on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def matmul_gflops(torch, device, seconds: float) -> float:  # noqa: ANN001 (torch module)
     """Matrix products for about SECONDS: GFLOP/s (bf16 on a GPU, float32 on the CPU)."""
-    cuda = device.type == "cuda"
-    n, dtype = (8192, torch.bfloat16) if cuda else (512, torch.float32)
+    n, dtype = (8192, torch.bfloat16) if device.type == "cuda" else (512, torch.float32)
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize(device)
-
     torch.matmul(a, b)
-    sync()
+    _sync(torch, device)
     count, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         torch.matmul(a, b)
         count += 1
-        if cuda and count % 10:
-            continue
-        sync()
-    sync()
+        if count % 10 == 0:   # a GPU queues work ahead: the clock reads it every 10
+            _sync(torch, device)
+    _sync(torch, device)
     return 2 * n ** 3 * count / (time.perf_counter() - start) / 1e9
 
 
@@ -209,19 +214,14 @@ def allreduce(torch, dist, device, megabytes: float, iters: int) -> dict:  # noq
     world = dist.get_world_size()
     tensor = torch.ones(max(1, int(megabytes * 1e6 // 4)), device=device)
     size = tensor.numel() * 4
-
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
     for _ in range(2):
         dist.all_reduce(tensor)
-    sync()
+    _sync(torch, device)
     dist.barrier()
     start = time.perf_counter()
     for _ in range(iters):
         dist.all_reduce(tensor)
-    sync()
+    _sync(torch, device)
     took = (time.perf_counter() - start) / iters
     algbw = size / took / 1e9
     return {"bytes": size, "ranks": world, "iters": iters, "seconds": took,
@@ -249,11 +249,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--addresses", required=True,
                    help="the nodes' cluster addresses, by node rank, comma-separated")
-    p.add_argument("--link-seconds", type=float, default=1.0)
-    p.add_argument("--pings", type=int, default=50)
-    p.add_argument("--compute-seconds", type=float, default=1.0)
-    p.add_argument("--allreduce-mb", type=float, default=16.0)
-    p.add_argument("--allreduce-iters", type=int, default=5)
+    p.add_argument("--link-seconds", type=float, default=LINK_SECONDS)
+    p.add_argument("--pings", type=int, default=PINGS)
+    p.add_argument("--compute-seconds", type=float, default=COMPUTE_SECONDS)
+    p.add_argument("--allreduce-mb", type=float, default=ALLREDUCE_MB)
+    p.add_argument("--allreduce-iters", type=int, default=ALLREDUCE_ITERS)
     return p.parse_args(argv)
 
 
