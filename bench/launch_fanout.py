@@ -5,7 +5,9 @@ code already synced, a trivial script is started three ways:
 
   launch   the orchestrator's launch path in-process: SSH connect to every node and
            start torchrun on all of them at once; also timed from the moment every
-           connection is open, which is `train`'s launch (preflight opened them)
+           connection is open (preflight opened them), and from GO, once every node's
+           supervisor is loaded and waits (train's launch after its code sync, which the
+           launch's first phase overlaps; launch.py)
   train    the whole `python -m orchestrator train` command line, preflight and sync included
   ansible  `ansible train_nodes -m shell` with the same torchrun command (forks = N)
 
@@ -44,6 +46,7 @@ from sandbox_bench import (  # REPO on sys.path
 from orchestrator.command import NodeCommand  # noqa: E402
 from orchestrator.inventory import load_cluster  # noqa: E402
 from orchestrator.job import Job  # noqa: E402
+from orchestrator.launch import Launch  # noqa: E402
 from orchestrator.runs import RunDir, new_run_id, run_state_dir  # noqa: E402
 from orchestrator.ssh import connect_all  # noqa: E402
 from orchestrator.sync import sync_code  # noqa: E402
@@ -55,9 +58,10 @@ def started_times(containers: list[str], path: str) -> list[float]:
     return [float(node_exec(c, f"stat -c %.9Y {path}").strip()) for c in containers]
 
 
-def bench_launch(cluster, containers, workdir: Path, runs: Path) -> tuple[float, float]:
-    """(from connecting, from connected) until torchrun runs on every node: `train`
-    launches over the connections its preflight opened, so the second is its launch."""
+def bench_launch(cluster, containers, workdir: Path, runs: Path) -> tuple[float, float, float]:
+    """Until torchrun runs on every node: from connecting, from connected (both launch
+    phases one after the other), and from GO with every node ready (what `train` waits
+    for after its code sync, which phase one overlaps)."""
     run_id = new_run_id()
     sync_code(cluster, workdir, run_id)  # code already synced before the clock starts
     rundir = RunDir(runs, run_id)
@@ -71,16 +75,19 @@ def bench_launch(cluster, containers, workdir: Path, runs: Path) -> tuple[float,
                             script="trivial.py", node=spec.name, nodes=tuple(cluster.names),
                             run_state=run_state_dir(cluster.shared_path, USER, run_id))
                 for i, spec in enumerate(cluster.nodes)]
-    job = Job(rundir, list(zip(cluster.nodes, commands, strict=True)), clients,
-              out=open(os.devnull, "w"))
-    failed = job.launch()  # returns once torchrun runs on every node
+    nodes = list(zip(cluster.nodes, commands, strict=True))
+    job = Job(rundir, nodes, clients, out=open(os.devnull, "w"))
+    launch = Launch.start(nodes, clients)
+    assert not launch.ready()
+    go = time.time()
+    failed = job.launch(launch)  # returns once torchrun runs on every node
     assert not failed, failed
     result = job.run()
     for c in clients.values():
         c.close()
     assert result.ok, result.outcomes
     started = max(started_times(containers, f"{commands[0].job_dir}/pgid"))
-    return started - t0, started - connected
+    return started - t0, started - connected, started - go
 
 
 def bench_train(inventory: str, n: int, containers, workdir: Path, runs: Path) -> float:
@@ -134,8 +141,9 @@ def main() -> int:
             launches = [bench_launch(cluster, containers, work / "code", work / "runs")
                         for _ in range(args.repeats)]
             for label, times in (
-                    ("launch", [total for total, _ in launches]),
-                    ("launch_connected", [after for _, after in launches]),
+                    ("launch", [total for total, _, _ in launches]),
+                    ("launch_connected", [after for _, after, _ in launches]),
+                    ("launch_go", [go for _, _, go in launches]),
                     ("train", [bench_train(info["inventory"], n, containers, work / "code",
                                            work / "runs") for _ in range(args.repeats)]),
                     ("ansible", [bench_ansible(info["inventory"], n, containers)
@@ -154,17 +162,19 @@ def main() -> int:
     Path(args.out).write_text(json.dumps({
         "what": "seconds from start until torchrun started on every node (code already "
                 "synced); median of repeats; launch: connecting included, launch_connected: "
-                "over open connections (as train after preflight); load_*: 1-minute load "
-                "average",
+                "over open connections, both launch phases one after the other; launch_go: "
+                "from GO with every node's supervisor ready (train's launch after its code "
+                "sync, which phase one overlaps); load_*: 1-minute load average",
         "machine": f"{os.cpu_count()} cores; sandbox containers",
         "ssh": "through a bastion (ProxyJump)" if args.bastion else "direct",
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "results": results, **({"failed": failure} if failure else {})}, indent=2) + "\n")
-    print("\n| nodes | launch incl. connecting (s) | launch, connected (s) | `train` CLI "
-          "(s) | `ansible -m shell` (s) |\n|---|---|---|---|---|")
+    print("\n| nodes | launch incl. connecting (s) | launch, connected (s) | from GO (s) | "
+          "`train` CLI (s) | `ansible -m shell` (s) |\n|---|---|---|---|---|---|")
     for r in results:
         print(f"| {r['nodes']} | {r['launch']['median_s']:.2f} | "
-              f"{r['launch_connected']['median_s']:.2f} | {r['train']['median_s']:.2f} "
+              f"{r['launch_connected']['median_s']:.2f} | {r['launch_go']['median_s']:.2f} | "
+              f"{r['train']['median_s']:.2f} "
               f"| {r['ansible']['median_s']:.2f} |")
     return 1 if failure else 0
 

@@ -31,6 +31,7 @@ ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 EXIT_MARKER = supervisor.EXIT_MARKER
 # The supervisor's source, shipped to the node at every launch.
 SUPERVISOR_SOURCE = Path(supervisor.__file__).read_text()
+SUPERVISOR_BYTES = len(SUPERVISOR_SOURCE.encode())
 DEFAULT_LEASE_TIMEOUT = 30.0
 DEFAULT_KEEP_RUNS = 20
 
@@ -179,17 +180,21 @@ class NodeCommand:
         }
 
     def shell(self) -> str:
-        """The command line that starts this node's part of the run (the supervisor's
-        source comes on its standard input) and returns at once.
+        """The command line that starts this node's part of the run, phase one of the
+        launch (launch.py): it writes the supervisor's source (the first
+        SUPERVISOR_BYTES of its standard input) into the job directory and runs it with
+        --wait-go, so that it loads and waits; on GO it starts torchrun in the code
+        snapshot.
 
-        The supervisor runs in a session of its own (setsid), outlives the SSH session,
+        The supervisor then runs in a session of its own (setsid), outlives the SSH session,
         and starts torchrun in another session, so torchrun and its workers form a job of
         their own; torchrun's PID, also its process group id, goes to JOB_DIR/pgid.
         """
         exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.environment().items())
-        job, code = shlex.quote(self.job_dir), shlex.quote(self.code_dir)
+        job = shlex.quote(self.job_dir)
         env_file = shlex.quote(self.cluster_env)
-        argv = [self.python, f"{self.job_dir}/supervisor.py", "run", "--job", self.job_dir,
+        argv = [self.python, f"{self.job_dir}/supervisor.py", "run", "--wait-go",
+                "--cwd", self.code_dir, "--job", self.job_dir,
                 "--state-dir", self.run_state, "--run", self.run_id, "--node", self.node,
                 "--nodes", ",".join(self.nodes), "--grace", str(self.grace),
                 "--lease-timeout", str(self.lease_timeout), "--keep", str(self.keep_runs),
@@ -197,12 +202,11 @@ class NodeCommand:
                   ["--hang-timeout", f"{self.hang_timeout:g}", "--on-hang", self.on_hang]),
                 "--", *self.torchrun_argv()]
         # A job directory that cannot be made fails the launch here, with mkdir's words.
-        return (f"umask 077; mkdir -p {job} && cd {code} && cat > {job}/supervisor.py "
-                "|| exit 1; "
+        # (head -c reads no more than it copies: GO, later on the same input, is left.)
+        return (f"umask 077; mkdir -p {job} && head -c {SUPERVISOR_BYTES} "
+                f">{job}/supervisor.py || exit 1; "
                 f"if [ -r {env_file} ]; then set -a; . {env_file}; set +a; fi; "
-                f"export {exports}; "
-                f"setsid {shlex.join(argv)} </dev/null >{job}/supervisor.log 2>&1 & "
-                f"echo $! >{job}/supervisor.pid; echo started")
+                f"export {exports}; exec {shlex.join(argv)}")
 
     def follow(self, lease: bool = False, tail: int | None = None) -> str:
         """The command line that prints this node's output as it grows and ends with

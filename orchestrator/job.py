@@ -22,10 +22,10 @@ from enum import Enum
 from typing import IO, Any, cast
 
 from . import ssh
-from .command import EXIT_MARKER, SUPERVISOR_SOURCE, NodeCommand
+from .command import EXIT_MARKER, NodeCommand
 from .diagnose import analyse, collect, sample, targets_of
-from .fanout import each
 from .inventory import NodeSpec
+from .launch import Launch
 from .logstream import LineSplitter, is_record
 from .progress import Progress
 from .runs import RunDir, iso
@@ -37,7 +37,6 @@ LAST_LINES = 30          # any line: torchrun's own error report is about 20 lin
 LAST_WORKER_LINES = 10   # lines the training processes printed
 WATCH_INTERVAL = 0.5     # seconds between checks that each node's master connection lives
 HEARTBEAT = 1.0          # seconds between the lease renewals sent to every node
-LAUNCH_TIMEOUT = 60.0
 PROGRESS_INTERVAL = 1.0  # seconds between looks at the run's progress (hang, stragglers)
 DEFAULT_HANG_TIMEOUT = 1800.0
 
@@ -120,23 +119,14 @@ class Job:
         self._stragglers: set[str] = set()
 
     # -- launch ------------------------------------------------------------------------
-    def launch(self) -> dict[str, str]:
-        """Start every node's supervisor (and so torchrun) at once; {node: error} for the
-        nodes where that failed, after stopping the job on the nodes where it started.
-        Returns once torchrun runs on every node (or, on a failure, runs on none)."""
-        def one(item: tuple[NodeSpec, NodeCommand]) -> None:
-            spec, cmd = item
-            result = self.clients[spec.name].run(cmd.shell(), timeout=LAUNCH_TIMEOUT,
-                                                 stdin=SUPERVISOR_SOURCE)
-            if result.exit_code != 0 or "started" not in result.stdout:
-                said = (result.stderr.strip().splitlines() or [f"exit {result.exit_code}"])
-                raise RuntimeError(said[-1])
-
-        failed = {n: f"could not start the job: {e}" for n, e in
-                  each(self.nodes, one, lambda item: item[0].name).failed.items()}
+    def launch(self, launch: Launch) -> dict[str, str]:
+        """Start torchrun on every node at once, LAUNCH's second phase (launch.py);
+        {node: error} for the nodes where that failed, after stopping the job on the nodes
+        where it started. Returns once every node's supervisor runs (or, on a failure,
+        none does)."""
+        failed = launch.go()
         if failed:  # nothing half-started is left: the nodes that started are stopped
-            self._stop([spec.name for spec, _ in self.nodes if spec.name not in failed],
-                       "launch failed")
+            self._stop([n for n in launch.started if n not in failed], "launch failed")
             for t in self._stop_threads:
                 t.join(timeout=self.grace + 30)
         return failed

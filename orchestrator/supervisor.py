@@ -40,6 +40,11 @@ import zlib
 from enum import Enum
 
 EXIT_MARKER = "@@clustertrain-exit"
+# The launch's handshake (`run --wait-go`): the supervisor says READY once loaded, starts
+# on GO, and says STARTED with its PID once it runs in a session of its own.
+READY = "@@clustertrain-ready"
+GO = "go"
+STARTED = "@@clustertrain-started"
 BEAT = 1.0            # seconds between heartbeats and checks
 PEER_TIMEOUT = 15.0   # a peer whose heartbeat has not moved for this long is lost
 PEER_START = 120.0    # a peer that never wrote its state within this long is lost
@@ -433,12 +438,50 @@ def prune(state: str, keep: int, current: str) -> list[str]:
 # -- run ---------------------------------------------------------------------------------
 def run(args: argparse.Namespace) -> int:
     """Supervise the run (see _supervise); whatever goes wrong, the run ends with an exit
-    status: a supervisor that died silently would leave its followers waiting forever."""
+    status: a supervisor that died silently would leave its followers waiting forever.
+    With --wait-go, first the launch's handshake (await_go)."""
+    if args.wait_go:
+        if not await_go(args.job, args.cwd):
+            return 0
+    elif args.cwd:
+        os.chdir(args.cwd)
     try:
         return _supervise(args)
     except Exception as exc:  # noqa: BLE001 - any failure of ours ends this node's part
         _failed(args, f"{type(exc).__name__}: {exc}")
         return 1
+
+
+def await_go(job: str, cwd: str | None) -> bool:
+    """The launch's two phases, so that torchrun starts on every node at once: loaded
+    (Python's start and imports are most of what a launch costs a node), say READY on
+    standard output and wait for GO on standard input; then go to CWD (the code snapshot,
+    synced meanwhile) and detach: the PID goes to JOB/supervisor.pid, STARTED and the PID
+    to the launch, and this process goes on in a session of its own with its output in
+    JOB/supervisor.log. False if the launch was called off first (end of input): nothing
+    was started."""
+    print(READY, flush=True)
+    if sys.stdin.readline().strip() != GO:
+        return False
+    if cwd:
+        os.chdir(cwd)  # a snapshot that is not there fails the launch, with its path
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        with open(os.path.join(job, "supervisor.pid"), "w") as fh:
+            fh.write(f"{pid}\n")
+        print(f"{STARTED} {pid}", flush=True)
+        os._exit(0)
+    log = os.open(os.path.join(job, "supervisor.log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                  0o600)
+    null = os.open(os.devnull, os.O_RDONLY)
+    for fd, to in ((null, 0), (log, 1), (log, 2)):
+        os.dup2(fd, to)
+    os.close(null)
+    os.close(log)
+    os.setsid()
+    return True
 
 
 def _failed(args: argparse.Namespace, why: str) -> None:
@@ -702,6 +745,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--on-hang", choices=("stop", "wait"), default="stop")
     r.add_argument("--keep", type=int, default=0,
                    help="prune all but the KEEP newest runs' snapshots and job dirs")
+    r.add_argument("--cwd", help="torchrun's working directory (the run's code snapshot)")
+    r.add_argument("--wait-go", action="store_true",
+                   help=f"say {READY}, start on {GO!r} (on stdin), then detach")
     r.add_argument("argv", nargs=argparse.REMAINDER)
     f = sub.add_parser("follow")
     f.add_argument("--job", required=True)

@@ -24,6 +24,7 @@ from .command import (
 from .errors import ClusterError, LaunchError
 from .inventory import Cluster, load_cluster
 from .job import HangWatch, Job, JobResult
+from .launch import Launch
 from .preflight import print_report, raise_if_blocked, run_preflight
 from .probe import NodeFacts, release_port
 from .records import settle
@@ -38,7 +39,7 @@ from .runs import (
     run_state_dir,
 )
 from .ssh import connect_all
-from .supervisor import End
+from .supervisor import GO, End
 from .sync import sync_code
 from .teardown import DEFAULT_GRACE
 from .worker_end import NodeEnd, NodeEnds, how_it_ended, judge, root_cause, scan_log
@@ -111,7 +112,9 @@ def run_training(request: TrainRequest, watch: HangWatch, cluster: Cluster) -> i
                       f"{cmd.node_rank}")
                 print(cmd.shell())
             print(f"# dry run: code would be synced from {request.workdir.resolve()} to "
-                  f"{commands[0].code_dir}; nothing was started")
+                  f"{commands[0].code_dir}; each line reads the supervisor's source on its "
+                  f"input, loads it and starts torchrun on the word {GO!r} (sent to every "
+                  "node at once); nothing was started")
             return 0
         run = RunDir(request.runs_dir, run_id)
         info = {
@@ -131,9 +134,13 @@ def run_training(request: TrainRequest, watch: HangWatch, cluster: Cluster) -> i
         }
         run.create(info)
         started = time.time()
+        nodes = list(zip(cluster.nodes, commands, strict=True))
+        launch: Launch | None = None
         try:
             print(f"run {run_id}: syncing {request.workdir.resolve()} to "
                   f"{len(cluster.nodes)} node(s)", flush=True)
+            # The nodes load their supervisors while the code syncs (launch.py).
+            launch = Launch.start(nodes, report.clients)
             synced = sync_code(cluster, request.workdir, run_id, clients=report.clients)
             if synced.reused:
                 print(f"run {run_id}: code unchanged since the last sync on "
@@ -141,13 +148,13 @@ def run_training(request: TrainRequest, watch: HangWatch, cluster: Cluster) -> i
             print(f"run {run_id}: code synced in {synced.seconds:.1f} s; starting torchrun on "
                   f"{', '.join(cluster.names)} (master {commands[0].master_addr}:"
                   f"{commands[0].master_port})", flush=True)
-            job = Job(run, list(zip(cluster.nodes, commands, strict=True)), report.clients,
-                      grace=request.grace, hang=watch)
-            failed = job.launch()
+            job = Job(run, nodes, report.clients, grace=request.grace, hang=watch)
+            failed = job.launch(launch)
             if failed:
                 first = next(n for n in cluster.names if n in failed)
-                raise LaunchError(f"{first}: {failed[first]}; the job was stopped on the "
-                                  "other nodes")
+                raise LaunchError(f"{first}: {failed[first]}; " + (
+                    "the job was stopped on the other nodes" if launch.started else
+                    "no node was started"))
             if request.detach:
                 print(f"run {run_id}: running on {', '.join(cluster.names)}, supervised by "
                       "the nodes (detached).\n"
@@ -158,6 +165,8 @@ def run_training(request: TrainRequest, watch: HangWatch, cluster: Cluster) -> i
                 return 0
             result = job.run(attached=True)
         except BaseException as exc:
+            if launch is not None:
+                launch.cancel()  # nodes still waiting for the word start nothing
             # Every exit path leaves a summary: never a record that says "running" for a
             # run that is gone.
             run.write_summary({**info, "status": RunStatus.INTERRUPTED if isinstance(

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.command import NodeCommand, TorchrunOptions, parse_env
+from orchestrator import supervisor
+from orchestrator.command import SUPERVISOR_BYTES, NodeCommand, TorchrunOptions, parse_env
 from orchestrator.errors import LaunchError
 
 
@@ -46,7 +47,7 @@ def test_torchrun_argv_c10d_and_passthrough() -> None:
     assert argv.index("--monitor-interval=1") < argv.index("train.py")
 
 
-def test_shell_starts_the_supervisor_in_a_session_of_its_own() -> None:
+def test_shell_starts_the_supervisor_waiting_for_the_word() -> None:
     c = cmd(node="node1", nodes=("node0", "node1"), run_state="/mnt/cluster/checkpoints/"
             "alice/.clustertrain/runs/20260101-000000-abcdef", lease_timeout=20.0)
     line = c.shell()
@@ -54,26 +55,24 @@ def test_shell_starts_the_supervisor_in_a_session_of_its_own() -> None:
     job = "/home/alice/.clustertrain/jobs/20260101-000000-abcdef"
     # Private by default: the job's files are its user's alone (umask 077).
     assert words[:5] == ["umask", "077;", "mkdir", "-p", job]
-    assert "cd /home/alice/.clustertrain/code/20260101-000000-abcdef" in line
-    # The supervisor's source arrives on stdin and is kept in the job directory.
-    assert f"cat > {job}/supervisor.py" in line
+    # The supervisor's source arrives on stdin, exactly its bytes (GO follows on the same
+    # input), and is kept in the job directory.
+    assert f"head -c {SUPERVISOR_BYTES} >{job}/supervisor.py" in line
+    assert SUPERVISOR_BYTES == len(Path(supervisor.__file__).read_bytes())
     assert ". /etc/clustertrain/cluster.env" in line
     assert "PYTHONUNBUFFERED=1" in line and "FOO='a b'" in line
     assert "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]:'" in line
-    i = words.index("setsid")
+    i = words.index("exec")
     sup = words[i + 1:words.index("--", i)]
-    assert sup[:3] == ["/usr/bin/python3", f"{job}/supervisor.py", "run"]
+    assert sup[:4] == ["/usr/bin/python3", f"{job}/supervisor.py", "run", "--wait-go"]
     for flag, value in (("--node", "node1"), ("--nodes", "node0,node1"),
-                        ("--lease-timeout", "20.0"), ("--run", "20260101-000000-abcdef")):
+                        ("--lease-timeout", "20.0"), ("--run", "20260101-000000-abcdef"),
+                        ("--cwd", "/home/alice/.clustertrain/code/20260101-000000-abcdef")):
         assert sup[sup.index(flag) + 1] == value
     assert "--attached" in sup
     rest = words[words.index("--", i) + 1:]
-    assert rest[:len(c.torchrun_argv())] == c.torchrun_argv()
+    assert rest == c.torchrun_argv()
     assert "--attached" not in shlex.split(cmd(attached=False).shell())
-    # It returns once the supervisor is started: the output goes to the job directory.
-    # The supervisor's PID is kept, so that a follower notices when it is gone.
-    assert line.endswith(f"</dev/null >{job}/supervisor.log 2>&1 & "
-                         f"echo $! >{job}/supervisor.pid; echo started")
 
 
 def test_a_command_without_its_node_or_state_directory_is_refused() -> None:
@@ -110,7 +109,7 @@ def test_the_exit_marker_is_taken_out_of_the_log() -> None:
 def test_shell_quotes_hostile_arguments() -> None:
     c = cmd(script_args=("$(touch /tmp/pwned)", "a;b"))
     words = shlex.split(c.shell())
-    start = words.index("--", words.index("setsid")) + 1
+    start = words.index("--", words.index("exec")) + 1
     argv = words[start:start + len(c.torchrun_argv())]
     # Each argument reaches torchrun as one word, unexpanded.
     assert argv == c.torchrun_argv() and argv[-2:] == ["$(touch /tmp/pwned)", "a;b"]

@@ -1,0 +1,148 @@
+"""Start a run's supervisors on every node in two phases, so that torchrun starts on every
+node at once and the launch's own cost is off the run's path.
+
+Phase one (`Launch.start`, which `train` runs before the code sync so that the two
+overlap): one SSH session per node runs the node's launch line (NodeCommand.shell) with
+the supervisor's source on its standard input; the supervisor loads and says READY.
+Phase two (`Launch.go`): once every node is ready, GO to all of them; each supervisor
+detaches, says STARTED and starts torchrun. Python's start on a node, the better part of
+what a launch costs there, is paid in phase one; on two cores shared by 16 nodes it was
+also what made the last node start a second after the first.
+
+A launch called off before GO (`cancel`, or this process ending: the sessions' input
+ends) starts nothing anywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+from .command import SUPERVISOR_SOURCE, NodeCommand
+from .fanout import each
+from .inventory import NodeSpec
+from .ssh import Connection
+from .supervisor import GO, READY, STARTED
+
+LAUNCH_TIMEOUT = 60.0   # seconds for every node to be ready, and again to start
+
+
+@dataclass
+class _Session:
+    """One node's launch session: the ssh process and what it said so far."""
+
+    node: str
+    proc: subprocess.Popen
+    buffer: bytes = b""
+    said: list[str] = field(default_factory=list)
+
+    def await_word(self, word: str, deadline: float) -> str:
+        """The first line that starts with WORD; RuntimeError with the session's last
+        words if it ends first (or does not say it by DEADLINE)."""
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        while True:
+            while b"\n" in self.buffer:
+                raw, self.buffer = self.buffer.split(b"\n", 1)
+                text = raw.decode(errors="replace").strip()
+                if text.startswith(word):
+                    return text
+                if text:
+                    self.said.append(text)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeError(f"no answer within {LAUNCH_TIMEOUT:.0f} s")
+            if not select.select([fd], [], [], left)[0]:
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                if self.buffer.strip():
+                    self.said.append(self.buffer.decode(errors="replace").strip())
+                code = self.proc.wait()
+                raise RuntimeError(self.said[-1] if self.said else f"exit {code}")
+            self.buffer += chunk
+
+    def close(self) -> None:
+        """End the session: its input ends (a supervisor still waiting for GO exits
+        without starting anything) and the ssh process is reaped."""
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class Launch:
+    """A run's launch on its nodes: `start` (phase one), then `go` or `cancel`."""
+
+    def __init__(self, sessions: dict[str, _Session]) -> None:
+        self._sessions = sessions
+        self.started: dict[str, int] = {}   # node: its supervisor's PID, once started
+        self._ready: dict[str, str] | None = None   # ready() once waited: its failures
+
+    @classmethod
+    def start(cls, nodes: list[tuple[NodeSpec, NodeCommand]],
+              clients: dict[str, Connection]) -> Launch:
+        """Phase one on every node: returns at once; the nodes load meanwhile."""
+        source = SUPERVISOR_SOURCE.encode()
+        sessions: dict[str, _Session] = {}
+        for spec, cmd in nodes:
+            proc = clients[spec.name].popen(cmd.shell(), stdin=True)
+            sessions[spec.name] = _Session(spec.name, proc)
+            assert proc.stdin is not None
+            try:
+                proc.stdin.write(source)
+                proc.stdin.flush()
+            except OSError:
+                pass  # the session ended already: go() reports what it said
+        return cls(sessions)
+
+    def ready(self) -> dict[str, str]:
+        """Wait until every node is ready; {node: error} for those that will not be (the
+        launch is then called off everywhere)."""
+        if self._ready is None:
+            deadline = time.monotonic() + LAUNCH_TIMEOUT
+            result = each(list(self._sessions.values()),
+                          lambda s: s.await_word(READY, deadline), lambda s: s.node)
+            self._ready = {n: f"could not start the job: {e}"
+                           for n, e in result.failed.items()}
+            if self._ready:
+                self.cancel()
+        return self._ready
+
+    def go(self) -> dict[str, str]:
+        """Phase two: once every node is ready, start them all; {node: error} for the
+        nodes that could not be started. If a node was not ready, none is started."""
+        failed = self.ready()
+        if failed:
+            return failed
+        for session in self._sessions.values():
+            assert session.proc.stdin is not None
+            try:
+                session.proc.stdin.write(f"{GO}\n".encode())
+                session.proc.stdin.flush()
+            except OSError:
+                pass  # reported below, with the session's last words
+        deadline = time.monotonic() + LAUNCH_TIMEOUT
+
+        def started(s: _Session) -> int:
+            pid = int(s.await_word(STARTED, deadline).split()[1])
+            self.started[s.node] = pid
+            return pid
+
+        done = each(list(self._sessions.values()), started, lambda s: s.node)
+        self.cancel()  # the started sessions end by themselves: reaped here
+        return {n: f"could not start the job: {e}" for n, e in done.failed.items()}
+
+    def cancel(self) -> None:
+        """Call the launch off where it has not started (idempotent)."""
+        for session in self._sessions.values():
+            session.close()
