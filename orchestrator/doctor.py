@@ -180,6 +180,19 @@ def run_doctor(cluster: Cluster, request: DoctorRequest) -> DoctorReport:
     return report
 
 
+def describe_run(run: RunDir) -> str | None:
+    """What `runs` says of a doctor run (its script is the doctor job): its verdict from
+    doctor.json, instead of the job's long command line; None for any other run."""
+    if run.info().get("script") != Path(doctor_job.__file__).name:
+        return None
+    path = run.path / "doctor.json"
+    if not path.exists():
+        return "doctor (no analysis: the run did not finish)"
+    suspects = json.loads(path.read_text()).get("suspects", [])
+    named = sorted({s["node"] for s in suspects})
+    return f"doctor: suspects {', '.join(named)}" if named else "doctor: no node named"
+
+
 def read_result(log: Path) -> dict:
     """Rank 0's result line in node 0's log of the doctor's run."""
     try:

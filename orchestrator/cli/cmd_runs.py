@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..doctor import describe_run
 from ..errors import ClusterError
 from ..progress import Straggler
 from ..records import settle
@@ -56,8 +57,14 @@ def _runs(args: argparse.Namespace) -> int:
             status += f" ({summary['first_failed']})"
         duration = f"{summary['duration_s']:.1f}s" if summary else "-"
         print(f"{run.run_id:<24} {status:<20} {','.join(info['nodes']):<20} {duration:>9}  "
-              f"{info['script']} {' '.join(info.get('script_args', []))}".rstrip())
+              f"{_what(run)}")
     return 0
+
+
+def _what(run: RunDir) -> str:
+    """The run's script and arguments, or a doctor run's verdict."""
+    info = run.info()
+    return describe_run(run) or f"{info['script']} {' '.join(info.get('script_args', []))}".rstrip()
 
 
 def _show(run: RunDir) -> int:
@@ -69,7 +76,7 @@ def _show(run: RunDir) -> int:
         return 0
     first = f" (first failed: {summary['first_failed']})" if summary.get("first_failed") else ""
     print(f"run {run.run_id}: {summary['status']}{first} after {summary['duration_s']:.1f} s")
-    print(f"  {info['script']} {' '.join(info.get('script_args', []))}".rstrip())
+    print(f"  {_what(run)}")
     times = summary.get("step_times") or {}
     print(f"  {'NODE':<12} {'EXIT':>5}  {'END':<14} {'STEP_S':>8} {'SAMPLES/S':>10}")
     for node in summary.get("nodes", []):

@@ -89,3 +89,32 @@ def test_unknown_run(tmp_path: Path, capsys) -> None:
     make_run(tmp_path, finished=True)
     assert main(["logs", "20990101-000000-000000", "--runs-dir", str(tmp_path)]) != 0
     assert "no run '20990101-000000-000000'" in capsys.readouterr().err
+
+
+def test_runs_gives_a_doctor_runs_verdict_not_its_command_line(tmp_path: Path,
+                                                                capsys) -> None:
+    import json
+
+    from orchestrator import doctor_job
+
+    def doctor_run(suspects: list[dict] | None) -> RunDir:
+        run = make_run(tmp_path, finished=True)
+        info = {**run.info(), "script": Path(doctor_job.__file__).name,
+                "script_args": ["--addresses", "10.0.0.1,10.0.0.2", "--link-seconds", "1"]}
+        run.run_json.write_text(json.dumps(info))
+        if suspects is not None:
+            run.write_json("doctor.json", {"suspects": suspects})
+        return run
+
+    named = doctor_run([{"node": "node1", "why": "sends at 0.1 x"},
+                        {"node": "node1", "why": "link node0-node1"}])
+    healthy = doctor_run([])
+    cut = doctor_run(None)
+    assert main(["runs", "--runs-dir", str(tmp_path)]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    assert lines[named.run_id].endswith("doctor: suspects node1")
+    assert lines[healthy.run_id].endswith("doctor: no node named")
+    assert "did not finish" in lines[cut.run_id]
+    assert not any("--addresses" in line for line in lines.values())
+    assert main(["runs", "show", named.run_id, "--runs-dir", str(tmp_path)]) == 0
+    assert "doctor: suspects node1" in capsys.readouterr().out
