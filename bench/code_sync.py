@@ -34,9 +34,9 @@ import sys
 import time
 from pathlib import Path
 
-from sandbox_bench import REPO, sandbox_down, sandbox_up, sh  # puts REPO on sys.path
+from sandbox_bench import HOME, REPO, sandbox_down, sandbox_up, sh  # puts REPO on sys.path
 
-from orchestrator.command import CODE_ROOT  # noqa: E402
+from orchestrator.command import CODE_SUBDIR, NODE_STATE_DIR  # noqa: E402
 from orchestrator.inventory import load_cluster  # noqa: E402
 from orchestrator.runs import new_run_id  # noqa: E402
 from orchestrator.sync import sync_code  # noqa: E402
@@ -56,6 +56,10 @@ def make_code(root: Path) -> dict:
     (root / "assets.bin").write_bytes(os.urandom(20 * 1024 * 1024))
     files = [p for p in root.rglob("*") if p.is_file()]
     return {"files": len(files), "bytes": sum(p.stat().st_size for p in files)}
+
+
+# The job user's snapshots on a node (the sandbox's login user trains).
+CODE_ROOT = f"{HOME}/{NODE_STATE_DIR}/{CODE_SUBDIR}"
 
 
 def clear_nodes(containers: list[str]) -> None:

@@ -26,6 +26,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 import torch  # noqa: E402
@@ -101,12 +102,11 @@ def main() -> int:
     steps = args.steps or (100 if cuda else 6)
     backend = "nccl" if cuda else "gloo"
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}",
-                            rank=0, world_size=1,
-                            **({"device_id": device} if cuda else {}))
+                            rank=0, world_size=1, device_id=device if cuda else None)
     torch.manual_seed(0)
     base = build_model(args.width, args.blocks, num_classes=10).to(device)
     if cuda:
-        base = base.to(memory_format=torch.channels_last)
+        base = base.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     x = torch.randn(batch, 3, 32, 32, device=device)
     if cuda:
         x = x.contiguous(memory_format=torch.channels_last)
@@ -126,7 +126,7 @@ def main() -> int:
 
     per_step = {k: statistics.median(v) / steps for k, v in times.items()}
     ratios = [d / p for d, p in zip(times["ddp"], times["plain"], strict=True)]
-    result = {
+    result: dict[str, Any] = {
         "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(device) if cuda else
         f"CPU {platform.processor() or platform.machine()} x{os.cpu_count()}",

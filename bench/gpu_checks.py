@@ -190,7 +190,7 @@ def main() -> int:
         import torch
 
         lib = Path(torch.__file__).parent / "lib"
-        names: set[str] = set()
+        names: set[bytes] = set()
         for so in lib.glob("libtorch_cuda*.so"):
             names |= set(re.findall(rb"TORCH_(?:FR|NCCL)_[A-Z_]+", so.read_bytes()))
         return {"torch": torch.__version__,
@@ -314,7 +314,8 @@ def main() -> int:
             "open(sys.argv[1], 'w').write(str(os.getpid()))\n"
             "def waiting_for_data():\n    time.sleep(120)\n"
             "waiting_for_data()\n")
-        procs, found = [], {"ptrace_scope_before": before}
+        procs: list[subprocess.Popen] = []
+        found: dict[str, object] = {"ptrace_scope_before": before}
         try:
             yama.write_text("1")
             for name, runner in (("with_runner", [str(d / "run_worker.py")]),

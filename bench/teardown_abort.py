@@ -56,7 +56,8 @@ def one_run(inventory: str, mode: str, runs_dir: Path, sandbox: str) -> dict:
     except subprocess.TimeoutExpired as exc:  # recorded as a failure of its own kind
         p = subprocess.CompletedProcess(exc.cmd, -1, "", f"timed out after 600 s; "
                                         f"{(exc.stderr or b'')[-1000:]!r}")
-    [run] = [d for d in runs_dir.iterdir() if d.is_dir()] or [None]
+    found: list[Path | None] = [d for d in runs_dir.iterdir() if d.is_dir()]
+    [run] = found or [None]
     summary = json.loads((run / "summary.json").read_text()) if run and (
         run / "summary.json").exists() else {}
     logs = "".join(p.read_text(errors="replace") for p in run.glob("*.log")) if run else ""

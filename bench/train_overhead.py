@@ -81,6 +81,7 @@ def train_once(inventory: str, n: int, containers: list[str], workdir: Path,
                             stdout=subprocess.PIPE, stderr=err, text=True)
 
     def read() -> None:
+        assert proc.stdout is not None  # stdout=PIPE
         for line in proc.stdout:
             for key, needle in (("preflight", "syncing"), ("sync", "starting torchrun")):
                 if needle in line and key not in seen:

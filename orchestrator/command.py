@@ -47,8 +47,33 @@ def state_dir(home: str) -> str:
     return f"{home.rstrip('/')}/{NODE_STATE_DIR}"
 
 
+# Variables the tool and torchrun set for every worker: a job's --env may not set them
+# (a CLUSTERTRAIN_RUN_ID of the user's own would hide the run from `stop`, a RANK of its
+# own would break the rendezvous). The flight recorder's TORCH_FR_* stay the user's to set.
+RESERVED_ENV_PREFIXES = {
+    "CLUSTERTRAIN_": "set by clustertrain for every run (its id, node rank, backend, ...)",
+    "TORCHELASTIC_": "set by torchrun for its workers",
+}
+RESERVED_ENV = {
+    **{name: "set by clustertrain: node 0's cluster address and the master port it claimed "
+       "(choose the port with --master-port)" for name in ("MASTER_ADDR", "MASTER_PORT")},
+    **{name: "set by torchrun for each worker from --nodes/--hosts and --nproc-per-node"
+       for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                    "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE")},
+}
+
+
+def reserved_env(key: str) -> str | None:
+    """Why KEY may not be set with --env (None: it may)."""
+    if key in RESERVED_ENV:
+        return RESERVED_ENV[key]
+    return next((why for prefix, why in RESERVED_ENV_PREFIXES.items()
+                 if key.startswith(prefix)), None)
+
+
 def parse_env(items: list[str] | None) -> dict[str, str]:
-    """`--env K=V` (repeatable) into a dict; LaunchError on a malformed item."""
+    """`--env K=V` (repeatable) into a dict; LaunchError on a malformed item or a name
+    the tool or torchrun sets."""
     env: dict[str, str] = {}
     for item in items or []:
         key, sep, value = item.partition("=")
@@ -57,8 +82,72 @@ def parse_env(items: list[str] | None) -> dict[str, str]:
                 f"--env {item!r} is not KEY=VALUE with KEY a shell variable name "
                 "(letters, digits, '_', not starting with a digit); for example "
                 "--env LR=0.1")
+        why = reserved_env(key)
+        if why:
+            raise LaunchError(f"--env {key}: {key} is {why}; a job cannot set it. Pass "
+                              "your own value under another name")
         env[key] = value
     return env
+
+
+# A node's launch line is one argument of its login shell (`sh -c LINE`), and Linux takes
+# at most 128 KiB in one argument (MAX_ARG_STRLEN); the line's own part is a few KiB.
+ARGUMENTS_LIMIT = 100_000
+
+
+def check_arguments_size(script_args: tuple[str, ...], env: dict[str, str]) -> None:
+    """LaunchError when the script's arguments and --env values would not fit on the
+    nodes' command line (ssh would fail with 'Argument list too long')."""
+    size = len(shlex.join(script_args).encode()) + sum(
+        len(f"{k}={shlex.quote(v)} ".encode()) for k, v in env.items())
+    if size > ARGUMENTS_LIMIT:
+        raise LaunchError(f"the script's arguments and --env values come to {size} bytes; "
+                          f"a node's command line takes at most {ARGUMENTS_LIMIT} (one "
+                          "argument of 128 KiB at most, Linux's limit). Put them in a file "
+                          "in --workdir and pass its name to the script")
+
+
+# torchrun's options that the launch sets itself, and the train option that decides each.
+# torchrun (argparse) also takes '_' for '-' and unambiguous prefixes: both are matched.
+TORCHRUN_SET = {
+    "--nnodes": "--nodes/--hosts", "--node-rank": "the node's place in the inventory",
+    "--nproc-per-node": "--nproc-per-node", "--master-addr": "node 0's cluster_address",
+    "--master-port": "--master-port", "--rdzv-backend": "--rdzv-backend",
+    "--rdzv-endpoint": "node 0's cluster_address and --master-port",
+    "--rdzv-id": "the run id", "--max-restarts": "--max-restarts",
+    "--tee": "clustertrain (every rank's output goes to the node's log)",
+    "--log-dir": "clustertrain (the run's job directory)",
+    "--redirects": "clustertrain (every rank's output goes to the node's log)",
+    "--standalone": "--nodes/--hosts (the rendezvous is node 0's)",
+    "--no-python": "--no-clean-exit and -m (how the script starts)",
+    "--module": "-m/--module", "--run-path": "the script (train's SCRIPT argument)",
+}
+# Every long option of torchrun (torch 2.13, '-' spelling), to resolve a prefix as it would.
+TORCHRUN_OPTIONS = (*TORCHRUN_SET, "--rdzv-conf", "--monitor-interval", "--start-method",
+                    "--role", "--local-addr", "--logs-specs", "--local-ranks-filter",
+                    "--event-log-handler", "--numa-binding", "--signals-to-handle",
+                    "--duplicate-stdout-filters", "--duplicate-stderr-filters",
+                    "--virtual-local-rank", "--shutdown-timeout")
+
+
+def check_torchrun_args(args: tuple[str, ...]) -> None:
+    """LaunchError for a --torchrun-arg that names an option the launch sets (--nnodes=3
+    on 2 nodes would wait for a third node forever)."""
+    for arg in args:
+        if not arg.startswith("--"):
+            if arg in ("-m", "-r", "-t"):
+                raise LaunchError(f"--torchrun-arg={arg}: torchrun's {arg} is set by "
+                                  "clustertrain (how the script starts, and where its "
+                                  "output goes); leave it out")
+            continue
+        word = arg.split("=", 1)[0].replace("_", "-")
+        matches = [o for o in TORCHRUN_OPTIONS if o == word] or [
+            o for o in TORCHRUN_OPTIONS if o.startswith(word)]
+        owner = [o for o in matches if o in TORCHRUN_SET]
+        if owner and len(matches) == 1:
+            raise LaunchError(f"--torchrun-arg={arg}: torchrun's {owner[0]} is set by "
+                              f"clustertrain from {TORCHRUN_SET[owner[0]]}; use that "
+                              "instead, and leave it out of --torchrun-arg")
 
 
 @dataclass(frozen=True)
@@ -163,20 +252,23 @@ class NodeCommand:
         return f"{self.job_dir}/{supervisor.FR_SUBDIR}"
 
     def environment(self) -> dict[str, str]:
+        """The job's environment on this node: the user's --env overrides the defaults
+        (the flight recorder's, say), never the names that identify the run (parse_env
+        refuses them; a record made otherwise cannot hide the run from `stop` either)."""
         fr = self.flight_records_dir
         return {
             "PYTHONUNBUFFERED": "1",
-            "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": LOG_PREFIX_TEMPLATE,
-            "CLUSTERTRAIN_RUN_ID": self.run_id,
-            "CLUSTERTRAIN_NODE_RANK": str(self.node_rank),
             # The flight recorder: on, with torch's default size, and dumped into the job
             # on a NCCL timeout (torch appends the rank). Only the current names: torch
             # warns about the older ones (TORCH_NCCL_TRACE_BUFFER_SIZE, ...) when set.
-            FR_DIR_ENV: fr,
             "TORCH_FR_BUFFER_SIZE": FR_BUFFER_SIZE,
             "TORCH_FR_DUMP_TEMP_FILE": f"{fr}/{supervisor.TIMEOUT_DUMP_PREFIX}",
             "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
             **self.env,
+            "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": LOG_PREFIX_TEMPLATE,
+            "CLUSTERTRAIN_RUN_ID": self.run_id,
+            "CLUSTERTRAIN_NODE_RANK": str(self.node_rank),
+            FR_DIR_ENV: fr,
         }
 
     def shell(self) -> str:

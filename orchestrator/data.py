@@ -10,12 +10,14 @@ built in a hidden temporary directory next to the target and renamed into place.
 from __future__ import annotations
 
 import hashlib
+import http.client
 import os
 import random
 import shutil
 import struct
 import tarfile
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from operator import getitem
@@ -253,7 +255,17 @@ def md5_of(path: Path) -> str:
     return h.hexdigest()
 
 
+def check_url(url: str) -> None:
+    """DataError unless URL is an http(s) or ftp address with a host."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https", "ftp") or not parts.netloc:
+        raise DataError(f"--url {url!r} is not a download address: give it with its scheme "
+                        f"and host, e.g. https://{url.split('://')[-1].lstrip('/')} (or pass "
+                        "the archive with --archive FILE)")
+
+
 def download(url: str, to: Path, log=print, timeout: float = 60.0) -> None:
+    check_url(url)
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp, open(to, "wb") as out:
             total = int(resp.headers.get("Content-Length") or 0)
@@ -268,6 +280,10 @@ def download(url: str, to: Path, log=print, timeout: float = 60.0) -> None:
         reason = getattr(exc, "reason", exc)
         raise DataError(f"download of {url} failed ({reason}). Without internet access, "
                         "fetch the archive elsewhere and pass it with --archive FILE") from exc
+    except http.client.HTTPException as exc:  # the server there does not speak HTTP
+        said = f": {exc.args[0]!r}" if exc.args and exc.args[0] else ""
+        raise DataError(f"download of {url} failed: what answers there is not an HTTP server "
+                        f"({type(exc).__name__}{said}); check the host and port of --url") from exc
 
 
 def unpack(archive: Path, into: Path) -> Path:
@@ -297,6 +313,8 @@ def fetch_cifar10(dest: Path, archive: Path | None = None, url: str = CIFAR10_UR
     dest = Path(dest)
     if archive is not None and not Path(archive).is_file():
         raise DataError(f"--archive {archive}: no such file")
+    if archive is None:
+        check_url(url)
     if is_complete(dest) and not force:
         log(f"{dest / SUBDIR} is already complete; nothing to do (--force replaces it)")
         return dest / SUBDIR

@@ -102,10 +102,17 @@ class Diagnosis:
             return self.stacks
         return self.flight or self.stacks
 
+    def nobody(self) -> str:
+        """Why nobody is named when no rank could be dumped."""
+        if self.missing:
+            return "no rank could be dumped, so nobody can be named"
+        return ("no worker process was found on any node, so nobody can be named: torchrun "
+                "had not started its workers (still in its rendezvous, waiting for a node?)")
+
     def report(self) -> str:
         found = [a for a in (self.analysis, self.flight, self.stacks) if a]
         lines = [a.report() for i, a in enumerate(found) if a not in found[:i]] or [
-            "No rank could be dumped, so nobody can be named."]
+            self.nobody()[0].upper() + self.nobody()[1:] + "."]
         lines += [f"  not dumped: {m}" for m in self.missing]
         if any("py-spy" in m and ("No such file" in m or "not found" in m)
                for m in self.missing):
@@ -120,7 +127,7 @@ class Diagnosis:
         return {"suspects": chosen.to_json()["suspects"] if chosen else [],
                 "source": chosen.source if chosen else None,
                 "dumps": str(self.directory),
-                "verdict": chosen.verdict if chosen else None,
+                "verdict": chosen.verdict if chosen else self.nobody(),
                 "flight_recorder": ({"verdict": self.flight.verdict, **self.flight.to_json()}
                                     if self.flight else None),
                 "not_dumped": self.missing}

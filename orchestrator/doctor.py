@@ -48,6 +48,10 @@ BAD_CLOCK_EVENTS = {0x8: "hardware slowdown", 0x20: "software thermal slowdown",
                     0x40: "hardware thermal slowdown", 0x80: "hardware power brake"}
 
 
+MAX_SECONDS = 60.0          # --link-seconds, --compute-seconds
+MAX_ALLREDUCE_MB = 8192.0   # --allreduce-mb: 8 GB per rank
+
+
 @dataclass(frozen=True)
 class DoctorRequest:
     link_seconds: float = doctor_job.LINK_SECONDS
@@ -59,11 +63,15 @@ class DoctorRequest:
     master_port: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("link_seconds", "compute_seconds", "allreduce_mb"):
+        for name in ("link_seconds", "compute_seconds"):
             value = getattr(self, name)
-            if not math.isfinite(value) or not 0 < value <= 60:
-                raise LaunchError(f"--{name.replace('_', '-')} {value:g}: give a number "
-                                  "above 0 and at most 60")
+            if not math.isfinite(value) or not 0 < value <= MAX_SECONDS:
+                raise LaunchError(f"--{name.replace('_', '-')} {value:g}: give a number above "
+                                  f"0 and at most {MAX_SECONDS:g} (seconds to measure)")
+        if not math.isfinite(self.allreduce_mb) or not 0 < self.allreduce_mb <= MAX_ALLREDUCE_MB:
+            raise LaunchError(f"--allreduce-mb {self.allreduce_mb:g}: give a number above 0 and "
+                              f"at most {MAX_ALLREDUCE_MB:g} (the all_reduce's size in MB; every "
+                              "rank holds a tensor of that size)")
         for name in ("pings", "allreduce_iters"):
             if not 1 <= getattr(self, name) <= 10000:
                 raise LaunchError(f"--{name.replace('_', '-')} {getattr(self, name)}: give "
@@ -157,6 +165,10 @@ def thresholds() -> dict:
 def run_doctor(cluster: Cluster, request: DoctorRequest) -> DoctorReport:
     """Run the measurements on CLUSTER's nodes as a job (preflight, sync, torchrun on every
     node, logs under runs/), analyse them and keep the analysis as doctor.json."""
+    if len(cluster.nodes) < 2:
+        raise LaunchError(f"doctor compares the nodes with each other (their links, their "
+                          f"GFLOP/s), and {cluster.names[0]} alone has nothing to be "
+                          "compared with: choose 2 nodes or more (--nodes, --hosts)")
     run_id = new_run_id()
     with tempfile.TemporaryDirectory(prefix="clustertrain-doctor-") as workdir:
         script = Path(doctor_job.__file__)

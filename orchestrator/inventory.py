@@ -70,6 +70,9 @@ class Cluster:
     def names(self) -> list[str]:
         return [n.name for n in self.nodes]
 
+    def node(self, name: str) -> NodeSpec:
+        return next(n for n in self.nodes if n.name == name)
+
     def select(self, nodes: int | None = None, hosts: str | None = None) -> Cluster:
         """`--nodes N` (the first N) or `--hosts a,b` (by name, kept in inventory order)."""
         if nodes is not None and hosts is not None:

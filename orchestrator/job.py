@@ -354,7 +354,7 @@ class Job:
     def _look_at_progress(self, running: list[str]) -> bool:
         """Say which nodes straggle; on a hang, dump and read every rank's stack and, by
         the watch's policy, stop the run (True) or keep watching."""
-        for s in self.progress.stragglers():
+        for s in self.progress.stragglers(time.monotonic()):
             if s.node not in self._stragglers:
                 self._stragglers.add(s.node)
                 self._say(s.message())

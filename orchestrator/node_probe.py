@@ -16,6 +16,7 @@ in the node's system python: standard library only.
 from __future__ import annotations
 
 import getpass
+import glob
 import hashlib
 import json
 import os
@@ -422,6 +423,24 @@ def _unlink(path: str | None) -> None:
 
 # --- the verbs ----------------------------------------------------------------------------
 
+def machine() -> dict[str, str]:
+    """What tells this machine from another: its host name, machine id, boot id (one per
+    running kernel) and SSH host keys. Two inventory hosts that answer with all of them
+    equal are one machine; cloned servers share a machine id (or host keys) but never a
+    boot id, containers on one host share a boot id but not their host keys."""
+    def read(path: str) -> str:
+        try:
+            with open(path) as fh:
+                return fh.read().strip()
+        except OSError:
+            return ""
+    keys = sorted(read(p).split(" ")[1] if " " in read(p) else read(p)
+                  for p in glob.glob("/etc/ssh/ssh_host_*_key.pub"))
+    return {"hostname": socket.gethostname(), "machine_id": read("/etc/machine-id"),
+            "boot_id": read("/proc/sys/kernel/random/boot_id"),
+            "host_keys": hashlib.sha256("\n".join(keys).encode()).hexdigest()[:16]}
+
+
 def probe(req: dict, fp_source: str, state_dir: str) -> dict[str, Any]:
     """Round 1 (see the module's docstring). REQ: shared, addresses, port, run, strict,
     state_dir (else STATE_DIR: where the python_env role wrote its files), and on node 0
@@ -429,7 +448,7 @@ def probe(req: dict, fp_source: str, state_dir: str) -> dict[str, Any]:
     started = time.time()
     fp = load_fingerprint(fp_source)
     out: dict[str, Any] = {"user": getpass.getuser(), "uid": os.getuid(),
-                           "home": os.path.expanduser("~")}
+                           "home": os.path.expanduser("~"), "machine": machine()}
     state = req.get("state_dir") or state_dir
     out["provisioned"], out["provisioned_error"] = read_json(state + "/fingerprint.json")
     env, out["python_env_error"] = read_json(state + "/python_env.json")

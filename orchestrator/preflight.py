@@ -245,6 +245,7 @@ def _judge(report: Report, port: int, strict_port: bool) -> None:
         w.append(f"clocks differ by {max(offsets) - min(offsets):.1f} s between nodes; "
                  "timestamps in logs will not line up (enable NTP/chrony)")
     _judge_addresses(report)
+    _judge_machines(report)
     node0 = report.facts[0]
     if not node0.error and port < 1024 and node0.uid != 0:
         p.append(f"{node0.node.name}: master port {port} is privileged (below 1024) and the "
@@ -336,6 +337,28 @@ def _judge_addresses(report: Report) -> None:
                 f"{other} and {node.name} both resolve to {ip} (cluster_address "
                 f"{node.cluster_address!r}); each training node must be "
                 "a different machine: fix cluster_address or DNS")
+
+
+def _judge_machines(report: Report) -> None:
+    """Each training node must be a machine of its own: two inventory hosts that reached
+    the same machine (an ansible_host copied from another node, say) would share its job
+    directory and run one node's part twice."""
+    seen: dict[tuple[str, ...], str] = {}
+    for f in report.facts:
+        m = f.machine
+        if f.error or not m:
+            continue
+        key = (m.get("hostname", ""), m.get("machine_id", ""), m.get("boot_id", ""),
+               m.get("host_keys", ""))
+        other = seen.setdefault(key, f.node.name)
+        if other != f.node.name:
+            report.problems.append(
+                f"{other} and {f.node.name} are the same machine (host name {key[0]}, "
+                f"machine id {key[1][:12] or '-'}, boot id {key[2][:8] or '-'}, the same SSH "
+                f"host keys): the inventory reaches it as {other} "
+                f"({report.cluster.node(other).ssh.display}) and as {f.node.name} "
+                f"({f.node.ssh.display}); fix ansible_host (or the Host entry in your SSH "
+                "config) of the one that is wrong")
 
 
 def _address(f: NodeFacts) -> str:

@@ -74,6 +74,7 @@ class NodeFacts:
     user: str | None = None          # who the job runs as on this node
     uid: int | None = None
     home: str | None = None
+    machine: dict[str, str] | None = None   # node_probe.machine(): what tells machines apart
     fingerprint: dict[str, Any] | None = None   # the environment as it is now
     fingerprint_error: str | None = None
     provisioned: dict[str, Any] | None = None   # fingerprint.json, written at provisioning

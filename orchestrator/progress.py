@@ -21,9 +21,17 @@ from collections import defaultdict, deque
 from dataclasses import dataclass
 
 BEAT = "##clustertrain beat"
-STRAGGLER_RATIO = 1.2   # a rank this much slower than the median rank is a straggler
-MIN_STEPS = 5           # step times a rank must report before it is compared
-WINDOW = 20             # the most recent step times kept per rank
+# Stragglers: a node is named when it was slower than the others in most windows of a
+# minute or more, by more than the run's own spread. One noisy window (shared cores, a
+# checkpoint, the first epoch's warm-up) names nobody.
+WINDOW_S = 10.0         # step times are compared within windows of this many seconds
+MIN_WINDOWS = 6         # a node is judged over this many windows at least (a minute)...
+MOST = 2 / 3            # ...and named when it was slower in this share of them
+STRAGGLER_RATIO = 1.2   # slower: its slowest rank's median step time over 1.2 x the others'
+SPREAD_K = 2.0          # and above theirs by more than 2 x their own spread (scaled MAD)
+MIN_STEPS = 3           # step times a rank must report in a window to count in it
+HISTORY = 60            # windows kept (10 minutes)
+RECENT = 20             # step times per rank behind the summary's step_s and samples/s
 
 
 @dataclass(frozen=True)
@@ -59,21 +67,73 @@ def parse_beat(text: str) -> Beat | None:
 class Straggler:
     node: str
     rank: int         # the node's slowest rank
-    step_s: float     # its median step time
-    median_s: float   # the median over every rank of the run
+    step_s: float     # its median step time, in the windows where the node was slower
+    median_s: float   # the other nodes' median in those windows
+    windows: tuple[int, int] = (0, 0)   # windows it was slower in, of those judged
 
     @property
     def slower_pct(self) -> int:
         return round((self.step_s / self.median_s - 1) * 100)
 
     def message(self) -> str:
+        slow, judged = self.windows
+        over = (f" in {slow} of {judged} windows of {WINDOW_S:g} s" if judged else "")
         return (f"{self.node} is {self.slower_pct} % slower than the median step time "
                 f"(rank {self.rank}: {self.step_s:.3f} s per step, median "
-                f"{self.median_s:.3f} s)")
+                f"{self.median_s:.3f} s){over}")
 
     def to_json(self) -> dict:
         return {"node": self.node, "rank": self.rank, "step_s": round(self.step_s, 6),
-                "median_step_s": round(self.median_s, 6), "slower_pct": self.slower_pct}
+                "median_step_s": round(self.median_s, 6), "slower_pct": self.slower_pct,
+                "windows": list(self.windows)}
+
+
+@dataclass(frozen=True)
+class Judged:
+    """One node in one window: its slowest rank, that rank's median step time, the other
+    nodes' median, and whether it was slower by the rule."""
+    rank: int
+    step_s: float
+    reference_s: float
+    slow: bool
+
+
+def judge_window(ranks: dict[tuple[str, int], list[float]]) -> dict[str, Judged]:
+    """Each node of one window, against the other nodes' ranks in it (with MIN_STEPS step
+    times or more); nothing when fewer than two nodes reported."""
+    steps = {key: times for key, times in ranks.items() if len(times) >= MIN_STEPS}
+    nodes = sorted({node for node, _ in steps})
+    if len(nodes) < 2:
+        return {}
+    medians = {key: statistics.median(times) for key, times in steps.items()}
+    judged = {}
+    for node in nodes:
+        rank, slowest = max(((r, m) for (n, r), m in medians.items() if n == node),
+                            key=lambda item: item[1])
+        others = [m for (n, _), m in medians.items() if n != node]
+        reference = statistics.median(others)
+        pooled = [t for (n, _), times in steps.items() if n != node for t in times]
+        centre = statistics.median(pooled)
+        spread = 1.4826 * statistics.median(abs(t - centre) for t in pooled)
+        judged[node] = Judged(rank, slowest, reference,
+                              slowest > reference * STRAGGLER_RATIO
+                              and slowest - reference > SPREAD_K * spread)
+    return judged
+
+
+def stragglers_of(windows: list[dict[str, Judged]]) -> list[Straggler]:
+    """The nodes slower in most of MIN_WINDOWS judged windows or more."""
+    found = []
+    for node in sorted({n for w in windows for n in w}):
+        mine = [w[node] for w in windows if node in w]
+        slow = [j for j in mine if j.slow]
+        if len(mine) < MIN_WINDOWS or len(slow) < MOST * len(mine):
+            continue
+        rank = statistics.mode(j.rank for j in slow)
+        found.append(Straggler(node, rank, statistics.median(j.step_s for j in slow),
+                               statistics.median(j.reference_s for j in slow),
+                               (len(slow), len(mine))))
+    return found
 
 
 class Progress:
@@ -82,11 +142,16 @@ class Progress:
 
     def __init__(self, now: float) -> None:
         self._lock = threading.Lock()
-        self._last = now
+        self._start = self._last = now
         self._steps: dict[tuple[str, int], deque[float]] = defaultdict(
-            lambda: deque(maxlen=WINDOW))
+            lambda: deque(maxlen=RECENT))
         self._samples: dict[tuple[str, int], deque[int]] = defaultdict(
-            lambda: deque(maxlen=WINDOW))
+            lambda: deque(maxlen=RECENT))
+        # window index -> (node, rank) -> step times; closed windows' verdicts are kept
+        self._windows: dict[int, dict[tuple[str, int], list[float]]] = defaultdict(
+            lambda: defaultdict(list))
+        self._judged: dict[int, dict[str, Judged]] = {}
+        self._named: dict[str, Straggler] = {}
 
     def output(self, now: float) -> None:
         """Some output of the run arrived, whole lines or not (a progress bar that
@@ -103,9 +168,13 @@ class Progress:
                 return False
             if beat.step_s is not None:
                 self._steps[(node, rank)].append(beat.step_s)
+                self._windows[self._window(now)][(node, rank)].append(beat.step_s)
                 if beat.samples is not None:
                     self._samples[(node, rank)].append(beat.samples)
         return True
+
+    def _window(self, now: float) -> int:
+        return int(max(0.0, now - self._start) // WINDOW_S)
 
     def quiet_for(self, now: float) -> float:
         """Seconds since any rank last printed a line or a beat."""
@@ -116,25 +185,27 @@ class Progress:
         return {key: statistics.median(times) for key, times in self._steps.items()
                 if len(times) >= MIN_STEPS}
 
-    def stragglers(self) -> list[Straggler]:
-        """Nodes whose slowest rank takes STRAGGLER_RATIO times the median rank's step
-        time or more; compared once ranks of two nodes or more have reported."""
+    def stragglers(self, now: float | None = None) -> list[Straggler]:
+        """The nodes slower than the others in most windows of the last HISTORY (closed
+        windows only: those before NOW's; all of them without NOW, at the end of a run),
+        and those named so earlier in the run."""
         with self._lock:
-            medians = self._medians()
-        if len({node for node, _ in medians}) < 2:
-            return []
-        median = statistics.median(medians.values())
-        slowest: dict[str, tuple[int, float]] = {}
-        for (node, rank), step_s in medians.items():
-            if step_s > slowest.get(node, (0, 0.0))[1]:
-                slowest[node] = (rank, step_s)
-        return [Straggler(node, rank, step_s, median)
-                for node, (rank, step_s) in sorted(slowest.items())
-                if step_s > median * STRAGGLER_RATIO]
+            current = self._window(now) if now is not None else max(self._windows, default=0) + 1
+            for index in sorted(self._windows):
+                if index < current and index not in self._judged:
+                    self._judged[index] = judge_window(self._windows[index])
+            for index in [i for i in self._windows if i < current - HISTORY]:
+                del self._windows[index]
+                self._judged.pop(index, None)
+            windows = [self._judged[i] for i in sorted(self._judged)]
+            for s in stragglers_of(windows):
+                self._named[s.node] = s
+            return [self._named[n] for n in sorted(self._named)]
 
     def to_json(self) -> dict:
         """Per node: the median step time of its slowest rank and the samples per second
-        of all its ranks (when the beats carry samples); and the stragglers."""
+        of all its ranks (when the beats carry samples), over each rank's last RECENT
+        steps; and the stragglers named during the run."""
         with self._lock:
             medians = self._medians()
             rates = {key: statistics.median(self._samples[key]) / step_s

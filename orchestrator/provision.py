@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 import tempfile
 from pathlib import Path
+
+import yaml
 
 from .errors import ClusterError
 from .resources import project
@@ -27,6 +30,43 @@ def _progress(event: dict) -> bool:
     return True
 
 
+KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# What Ansible says when `become` (sudo) is refused on a host.
+BECOME_FAILED = re.compile(r"Missing sudo password|a password is required|"
+                           r"is not in the sudoers|not allowed to execute|Incorrect sudo password")
+
+
+def check_extra_vars(item: str) -> None:
+    """ClusterError unless ITEM is what ansible-playbook -e takes: KEY=VALUE words, a
+    YAML/JSON mapping, or @FILE of one."""
+    text = item.strip()
+    if text.startswith("@"):
+        path = Path(text[1:]).expanduser()
+        if not path.is_file():
+            raise ClusterError(f"-e {item}: {path} does not exist; -e @FILE names a YAML or "
+                               "JSON file of variables")
+        return
+    if text.startswith(("{", "[")):
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ClusterError(f"-e {item!r} is not valid YAML/JSON ({exc}); give a mapping, "
+                               "e.g. -e '{\"python_env_backend\": \"venv\"}'") from None
+        if not isinstance(data, dict):
+            raise ClusterError(f"-e {item!r} is not a mapping of variables; give e.g. "
+                               "-e '{\"python_env_backend\": \"venv\"}'")
+        return
+    try:
+        pairs = shlex.split(text)
+    except ValueError as exc:
+        raise ClusterError(f"-e {item!r}: {exc}") from None
+    bad = [p for p in pairs if not KEY.match(p.partition("=")[0]) or "=" not in p]
+    if not pairs or bad:
+        raise ClusterError(f"-e {item!r} is not KEY=VALUE: {bad[0] if bad else 'empty'} sets no "
+                           "variable; give e.g. -e python_env_backend=venv, a YAML mapping, "
+                           "or @FILE")
+
+
 def provision(inventory: Path, limit: str | None = None, check: bool = False,
               tags: str | None = None, playbook: str = "site.yml",
               extra_vars: list[str] | None = None) -> dict:
@@ -39,6 +79,7 @@ def provision(inventory: Path, limit: str | None = None, check: bool = False,
                            f"to the repository {shipped.root}")
     words = (["--check", "--diff"] if check else []) + (["--tags", tags] if tags else [])
     for item in extra_vars or []:
+        check_extra_vars(item)
         words += ["-e", item]
     cmdline = shlex.join(words)
     with tempfile.TemporaryDirectory(prefix="clustertrain-provision-") as tmp:
@@ -55,6 +96,12 @@ def provision(inventory: Path, limit: str | None = None, check: bool = False,
               f"skipped={counts['skipped']}")
     if result.rc != 0:
         detail = "see the failed tasks above" if result.failures else result.output_tail
+        sudo = sorted({f.split(":")[0] for f in result.failures if BECOME_FAILED.search(f)})
+        if sudo:
+            detail = (f"becoming root failed on {', '.join(sudo)} (sudo asked for a password, "
+                      "or the user may not use sudo): provisioning acts as root, so log in as a "
+                      "user with passwordless sudo (ansible_become: true) or as root. Training "
+                      "needs no root: users train as themselves")
         raise ProvisionError(f"{playbook} failed (ansible-runner status {result.status}, rc "
                              f"{result.rc}): {detail}")
     return stats

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import secrets
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -47,6 +49,52 @@ def check_owner(specs: Iterable[Any], info: dict, action: str) -> None:
 
 class RunNotFound(ClusterError):
     """No run by that id in the runs directory."""
+
+
+class RecordUnreadable(ClusterError):
+    """A run's run.json or summary.json cannot be read (cut short, edited, not JSON)."""
+
+
+# What a summary.json must hold to be read (`runs`, `runs show`, `attach`); every writer
+# gives these and more (start, end, nodes, first_failed), however the run ended.
+SUMMARY_KEYS = ("status", "duration_s")
+
+
+def summary_cut_short(info: dict[str, Any], status: RunStatus, started: float, error: str,
+                      launched: Iterable[str] = ()) -> dict[str, Any]:
+    """The summary of a run that `train` left before following it to its end: Ctrl-C or a
+    failure during the code sync or the launch (nothing started, or what started was
+    stopped), or a second Ctrl-C (the LAUNCHED nodes stop the job themselves once the
+    controller's lease ends)."""
+    ended, launched = time.time(), set(launched)
+    left = {"end_reason": "controller-lost", "why": "train left at once (a second Ctrl-C); "
+            "the node stops the job when the controller's lease ends"} \
+        if status == RunStatus.INTERRUPTED else \
+        {"end_reason": "stopped", "why": "the launch failed on another node"}
+    return {**info, "status": status, "start": iso(started), "end": iso(ended),
+            "duration_s": round(ended - started, 3),
+            "nodes": [{"name": n, "exit_code": None,
+                       **(left if n in launched else {"end_reason": "not-started"})}
+                      for n in info.get("nodes", [])],
+            "exit_codes": {}, "first_failed": None, "error": error}
+
+
+def check_writable(path: Path, option: str) -> None:
+    """ClusterError unless PATH is (or can be made as) a directory this user writes in:
+    tried with a temporary directory made and removed in PATH, or in the nearest of its
+    parents that exists. Nothing is left behind."""
+    probe = path.absolute()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ClusterError(f"{option} {path}: {probe} is not a directory; choose a directory "
+                           "you can write in")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".clustertrain-probe-", dir=probe))
+    except OSError as exc:
+        where = "" if probe == path.absolute() else f" ({probe}, where it would be made)"
+        raise ClusterError(f"{option} {path} is not writable by {getpass.getuser()}{where}: "
+                           f"{exc.strerror}; choose a directory you can write in") from None
 
 
 def run_state_dir(shared_path: str, user: str, run_id: str) -> str:
@@ -101,19 +149,47 @@ class RunDir:
     def write_summary(self, summary: dict[str, Any]) -> None:
         _write_json(self.summary_json, summary)
 
+    @property
+    def ended(self) -> bool:
+        """The run has its summary: it is over (whether or not the summary reads)."""
+        return self.summary_json.exists()
+
     def write_json(self, name: str, data: dict[str, Any]) -> Path:
         """Another record of the run (doctor.json, ...) beside its summary."""
         _write_json(self.path / name, data)
         return self.path / name
 
     def info(self) -> dict[str, Any]:
-        return json.loads(self.run_json.read_text())
+        info = self._read(self.run_json)
+        if info is None:
+            raise RecordUnreadable(f"run {self.run_id}: {self.run_json} is missing")
+        return info
 
     def summary(self) -> dict[str, Any] | None:
+        """The run's summary, None while it has none (it runs, or was never settled)."""
+        summary = self._read(self.summary_json)
+        if summary is not None:
+            missing = [k for k in SUMMARY_KEYS if k not in summary]
+            if missing:
+                raise RecordUnreadable(
+                    f"run {self.run_id}: {self.summary_json} lacks {', '.join(missing)} "
+                    "(written by an older version, or edited); fix it, or remove "
+                    f"{self.path}/ if you no longer need the run")
+        return summary
+
+    def _read(self, path: Path) -> dict[str, Any] | None:
         try:
-            return json.loads(self.summary_json.read_text())
+            data = json.loads(path.read_text())
         except FileNotFoundError:
             return None
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise RecordUnreadable(
+                f"run {self.run_id}: {path} cannot be read ({exc}); it was cut short or "
+                f"edited: fix or remove it (the logs are beside it)") from None
+        if not isinstance(data, dict):
+            raise RecordUnreadable(f"run {self.run_id}: {path} is not a JSON object; fix "
+                                   "or remove it")
+        return data
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

@@ -129,7 +129,10 @@ class Connection:
             for attempt in range(DROPPED_RETRIES + 1):
                 proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
                                       text=True, timeout=self.target.timeout * 3 + 10)
-                if proc.returncode != 255 or not DROPPED.search(proc.stderr):
+                stderr = proc.stderr
+                if proc.returncode == 255 and attempt == 0:
+                    stderr += self._proxy_said()
+                if proc.returncode != 255 or not DROPPED.search(stderr) or refused(stderr):
                     break
                 # Dropped before the login: again after a pause that grows, spread so
                 # that the nodes do not all come back at once. (Any other failure, a
@@ -146,13 +149,26 @@ class Connection:
                                  "answer; is the node up?") from None
         if proc.returncode != 0:
             self.close()
-            raise PreflightError(explain(self.name, self.target, proc.stderr))
+            raise PreflightError(explain(self.name, self.target, stderr))
         check = subprocess.run([self.target.ssh_executable, "-o",
                                 f"ControlPath={self.control_path}", "-O", "check",
                                 self.target.host], capture_output=True, text=True, timeout=10)
         found = re.search(r"pid=(\d+)", check.stderr + check.stdout)
         self.master_pid = int(found.group(1)) if found else None
         return self
+
+    def _proxy_said(self) -> str:
+        """What a ProxyJump/ProxyCommand said when the master failed: a master with
+        ControlPersist sends the proxy's messages to /dev/null, so that a key the bastion
+        refused shows only as a closed connection. Asked again without a master."""
+        argv = [self.target.ssh_executable, "-o", "BatchMode=yes", "-o", "ControlMaster=no",
+                "-o", "ControlPath=none", "-o", "ControlPersist=no", *self.target.options(),
+                self.target.host, "--", "exit"]
+        try:
+            return subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
+                                  text=True, timeout=self.target.timeout * 3 + 10).stderr
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
 
     def command(self, command: str) -> list[str]:
         """argv that runs COMMAND (one shell string) on the node over the master."""
@@ -203,12 +219,40 @@ class Connection:
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
+# What OpenSSH says of a private key it cannot use, and of a login it refused. Through a
+# ProxyJump the refusal is the bastion's, followed by lines that look like a dropped
+# connection ("kex_exchange_identification"): these are not retried.
+MISSING_KEY = re.compile(r"(?:no such identity:|Identity file) (\S+?):? (?:not accessible: )?"
+                         r"No such file or directory")
+OPEN_KEY = re.compile(r"Permissions (\d+) for '([^']+)' are too open")
+DENIED = re.compile(r"(\S+): Permission denied \(([^)]*)\)")
+
+
+def refused(stderr: str) -> bool:
+    """The login was refused (a key ssh could not use, or the server said no): trying
+    again cannot help."""
+    return bool(MISSING_KEY.search(stderr) or OPEN_KEY.search(stderr)
+                or DENIED.search(stderr))
+
+
 def explain(name: str, target: SshTarget, stderr: str) -> str:
     """A message that names the node, what OpenSSH said, and the likely fix."""
     lines = [line for line in stderr.strip().splitlines()
              if line.strip() and not line.startswith(("Warning: Permanently added", "@@@"))]
     said = lines[-1] if lines else "no message"
     where = target.display
+    missing, loose, denied = MISSING_KEY.search(stderr), OPEN_KEY.search(stderr), \
+        DENIED.search(stderr)
+    at = f" (refused by {denied.group(1)})" if denied else ""
+    if missing:
+        return (f"{name}: SSH to {where} cannot log in{at}: the private key {missing.group(1)} "
+                "does not exist. Point ansible_ssh_private_key_file (or IdentityFile in your "
+                "SSH config) at your key, or create it (ssh-keygen) and install its .pub on "
+                "the nodes")
+    if loose:
+        return (f"{name}: SSH to {where} cannot log in{at}: the private key {loose.group(2)} has "
+                f"mode {loose.group(1)}, readable by other users, so ssh ignores it. Make it "
+                f"private: chmod 600 {loose.group(2)}")
     if "Permission denied" in stderr:
         return (f"{name}: SSH login as {target.user or 'the default user'} at {where} was "
                 f"refused ({said}); check that the user exists on the node and that "

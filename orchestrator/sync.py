@@ -60,8 +60,28 @@ RETRY_DROPPED = {"register": "copied", "retries": 3, "delay": 1,
                           f"search('{DROPPED.pattern}')"}
 
 
-def sync_playbook(workdir: Path, run_id: str, runner_dir: Path | None = None) -> list[dict]:
-    """RUNNER_DIR: a local directory that holds WORKER_RUNNER, copied into the snapshot."""
+def filters(exclude: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """RSYNC_FILTERS and the directories of the code tree left out (EXCLUDE: paths
+    relative to it, such as a runs directory inside it)."""
+    return (*RSYNC_FILTERS, *(f"--exclude=/{path.strip('/')}/" for path in exclude))
+
+
+def left_out(workdir: Path, *dirs: Path) -> tuple[str, ...]:
+    """Those of DIRS that lie inside WORKDIR (the runs directory, when train runs from
+    inside the code it syncs), relative to it: the sync leaves them out."""
+    found = []
+    for d in dirs:
+        try:
+            found.append(str(d.resolve().relative_to(workdir.resolve())))
+        except ValueError:
+            continue
+    return tuple(f for f in found if f != ".")
+
+
+def sync_playbook(workdir: Path, run_id: str, runner_dir: Path | None = None,
+                  exclude: tuple[str, ...] = ()) -> list[dict]:
+    """RUNNER_DIR: a local directory that holds WORKER_RUNNER, copied into the snapshot;
+    EXCLUDE: directories of WORKDIR left out (see filters)."""
     code_root = f"{NODE_STATE_DIR}/{CODE_SUBDIR}"   # relative to the user's home
     dest = f"{code_root}/{run_id}/"
     return [{
@@ -92,7 +112,7 @@ def sync_playbook(workdir: Path, run_id: str, runner_dir: Path | None = None) ->
                  "use_ssh_args": True,
                  "link_dest": "{{ [previous.stat.lnk_source] if previous.stat.islnk | "
                               "default(false) else omit }}",
-                 "rsync_opts": list(RSYNC_FILTERS),
+                 "rsync_opts": list(filters(exclude)),
              },
              **RETRY_DROPPED},
             *([{"name": "Add the worker runner to the snapshot",
@@ -109,12 +129,12 @@ def sync_playbook(workdir: Path, run_id: str, runner_dir: Path | None = None) ->
     }]
 
 
-def code_digest(workdir: Path, runner: Path) -> str:
+def code_digest(workdir: Path, runner: Path, exclude: tuple[str, ...] = ()) -> str:
     """The local tree as the sync would send it: the entries rsync lists under
     RSYNC_FILTERS (files with their size, mode and mtime to the nanosecond, directories
     with their mode) and the worker runner's content. Any edit, new or removed file
     changes it."""
-    listing = subprocess.run(["rsync", "-a", "--list-only", *RSYNC_FILTERS, f"{workdir}/"],
+    listing = subprocess.run(["rsync", "-a", "--list-only", *filters(exclude), f"{workdir}/"],
                              capture_output=True, text=True, check=True).stdout
     digest = hashlib.sha256(runner.read_bytes())
     entries = []
@@ -183,7 +203,8 @@ class SyncResult:
 
 
 def sync_code(cluster: Cluster, workdir: Path, run_id: str, quiet: bool = True,
-              clients: dict[str, Connection] | None = None) -> SyncResult:
+              clients: dict[str, Connection] | None = None,
+              exclude: tuple[str, ...] = ()) -> SyncResult:
     """Make RUN_ID's snapshot of WORKDIR on every node. With CLIENTS (open connections
     to every node), nodes whose latest snapshot is sealed with the same code, untouched,
     get a linked copy of it, and the others' new snapshots are sealed after the sync."""
@@ -195,7 +216,7 @@ def sync_code(cluster: Cluster, workdir: Path, run_id: str, quiet: bool = True,
         runner = Path(tmp) / "runner" / WORKER_RUNNER
         runner.parent.mkdir(parents=True)
         shutil.copy2(run_worker.__file__, runner)  # its mtime too: unchanged, it is linked
-        digest = code_digest(workdir, runner) if clients else None
+        digest = code_digest(workdir, runner, exclude) if clients else None
         reused = [] if digest is None or clients is None else [
             n for n, rc in _each(clients, cluster.names, reuse_command(run_id, digest)).items()
             if rc == 0]
@@ -204,7 +225,7 @@ def sync_code(cluster: Cluster, workdir: Path, run_id: str, quiet: bool = True,
             playbook = Path(tmp) / "project" / "sync.yml"
             playbook.parent.mkdir()
             playbook.write_text(yaml.safe_dump(
-                sync_playbook(workdir, run_id, runner.parents[1]), sort_keys=False))
+                sync_playbook(workdir, run_id, runner.parents[1], exclude), sort_keys=False))
             result = run_playbook(tmp, playbook, cluster.inventory, limit=",".join(rest),
                                   quiet=quiet)
             if result.rc != 0:

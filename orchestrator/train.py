@@ -37,10 +37,11 @@ from .runs import (
     new_run_id,
     open_run,
     run_state_dir,
+    summary_cut_short,
 )
 from .ssh import connect_all
 from .supervisor import GO, End
-from .sync import sync_code
+from .sync import left_out, sync_code
 from .teardown import DEFAULT_GRACE
 from .worker_end import NodeEnd, NodeEnds, how_it_ended, judge, root_cause, scan_log
 
@@ -141,7 +142,8 @@ def run_training(request: TrainRequest, watch: HangWatch, cluster: Cluster) -> i
                   f"{len(cluster.nodes)} node(s)", flush=True)
             # The nodes load their supervisors while the code syncs (launch.py).
             launch = Launch.start(nodes, report.clients)
-            synced = sync_code(cluster, request.workdir, run_id, clients=report.clients)
+            synced = sync_code(cluster, request.workdir, run_id, clients=report.clients,
+                               exclude=left_out(request.workdir, request.runs_dir))
             if synced.reused:
                 print(f"run {run_id}: code unchanged since the last sync on "
                       f"{', '.join(synced.reused)}: snapshot linked, not copied", flush=True)
@@ -169,9 +171,11 @@ def run_training(request: TrainRequest, watch: HangWatch, cluster: Cluster) -> i
                 launch.cancel()  # nodes still waiting for the word start nothing
             # Every exit path leaves a summary: never a record that says "running" for a
             # run that is gone.
-            run.write_summary({**info, "status": RunStatus.INTERRUPTED if isinstance(
-                exc, KeyboardInterrupt) else RunStatus.FAILED, "start": iso(started),
-                               "end": iso(time.time()), "error": str(exc) or repr(exc)})
+            interrupted = isinstance(exc, KeyboardInterrupt)
+            run.write_summary(summary_cut_short(
+                info, RunStatus.INTERRUPTED if interrupted else RunStatus.FAILED, started,
+                (str(exc) or "Ctrl-C") if interrupted else str(exc) or repr(exc),
+                launch.started if launch is not None else ()))
             raise
         summary = make_summary(info, commands, cluster.names, result, synced.seconds, run)
         run.write_summary(summary)

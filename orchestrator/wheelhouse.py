@@ -13,6 +13,7 @@ the files against the lock and refuses a changed one here too.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -26,6 +27,7 @@ from pathlib import Path
 import yaml
 
 from .errors import ClusterError
+from .runs import check_writable
 
 STAMP = ".clustertrain-wheelhouse.json"
 LOCK = "clustertrain-lock.json"
@@ -66,6 +68,37 @@ class WheelhouseResult:
     dest: Path
     files: list[str] = field(default_factory=list)
     up_to_date: bool = False
+    python_version: str = ""                 # the Python the wheels are for
+    conda_only: tuple[str, ...] = ()         # what the file asks conda for: not in here
+
+
+PYTHON_LINE = re.compile(r"^\s*python\s*(?:==?|\s)\s*(\d+\.\d+)(?:\.[\d*]+)?\*?\s*$")
+NOT_CONDA_PACKAGES = re.compile(r"^\s*(python|pip)\s*([=<>!~ ].*)?$")
+
+
+def python_of(spec: EnvironmentSpec) -> str | None:
+    """The X.Y the file's `python=X.Y[.Z]` line asks for (None: it names none)."""
+    for dep in spec.conda:
+        found = PYTHON_LINE.match(dep)
+        if found:
+            return found.group(1)
+    return None
+
+
+def target_python(request: WheelhouseRequest, spec: EnvironmentSpec) -> WheelhouseRequest:
+    """The request with the Python the wheels are for: --python-version, else the file's
+    python= line when it is not this machine's (pip then takes wheels only), else this
+    machine's. A --python-version that contradicts the file is refused."""
+    wanted = python_of(spec)
+    here = "%d.%d" % sys.version_info[:2]
+    given = request.python_version
+    if given and wanted and not (given + ".").startswith(wanted + "."):
+        raise WheelhouseError(f"--python-version {given} contradicts {request.env_file}, which "
+                              f"asks for python {wanted}; give --python-version {wanted}, or "
+                              "change the file's python= line")
+    if not given and wanted and wanted != here:
+        return dataclasses.replace(request, python_version=wanted)
+    return request
 
 
 def load_environment(path: Path) -> EnvironmentSpec:
@@ -198,11 +231,21 @@ def _pip_download(request: WheelhouseRequest, spec: EnvironmentSpec, into: Path)
 
 
 def build(request: WheelhouseRequest) -> WheelhouseResult:
-    """Download the environment's pip: section into request.dest unless already there."""
+    """Download the environment's pip: section into request.dest unless already there,
+    as wheels for the Python the file asks for (target_python)."""
     spec = load_environment(request.env_file)
     if not spec.pip:
         raise WheelhouseError(f"environment file {request.env_file} has no pip: packages; "
                               "add a '- pip:' list under dependencies (e.g. torch==2.13.0)")
+    request = target_python(request, spec)
+    check_writable(request.dest, "--dest")
+    result = _build(request, spec)
+    result.python_version = request.python_version or "%d.%d" % sys.version_info[:2]
+    result.conda_only = tuple(d for d in spec.conda if not NOT_CONDA_PACKAGES.match(d))
+    return result
+
+
+def _build(request: WheelhouseRequest, spec: EnvironmentSpec) -> WheelhouseResult:
     if is_up_to_date(request, spec):
         files = sorted(_read_stamp(request.dest)["files"])
         lock = read_lock(request.dest)

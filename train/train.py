@@ -21,19 +21,16 @@ import signal
 import socket
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
-warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # numpy is optional
-# E402: these imports must follow the filter above, which silences torch's import.
-import torch  # noqa: E402
+import torch
 
-import checkpoint as ckpt  # noqa: E402
-import data as cifar  # noqa: E402
-import distributed  # noqa: E402
-from model import parameter_count  # noqa: E402
-from trainer import Trainer, log  # noqa: E402
+import checkpoint as ckpt
+import data as cifar
+import distributed
+from model import parameter_count
+from trainer import Trainer, log
 
 SHARED = Path("/mnt/cluster")
 EXIT_STOPPED = 128 + signal.SIGTERM  # what a process killed by SIGTERM would report

@@ -116,8 +116,14 @@ def make_scheduler(args: argparse.Namespace, optimizer: torch.optim.Optimizer,
                    total_steps: int) -> torch.optim.lr_scheduler.LRScheduler:
     peak = optimizer.param_groups[0]["lr"]
     if args.schedule == "onecycle":
+        # OneCycleLR needs a step in each of its two phases: the warm-up takes a quarter,
+        # at least 2 steps of a short run (--epochs 1 on a small dataset); fewer than 3
+        # steps in all keep the peak rate.
+        if total_steps < 3:
+            return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
         return torch.optim.lr_scheduler.OneCycleLR(
-            optimizer, max_lr=peak, total_steps=total_steps, pct_start=0.25)
+            optimizer, max_lr=peak, total_steps=total_steps,
+            pct_start=max(0.25, 2 / total_steps))
     return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps)
 
 

@@ -12,6 +12,7 @@ import argparse
 import importlib
 import os
 import sys
+from typing import Any
 
 from ..errors import ClusterError
 
@@ -30,18 +31,69 @@ COMMANDS = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+class Parser(argparse.ArgumentParser):
+    """No abbreviated options, here and in every verb (the verbs' parsers are of this
+    class too): `--keep 3` is not taken for `--keep-runs 3`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+
+def build_parser() -> Parser:
+    parser = Parser(
         prog="python -m orchestrator",
         description="Provision a PyTorch training cluster over SSH and run jobs on it.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in COMMANDS:
         importlib.import_module(module).register(sub)
+    _know_yourself(parser)
     return parser
 
 
+def _verb(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    """The parser of verb NAME (the top-level parser for anything else)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and name in action.choices:
+            return action.choices[name]
+    return parser
+
+
+def _know_yourself(parser: argparse.ArgumentParser) -> None:
+    """Every parser records itself in the namespace (the innermost verb's wins), so that
+    an error is said with the usage of the verb that was given."""
+    parser.set_defaults(parser=parser)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _know_yourself(child)
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The verb's arguments. An argument the verb does not know is its error, said with
+    the verb's own usage (and, where it has one, its hint: `train`'s script options go
+    after `--`), not the top-level usage."""
+    parser = build_parser()
+    words = list(sys.argv[1:] if argv is None else argv)
+    after: list[str] | None = None
+    if words and _verb(parser, words[0]).get_default("takes_separator") and "--" in words:
+        # Everything after the first `--` is the script's, whatever it looks like
+        # (argparse would drop a `--` that follows the script, and with it the line
+        # between train's options and the script's).
+        at = words.index("--")
+        words, after = words[:at], words[at + 1:]
+    args, unknown = parser.parse_known_args(words)
+    args.after_separator = after
+    if unknown:
+        verb: argparse.ArgumentParser = args.parser
+        hint = getattr(args, "unknown_hint", None)
+        verb.error(f"unrecognized arguments: {' '.join(unknown)}"
+                   + (f"\n{hint(words[words.index(unknown[0]):])}" if hint else ""))
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse(argv)
     try:
         return args.func(args) or 0
     except ClusterError as exc:

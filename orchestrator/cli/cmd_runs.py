@@ -12,7 +12,7 @@ from ..doctor import describe_run
 from ..errors import ClusterError
 from ..progress import Straggler
 from ..records import settle
-from ..runs import DEFAULT_RUNS_DIR, RunDir, RunStatus, list_runs, open_run
+from ..runs import DEFAULT_RUNS_DIR, RecordUnreadable, RunDir, RunStatus, list_runs, open_run
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -46,9 +46,20 @@ def _runs(args: argparse.Namespace) -> int:
         return 0
     print(f"{'RUN':<24} {'STATUS':<20} {'NODES':<20} {'DURATION':>9}  SCRIPT")
     for run in runs:
-        info = run.info()
+        try:
+            info = run.info()
+            nodes = ",".join(info["nodes"])
+        except (RecordUnreadable, KeyError, TypeError) as exc:
+            print(f"{run.run_id:<24} {'unreadable':<20} {'-':<20} {'-':>9}  -")
+            why = exc if isinstance(exc, RecordUnreadable) else f"{run.run_json}: no nodes"
+            print(f"note: {why}", file=sys.stderr)
+            continue
         try:
             summary = settle(run)  # completes the record of a run whose controller is gone
+        except RecordUnreadable as exc:
+            print(f"{run.run_id:<24} {'unreadable':<20} {nodes:<20} {'-':>9}  {_what(run)}")
+            print(f"note: {exc}", file=sys.stderr)
+            continue
         except (ClusterError, OSError) as exc:
             summary = None
             print(f"note: {run.run_id}: cannot ask its nodes ({exc})", file=sys.stderr)
@@ -56,15 +67,19 @@ def _runs(args: argparse.Namespace) -> int:
         if summary and summary.get("first_failed"):
             status += f" ({summary['first_failed']})"
         duration = f"{summary['duration_s']:.1f}s" if summary else "-"
-        print(f"{run.run_id:<24} {status:<20} {','.join(info['nodes']):<20} {duration:>9}  "
-              f"{_what(run)}")
+        print(f"{run.run_id:<24} {status:<20} {nodes:<20} {duration:>9}  {_what(run)}")
     return 0
 
 
+WHAT_WIDTH = 80  # a table row shows this much of the script and its arguments
+
+
 def _what(run: RunDir) -> str:
-    """The run's script and arguments, or a doctor run's verdict."""
+    """The run's script and arguments (cut to WHAT_WIDTH), or a doctor run's verdict."""
     info = run.info()
-    return describe_run(run) or f"{info['script']} {' '.join(info.get('script_args', []))}".rstrip()
+    what = describe_run(run) or f"{info.get('script', '?')} " \
+        f"{' '.join(info.get('script_args', []))}".rstrip()
+    return what if len(what) <= WHAT_WIDTH else what[:WHAT_WIDTH - 3] + "..."
 
 
 def _show(run: RunDir) -> int:
@@ -111,7 +126,7 @@ def _logs(args: argparse.Namespace) -> int:
     paths = _log_paths(run, args.node)
     offsets = {p: 0 for p in paths}
     while True:
-        finished = run.summary() is not None  # read before the logs: nothing is missed
+        finished = run.ended  # looked at before the logs: nothing is missed
         for path in paths:
             if not path.exists():
                 continue

@@ -10,13 +10,15 @@ from ..command import (
     DEFAULT_KEEP_RUNS,
     DEFAULT_LEASE_TIMEOUT,
     TorchrunOptions,
+    check_arguments_size,
+    check_torchrun_args,
     parse_env,
 )
 from ..errors import LaunchError
 from ..inventory import load_cluster
 from ..job import DEFAULT_HANG_TIMEOUT, HangWatch, OnHang
 from ..resources import project
-from ..runs import DEFAULT_RUNS_DIR
+from ..runs import DEFAULT_RUNS_DIR, check_writable
 from ..teardown import DEFAULT_GRACE
 from ..train import (
     DEFAULT_SCRIPT,
@@ -35,6 +37,8 @@ def parse_request(args: argparse.Namespace) -> TrainRequest:
         raise LaunchError(f"--workdir {workdir}: no such directory; point --workdir at the "
                           "directory that holds your training code")
     script, rest = args.script or DEFAULT_SCRIPT, list(args.script_args or [])
+    check_no_tool_options(args.tool_options, args.script, rest)
+    rest += getattr(args, "after_separator", None) or []   # after `--`: the script's
     if args.module:  # `-m pkg.mod -- ARGS`: no script; what follows is the module's
         script, rest = args.module, [*([args.script] if args.script else []), *rest]
         if not MODULE_NAME.match(script):
@@ -48,6 +52,11 @@ def parse_request(args: argparse.Namespace) -> TrainRequest:
         except ValueError:
             raise LaunchError(f"script {args.script} is outside --workdir {workdir}; only "
                               "the work directory is copied to the nodes") from None
+    if not args.module and (workdir / script).is_dir():
+        inside = sorted(p.name for p in (workdir / script).glob("*.py"))[:5]
+        raise LaunchError(f"script {script!r} is a directory in {workdir.resolve()}; name the "
+                          "script in it" + (f" (it holds {', '.join(inside)})" if inside else "")
+                          + ", or run a package with -m")
     if not args.module and not (workdir / script).is_file():
         raise LaunchError(f"script {script!r} not found in {workdir.resolve()}; give a path "
                           "relative to --workdir (default: the repository's train/)")
@@ -73,15 +82,44 @@ def parse_request(args: argparse.Namespace) -> TrainRequest:
         raise LaunchError(f"--keep-runs {args.keep_runs}: give 0 (keep all) or more")
     if not math.isfinite(args.lease_timeout) or args.lease_timeout < 3:
         raise LaunchError(f"--lease-timeout {args.lease_timeout}: give at least 3 seconds")
-    return TrainRequest(workdir, script, tuple(rest), parse_env(args.env), nproc,
+    env = parse_env(args.env)
+    extra = tuple(args.torchrun_arg or ())
+    check_torchrun_args(extra)
+    check_arguments_size(tuple(rest), env)
+    runs_dir = Path(args.runs_dir)
+    check_writable(runs_dir, "--runs-dir")
+    return TrainRequest(workdir, script, tuple(rest), env, nproc,
                         args.master_port,
                         TorchrunOptions(max_restarts=args.max_restarts,
-                                        rdzv_backend=args.rdzv_backend,
-                                        extra=tuple(args.torchrun_arg or ())),
+                                        rdzv_backend=args.rdzv_backend, extra=extra),
                         module=bool(args.module), clean_exit=args.clean_exit,
-                        runs_dir=Path(args.runs_dir), detach=args.detach,
+                        runs_dir=runs_dir, detach=args.detach,
                         dry_run=args.dry_run, lease_timeout=args.lease_timeout,
                         grace=args.grace, keep_runs=args.keep_runs)
+
+
+def check_no_tool_options(ours: frozenset[str], script: str | None, rest: list[str]) -> None:
+    """Everything after the script goes to the script, but one of train's own options
+    (OURS) there, before any `--`, was surely meant for train: refuse it, saying where it
+    goes."""
+    if not script or script.startswith("-"):
+        return
+    for word in rest:
+        if word == "--":
+            return
+        if word.split("=", 1)[0] in ours:
+            raise LaunchError(
+                f"{word} comes after the script {script}, where it would be the script's "
+                f"argument, but it is an option of train: put it before the script "
+                f"(train {word} ... {script}), or after -- to pass it to the script "
+                f"(train ... {script} -- {word})")
+
+
+def unknown_hint(tail: list[str]) -> str:
+    """What an option train does not know (TAIL: the words from it on) most likely is:
+    the script's."""
+    return ("options for the script go after --, e.g. python -m orchestrator train "
+            f"--nodes 2 [SCRIPT] -- {' '.join(tail)}")
 
 
 def hang_watch(args: argparse.Namespace) -> HangWatch:
@@ -159,7 +197,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"training script, relative to --workdir (default: {DEFAULT_SCRIPT})")
     p.add_argument("script_args", nargs=argparse.REMAINDER,
                    help="arguments for the script (after --)")
-    p.set_defaults(func=_main)
+    p.set_defaults(func=_main, unknown_hint=unknown_hint, takes_separator=True,
+                   tool_options=frozenset(o for a in p._actions for o in a.option_strings))
 
 
 def _main(args: argparse.Namespace) -> int:

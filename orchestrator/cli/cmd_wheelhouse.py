@@ -36,6 +36,11 @@ def _run(args: argparse.Namespace) -> int:
                                      platform=args.platform,
                                      extra_index_url=args.extra_index_url))
     state = "up to date" if result.up_to_date else "built"
-    print(f"wheelhouse {result.dest}: {state}, {len(result.files)} files, sha256 of each "
-          f"in {LOCK}")
+    print(f"wheelhouse {result.dest}: {state}, {len(result.files)} files for Python "
+          f"{result.python_version}, sha256 of each in {LOCK}")
+    if result.conda_only:
+        print(f"note: {args.env} also asks conda for {', '.join(result.conda_only)}: not in the "
+              "wheelhouse, which holds its pip: section. The conda backend installs them "
+              "from its channels; the venv backend refuses them (move them to pip: to have "
+              "them here)")
     return 0

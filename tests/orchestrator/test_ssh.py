@@ -21,15 +21,20 @@ BASTION_DROP = "banner exchange: Connection to UNKNOWN port 65535: Broken pipe"
 REFUSED = "alice@node0: Permission denied (publickey)."
 
 
-def stand_in_ssh(tmp_path: Path, stderr: str, failures: int) -> tuple[ssh.SshTarget, Path]:
+def stand_in_ssh(tmp_path: Path, stderr: str, failures: int,
+                 proxy_said: str | None = None) -> tuple[ssh.SshTarget, Path]:
     """An `ssh` that fails its first FAILURES master connections with STDERR, then
-    connects; every call is counted in the returned file."""
+    connects; every master connection is counted in the returned file. A connection
+    without a master (ssh's diagnosis of a failed one) says PROXY_SAID, else STDERR."""
     calls = tmp_path / "calls"
     script = tmp_path / "ssh"
+    (tmp_path / "said").write_text(stderr + "\n")
+    (tmp_path / "proxy-said").write_text((proxy_said or stderr) + "\n")
     script.write_text(f"""#!/bin/sh
 case " $* " in *" -O "*) exit 0;; esac
+case " $* " in *" ControlPath=none "*) cat {tmp_path}/proxy-said >&2; exit 255;; esac
 echo x >> {calls}
-if [ "$(wc -l < {calls})" -le {failures} ]; then echo '{stderr}' >&2; exit 255; fi
+if [ "$(wc -l < {calls})" -le {failures} ]; then cat {tmp_path}/said >&2; exit 255; fi
 exit 0
 """)
     script.chmod(0o755)
@@ -56,6 +61,31 @@ def test_dropped_every_time_names_maxstartups(tmp_path: Path, said: str) -> None
         ssh.connect("node0", target)
     assert "MaxStartups" in str(err.value) and said in str(err.value)
     assert len(calls.read_text().splitlines()) == ssh.DROPPED_RETRIES + 1
+
+
+def test_a_key_the_bastion_refused_is_named_not_taken_for_a_drop(tmp_path: Path) -> None:
+    """Through a ProxyJump, a master with ControlPersist hides what the jump said (OpenSSH
+    sends it to /dev/null): the refusal looks like a dropped connection. One connection
+    without a master tells them apart, and a refusal is not tried again."""
+    said = ("no such identity: /home/me/.ssh/gone: No such file or directory\n"
+            "alice@10.0.0.1: Permission denied (publickey).\n" + BASTION_DROP)
+    target, calls = stand_in_ssh(tmp_path, BASTION_DROP, failures=99, proxy_said=said)
+    with pytest.raises(PreflightError) as err:
+        ssh.connect("node0", target)
+    assert "the private key /home/me/.ssh/gone does not exist" in str(err.value)
+    assert "refused by alice@10.0.0.1" in str(err.value) and "MaxStartups" not in str(err.value)
+    assert len(calls.read_text().splitlines()) == 1
+
+
+@pytest.mark.parametrize("mode", ["0644", "0640"])
+def test_a_private_key_others_can_read_is_named_with_the_fix(tmp_path: Path, mode) -> None:
+    said = (f"Permissions {mode} for '/home/me/.ssh/id' are too open.\n"
+            'Load key "/home/me/.ssh/id": bad permissions\n' + REFUSED)
+    target, calls = stand_in_ssh(tmp_path, said, failures=99)
+    with pytest.raises(PreflightError) as err:
+        ssh.connect("node0", target)
+    assert f"has mode {mode}" in str(err.value) and "chmod 600 /home/me/.ssh/id" in str(err.value)
+    assert len(calls.read_text().splitlines()) == 1
 
 
 def test_a_refused_login_is_reported_at_once(tmp_path: Path) -> None:

@@ -41,7 +41,10 @@ def test_repository_environment_file_pins_torch_and_python():
     assert spec.name == "clustertrain"
     assert "python=3.11" in spec.conda
     assert "torch==2.13.0" in spec.pip
-    assert "numpy" not in " ".join(spec.pip + spec.conda)
+    # what training scripts import beside torch, pinned like torch (torch warns on every
+    # rank when numpy is missing)
+    assert {"numpy", "pandas", "tqdm", "pyyaml"} <= {p.split("==")[0] for p in spec.pip
+                                                     if "==" in p}
 
 
 @pytest.mark.parametrize("text, fragment", [
