@@ -25,8 +25,8 @@ from pathlib import Path
 
 from sandbox_bench import ENV, REPO, bench_sandbox, node_exec, sandbox_down  # REPO first
 
-from orchestrator import doctor_job  # noqa: E402
 from orchestrator.doctor import read_result  # noqa: E402
+from orchestrator.node import doctor as doctor_job  # noqa: E402
 from orchestrator.runs import RunDir  # noqa: E402
 
 

@@ -10,9 +10,9 @@ it took (DIR/nccl_fr_rank0.pkl, on request while a NCCL collective was in flight
 DIR/nccl_timeout_rank0.pkl, torch's own dump when that collective timed out), which the
 unit tests read as recorded dumps (tests/orchestrator/hang_dumps/nccl/).
 
-The node side is the one a run uses: supervisor.py `run` starts torchrun with the
+The node side is the one a run uses: the node package's `supervise` starts torchrun with the
 environment NodeCommand.environment() gives every run (flight recorder on, its timeout
-dump into the job), workers go through run_worker.py, and supervisor.py `dump` takes the
+dump into the job), workers go through `node.py worker`, and the package's `dump` takes the
 py-spy stacks and flight records that `diagnose` reads; orchestrator/hang.py analyses them.
 
 One GPU is enough for the flight-recorder checks: a world of one NCCL rank whose
@@ -43,7 +43,9 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from orchestrator import command, hang, supervisor  # noqa: E402
+from orchestrator import command, hang  # noqa: E402
+from orchestrator.cluster import nodelib  # noqa: E402
+from orchestrator.node import dump as node_dump, protocol, stop as node_stop  # noqa: E402
 
 FINGERPRINT = ROOT / "roles" / "python_env" / "files" / "fingerprint.py"
 DETECT = ROOT / "roles" / "nvidia_driver" / "tasks" / "detect.yml"
@@ -120,8 +122,8 @@ def role_detection() -> dict:
 
 def start_run(work: Path, run_id: str, mode: str,
               nproc: int = 1) -> tuple[Path, subprocess.Popen, dict]:
-    """supervisor.py `run` of a one-node job (NPROC ranks, all on GPU 0), as a launch
-    starts it."""
+    """The node package's `supervise` of a one-node job (NPROC ranks, all on GPU 0), as a
+    launch starts it, from the package installed in the job's home as on a node."""
     home = work / "home"
     cmd = command.NodeCommand(
         run_id=run_id, node_rank=0, nnodes=1, nproc=nproc, master_addr="127.0.0.1",
@@ -130,14 +132,14 @@ def start_run(work: Path, run_id: str, mode: str,
         home=str(home), script="job.py", script_args=(mode,), node="gpu0", nodes=("gpu0",),
         python=sys.executable, run_state=str(work / "state" / run_id), attached=False)
     code, job = Path(cmd.code_dir), Path(cmd.job_dir)
-    (job / supervisor.FR_SUBDIR).mkdir(parents=True)
+    (job / protocol.FR_SUBDIR).mkdir(parents=True)
     code.mkdir(parents=True)
     (code / "job.py").write_text(textwrap.dedent(JOB))
-    runner = code / command.WORKER_RUNNER
-    runner.parent.mkdir(parents=True)
-    shutil.copy(ROOT / "orchestrator" / "run_worker.py", runner)
     env = {**os.environ, **cmd.environment(), "HOME": str(home)}
-    argv = [sys.executable, str(ROOT / "orchestrator" / "supervisor.py"), "run",
+    installed = subprocess.run(["bash", "-c", nodelib.install_command()], env=env, text=True,
+                               input=base64.b64encode(nodelib.bundle().tar_gz).decode())
+    assert installed.returncode == 0, "could not install the node package"
+    argv = [sys.executable, nodelib.entry(str(home)), "supervise",
             "--job", str(job), "--state-dir", cmd.run_state, "--run", run_id,
             "--node", "gpu0", "--nodes", "gpu0", "--", *cmd.torchrun_argv()]
     proc = subprocess.Popen(argv, cwd=code, env=env, stdout=subprocess.DEVNULL,
@@ -205,9 +207,9 @@ def main() -> int:
         try:
             wait_for(job / "output.log", "in flight", 120)
             time.sleep(1.0)
-            dumps = supervisor.dump_workers(str(job), "gpu-fr-request", args.py_spy, False)
+            dumps = node_dump.dump_workers(str(job), "gpu-fr-request", args.py_spy, False)
         finally:
-            supervisor.stop_tree(str(job), "gpu-fr-request", 5.0)
+            node_stop.stop_tree(str(job), "gpu-fr-request", 5.0)
             proc.wait(timeout=60)
         (rank,) = dumps
         found = {"pid": rank["pid"], "py_spy": "dump" in rank,
@@ -232,13 +234,13 @@ def main() -> int:
         try:
             proc.wait(timeout=240)  # the watchdog's timeout (10 s) ends the run
         finally:
-            supervisor.stop_tree(str(job), "gpu-fr-timeout", 5.0)
-        fr = job / supervisor.FR_SUBDIR
+            node_stop.stop_tree(str(job), "gpu-fr-timeout", 5.0)
+        fr = job / protocol.FR_SUBDIR
         files = sorted(x.name for x in fr.iterdir())
         log = (job / "output.log").read_text(errors="replace")
         found = {"files": files, "exit": json.loads((job / "exit").read_text()),
                  "log_tail": log[-2500:]}
-        dump = fr / f"{supervisor.TIMEOUT_DUMP_PREFIX}0"
+        dump = fr / f"{protocol.TIMEOUT_DUMP_PREFIX}0"
         if dump.exists():
             data = dump.read_bytes()
             (args.out / "nccl_timeout_rank0.pkl").write_bytes(data)
@@ -274,11 +276,12 @@ def main() -> int:
 
     @check(results, "doctor_job", only)
     def _() -> dict:
-        """doctor's job (orchestrator/doctor_job.py) on this machine's GPUs through
+        """doctor's job (orchestrator/node/doctor.py) on this machine's GPUs through
         torchrun, as `doctor` runs it on one node: NCCL all_reduce, bf16 matrix products
         per GPU, and nvidia-smi's health fields as doctor reads them (the raw lines are
         kept: they become the unit tests' recorded nvidia-smi output)."""
-        from orchestrator import doctor, doctor_job
+        from orchestrator import doctor
+        from orchestrator.node import doctor as doctor_job
 
         out = subprocess.run(
             [str(Path(sys.executable).parent / "torchrun"), "--standalone",
@@ -301,14 +304,17 @@ def main() -> int:
         user: py-spy run by that user from outside the worker's ancestry (as the
         supervisor's dump verb is) reads a worker started through the runner; a process
         started without it is the control. The sysctl is put back as it was."""
-        yama = Path(supervisor.YAMA)
+        yama = Path(node_dump.YAMA)
         if os.geteuid() != 0 or not yama.exists():
             return {"skipped": "needs root and a kernel with yama"}
         before = yama.read_text().strip()
         subprocess.run(["useradd", "-m", "ctjob"], capture_output=True)
         d = Path(tempfile.mkdtemp(prefix="yama-", dir="/tmp"))
         d.chmod(0o777)
-        shutil.copy(ROOT / "orchestrator" / "run_worker.py", d / "run_worker.py")
+        # the node package, installed by the job's user in a home of its own, as on a node
+        subprocess.run(["runuser", "-u", "ctjob", "--", "env", f"HOME={d}", "bash", "-c",
+                        nodelib.install_command()], check=True, text=True,
+                       input=base64.b64encode(nodelib.bundle().tar_gz).decode())
         (d / "sleeper.py").write_text(
             "import os, sys, time\n"
             "open(sys.argv[1], 'w').write(str(os.getpid()))\n"
@@ -318,7 +324,7 @@ def main() -> int:
         found: dict[str, object] = {"ptrace_scope_before": before}
         try:
             yama.write_text("1")
-            for name, runner in (("with_runner", [str(d / "run_worker.py")]),
+            for name, runner in (("with_runner", [nodelib.entry(str(d)), "worker"]),
                                  ("without_runner", [])):
                 pidfile = d / f"{name}.pid"
                 procs.append(subprocess.Popen(
@@ -333,7 +339,7 @@ def main() -> int:
                                      capture_output=True, text=True, timeout=60)
                 said = (out.stdout + out.stderr).strip()
                 found[name] = {"exit": out.returncode, "read_its_stack": "waiting_for_data" in said,
-                               "said": said[-400:], "hint": supervisor.ptrace_hint(said)}
+                               "said": said[-400:], "hint": node_dump.ptrace_hint(said)}
         finally:
             yama.write_text(before)
             for p in procs:
@@ -358,9 +364,9 @@ def main() -> int:
         try:
             wait_for(job / "output.log", "in flight", 120, times=3)
             time.sleep(1.0)
-            dumps = supervisor.dump_workers(str(job), "gpu-mismatch", args.py_spy, False)
+            dumps = node_dump.dump_workers(str(job), "gpu-mismatch", args.py_spy, False)
         finally:
-            supervisor.stop_tree(str(job), "gpu-mismatch", 5.0)
+            node_stop.stop_tree(str(job), "gpu-mismatch", 5.0)
             proc.wait(timeout=60)
         diagnosis = analyse([[NodeDumps("gpu0", dumps)]], args.out / "mismatch")
         return {"report": diagnosis.report(), "analysis": diagnosis.to_json(),

@@ -1,5 +1,6 @@
 """The exact shell commands that start, follow and describe one node's part of a run
-(pure: no I/O). torchrun runs under the node's supervisor (supervisor.py)."""
+(pure: no I/O). torchrun runs under the node's supervisor (`node.py supervise`, from the
+node package on the node: cluster/nodelib.py)."""
 
 from __future__ import annotations
 
@@ -7,39 +8,27 @@ import dataclasses
 import re
 import shlex
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from . import contract, supervisor
+from . import contract
+from .cluster import nodelib
 from .errors import LaunchError
-from .run_worker import FR_DIR_ENV
+from .node.protocol import (
+    CODE_SUBDIR,
+    EXIT_MARKER,
+    FR_DIR_ENV,
+    FR_SUBDIR,
+    JOBS_SUBDIR,
+    NODE_STATE_DIR,
+    TIMEOUT_DUMP_PREFIX,
+)
 
-# Every job runs as the SSH user and keeps its state under that user's home on each
-# node (mode 0700: other users cannot see it): code snapshots and per-run job records.
-NODE_STATE_DIR = ".clustertrain"
-# The worker runner (run_worker.py), inside each run's code snapshot: torchrun starts
-# every worker through it, so that a script that finished ends cleanly (clean_exit).
-WORKER_RUNNER = f"{NODE_STATE_DIR}/run_worker.py"
-CODE_SUBDIR = "code"
-JOBS_SUBDIR = "jobs"
-JOBS_DIR = f"{NODE_STATE_DIR}/{JOBS_SUBDIR}"  # relative to the job user's home
 FR_BUFFER_SIZE = "2000"  # flight-recorder entries a rank keeps (torch's default)
 # torchrun prefixes every worker line with its global rank; logstream parses it.
 LOG_PREFIX_TEMPLATE = "[rank${rank}]:"
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# The last line a node's follow session prints: torchrun's exit status and why it ended,
-# so that a connection that ends without it is told apart from a job that exited.
-EXIT_MARKER = supervisor.EXIT_MARKER
-# The supervisor's source, shipped to the node at every launch.
-SUPERVISOR_SOURCE = Path(supervisor.__file__).read_text()
-SUPERVISOR_BYTES = len(SUPERVISOR_SOURCE.encode())
+__all__ = ["EXIT_MARKER", "NodeCommand", "TorchrunOptions"]  # EXIT_MARKER: job.py reads it
 DEFAULT_LEASE_TIMEOUT = 30.0
 DEFAULT_KEEP_RUNS = 20
-
-
-def supervisor_call(python: str, verb: str, *args: str) -> str:
-    """The command line that runs VERB of the supervisor's source (this version's, sent
-    on the command line) with the node's system PYTHON, as the SSH user: `stop`, `dump`."""
-    return f"{python} -c {shlex.quote(SUPERVISOR_SOURCE)} {shlex.join([verb, *args])}"
 
 
 def state_dir(home: str) -> str:
@@ -185,7 +174,8 @@ class NodeCommand:
     grace: float = 5.0
     keep_runs: int = DEFAULT_KEEP_RUNS   # older snapshots and job dirs are pruned
     module: bool = False                # script is a module name, run as `python -m`
-    clean_exit: bool = True             # start the workers through WORKER_RUNNER
+    clean_exit: bool = True             # start the workers through the worker runner
+    synced: bool = True                 # a code snapshot is torchrun's working directory
     # Detached runs are watched for hangs by the nodes (attached ones by the controller).
     hang_timeout: float = 0.0
     on_hang: str = "stop"
@@ -203,6 +193,11 @@ class NodeCommand:
     @property
     def code_dir(self) -> str:
         return f"{state_dir(self.home)}/{CODE_SUBDIR}/{self.run_id}"
+
+    @property
+    def cwd(self) -> str:
+        """torchrun's working directory: the run's code snapshot, else its job directory."""
+        return self.code_dir if self.synced else self.job_dir
 
     @property
     def job_dir(self) -> str:
@@ -239,17 +234,18 @@ class NodeCommand:
         return argv
 
     def worker_argv(self) -> list[str]:
-        """The script part of the torchrun command: the runner, then the user's script
-        (or `-m MODULE`) and its arguments; without clean_exit, torchrun runs the script."""
+        """The script part of the torchrun command: the worker runner (`node.py worker`),
+        then the user's script (or `-m MODULE`) and its arguments; without clean_exit,
+        torchrun runs the script itself."""
         target = ["-m", self.script] if self.module else [self.script]
-        runner = [WORKER_RUNNER] if self.clean_exit else []
+        runner = [nodelib.entry(self.home), "worker"] if self.clean_exit else []
         return [*runner, *target, *self.script_args]
 
     @property
     def flight_records_dir(self) -> str:
         """Where the workers' flight-recorder dumps go: on request (run_worker.py serves
         them) and, with NCCL, torch's own dump when a collective times out."""
-        return f"{self.job_dir}/{supervisor.FR_SUBDIR}"
+        return f"{self.job_dir}/{FR_SUBDIR}"
 
     def environment(self) -> dict[str, str]:
         """The job's environment on this node: the user's --env overrides the defaults
@@ -262,7 +258,7 @@ class NodeCommand:
             # on a NCCL timeout (torch appends the rank). Only the current names: torch
             # warns about the older ones (TORCH_NCCL_TRACE_BUFFER_SIZE, ...) when set.
             "TORCH_FR_BUFFER_SIZE": FR_BUFFER_SIZE,
-            "TORCH_FR_DUMP_TEMP_FILE": f"{fr}/{supervisor.TIMEOUT_DUMP_PREFIX}",
+            "TORCH_FR_DUMP_TEMP_FILE": f"{fr}/{TIMEOUT_DUMP_PREFIX}",
             "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
             **self.env,
             "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": LOG_PREFIX_TEMPLATE,
@@ -273,10 +269,8 @@ class NodeCommand:
 
     def shell(self) -> str:
         """The command line that starts this node's part of the run, phase one of the
-        launch (launch.py): it writes the supervisor's source (the first
-        SUPERVISOR_BYTES of its standard input) into the job directory and runs it with
-        --wait-go, so that it loads and waits; on GO it starts torchrun in the code
-        snapshot.
+        launch (launch.py): the node package's supervisor (`node.py supervise
+        --wait-go`) loads and says READY; on GO it starts torchrun in the code snapshot.
 
         The supervisor then runs in a session of its own (setsid), outlives the SSH session,
         and starts torchrun in another session, so torchrun and its workers form a job of
@@ -285,8 +279,8 @@ class NodeCommand:
         exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.environment().items())
         job = shlex.quote(self.job_dir)
         env_file = shlex.quote(self.cluster_env)
-        argv = [self.python, f"{self.job_dir}/supervisor.py", "run", "--wait-go",
-                "--cwd", self.code_dir, "--job", self.job_dir,
+        argv = [self.python, nodelib.entry(self.home), "supervise", "--wait-go",
+                "--cwd", self.cwd, "--job", self.job_dir,
                 "--state-dir", self.run_state, "--run", self.run_id, "--node", self.node,
                 "--nodes", ",".join(self.nodes), "--grace", str(self.grace),
                 "--lease-timeout", str(self.lease_timeout), "--keep", str(self.keep_runs),
@@ -294,16 +288,14 @@ class NodeCommand:
                   ["--hang-timeout", f"{self.hang_timeout:g}", "--on-hang", self.on_hang]),
                 "--", *self.torchrun_argv()]
         # A job directory that cannot be made fails the launch here, with mkdir's words.
-        # (head -c reads no more than it copies: GO, later on the same input, is left.)
-        return (f"umask 077; mkdir -p {job} && head -c {SUPERVISOR_BYTES} "
-                f">{job}/supervisor.py || exit 1; "
+        return (f"umask 077; mkdir -p {job} || exit 1; "
                 f"if [ -r {env_file} ]; then set -a; . {env_file}; set +a; fi; "
                 f"export {exports}; exec {shlex.join(argv)}")
 
     def follow(self, lease: bool = False, tail: int | None = None) -> str:
         """The command line that prints this node's output as it grows and ends with
         EXIT_MARKER; with LEASE, its standard input carries the controller's heartbeat."""
-        argv = [self.python, f"{self.job_dir}/supervisor.py", "follow", "--job", self.job_dir]
+        argv = [self.python, nodelib.entry(self.home), "follow", "--job", self.job_dir]
         if lease:
             argv.append("--lease")
         if tail is not None:

@@ -1,9 +1,9 @@
 """`diagnose RUN`: a Python stack and the flight recorder of every rank of a running
 run, and which rank holds the others up (orchestrator/hang.py reads both).
 
-Each node dumps its own workers at once (the supervisor's `dump` verb, run as the job's
+Each node dumps its own workers at once (the node package's `dump` verb, run as the job's
 user): py-spy reads that user's processes without extra rights, and each worker's runner
-answers with torch's own dump of its flight recorder (run_worker.py). The dumps, per rank
+answers with torch's own dump of its flight recorder (node/worker.py). The dumps, per rank
 NODE-rankR.json (py-spy) and NODE-rankR.fr.pkl (flight recorder), and the report go to a
 directory of the run's record: `hang/` when the controller found the run hung,
 `diagnose/<time>/` on demand. Diagnosing reads the processes for a moment and does not
@@ -25,8 +25,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import ssh, supervisor
-from .command import JOBS_DIR, NodeCommand, supervisor_call
+from . import ssh
+from .cluster import nodelib
+from .command import NodeCommand
 from .errors import ClusterError, DiagnoseError
 from .fanout import each
 from .hang import (
@@ -42,6 +43,8 @@ from .hang import (
     parse_pyspy_dump,
 )
 from .inventory import NodeSpec, load_cluster
+from .node.dump import py_spy_for
+from .node.protocol import JOBS_DIR
 from .runs import check_owner, open_run
 
 NODE_TIMEOUT = 90.0  # seconds for one node's dumps (py-spy's own limit is 30 s a rank)
@@ -66,8 +69,7 @@ class NodeDumps:
 
 def dump_node(target: Target, run_id: str, native: bool = False) -> NodeDumps:
     args = [JOBS_DIR, run_id, target.py_spy] + (["--native"] if native else [])
-    result = target.conn.run(supervisor_call(target.python, "dump", *args),
-                             timeout=NODE_TIMEOUT)
+    result = nodelib.call(target.conn, target.python, "dump", *args, timeout=NODE_TIMEOUT)
     lines = result.stdout.strip().splitlines()
     if result.exit_code != 0 or not lines:
         said = result.stderr.strip().splitlines() or [f"exit {result.exit_code}"]
@@ -248,7 +250,7 @@ def targets_of(nodes: Iterable[tuple[NodeSpec, NodeCommand]],
                clients: dict[str, ssh.Connection]) -> list[Target]:
     """The nodes of a run, from their inventory entries and the run's node commands."""
     return [Target(spec.name, clients[spec.name], spec.python,
-                   supervisor.py_spy_for(cmd.torchrun))
+                   py_spy_for(cmd.torchrun))
             for spec, cmd in nodes]
 
 

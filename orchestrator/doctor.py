@@ -2,7 +2,8 @@
 the nodes that fall far below the others (run_doctor); the analysis (analyse) and the
 report (render, DoctorReport.to_json).
 
-The measurements run on the nodes as the run's script (doctor_job.py); rank 0 prints
+The measurements run on the nodes as the run's module (orchestrator/node/doctor.py, in the
+node package: nothing is synced); rank 0 prints
 them as one line, read here from node 0's log of the run (runs/RUN/), and the analysis
 goes beside it as runs/RUN/doctor.json.
 
@@ -19,19 +20,17 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import statistics
-import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from . import doctor_job
 from .command import TorchrunOptions
 from .errors import ClusterError, LaunchError
 from .inventory import Cluster
 from .job import HangWatch
+from .node import doctor as node_doctor
 from .runs import DEFAULT_RUNS_DIR, RunDir, new_run_id
 from .train import TrainRequest, run_training
 
@@ -48,17 +47,18 @@ BAD_CLOCK_EVENTS = {0x8: "hardware slowdown", 0x20: "software thermal slowdown",
                     0x40: "hardware thermal slowdown", 0x80: "hardware power brake"}
 
 
+DOCTOR_MODULE = node_doctor.__name__   # orchestrator.node.doctor, run from the node package
 MAX_SECONDS = 60.0          # --link-seconds, --compute-seconds
 MAX_ALLREDUCE_MB = 8192.0   # --allreduce-mb: 8 GB per rank
 
 
 @dataclass(frozen=True)
 class DoctorRequest:
-    link_seconds: float = doctor_job.LINK_SECONDS
-    pings: int = doctor_job.PINGS
-    compute_seconds: float = doctor_job.COMPUTE_SECONDS
-    allreduce_mb: float = doctor_job.ALLREDUCE_MB
-    allreduce_iters: int = doctor_job.ALLREDUCE_ITERS
+    link_seconds: float = node_doctor.LINK_SECONDS
+    pings: int = node_doctor.PINGS
+    compute_seconds: float = node_doctor.COMPUTE_SECONDS
+    allreduce_mb: float = node_doctor.ALLREDUCE_MB
+    allreduce_iters: int = node_doctor.ALLREDUCE_ITERS
     runs_dir: Path = DEFAULT_RUNS_DIR
     master_port: int | None = None
 
@@ -170,17 +170,12 @@ def run_doctor(cluster: Cluster, request: DoctorRequest) -> DoctorReport:
                           f"GFLOP/s), and {cluster.names[0]} alone has nothing to be "
                           "compared with: choose 2 nodes or more (--nodes, --hosts)")
     run_id = new_run_id()
-    with tempfile.TemporaryDirectory(prefix="clustertrain-doctor-") as workdir:
-        script = Path(doctor_job.__file__)
-        # with its mtime: the sync's digest is then the same as the last doctor's, whose
-        # snapshot a node still has as its latest is linked, not copied
-        shutil.copy2(script, Path(workdir) / script.name)
-        train = TrainRequest(
-            workdir=Path(workdir), script=script.name,
-            script_args=request.script_args([n.cluster_address for n in cluster.nodes]),
-            env={}, nproc=None, master_port=request.master_port, options=TorchrunOptions(),
-            runs_dir=request.runs_dir, run_id=run_id)
-        code = run_training(train, HangWatch(HANG_TIMEOUT), cluster)  # raises on failure
+    train = TrainRequest(
+        workdir=None, script=DOCTOR_MODULE, module=True,
+        script_args=request.script_args([n.cluster_address for n in cluster.nodes]),
+        env={}, nproc=None, master_port=request.master_port, options=TorchrunOptions(),
+        runs_dir=request.runs_dir, run_id=run_id)
+    code = run_training(train, HangWatch(HANG_TIMEOUT), cluster)  # raises on failure
     run = RunDir(request.runs_dir, run_id)
     if code == 130:   # Ctrl-C: the run was stopped on every node and recorded
         raise KeyboardInterrupt
@@ -193,9 +188,9 @@ def run_doctor(cluster: Cluster, request: DoctorRequest) -> DoctorReport:
 
 
 def describe_run(run: RunDir) -> str | None:
-    """What `runs` says of a doctor run (its script is the doctor job): its verdict from
+    """What `runs` says of a doctor run (its module is the doctor's): its verdict from
     doctor.json, instead of the job's long command line; None for any other run."""
-    if run.info().get("script") != Path(doctor_job.__file__).name:
+    if run.info().get("script") != DOCTOR_MODULE:
         return None
     path = run.path / "doctor.json"
     if not path.exists():
@@ -212,8 +207,8 @@ def read_result(log: Path) -> dict:
     except OSError as exc:
         raise ClusterError(f"doctor: cannot read the run's log {log}: {exc}") from None
     for line in reversed(lines):
-        if doctor_job.RESULT_MARK in line:
-            return json.loads(line.split(doctor_job.RESULT_MARK, 1)[1])
+        if node_doctor.RESULT_MARK in line:
+            return json.loads(line.split(node_doctor.RESULT_MARK, 1)[1])
     raise ClusterError(f"doctor: the run ended without its results in {log}; see that log")
 
 
@@ -245,7 +240,7 @@ def outliers(values: dict[K, float], ratio: float, high: bool = False) -> dict[K
 
 
 def parse_gpus(text: str | None) -> tuple[list[Gpu], str | None]:
-    """nvidia-smi's CSV of doctor_job.GPU_FIELDS: the GPUs, or an error to show."""
+    """nvidia-smi's CSV of node_doctor.GPU_FIELDS: the GPUs, or an error to show."""
     if text is None:
         return [], None
     if text.startswith("error:"):
@@ -260,7 +255,7 @@ def parse_gpus(text: str | None) -> tuple[list[Gpu], str | None]:
     gpus: list[Gpu] = []
     for row in text.strip().splitlines():
         cells = [c.strip() for c in row.split(",")]
-        if len(cells) != len(doctor_job.GPU_FIELDS):
+        if len(cells) != len(node_doctor.GPU_FIELDS):
             return gpus, f"unexpected nvidia-smi line: {row!r}"
         index, bus, name, ecc, events, sm, max_sm, width, max_width, temp = cells
         gpus.append(Gpu(index=number(index) or 0, bus_id=bus, name=name,

@@ -34,15 +34,19 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .command import WORKER_RUNNER
 from .errors import DiagnoseError
+from .node.protocol import LIB_SUBDIR, NODE_STATE_DIR
 
 # --- what a frame is ------------------------------------------------------------------
 
 LIBRARY_DIRS = ("/site-packages/", "/dist-packages/")
 STDLIB = re.compile(r"/lib(?:64)?/python\d+(?:\.\d+)?t?/")  # /usr/lib/python3.11/, a venv's base
 TORCH_DIR = "/torch/"  # torch from a source checkout, outside site-packages
-RUNNERS = ("orchestrator/run_worker.py", WORKER_RUNNER)  # the worker runner, here and on nodes
+# The worker runner's own frames: the node package on a node (~/.clustertrain/lib/V/...),
+# in a checkout, and where earlier versions kept it (the recorded dumps of the tests).
+RUNNERS = ("orchestrator/node/worker.py", "orchestrator/node/__main__.py",
+           "orchestrator/run_worker.py", f"{NODE_STATE_DIR}/run_worker.py")
+LIB_DIR = f"/{NODE_STATE_DIR}/{LIB_SUBDIR}/"
 C10D_FILE = "torch/distributed/distributed_c10d.py"
 # The torch.distributed calls every rank of a group must make (init and new_group included:
 # a rank that never gets there holds up the others as a missing all_reduce would).
@@ -90,6 +94,7 @@ class Frame:
         return (not self.native and path.endswith(".py")
                 and not any(d in path for d in LIBRARY_DIRS)
                 and not STDLIB.search(path) and TORCH_DIR not in f"/{path}"
+                and LIB_DIR not in path
                 and not any(path == r or path.endswith("/" + r) for r in RUNNERS))
 
     @property

@@ -2,7 +2,7 @@
 logs, and end the job everywhere as soon as one node fails, loses its connection, or on
 Ctrl-C, SIGTERM or SIGHUP.
 
-The nodes supervise the job themselves (supervisor.py): they stop it when a peer fails
+The nodes supervise the job themselves (node/supervise.py): they stop it when a peer fails
 or is lost, and, for an attached run, when this controller's lease ends (it was killed,
 its terminal closed, its network dropped). The lease is a heartbeat on the standard
 input of each node's follow session: end-of-input gives it up at once.
@@ -27,9 +27,9 @@ from .diagnose import analyse, collect, sample, targets_of
 from .inventory import NodeSpec
 from .launch import Launch
 from .logstream import LineSplitter, is_record
+from .node.protocol import End
 from .progress import Progress
 from .runs import RunDir, iso
-from .supervisor import End
 from .teardown import DEFAULT_GRACE, stop_job
 from .worker_end import COLLECTIVE_TIMEOUT, PEER_GONE
 

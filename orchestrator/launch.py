@@ -2,8 +2,8 @@
 node at once and the launch's own cost is off the run's path.
 
 Phase one (`Launch.start`, which `train` runs before the code sync so that the two
-overlap): one SSH session per node runs the node's launch line (NodeCommand.shell) with
-the supervisor's source on its standard input; the supervisor loads and says READY.
+overlap): one SSH session per node runs the node's launch line (NodeCommand.shell): the
+node package's supervisor loads and says READY.
 Phase two (`Launch.go`): once every node is ready, GO to all of them; each supervisor
 detaches, says STARTED and starts torchrun. Python's start on a node, the better part of
 what a launch costs there, is paid in phase one; on two cores shared by 16 nodes it was
@@ -21,11 +21,11 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
-from .command import SUPERVISOR_SOURCE, NodeCommand
+from .command import NodeCommand
 from .fanout import each
 from .inventory import NodeSpec
+from .node.protocol import GO, READY, STARTED
 from .ssh import Connection
-from .supervisor import GO, READY, STARTED
 
 LAUNCH_TIMEOUT = 60.0   # seconds for every node to be ready, and again to start
 
@@ -91,18 +91,11 @@ class Launch:
     @classmethod
     def start(cls, nodes: list[tuple[NodeSpec, NodeCommand]],
               clients: dict[str, Connection]) -> Launch:
-        """Phase one on every node: returns at once; the nodes load meanwhile."""
-        source = SUPERVISOR_SOURCE.encode()
-        sessions: dict[str, _Session] = {}
-        for spec, cmd in nodes:
-            proc = clients[spec.name].popen(cmd.shell(), stdin=True)
-            sessions[spec.name] = _Session(spec.name, proc)
-            assert proc.stdin is not None
-            try:
-                proc.stdin.write(source)
-                proc.stdin.flush()
-            except OSError:
-                pass  # the session ended already: go() reports what it said
+        """Phase one on every node: returns at once; the nodes load meanwhile (the node
+        package is there: preflight's probe put it there when it was missing)."""
+        sessions = {spec.name: _Session(spec.name, clients[spec.name].popen(cmd.shell(),
+                                                                            stdin=True))
+                    for spec, cmd in nodes}
         return cls(sessions)
 
     def ready(self) -> dict[str, str]:

@@ -19,7 +19,8 @@ from . import contract, ssh
 from .errors import PreflightError
 from .fanout import each
 from .inventory import DEFAULT_INVENTORY, Cluster, NodeSpec
-from .probe import NodeFacts, Rendezvous, fingerprint_lib, probe, reach, stop_listener
+from .node import fingerprint
+from .probe import NodeFacts, Rendezvous, probe, reach, stop_listener
 
 CLOCK_SKEW_WARN = 2.0  # seconds between the fastest and slowest node clock
 
@@ -57,7 +58,7 @@ def fingerprint_drift(facts: list[NodeFacts]) -> list[str]:
     """Lines naming each package (or runtime) that differs between the nodes' live
     environments, with its version per node (roles/python_env/files/fingerprint.py, the
     comparison playbooks/verify.yml prints too)."""
-    return fingerprint_lib().drift({f.node.name: f.fingerprint for f in facts
+    return fingerprint.drift({f.node.name: f.fingerprint for f in facts
                                     if f.fingerprint})
 
 
@@ -196,7 +197,7 @@ SHARED_FIX = {
 
 
 def _realign_command(report: Report, nodes: list[str]) -> str:
-    command: str = fingerprint_lib().realign_command(report.cluster.inventory or DEFAULT_INVENTORY,
+    command: str = fingerprint.realign_command(report.cluster.inventory or DEFAULT_INVENTORY,
                                                      nodes)
     return command
 
@@ -277,12 +278,12 @@ def _judge_drift(report: Report) -> None:
     """The live environments: equal on every node, and as provisioned (the lines and the
     nodes to re-align come from fingerprint.py, as in playbooks/verify.yml)."""
     have = [f for f in report.facts if f.fingerprint]
-    found = fingerprint_lib().report({f.node.name: f.fingerprint for f in have},
+    found = fingerprint.report({f.node.name: f.fingerprint for f in have},
                                      {f.node.name: f.provisioned for f in have})
     if not found["lines"]:
         return
     report.drifted = found["realign"]
-    report.problems.append(fingerprint_lib().message(
+    report.problems.append(fingerprint.message(
         found, report.cluster.inventory or DEFAULT_INVENTORY))
 
 

@@ -1,14 +1,15 @@
 """What preflight asks each node, and what it learns: the node side is
-orchestrator/node_probe.py (standard library only), shipped by its source and run by the
-node's system python; it answers in JSON.
+orchestrator/node/probe.py (`node.py probe|reach|unlisten|release`, run by the node's
+system python from the node package, which the first call copies to a node that lacks
+this version); it answers in JSON.
 
 Round 1, every node at once (`probe`): who the job runs as, the environment as it is now
 (a live fingerprint read from the environment's metadata, roles/python_env/files/
 fingerprint.py, the same code the python_env role uses), the fingerprint written at
 provisioning, torch (imported only when the environment changed since the last time it
-was checked on that node, see TORCH_CACHE), GPUs (without torch), the shared path (a mount
-of the right kind, writable by the job's user), names, and on node 0 the master port: a
-free one is claimed, and a short-lived listener is started on it.
+was checked on that node), GPUs (without torch), the shared path (a mount of the right
+kind, writable by the job's user), names, and on node 0 the master port: a free one is
+claimed, and a short-lived listener is started on it.
 
 Round 2, every other node (`reach`): the shared path shows the token node 0 wrote there
 (the same filesystem), and node 0's master port answers from here (no firewall between).
@@ -17,52 +18,18 @@ The listener ends as soon as every node has connected: torchrun then binds the p
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import json
 import secrets
-import shlex
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-from . import contract, node_probe, ssh
+from . import ssh
+from .cluster import nodelib
 from .inventory import NodeSpec
-from .node_probe import LEASE_DIR
-from .resources import project
 
-# Where the python_env role writes python_env.json and fingerprint.json when a request
-# names no directory (preflight passes the node's, NodeSpec.env_state_dir).
-STATE_DIR = str(contract.role_default("python_env", "python_env_state_dir"))
 CONNECT_TIMEOUT = 3.0    # seconds for a node to open a TCP connection to node 0's port
 LISTEN_SECONDS = 30.0    # the listener on node 0 gives up after this long
-
-
-@functools.cache
-def fingerprint_lib() -> ModuleType:
-    """roles/python_env/files/fingerprint.py as a module (drift comparison, on the
-    controller; the nodes run the same file inside the probe)."""
-    spec = importlib.util.spec_from_file_location("clustertrain_fingerprint",
-                                                  project().fingerprint_py)
-    assert spec is not None and spec.loader is not None  # a .py file always has both
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _program(verb: str, *args: str) -> str:
-    """node_probe.py's source and the call of its VERB, for `python -c` on a node."""
-    call = f"sys.exit(main([{verb!r}] + sys.argv[1:], {', '.join(args)}))"
-    return NODE_PROBE_SOURCE + "\n" + call + "\n"
-
-
-NODE_PROBE_SOURCE = Path(node_probe.__file__).read_text()
-# Round 1 (input on stdin, JSON on stdout); fingerprint.py is the python_env role's own.
-PROBE_SCRIPT = _program("probe", repr(project().fingerprint_py.read_text()), repr(STATE_DIR))
-REACH_SCRIPT = _program("reach")           # round 2, on every node but node 0
-STOP_SCRIPT = _program("stop")             # PORT NONCE: end node 0's listener now
 
 
 @dataclass
@@ -74,7 +41,7 @@ class NodeFacts:
     user: str | None = None          # who the job runs as on this node
     uid: int | None = None
     home: str | None = None
-    machine: dict[str, str] | None = None   # node_probe.machine(): what tells machines apart
+    machine: dict[str, str] | None = None   # node/probe.py machine(): what tells machines apart
     fingerprint: dict[str, Any] | None = None   # the environment as it is now
     fingerprint_error: str | None = None
     provisioned: dict[str, Any] | None = None   # fingerprint.json, written at provisioning
@@ -118,9 +85,9 @@ class Rendezvous:
         return cls(nonce, f".clustertrain-token-{nonce}", secrets.token_hex(16), nodes)
 
 
-def release_port(conn: ssh.Connection, run_id: str) -> None:
+def release_port(node: NodeSpec, conn: ssh.Connection, run_id: str) -> None:
     """Drop the master-port claim a launch made on node 0 (it would lapse by itself)."""
-    conn.run(f"rm -f {LEASE_DIR}/*.{shlex.quote(run_id)}", timeout=30)
+    nodelib.call(conn, node.python, "release", run_id, timeout=30)
 
 
 def probe(node: NodeSpec, conn: ssh.Connection, *, shared: dict[str, Any],
@@ -140,8 +107,7 @@ def probe(node: NodeSpec, conn: ssh.Connection, *, shared: dict[str, Any],
         request["listen"] = {"nonce": rendezvous.nonce, "expect": rendezvous.expect,
                              "address": master_address, "timeout": CONNECT_TIMEOUT,
                              "seconds": LISTEN_SECONDS}
-    result = conn.run(f"{node.python} -c {shlex.quote(PROBE_SCRIPT)}", timeout=150,
-                      stdin=json.dumps(request))
+    result = nodelib.call(conn, node.python, "probe", timeout=150, stdin=json.dumps(request))
     received = time.time()
     if result.exit_code != 0:
         last = (result.stderr.strip().splitlines() or ['exit %d' % result.exit_code])[-1]
@@ -160,8 +126,8 @@ def reach(node: NodeSpec, conn: ssh.Connection, *, addr: str, port: int,
                "timeout": CONNECT_TIMEOUT,
                "token": {"path": f"{shared_path.rstrip('/')}/checkpoints/{rendezvous.token_name}",
                          "value": rendezvous.token_value}}
-    result = conn.run(f"{node.python} -c {shlex.quote(REACH_SCRIPT)}",
-                      timeout=CONNECT_TIMEOUT * 3 + 30, stdin=json.dumps(request))
+    result = nodelib.call(conn, node.python, "reach", timeout=CONNECT_TIMEOUT * 3 + 30,
+                          stdin=json.dumps(request))
     if result.exit_code != 0:
         return {"error": (result.stderr.strip().splitlines() or
                           ["exit %d" % result.exit_code])[-1]}
@@ -170,4 +136,4 @@ def reach(node: NodeSpec, conn: ssh.Connection, *, addr: str, port: int,
 
 def stop_listener(node: NodeSpec, conn: ssh.Connection, port: int, nonce: str) -> None:
     """End node 0's listener now (when not every node connected to it)."""
-    conn.run(f"{node.python} -c {shlex.quote(STOP_SCRIPT)} {port} {nonce}", timeout=30)
+    nodelib.call(conn, node.python, "unlisten", str(port), nonce, timeout=30)

@@ -1,7 +1,7 @@
 """A run's record, settled from what the nodes wrote on the shared filesystem.
 
 A run whose controller went away (detached, killed, a closed laptop) has no
-summary.json yet; the nodes' supervisors kept its state (supervisor.py: one JSON file per
+summary.json yet; the nodes' supervisors kept its state (node/supervise.py: one JSON file per
 node, a heartbeat while running, the exit status and why at the end). `settle` reads it
 through any node that answers and, once the run is over, writes the summary, so no
 record says "running" for a run that is gone.
@@ -10,28 +10,14 @@ record says "running" for a run that is gone.
 from __future__ import annotations
 
 import json
-import shlex
 from typing import Any
 
 from . import ssh
+from .cluster import nodelib
 from .diagnose import NodeDumps, analyse
 from .inventory import load_cluster
+from .node.protocol import PEER_TIMEOUT, End
 from .runs import RunDir, RunStatus, iso
-from .supervisor import PEER_TIMEOUT, End
-
-READ_STATES = r'''
-import glob, json, os, sys, time
-def read(pattern):
-    found = {}
-    for path in glob.glob(pattern):
-        try:
-            found[os.path.basename(path)[:-5]] = json.load(open(path))
-        except (OSError, ValueError):
-            pass
-    return found
-print(json.dumps({"now": time.time(), "states": read(os.path.join(sys.argv[1], "*.json")),
-                  "hang": read(os.path.join(sys.argv[1], "hang", "*.json"))}))
-'''
 
 
 def summarize(info: dict[str, Any], states: dict[str, dict], now: float) -> dict | None:
@@ -116,8 +102,7 @@ def fetch_states(info: dict[str, Any]) -> tuple[dict[str, dict], float, dict[str
             errors.append(str(exc))
             continue
         try:
-            result = conn.run(f"{spec.python} -c {shlex.quote(READ_STATES)} "
-                              f"{shlex.quote(state_dir)}", timeout=30)
+            result = nodelib.call(conn, spec.python, "states", state_dir, timeout=30)
         finally:
             conn.close()
         if result.exit_code == 0 and result.stdout.strip():
@@ -144,7 +129,7 @@ def settle(run: RunDir) -> dict | None:
 
 
 def read_hang_dumps(dumps: dict[str, dict], run: RunDir) -> dict[str, Any]:
-    """The nodes' own hang dumps (supervisor.py, STATE/hang/<node>.json), read as
+    """The nodes' own hang dumps (node/supervise.py, STATE/hang/<node>.json), read as
     `diagnose` reads its own: into runs/<run>/hang/, with the suspects named."""
     nodes = [NodeDumps(name, d.get("ranks") or [],
                        None if d.get("ranks") else "no worker of this run ran there")

@@ -5,13 +5,11 @@ never becomes root, whatever the inventory's ansible_become says: the code belon
 user who trains); rsync --link-dest against the previous snapshot (code/latest)
 hard-links unchanged files, so a re-sync with no changes copies nothing, and editing
 code locally never changes a job that is already running. Excludes follow the
-.gitignore files of the code directory (rsync dir-merge filter). The worker runner
-(run_worker.py, from this package's source) goes into every snapshot as
-.clustertrain/run_worker.py, hard-linked like the rest when unchanged.
+.gitignore files of the code directory (rsync dir-merge filter).
 
 Code unchanged since the last sync skips ansible-runner: every snapshot is sealed with the
 digest of the local tree it was made from (the files rsync sends, by name, size, mode and
-mtime, and the worker runner) and the state of the snapshot on the node (so files a job
+mtime) and the state of the snapshot on the node (so files a job
 wrote into its working directory, or edits made on the node, are noticed). When both
 still hold, the node's new snapshot is a hard-linked copy of the previous one, made over
 the SSH connection preflight opened: one round trip instead of a playbook.
@@ -22,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shlex
-import shutil
 import subprocess
 import tempfile
 import time
@@ -31,11 +28,10 @@ from pathlib import Path
 
 import yaml
 
-from . import run_worker
-from .command import CODE_SUBDIR, NODE_STATE_DIR, WORKER_RUNNER
 from .errors import LaunchError
 from .fanout import each
 from .inventory import Cluster
+from .node.protocol import CODE_SUBDIR, NODE_STATE_DIR
 from .runner import run_playbook
 from .ssh import DROPPED, Connection
 
@@ -43,9 +39,9 @@ from .ssh import DROPPED, Connection
 RSYNC_FILTERS = ("--filter=:-_.gitignore", "--exclude=.git/", "--exclude=__pycache__/")
 SEAL = f"{NODE_STATE_DIR}/synced"   # in a snapshot: "<code digest> <snapshot state>"
 # The state of the snapshot in $1 as it is on the node: every file's path, size, mtime and
-# mode, every directory's path and mode. Left out: its .clustertrain/ (the runner is in the
-# code digest, the seal is not), and __pycache__/ (written by every import, as the sync
-# leaves it too); a directory's mtime changes with those.
+# mode, every directory's path and mode. Left out: its .clustertrain/ (the seal), and
+# __pycache__/ (written by every import, as the sync leaves it too); a directory's mtime
+# changes with those.
 _STATE = ("state() { find \"$1\" \\( -path \"$1/.clustertrain\" -o -name __pycache__ \\) "
           "-prune -o -type d -printf '%P/ %m\\n' -o -printf '%P %s %T@ %m\\n' "
           "| LC_ALL=C sort | sha256sum | cut -c1-64; }")
@@ -78,10 +74,8 @@ def left_out(workdir: Path, *dirs: Path) -> tuple[str, ...]:
     return tuple(f for f in found if f != ".")
 
 
-def sync_playbook(workdir: Path, run_id: str, runner_dir: Path | None = None,
-                  exclude: tuple[str, ...] = ()) -> list[dict]:
-    """RUNNER_DIR: a local directory that holds WORKER_RUNNER, copied into the snapshot;
-    EXCLUDE: directories of WORKDIR left out (see filters)."""
+def sync_playbook(workdir: Path, run_id: str, exclude: tuple[str, ...] = ()) -> list[dict]:
+    """EXCLUDE: directories of WORKDIR left out (see filters)."""
     code_root = f"{NODE_STATE_DIR}/{CODE_SUBDIR}"   # relative to the user's home
     dest = f"{code_root}/{run_id}/"
     return [{
@@ -115,13 +109,6 @@ def sync_playbook(workdir: Path, run_id: str, runner_dir: Path | None = None,
                  "rsync_opts": list(filters(exclude)),
              },
              **RETRY_DROPPED},
-            *([{"name": "Add the worker runner to the snapshot",
-                "ansible.posix.synchronize": {
-                    "src": f"{runner_dir}/", "dest": dest, "archive": True,
-                    "use_ssh_args": True,
-                    "link_dest": "{{ [previous.stat.lnk_source] if previous.stat.islnk | "
-                                 "default(false) else omit }}"},
-                **RETRY_DROPPED}] if runner_dir else []),
             {"name": "Point 'latest' at this snapshot",
              "ansible.builtin.file": {"src": run_id, "dest": f"~/{code_root}/latest",
                                       "state": "link", "force": True}},
@@ -129,14 +116,13 @@ def sync_playbook(workdir: Path, run_id: str, runner_dir: Path | None = None,
     }]
 
 
-def code_digest(workdir: Path, runner: Path, exclude: tuple[str, ...] = ()) -> str:
+def code_digest(workdir: Path, exclude: tuple[str, ...] = ()) -> str:
     """The local tree as the sync would send it: the entries rsync lists under
     RSYNC_FILTERS (files with their size, mode and mtime to the nanosecond, directories
-    with their mode) and the worker runner's content. Any edit, new or removed file
-    changes it."""
+    with their mode). Any edit, new or removed file changes it."""
     listing = subprocess.run(["rsync", "-a", "--list-only", *filters(exclude), f"{workdir}/"],
                              capture_output=True, text=True, check=True).stdout
-    digest = hashlib.sha256(runner.read_bytes())
+    digest = hashlib.sha256()
     entries = []
     for line in listing.splitlines():
         mode, size, _date, _time, name = line.split(maxsplit=4)
@@ -180,7 +166,7 @@ def _seal_script(run_id: str, digest: str) -> str:
     """RUN_ID's snapshot sealed with DIGEST and its present state (in a new file: the
     previous snapshot's seal, hard-linked into this one, is left as it is)."""
     snap = f"{_node_state_root()}/{shlex.quote(run_id)}"
-    return (f"s=$(state {snap}) && rm -f {snap}/{SEAL} && "
+    return (f"s=$(state {snap}) && mkdir -p {snap}/{NODE_STATE_DIR} && rm -f {snap}/{SEAL} && "
             f"echo \"{digest} $s\" > {snap}/{SEAL}")
 
 
@@ -213,10 +199,7 @@ def sync_code(cluster: Cluster, workdir: Path, run_id: str, quiet: bool = True,
         raise LaunchError(f"code directory {workdir} does not exist; pass --workdir DIR")
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="clustertrain-sync-") as tmp:
-        runner = Path(tmp) / "runner" / WORKER_RUNNER
-        runner.parent.mkdir(parents=True)
-        shutil.copy2(run_worker.__file__, runner)  # its mtime too: unchanged, it is linked
-        digest = code_digest(workdir, runner, exclude) if clients else None
+        digest = code_digest(workdir, exclude) if clients else None
         reused = [] if digest is None or clients is None else [
             n for n, rc in _each(clients, cluster.names, reuse_command(run_id, digest)).items()
             if rc == 0]
@@ -225,7 +208,7 @@ def sync_code(cluster: Cluster, workdir: Path, run_id: str, quiet: bool = True,
             playbook = Path(tmp) / "project" / "sync.yml"
             playbook.parent.mkdir()
             playbook.write_text(yaml.safe_dump(
-                sync_playbook(workdir, run_id, runner.parents[1], exclude), sort_keys=False))
+                sync_playbook(workdir, run_id, exclude), sort_keys=False))
             result = run_playbook(tmp, playbook, cluster.inventory, limit=",".join(rest),
                                   quiet=quiet)
             if result.rc != 0:

@@ -15,13 +15,10 @@ import json
 from dataclasses import dataclass
 
 from . import ssh
-from .command import JOBS_DIR, SUPERVISOR_SOURCE, supervisor_call
+from .cluster import nodelib
+from .node.protocol import GRACE, JOBS_DIR
 
-DEFAULT_GRACE = 5.0
-
-# The supervisor's own code, run by source with the node's system python: one
-# implementation of "stop this run's process tree" for the supervisor, train and stop.
-STOP_SCRIPT = SUPERVISOR_SOURCE
+DEFAULT_GRACE = GRACE
 
 
 @dataclass(frozen=True)
@@ -37,8 +34,10 @@ class StopResult:
 
 def stop_job(conn: ssh.Connection, python: str, run_id: str,
              grace: float = DEFAULT_GRACE) -> StopResult:
-    cmd = supervisor_call(python, "stop", JOBS_DIR, run_id, str(grace))
-    result = conn.run(cmd, timeout=grace + 30)
+    # The node package's stop (node/stop.py): one implementation of "stop this run's
+    # process tree" for the supervisor, train and stop.
+    result = nodelib.call(conn, python, "stop", JOBS_DIR, run_id, str(grace),
+                          timeout=grace + 30)
     lines = result.stdout.strip().splitlines()
     if result.exit_code != 0 or not lines:
         raise RuntimeError(f"{conn.name}: stop script failed: {result.stderr.strip()[-300:]}")

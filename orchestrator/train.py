@@ -25,6 +25,7 @@ from .errors import ClusterError, LaunchError
 from .inventory import Cluster, load_cluster
 from .job import HangWatch, Job, JobResult
 from .launch import Launch
+from .node.protocol import GO, End
 from .preflight import print_report, raise_if_blocked, run_preflight
 from .probe import NodeFacts, release_port
 from .records import settle
@@ -40,8 +41,7 @@ from .runs import (
     summary_cut_short,
 )
 from .ssh import connect_all
-from .supervisor import GO, End
-from .sync import left_out, sync_code
+from .sync import SyncResult, left_out, sync_code
 from .teardown import DEFAULT_GRACE
 from .worker_end import NodeEnd, NodeEnds, how_it_ended, judge, root_cause, scan_log
 
@@ -53,7 +53,7 @@ MODULE_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 class TrainRequest:
     """The user's request, checked before any node is touched."""
 
-    workdir: Path
+    workdir: Path | None         # None: nothing to sync (a module of the node package)
     script: str
     script_args: tuple[str, ...]
     env: dict[str, str]
@@ -61,7 +61,7 @@ class TrainRequest:
     master_port: int | None      # None: the inventory's rendezvous port, moved if taken
     options: TorchrunOptions
     module: bool = False         # script is a module name (`-m pkg.mod`)
-    clean_exit: bool = True      # workers start through the runner (run_worker.py)
+    clean_exit: bool = True      # workers start through the runner (node/worker.py)
     runs_dir: Path = DEFAULT_RUNS_DIR   # where the run's record goes
     detach: bool = False         # return once the job runs; the nodes supervise it
     dry_run: bool = False        # check the nodes and print the commands; start nothing
@@ -90,7 +90,8 @@ def run_training(request: TrainRequest, watch: HangWatch, cluster: Cluster) -> i
         print_report(report)
         raise_if_blocked(report)
         commands = [
-            NodeCommand(run_id=run_id, node_rank=i, nnodes=len(cluster.nodes),
+            NodeCommand(run_id=run_id, node_rank=i, synced=request.workdir is not None,
+                        nnodes=len(cluster.nodes),
                         nproc=report.nproc(facts),
                         master_addr=report.master_addr or cluster.nodes[0].cluster_address,
                         master_port=report.master_port or cluster.rendezvous_port,
@@ -112,22 +113,24 @@ def run_training(request: TrainRequest, watch: HangWatch, cluster: Cluster) -> i
                 print(f"# {spec.name} ({facts_by[spec.name].user}@{spec.host}), node rank "
                       f"{cmd.node_rank}")
                 print(cmd.shell())
-            print(f"# dry run: code would be synced from {request.workdir.resolve()} to "
-                  f"{commands[0].code_dir}; each line reads the supervisor's source on its "
-                  f"input, loads it and starts torchrun on the word {GO!r} (sent to every "
-                  "node at once); nothing was started")
+            where = (f"code would be synced from {request.workdir.resolve()} to "
+                     f"{commands[0].code_dir}" if request.workdir else "nothing to sync")
+            print(f"# dry run: {where}; each line loads the supervisor (the node package's, "
+                  f"copied to a node that lacks this version) and starts torchrun on the "
+                  f"word {GO!r} (sent to every node at once); nothing was started")
             return 0
         run = RunDir(request.runs_dir, run_id)
         info = {
             "run_id": run_id, "inventory": str(cluster.inventory.resolve()),
-            "nodes": cluster.names, "workdir": str(request.workdir.resolve()),
+            "nodes": cluster.names,
+            "workdir": str(request.workdir.resolve()) if request.workdir else None,
             "users": {f.node.name: f.user for f in report.facts},
             "script": request.script, "script_args": list(request.script_args),
             "module": request.module, "clean_exit": request.clean_exit,
             "master": {"addr": commands[0].master_addr, "port": commands[0].master_port},
             "commands": {s.name: c.torchrun_argv()
                          for s, c in zip(cluster.nodes, commands, strict=True)},
-            "code_revision": code_revision(request.workdir),
+            "code_revision": code_revision(request.workdir) if request.workdir else None,
             "fingerprint": report.fingerprint,
             "detached": request.detach,
             "hang_timeout": watch.timeout, "on_hang": str(watch.on_hang),
@@ -138,18 +141,21 @@ def run_training(request: TrainRequest, watch: HangWatch, cluster: Cluster) -> i
         nodes = list(zip(cluster.nodes, commands, strict=True))
         launch: Launch | None = None
         try:
-            print(f"run {run_id}: syncing {request.workdir.resolve()} to "
-                  f"{len(cluster.nodes)} node(s)", flush=True)
+            if request.workdir:
+                print(f"run {run_id}: syncing {request.workdir.resolve()} to "
+                      f"{len(cluster.nodes)} node(s)", flush=True)
             # The nodes load their supervisors while the code syncs (launch.py).
             launch = Launch.start(nodes, report.clients)
             synced = sync_code(cluster, request.workdir, run_id, clients=report.clients,
-                               exclude=left_out(request.workdir, request.runs_dir))
+                               exclude=left_out(request.workdir, request.runs_dir)) \
+                if request.workdir else SyncResult(run_id, 0.0)
             if synced.reused:
                 print(f"run {run_id}: code unchanged since the last sync on "
                       f"{', '.join(synced.reused)}: snapshot linked, not copied", flush=True)
-            print(f"run {run_id}: code synced in {synced.seconds:.1f} s; starting torchrun on "
-                  f"{', '.join(cluster.names)} (master {commands[0].master_addr}:"
-                  f"{commands[0].master_port})", flush=True)
+            print(f"run {run_id}: " + (f"code synced in {synced.seconds:.1f} s; " if
+                                       request.workdir else "") +
+                  f"starting torchrun on {', '.join(cluster.names)} (master "
+                  f"{commands[0].master_addr}:{commands[0].master_port})", flush=True)
             job = Job(run, nodes, report.clients, grace=request.grace, hang=watch)
             failed = job.launch(launch)
             if failed:
@@ -184,8 +190,8 @@ def run_training(request: TrainRequest, watch: HangWatch, cluster: Cluster) -> i
         node0 = report.clients.get(cluster.nodes[0].name)
         if node0 is not None and not request.dry_run:
             try:
-                release_port(node0, run_id)
-            except (OSError, TimeoutError):
+                release_port(cluster.nodes[0], node0, run_id)
+            except (OSError, TimeoutError, RuntimeError):
                 pass  # the claim lapses by itself
         report.close()
 

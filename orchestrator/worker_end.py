@@ -1,6 +1,6 @@
 """How each rank of a run ended, read from the nodes' logs (pure: no I/O).
 
-Two kinds of lines tell it. The worker runner (run_worker.py) prints, once its script has
+Two kinds of lines tell it. The worker runner (node/worker.py) prints, once its script has
 ended and everything the script wrote is flushed,
 
     [clustertrain] rank R finished: exit code C
@@ -22,9 +22,10 @@ import signal
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .supervisor import End
+from .node.protocol import FINISHED_MARKER, End
 
-MARKER = re.compile(r"^\[clustertrain\] rank (\d+) finished: exit code (-?\d+)\s*$")
+MARKER = re.compile("^" + re.escape(FINISHED_MARKER).replace(r"\{rank\}", r"(\d+)")
+                    .replace(r"\{code\}", r"(-?\d+)") + r"\s*$")
 REPORT_START = re.compile(r"^(Failures:|Root Cause)")
 REPORT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
 REPORT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")

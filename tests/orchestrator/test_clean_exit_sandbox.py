@@ -1,5 +1,5 @@
 """How workers end, on the real sandbox nodes: every worker starts through the worker
-runner (orchestrator/run_worker.py), so a correct gloo script that calls
+runner (orchestrator/node/worker.py), so a correct gloo script that calls
 destroy_process_group() and leaves normally is never failed by torch's teardown; the
 script's exit code, traceback, files and imports are its own; a rank that dies after its
 script finished is named as such, and the run counts as finished."""
@@ -104,7 +104,7 @@ def test_an_uncaught_exception_fails_the_run_with_its_traceback(sandbox_cluster:
         (JOBS / "finish" / "finish.py").read_text().splitlines(), 1) if "raise Runtime" in line)
     assert worker[at + 1].endswith(f'/finish/finish.py", line {raised_at}, in <module>')
     assert f"RuntimeError: simulated failure on rank {rank}" in worker
-    assert not any("run_worker" in line for line in worker)  # no frame of the runner
+    assert not any("node/worker.py" in line for line in worker)  # no frame of the runner
     assert f"RuntimeError: simulated failure on rank {rank}" in t.stderr  # last lines
 
 
@@ -132,7 +132,7 @@ def test_a_module_runs_with_dash_m(sandbox_cluster: Sandbox, tmp_path: Path) -> 
     summary = t.summary()
     assert summary["module"] is True and summary["script"] == "pkgjob.main"
     assert summary["command"]["node0"].endswith(
-        ".clustertrain/run_worker.py -m pkgjob.main --greeting hi")
+        "/node.py worker -m pkgjob.main --greeting hi")
 
 
 def test_no_clean_exit_runs_the_script_itself(sandbox_cluster: Sandbox,

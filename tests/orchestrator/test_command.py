@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator import supervisor
-from orchestrator.command import SUPERVISOR_BYTES, NodeCommand, TorchrunOptions, parse_env
+from orchestrator.cluster import nodelib
+from orchestrator.command import NodeCommand, TorchrunOptions, parse_env
 from orchestrator.errors import LaunchError
 
 
@@ -55,16 +55,16 @@ def test_shell_starts_the_supervisor_waiting_for_the_word() -> None:
     job = "/home/alice/.clustertrain/jobs/20260101-000000-abcdef"
     # Private by default: the job's files are its user's alone (umask 077).
     assert words[:5] == ["umask", "077;", "mkdir", "-p", job]
-    # The supervisor's source arrives on stdin, exactly its bytes (GO follows on the same
-    # input), and is kept in the job directory.
-    assert f"head -c {SUPERVISOR_BYTES} >{job}/supervisor.py" in line
-    assert SUPERVISOR_BYTES == len(Path(supervisor.__file__).read_bytes())
+    # The supervisor is the node package's, from this version's directory on the node:
+    # no program's source travels on the command line or the input.
+    lib = f"/home/alice/.clustertrain/lib/{nodelib.bundle().version}"
+    assert "python3 -c" not in line and "head -c" not in line and len(line) < 4000
     assert ". /etc/clustertrain/cluster.env" in line
     assert "PYTHONUNBUFFERED=1" in line and "FOO='a b'" in line
     assert "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]:'" in line
     i = words.index("exec")
     sup = words[i + 1:words.index("--", i)]
-    assert sup[:4] == ["/usr/bin/python3", f"{job}/supervisor.py", "run", "--wait-go"]
+    assert sup[:4] == ["/usr/bin/python3", f"{lib}/node.py", "supervise", "--wait-go"]
     for flag, value in (("--node", "node1"), ("--nodes", "node0,node1"),
                         ("--lease-timeout", "20.0"), ("--run", "20260101-000000-abcdef"),
                         ("--cwd", "/home/alice/.clustertrain/code/20260101-000000-abcdef")):
@@ -84,8 +84,9 @@ def test_a_command_without_its_node_or_state_directory_is_refused() -> None:
 
 def test_follow_reads_the_node_log_and_holds_the_lease() -> None:
     job = "/home/alice/.clustertrain/jobs/20260101-000000-abcdef"
+    lib = f"/home/alice/.clustertrain/lib/{nodelib.bundle().version}"
     assert shlex.split(cmd().follow(lease=True)) == [
-        "/usr/bin/python3", f"{job}/supervisor.py", "follow", "--job", job, "--lease"]
+        "/usr/bin/python3", f"{lib}/node.py", "follow", "--job", job, "--lease"]
     assert shlex.split(cmd().follow(tail=5))[-2:] == ["--tail", "5"]
 
 
@@ -130,14 +131,15 @@ def test_parse_env_rejects(bad: str) -> None:
         parse_env([bad])
 
 
-def test_workers_start_through_the_runner_in_the_snapshot() -> None:
+def test_workers_start_through_the_runner_of_the_node_package() -> None:
     log_dir = "/home/alice/.clustertrain/jobs/20260101-000000-abcdef/torchrun-logs"
+    runner = f"/home/alice/.clustertrain/lib/{nodelib.bundle().version}/node.py"
     argv = cmd().torchrun_argv()
     assert argv[argv.index("--log-dir") + 1:] == [
-        log_dir, ".clustertrain/run_worker.py", "train.py", "--lr", "0.1"]
+        log_dir, runner, "worker", "train.py", "--lr", "0.1"]
     argv = cmd(script="pkg.train", module=True).torchrun_argv()
     assert argv[argv.index("--log-dir") + 2:] == [
-        ".clustertrain/run_worker.py", "-m", "pkg.train", "--lr", "0.1"]
+        runner, "worker", "-m", "pkg.train", "--lr", "0.1"]
     # --no-clean-exit: torchrun runs the script (or the module, torchrun's own -m) itself.
     argv = cmd(clean_exit=False).torchrun_argv()
     assert argv[argv.index("--log-dir") + 2:] == ["train.py", "--lr", "0.1"]
@@ -148,20 +150,13 @@ def test_workers_start_through_the_runner_in_the_snapshot() -> None:
     assert (again.module, again.clean_exit) == (True, False)
 
 
-def test_the_sync_ships_the_runner_into_every_snapshot(tmp_path) -> None:
-    from orchestrator.command import WORKER_RUNNER
+def test_the_sync_copies_the_code_alone(tmp_path) -> None:
+    """The worker runner comes with the node package, not in the snapshot."""
     from orchestrator.sync import sync_playbook
 
-    [play] = sync_playbook(tmp_path / "code", "r1", tmp_path / "runner")
-    names = [t["name"] for t in play["tasks"]]
-    code, runner = (play["tasks"][names.index(n)]["ansible.posix.synchronize"] for n in (
-        "Copy the code (hard links to the previous snapshot where unchanged)",
-        "Add the worker runner to the snapshot"))
-    assert names.index("Add the worker runner to the snapshot") > names.index(
-        "Copy the code (hard links to the previous snapshot where unchanged)")
-    assert runner["src"] == f"{tmp_path / 'runner'}/" and runner["dest"] == code["dest"]
-    assert "delete" not in runner and runner["link_dest"] == code["link_dest"]
-    assert WORKER_RUNNER == ".clustertrain/run_worker.py"
+    [play] = sync_playbook(tmp_path / "code", "r1")
+    copies = [t for t in play["tasks"] if "ansible.posix.synchronize" in t]
+    assert [t["ansible.posix.synchronize"]["src"] for t in copies] == [f"{tmp_path / 'code'}/"]
 
 
 def test_a_job_directory_that_cannot_be_made_fails_the_launch(tmp_path: Path) -> None:

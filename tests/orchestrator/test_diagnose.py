@@ -1,4 +1,4 @@
-"""`diagnose`: the node-side dump (the supervisor's `dump` verb, with the real py-spy on
+"""`diagnose`: the node-side dump (the node package's `dump` verb, with the real py-spy on
 real processes of this machine) and the reading of every node's dumps into a report."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import supervisor
 from orchestrator.diagnose import NodeDumps, analyse
 from orchestrator.hang import RankId, parse_pyspy_dump
+from orchestrator.node import stop as node_stop
 
 DUMPS = Path(__file__).parent / "hang_dumps"
 PY_SPY = shutil.which("py-spy", path=os.path.dirname(sys.executable))
@@ -56,14 +56,14 @@ def fake_run(tmp_path: Path):
         assert time.monotonic() < deadline, "the fake workers did not start"
         time.sleep(0.05)
     yield job
-    for pid in supervisor.Tree(proc.pid).members():
+    for pid in node_stop.Tree(proc.pid).members():
         os.kill(pid, 9)
     proc.wait()
 
 
 def node_dump(job: Path, py_spy: str) -> list[dict]:
     """The dump verb as the node runs it: HOME/<jobs dir>/<run id>."""
-    out = subprocess.run([sys.executable, supervisor.__file__, "dump", job.parent.name,
+    out = subprocess.run([sys.executable, "-m", "orchestrator.node", "dump", job.parent.name,
                           job.name, py_spy], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "HOME": str(job.parent.parent)})
     assert out.returncode == 0, out.stderr

@@ -1,4 +1,4 @@
-"""doctor's node side (orchestrator/doctor_job.py): the schedule of pairs, the link
+"""doctor's node side (orchestrator/node/doctor.py): the schedule of pairs, the link
 server and client on real sockets, and the whole job under a real torchrun with two
 "nodes" on this machine (127.0.0.1 and 127.0.0.2)."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import doctor_job as job
+from orchestrator.node import doctor as job
 
 
 @pytest.mark.parametrize("n", range(1, 10))

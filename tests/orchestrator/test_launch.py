@@ -1,12 +1,12 @@
 """The launch's two phases, run for real on this machine: each node's launch line under
-bash (what its SSH session runs; the sandbox tests launch over SSH), the real supervisor,
-and a stand-in for torchrun that records where and when it ran."""
+bash (what its SSH session runs; the sandbox tests launch over SSH), the real supervisor
+from the node package installed in each node's home, and a stand-in for torchrun that
+records where and when it ran."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -17,22 +17,14 @@ from orchestrator.inventory import NodeSpec
 from orchestrator.launch import Launch
 from orchestrator.ssh import Connection, SshTarget
 
+from .local_node import LocalNode, installed
+
 # torchrun's stand-in: records its working directory, then lives SECONDS.
 TORCHRUN = ("#!{python}\n"
             "import os, sys, time\n"
             "open(os.path.join(os.getcwd(), 'ran-' + os.environ['CLUSTERTRAIN_NODE_RANK']),"
             " 'w').write(str(time.time()))\n"
             "time.sleep({seconds})\n")
-
-
-class LocalNode:
-    """Connection.popen without SSH: the command runs under bash on this machine."""
-
-    def popen(self, command: str, stdin: bool = False) -> subprocess.Popen:
-        return subprocess.Popen(["bash", "-c", command],
-                                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True)
 
 
 def nodes(tmp: Path, seconds: float = 1.0, count: int = 2, run_id: str = "r1",
@@ -45,13 +37,14 @@ def nodes(tmp: Path, seconds: float = 1.0, count: int = 2, run_id: str = "r1",
     for i, name in enumerate(names):
         home = tmp / name
         (home / ".clustertrain" / "code" / run_id).mkdir(parents=True)
+        installed(home)
         cmd = NodeCommand(run_id=run_id, node_rank=i, nnodes=count, nproc=1,
                           master_addr="127.0.0.1", master_port=29500, torchrun=str(torchrun),
                           home=str(home), script="train.py", node=name, nodes=names,
                           python=sys.executable, run_state=str(tmp / "shared" / run_id),
                           attached=False, cluster_env=str(tmp / "no-cluster.env"))
         pairs.append((NodeSpec(name, SshTarget("127.0.0.1"), "127.0.0.1"), cmd))
-    return pairs, {name: cast(Connection, LocalNode()) for name in names}
+    return pairs, {name: cast(Connection, LocalNode(tmp / name)) for name in names}
 
 
 def wait_for(path: Path, timeout: float = 30) -> Path:
@@ -70,7 +63,7 @@ def supervisors_left(tmp: Path) -> list[int]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if str(tmp).encode() in cmdline and b"supervisor.py" in cmdline:
+        if str(tmp).encode() in cmdline and b"supervise" in cmdline:
             found.append(int(pid))
     return found
 
@@ -95,8 +88,6 @@ def test_every_node_starts_on_go_and_not_before(tmp_path: Path) -> None:
         wait_for(Path(cmd.code_dir) / f"ran-{cmd.node_rank}")
         assert int((job / "supervisor.pid").read_text()) == launch.started[cmd.node]
         assert json.loads(wait_for(job / "exit").read_text())["reason"] == "exited"
-        assert (job / "supervisor.py").read_bytes() == Path(
-            sys.modules["orchestrator.supervisor"].__file__ or "").read_bytes()
 
 
 def test_a_launch_called_off_before_go_starts_nothing(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The node side of preflight (orchestrator/node_probe.py) as a module, its functions run
+"""The node side of preflight (orchestrator/node/probe.py) as a module, its functions run
 for real on this machine: leases in a directory of the test's own, real sockets on
 localhost, this machine's mount table. test_probe.py runs the shipped programs whole."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import node_probe as node
+from orchestrator.node import probe as node
 
 
 def free_port() -> int:
@@ -31,9 +31,10 @@ def test_cluster_env_lines_are_read_as_the_shell_would_set_them(tmp_path: Path) 
 
 
 def test_a_missing_or_broken_state_file_says_which_and_why(tmp_path: Path) -> None:
-    assert node.read_json(str(tmp_path / "x.json")) == (None, f"{tmp_path}/x.json is missing")
+    from orchestrator.node.util import read_json_or_why
+    assert read_json_or_why(str(tmp_path / "x.json")) == (None, f"{tmp_path}/x.json is missing")
     (tmp_path / "bad.json").write_text("{")
-    data, why = node.read_json(str(tmp_path / "bad.json"))
+    data, why = read_json_or_why(str(tmp_path / "bad.json"))
     assert data is None and why is not None and why.startswith(f"{tmp_path}/bad.json: ")
 
 
@@ -161,5 +162,8 @@ def test_a_listener_whose_nodes_do_not_come_is_stopped_by_its_nonce_only() -> No
 
 
 def test_an_unknown_verb_gets_the_usage(capsys) -> None:
-    assert node.main(["launch"]) == 2
-    assert "usage: node_probe probe|reach" in capsys.readouterr().err
+    from orchestrator.node.__main__ import main
+    with pytest.raises(SystemExit) as ended:
+        main(["launch"])
+    assert ended.value.code == 2
+    assert "usage: node.py" in capsys.readouterr().err

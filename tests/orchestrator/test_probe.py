@@ -1,4 +1,5 @@
-"""The probe script itself, run with this machine's python: what it says about ports."""
+"""The node package's probe (`node.py probe|reach|unlisten`), run with this machine's
+python: what it says about ports."""
 
 import json
 import os
@@ -6,13 +7,14 @@ import socket
 import subprocess
 import sys
 
-from orchestrator.probe import PROBE_SCRIPT
+# The node package's verbs, as a node runs them (`node.py VERB`).
+NODE = [sys.executable, "-m", "orchestrator.node"]
 
 
 def run_probe(port: int, run: str | None = None) -> dict:
     request = json.dumps({"shared": {"path": "/", "fstypes": None}, "addresses": [],
                           "port": port, "run": run})
-    p = subprocess.run([sys.executable, "-c", PROBE_SCRIPT], input=request,
+    p = subprocess.run([*NODE, "probe"], input=request,
                        capture_output=True, text=True, timeout=120, check=True)
     return json.loads(p.stdout.strip().splitlines()[-1])
 
@@ -68,7 +70,7 @@ def test_two_launches_at_once_claim_different_ports() -> None:
     import os
     import secrets
 
-    from orchestrator.probe import LEASE_DIR
+    from orchestrator.node.probe import LEASE_DIR
 
     s = listener()
     base = s.getsockname()[1]
@@ -100,8 +102,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-from orchestrator.node_probe import port_free  # noqa: E402
-from orchestrator.probe import REACH_SCRIPT, STOP_SCRIPT  # noqa: E402
+from orchestrator.node.probe import port_free  # noqa: E402
 
 
 def probe_request(tmp_path: Path, **kw) -> dict:
@@ -113,7 +114,7 @@ def probe_request(tmp_path: Path, **kw) -> dict:
 
 def run_probe_with(tmp_path: Path, request: dict) -> dict:
     env = dict(os.environ, HOME=str(tmp_path / "home"))
-    p = subprocess.run([sys.executable, "-c", PROBE_SCRIPT], input=json.dumps(request),
+    p = subprocess.run([*NODE, "probe"], input=json.dumps(request),
                        capture_output=True, text=True, timeout=120, env=env)
     assert p.returncode == 0, p.stderr
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -215,7 +216,7 @@ def free_port() -> int:
 def reach(port: int, nonce: str, token: dict | None, timeout: float = 3) -> dict:
     request = {"addr": "127.0.0.1", "port": port, "nonce": nonce, "timeout": timeout,
                "token": token}
-    p = subprocess.run([sys.executable, "-c", REACH_SCRIPT], input=json.dumps(request),
+    p = subprocess.run([*NODE, "reach"], input=json.dumps(request),
                        capture_output=True, text=True, timeout=60, check=True)
     return json.loads(p.stdout)
 
@@ -263,6 +264,6 @@ def test_a_listener_is_stopped_when_a_node_does_not_come(tmp_path, shm_share) ->
                         listen={"nonce": "n2", "expect": 3, "address": "127.0.0.1",
                                 "timeout": 3, "seconds": 30})
     assert out["listener"]["ok"] and not bindable(port)
-    subprocess.run([sys.executable, "-c", STOP_SCRIPT, str(port), "n2"], check=True,
+    subprocess.run([*NODE, "unlisten", str(port), "n2"], check=True,
                    timeout=30)
     assert wait_until(lambda: bindable(port))

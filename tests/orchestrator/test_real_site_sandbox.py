@@ -52,7 +52,7 @@ def owners(cluster: ProvisionedCluster, node: str) -> dict[str, set[str]]:
     found: dict[str, set[str]] = {}
     for line in ps.splitlines():
         user, _, args = line.strip().partition(" ")
-        if re.search(r"/torchrun --nnodes |python[\d.]* -u (\S*run_worker\.py )?"
+        if re.search(r"/torchrun --nnodes |python[\d.]* -u (\S*node\.py worker )?"
                      r"\S*(train|ddp_allreduce)\.py", args):
             found.setdefault(user, set()).add(args.strip()[:80])
     return found

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from orchestrator.node.protocol import PEER_TIMEOUT
 from orchestrator.records import summarize
-from orchestrator.supervisor import PEER_TIMEOUT
 
 INFO = {"run_id": "r1", "nodes": ["node0", "node1", "node2"]}
 NOW = 1_000_000.0

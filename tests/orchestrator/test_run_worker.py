@@ -1,23 +1,38 @@
-"""The worker runner (orchestrator/run_worker.py), run for real in a local Python process:
-a script behaves as it does without the runner, and ends cleanly through it."""
+"""The worker runner (orchestrator/node/worker.py), run for real in a local Python process
+from the node package as a node has it (`node.py worker`): a script behaves as it does
+without the runner, and ends cleanly through it."""
 
 from __future__ import annotations
 
 import ast
+import atexit
+import functools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
-from orchestrator import run_worker
+from orchestrator.node import dump, protocol, worker as run_worker
+
+from .local_node import installed
 
 RUNNER = Path(run_worker.__file__)
+
+
+@functools.cache
+def node_py() -> Path:
+    """node.py of the node package, installed under a home of these tests' own."""
+    home = Path(tempfile.mkdtemp(prefix="clustertrain-home-"))
+    atexit.register(shutil.rmtree, home, True)
+    return installed(home)
 
 
 def write(path: Path, text: str) -> Path:
@@ -32,7 +47,7 @@ def python(*argv: str, cwd: Path, env: dict | None = None) -> subprocess.Complet
 
 
 def runner(*argv: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    return python(str(RUNNER), *argv, cwd=cwd, env=env)
+    return python(str(node_py()), "worker", *argv, cwd=cwd, env=env)
 
 
 def marker(code: int, rank: int = 0) -> str:
@@ -153,7 +168,8 @@ def test_an_uncaught_exception_prints_its_traceback_and_exits_1(tmp_path: Path) 
     # The very same report: no frame of the runner in it.
     assert ours.stderr == plain.stderr
     assert ours.stderr.startswith("Traceback (most recent call last):\n  File ")
-    assert "ValueError: loss is nan at step 7" in ours.stderr and "run_worker" not in ours.stderr
+    assert "ValueError: loss is nan at step 7" in ours.stderr
+    assert "node/worker.py" not in ours.stderr
     assert ours.stdout == f"training\n{marker(1)}\n"
 
 
@@ -238,7 +254,7 @@ def test_a_missing_script_is_reported_as_python_reports_it(tmp_path: Path) -> No
     assert plain.returncode == ours.returncode == 2
     assert ours.stderr == plain.stderr and "can't open file" in ours.stderr
     usage = runner(cwd=tmp_path)
-    assert usage.returncode == 2 and "usage: run_worker.py SCRIPT" in usage.stderr
+    assert usage.returncode == 2 and "usage: node.py worker SCRIPT" in usage.stderr
 
 
 # --- the flight recorder on request ---------------------------------------------------
@@ -273,7 +289,6 @@ def test_a_rank_blocked_in_a_collective_answers_with_its_flight_recorder(
     import base64
     import zlib
 
-    from orchestrator import supervisor
     from orchestrator.hang import RankId, analyze_flight_records, parse_flight_record
 
     pytest.importorskip("torch")
@@ -284,17 +299,18 @@ def test_a_rank_blocked_in_a_collective_answers_with_its_flight_recorder(
     for rank in (0, 1):
         env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
-               run_worker.FR_DIR_ENV: str(job / supervisor.FR_SUBDIR)}
-        procs.append(subprocess.Popen([sys.executable, str(RUNNER), str(script)], cwd=tmp_path,
+               run_worker.FR_DIR_ENV: str(job / protocol.FR_SUBDIR)}
+        procs.append(subprocess.Popen([sys.executable, str(node_py()), "worker", str(script)],
+                                      cwd=tmp_path,
                                       env=env, stdout=subprocess.PIPE, text=True))
     try:
         for p in procs:
             assert p.stdout is not None and p.stdout.readline().strip() == "entering"
         time.sleep(1.0)  # rank 0 is inside its third all_reduce by now
         token = "0a1b2c"
-        assert supervisor.request_flight_records(str(job), [0, 1], token) == {}
-        deadline = time.monotonic() + supervisor.FR_TIMEOUT
-        answers = {r: supervisor.collect_flight_record(str(job), r, token, deadline)
+        assert dump.request_flight_records(str(job), [0, 1], token) == {}
+        deadline = time.monotonic() + dump.FR_TIMEOUT
+        answers = {r: dump.collect_flight_record(str(job), r, token, deadline)
                    for r in (0, 1)}
         assert procs[0].poll() is None  # still waiting: the dump did not disturb it
     finally:
@@ -312,15 +328,13 @@ def test_a_rank_blocked_in_a_collective_answers_with_its_flight_recorder(
 
 def test_a_worker_without_the_runner_is_said_to_serve_no_flight_recorder(
         tmp_path: Path) -> None:
-    from orchestrator import supervisor
 
-    assert "serves no flight recorder" in supervisor.request_flight_records(
+    assert "serves no flight recorder" in dump.request_flight_records(
         str(tmp_path), [0], "abc")[0]
 
 
 def test_the_job_user_may_read_the_workers_stack_where_yama_would_forbid_it() -> None:
     """PR_SET_PTRACER_ANY succeeds exactly where the kernel has yama (the rule it lifts);
     run for real on this machine's kernel."""
-    from orchestrator import supervisor
 
-    assert run_worker.allow_same_user_tracers() == os.path.exists(supervisor.YAMA)
+    assert run_worker.allow_same_user_tracers() == os.path.exists(dump.YAMA)

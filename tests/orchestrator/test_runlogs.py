@@ -95,11 +95,11 @@ def test_runs_gives_a_doctor_runs_verdict_not_its_command_line(tmp_path: Path,
                                                                 capsys) -> None:
     import json
 
-    from orchestrator import doctor_job
+    from orchestrator.doctor import DOCTOR_MODULE
 
     def doctor_run(suspects: list[dict] | None) -> RunDir:
         run = make_run(tmp_path, finished=True)
-        info = {**run.info(), "script": Path(doctor_job.__file__).name,
+        info = {**run.info(), "script": DOCTOR_MODULE,
                 "script_args": ["--addresses", "10.0.0.1,10.0.0.2", "--link-seconds", "1"]}
         run.run_json.write_text(json.dumps(info))
         if suspects is not None:

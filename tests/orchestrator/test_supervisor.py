@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import supervisor
+from orchestrator.node import dump, protocol, stop as node_stop, supervise, util
 
-SUPERVISOR = supervisor.__file__
+# The node package's verbs, as a node runs them (`node.py VERB`).
+NODE = [sys.executable, "-m", "orchestrator.node"]
 # A stand-in for torchrun: a process group leader whose child runs in a session of its
 # own (as torchrun's workers do), both sleeping until stopped.
 JOB = ("import subprocess, sys, time\n"
@@ -31,7 +32,7 @@ def start(tmp: Path, node: str, *, seconds: float = 300, code: int = 0, attached
           job_code: str = JOB) -> subprocess.Popen:
     job = tmp / node / "job"
     job.mkdir(parents=True)
-    argv = [sys.executable, SUPERVISOR, "run", "--job", str(job), "--state-dir",
+    argv = [*NODE, "supervise", "--job", str(job), "--state-dir",
             str(state_dir or tmp / "shared"), "--run", run, "--node", node, "--nodes", nodes,
             "--grace", "1", "--lease-timeout", str(lease_timeout),
             *(["--attached"] if attached else []), *(hang or []), "--",
@@ -73,7 +74,7 @@ def test_a_supervisor_asked_to_stop_before_it_started_never_starts_the_job(
     job = tmp_path / "n0" / "job"
     job.mkdir(parents=True)
     (job / "stop-requested").write_text("1\n")
-    argv = [sys.executable, SUPERVISOR, "run", "--job", str(job), "--state-dir",
+    argv = [*NODE, "supervise", "--job", str(job), "--state-dir",
             str(tmp_path / "shared"), "--run", "r1", "--node", "n0", "--nodes", "n0",
             "--", sys.executable, "-c", "open('started', 'w')"]
     assert subprocess.run(argv, cwd=tmp_path, timeout=30).returncode == 0
@@ -103,7 +104,7 @@ def test_a_silent_peer_is_lost(tmp_path: Path, monkeypatch) -> None:
     try:
         wait_file(tmp_path / "shared" / "n1.json")
         os.killpg(n1.pid, 9)  # the supervisor and its whole session at once
-        state = wait_file(tmp_path / "n0" / "job" / "exit", timeout=supervisor.PEER_TIMEOUT + 15)
+        state = wait_file(tmp_path / "n0" / "job" / "exit", timeout=protocol.PEER_TIMEOUT + 15)
         assert (state["reason"], state["why"]) == ("peer-lost", "n1")
     finally:
         n0.kill()
@@ -117,7 +118,7 @@ def test_an_attached_run_stops_when_the_controller_leaves(tmp_path: Path) -> Non
     job = tmp_path / "n0" / "job"
     try:
         wait_file(job / "pgid")
-        follower = subprocess.Popen([sys.executable, SUPERVISOR, "follow", "--job", str(job),
+        follower = subprocess.Popen([*NODE, "follow", "--job", str(job),
                                      "--lease"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         assert follower.stdin is not None and follower.stdout is not None
         for _ in range(3):
@@ -131,7 +132,7 @@ def test_an_attached_run_stops_when_the_controller_leaves(tmp_path: Path) -> Non
         assert state["reason"] == "controller-lost" and time.monotonic() - t0 < 10
         out = follower.stdout.read().decode()
         follower.wait(timeout=30)
-        assert "job started" in out and f"{supervisor.EXIT_MARKER} " in out
+        assert "job started" in out and f"{protocol.EXIT_MARKER} " in out
         assert not group_alive(job)
     finally:
         sup.kill()
@@ -151,12 +152,12 @@ def test_follow_prints_the_log_then_the_exit_marker(tmp_path: Path, tail, expect
     job = tmp_path / "job"
     job.mkdir()
     (job / "output.log").write_text("a\nb\nc\n")
-    supervisor.write_json(str(job / "exit"), {"code": 0, "reason": "exited"})
-    argv = [sys.executable, SUPERVISOR, "follow", "--job", str(job)]
+    util.write_json(str(job / "exit"), {"code": 0, "reason": "exited"})
+    argv = [*NODE, "follow", "--job", str(job)]
     out = subprocess.run(argv + (["--tail", str(tail)] if tail else []), capture_output=True,
                          text=True, timeout=30)
     assert out.returncode == 0
-    assert out.stdout.splitlines() == [*expected, f"{supervisor.EXIT_MARKER} 0 exited -"]
+    assert out.stdout.splitlines() == [*expected, f"{protocol.EXIT_MARKER} 0 exited -"]
 
 
 def test_old_runs_are_pruned_but_never_a_live_one(tmp_path: Path) -> None:
@@ -170,7 +171,7 @@ def test_old_runs_are_pruned_but_never_a_live_one(tmp_path: Path) -> None:
     (state / "jobs" / ids[0] / "exit").unlink()
     (state / "jobs" / ids[0] / "pgid").write_text(f"{os.getpid()}\n")
     (state / "code" / "latest").symlink_to(ids[5])
-    removed = supervisor.prune(str(state), keep=2, current=ids[5])
+    removed = supervise.prune(str(state), keep=2, current=ids[5])
     assert removed == ids[1:4]
     assert sorted(p.name for p in (state / "jobs").iterdir()) == [ids[0], ids[4], ids[5]]
     assert sorted(p.name for p in (state / "code").iterdir()) == [ids[0], ids[4], ids[5],
@@ -181,7 +182,7 @@ def test_a_stopped_peer_stops_this_node_too(tmp_path: Path) -> None:
     """The other nodes were stopped (this node had been cut off from the controller and
     declared lost): when it sees that, it ends its part as well."""
     (tmp_path / "shared").mkdir()
-    supervisor.write_json(str(tmp_path / "shared" / "n1.json"),
+    util.write_json(str(tmp_path / "shared" / "n1.json"),
                           {"state": "ended", "reason": "stopped", "code": 143})
     sup = start(tmp_path, "n0")
     try:
@@ -192,7 +193,7 @@ def test_a_stopped_peer_stops_this_node_too(tmp_path: Path) -> None:
 
 
 def follow(job: Path, timeout: float = 30) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, SUPERVISOR, "follow", "--job", str(job)],
+    return subprocess.run([*NODE, "follow", "--job", str(job)],
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -208,7 +209,7 @@ def test_a_supervisor_that_fails_ends_its_node_with_a_reason(tmp_path: Path) -> 
     out = follow(job)
     assert out.returncode == 1
     assert "clustertrain supervisor on n0 failed: NotADirectoryError" in out.stdout
-    assert out.stdout.splitlines()[-1].startswith(f"{supervisor.EXIT_MARKER} 1 supervisor-failed")
+    assert out.stdout.splitlines()[-1].startswith(f"{protocol.EXIT_MARKER} 1 supervisor-failed")
 
 
 def test_follow_ends_when_the_supervisor_is_gone_without_a_word(tmp_path: Path) -> None:
@@ -226,12 +227,12 @@ def test_follow_ends_when_the_supervisor_is_gone_without_a_word(tmp_path: Path) 
     lines = out.stdout.splitlines()
     assert lines[0] == "step 1"
     assert "clustertrain supervisor ended without an exit status: MemoryError" in lines
-    assert lines[-1].startswith(f"{supervisor.EXIT_MARKER} 1 supervisor-failed")
+    assert lines[-1].startswith(f"{protocol.EXIT_MARKER} 1 supervisor-failed")
 
 
 def test_a_peer_whose_supervisor_failed_stops_this_node(tmp_path: Path) -> None:
     (tmp_path / "shared").mkdir()
-    supervisor.write_json(str(tmp_path / "shared" / "n1.json"),
+    util.write_json(str(tmp_path / "shared" / "n1.json"),
                           {"state": "ended", "reason": "supervisor-failed", "code": 1})
     sup = start(tmp_path, "n0")
     try:
@@ -246,15 +247,15 @@ def test_a_peer_state_unreadable_for_a_moment_is_not_a_lost_peer(tmp_path: Path)
     seen beating is lost only when it has been silent for PEER_TIMEOUT."""
     shared = tmp_path / "shared"
     shared.mkdir()
-    supervisor.write_json(str(shared / "n1.json"), {"state": "running", "beat": 1})
-    peers = supervisor.Peers(str(shared), ["n0", "n1"], "n0")
-    peers.started -= 10 * supervisor.PEER_START  # long after the start
+    util.write_json(str(shared / "n1.json"), {"state": "running", "beat": 1})
+    peers = supervise.Peers(str(shared), ["n0", "n1"], "n0")
+    peers.started -= 10 * protocol.PEER_START  # long after the start
     assert peers.verdict() is None
     (shared / "n1.json").unlink()
     assert peers.verdict() is None
     name, (beat, seen) = "n1", peers.last["n1"]
-    peers.last[name] = (beat, seen - supervisor.PEER_TIMEOUT - 1)
-    assert peers.verdict() == (supervisor.End.PEER_LOST, "n1")
+    peers.last[name] = (beat, seen - protocol.PEER_TIMEOUT - 1)
+    assert peers.verdict() == (protocol.End.PEER_LOST, "n1")
 
 
 def test_a_peer_stopped_for_another_peers_failure_names_that_failure(tmp_path: Path) -> None:
@@ -262,12 +263,12 @@ def test_a_peer_stopped_for_another_peers_failure_names_that_failure(tmp_path: P
     whatever order the peers are listed."""
     shared = tmp_path / "shared"
     shared.mkdir()
-    supervisor.write_json(str(shared / "n0.json"), {"state": "ended", "reason": "stopped",
+    util.write_json(str(shared / "n0.json"), {"state": "ended", "reason": "stopped",
                                                     "code": 143})
-    supervisor.write_json(str(shared / "n1.json"), {"state": "ended", "reason": "exited",
+    util.write_json(str(shared / "n1.json"), {"state": "ended", "reason": "exited",
                                                     "code": 1})
-    peers = supervisor.Peers(str(shared), ["n0", "n1", "n2"], "n2")
-    assert peers.verdict() == (supervisor.End.PEER_FAILED, "n1")
+    peers = supervise.Peers(str(shared), ["n0", "n1", "n2"], "n2")
+    assert peers.verdict() == (protocol.End.PEER_FAILED, "n1")
 
 
 @pytest.mark.parametrize("scope,says", [
@@ -278,11 +279,11 @@ def test_a_peer_stopped_for_another_peers_failure_names_that_failure(tmp_path: P
 def test_a_refused_py_spy_says_what_the_kernel_allows(tmp_path, monkeypatch, scope, says):
     yama = tmp_path / "ptrace_scope"
     yama.write_text(scope + "\n")
-    monkeypatch.setattr(supervisor, "YAMA", str(yama))
-    hint = supervisor.ptrace_hint("Error: Permission Denied: Try running again with "
+    monkeypatch.setattr(dump, "YAMA", str(yama))
+    hint = dump.ptrace_hint("Error: Permission Denied: Try running again with "
                                   "elevated permissions")
     assert (says in hint) if says else hint == ""
-    assert supervisor.ptrace_hint("Error: No such process") == ""
+    assert dump.ptrace_hint("Error: No such process") == ""
 
 
 # A job that prints a line every 0.3 s for as long as it runs (progress).
@@ -319,7 +320,7 @@ def test_a_node_that_makes_progress_keeps_the_run_from_being_hung(tmp_path: Path
         assert not (tmp_path / "shared" / "hang").exists()
     finally:
         for job in (tmp_path / "n0" / "job", tmp_path / "n1" / "job"):
-            supervisor.stop_tree(str(job), "r1", 1.0)
+            node_stop.stop_tree(str(job), "r1", 1.0)
         quiet.wait(timeout=30)
         chatty.wait(timeout=30)
     waiting = start(tmp_path / "w", "n0", nodes="n0", hang=["--hang-timeout", "2",
@@ -330,7 +331,7 @@ def test_a_node_that_makes_progress_keeps_the_run_from_being_hung(tmp_path: Path
         time.sleep(1.5)
         assert waiting.poll() is None  # kept: wait
     finally:
-        supervisor.stop_tree(str(tmp_path / "w" / "n0" / "job"), "r1", 1.0)
+        node_stop.stop_tree(str(tmp_path / "w" / "n0" / "job"), "r1", 1.0)
         waiting.wait(timeout=30)
 
 

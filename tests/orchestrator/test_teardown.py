@@ -13,8 +13,6 @@ import sys
 import time
 from pathlib import Path
 
-from orchestrator.teardown import STOP_SCRIPT
-
 WORKER = ("import os, signal, subprocess, sys, time\n"
           "if sys.argv[1] == 'stubborn': signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
           "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'],"
@@ -53,8 +51,8 @@ def tree(job: Path) -> set[int]:
 
 
 def stop(job: Path, grace: float) -> dict:
-    """The stop script as the node runs it: HOME/<jobs dir>/<run id>."""
-    out = subprocess.run([sys.executable, "-c", STOP_SCRIPT, "stop", job.parent.name,
+    """The node package's stop as the node runs it (`node.py stop`): HOME/<jobs dir>/<run>."""
+    out = subprocess.run([sys.executable, "-m", "orchestrator.node", "stop", job.parent.name,
                           job.name, str(grace)], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "HOME": str(job.parent.parent)})
     assert out.returncode == 0, out.stderr

@@ -139,8 +139,9 @@ def test_a_launch_that_fails_on_one_node_leaves_nothing_running(sandbox_cluster:
     assert "Permission denied" in t.stderr and "no node was started" in t.stderr
     summary = t.summary()
     assert summary["status"] == "failed"
-    started = sandbox_cluster.exec("node0", "ls", f"{jobs}/{summary['run_id']}").stdout.split()
-    assert "supervisor.py" in started and "pgid" not in started, started
+    # node0 made its job directory (phase one ran there) and never started torchrun
+    started = sandbox_cluster.exec("node0", "ls", "-A", f"{jobs}/{summary['run_id']}").stdout.split()
+    assert "pgid" not in started and "supervisor.pid" not in started, started
     assert_no_job_processes(sandbox_cluster, within=10)
 
 

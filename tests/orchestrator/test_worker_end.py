@@ -11,8 +11,8 @@ import pytest
 from orchestrator.command import NodeCommand
 from orchestrator.errors import LaunchError
 from orchestrator.job import JobResult, NodeOutcome
+from orchestrator.node.protocol import End
 from orchestrator.runs import RunDir
-from orchestrator.supervisor import End
 from orchestrator.train import _conclude, make_summary
 from orchestrator.worker_end import NodeEnd, NodeEnds, judge, scan_log
 

@@ -18,8 +18,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 TRAIN_DIR = REPO / "train"
 TRAIN_PY = TRAIN_DIR / "train.py"
-# The orchestrator starts every worker through its runner; so do these tests.
-RUNNER = REPO / "orchestrator" / "run_worker.py"
+# The orchestrator starts every worker through its runner (`node.py worker`, the node
+# package's entry; in a checkout orchestrator/node/entry.py); so do these tests.
+RUNNER = REPO / "orchestrator" / "node" / "entry.py"
 
 # Small and quick on a 2-core machine shared with other work.
 TINY = ["--width", "8", "--batch-size", "32", "--log-every", "1000"]
@@ -68,4 +69,4 @@ def torchrun_cmd(nproc: int, *args: str, max_restarts: int = 0) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
             "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
             "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", uuid.uuid4().hex[:12],
-            "--max-restarts", str(max_restarts), str(RUNNER), str(TRAIN_PY), *args]
+            "--max-restarts", str(max_restarts), str(RUNNER), "worker", str(TRAIN_PY), *args]

@@ -1,4 +1,4 @@
-"""Test job for how a worker ends (the worker runner, orchestrator/run_worker.py).
+"""Test job for how a worker ends (the worker runner, orchestrator/node/worker.py).
 
 It lives in a subdirectory and imports its neighbour, so it runs only if sys.path[0] is
 the script's own directory. --end: return normally, sys.exit(3), or raise. --unclosed:

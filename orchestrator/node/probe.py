@@ -1,16 +1,14 @@
-"""The node side of preflight: what each node answers about itself, in JSON.
+"""The node side of preflight: what each node answers about itself, in JSON (`node.py
+probe|reach|unlisten|release`), in the node's system python.
 
-Runs on the nodes, shipped by its source (orchestrator/probe.py builds each verb's
-program: this file, then the call of main(), with fingerprint.py's source for `probe`),
-in the node's system python: standard library only.
-
-    probe   round 1, a JSON request on stdin: who the job runs as, the environment now
-            (fingerprint.py) and as provisioned, torch (imported only when the
-            environment changed since this user last checked it, see TORCH_CACHE), GPUs,
-            the shared path, names; on node 0 the master port (claimed for the run) and
-            a short-lived listener on it
-    reach   round 2, on every other node: node 0's token on the share, its listener
-    stop    PORT NONCE: end node 0's listener now
+    probe     round 1, a JSON request on stdin: who the job runs as, the environment now
+              (fingerprint.py) and as provisioned, torch (imported only when the
+              environment changed since this user last checked it, see TORCH_CACHE),
+              GPUs, the shared path, names; on node 0 the master port (claimed for the
+              run) and a short-lived listener on it
+    reach     round 2, on every other node: node 0's token on the share, its listener
+    unlisten  PORT NONCE: end node 0's listener now
+    release   RUN: drop the run's claim on node 0's master port
 """
 
 from __future__ import annotations
@@ -24,11 +22,14 @@ import socket
 import subprocess
 import sys
 import time
-from types import ModuleType
 from typing import Any
 
+from . import fingerprint as fp
+from .protocol import PORT_CLAIMS_DIR
+from .util import read_json_or_why, write_json
+
 # Master-port claims on node 0, shared by every user of the node (see claim()).
-LEASE_DIR = "/tmp/clustertrain-ports"
+LEASE_DIR = PORT_CLAIMS_DIR
 LEASE_S = 120  # a claim lives this long: by then the job's TCPStore holds the port itself
 # Per user on each node: the result of the last torch import, keyed by the live fingerprint.
 TORCH_CACHE = ".cache/clustertrain/torch-check.json"
@@ -37,17 +38,6 @@ LIBCUDA_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib/aarch64-lin
 
 
 # --- files the roles wrote --------------------------------------------------------------
-
-def read_json(path: str) -> tuple[Any, str | None]:
-    """(the file's JSON, None) or (None, why it could not be read)."""
-    try:
-        with open(path) as fh:
-            return json.load(fh), None
-    except FileNotFoundError:
-        return None, f"{path} is missing"
-    except (OSError, ValueError) as exc:
-        return None, f"{path}: {exc}"
-
 
 def read_cluster_env(path: str) -> dict[str, str]:
     """The common role's cluster.env (KEY=VALUE lines); {} if it cannot be read."""
@@ -64,14 +54,7 @@ def read_cluster_env(path: str) -> dict[str, str]:
     return found
 
 
-def load_fingerprint(source: str) -> ModuleType:
-    """fingerprint.py (its source, as shipped) as a module."""
-    module = ModuleType("clustertrain_fingerprint")
-    exec(compile(source, "fingerprint.py", "exec"), module.__dict__)  # noqa: S102
-    return module
-
-
-def live_fingerprint(env: dict | None, fp: ModuleType) -> tuple[dict | None, str | None]:
+def live_fingerprint(env: dict | None) -> tuple[dict | None, str | None]:
     """The environment as it is now, from its metadata (nothing is imported)."""
     if not (env and env.get("prefix")):
         return None, None
@@ -93,21 +76,13 @@ def libcuda() -> str | None:
     return None
 
 
-def _write_private(path: str, data: dict) -> None:
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    tmp = "%s.%d" % (path, os.getpid())
-    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
-        json.dump(data, fh)
-    os.replace(tmp, path)
-
-
-def import_torch(python: str, fp_source: str) -> tuple[dict | None, str | None]:
-    """fingerprint.py's checks() in the environment's python: (result, None) or (None, why)."""
-    code = ("FP = {'__name__': 'clustertrain_fingerprint'}\n"
-            "exec(compile(%r, 'fingerprint.py', 'exec'), FP)\n"
-            "import json; print(json.dumps(FP['checks']()))" % fp_source)
+def import_torch(python: str) -> tuple[dict | None, str | None]:
+    """fingerprint.py's checks() in the environment's python (`node.py torch`, from this
+    package's own directory): (result, None) or (None, why)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     try:
-        p = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
+        p = subprocess.run([python, "-m", "orchestrator.node", "torch"], cwd=root,
+                           capture_output=True, text=True, timeout=120)
         if p.returncode != 0:
             return None, (p.stderr.strip().splitlines() or ["exit %d" % p.returncode])[-1]
         c = json.loads(p.stdout.strip().splitlines()[-1])
@@ -121,7 +96,7 @@ def import_torch(python: str, fp_source: str) -> tuple[dict | None, str | None]:
 
 
 def check_torch(env: dict | None, live: dict | None, provisioned: dict | None, gpus: int,
-                home: str, fp: ModuleType, fp_source: str,
+                home: str,
                 env_error: str | None) -> dict[str, Any]:
     """What torch says in the environment: from this user's cache while the environment,
     driver, GPUs and libcuda are as they were at the last import, else imported now."""
@@ -135,19 +110,20 @@ def check_torch(env: dict | None, live: dict | None, provisioned: dict | None, g
         key = hashlib.sha256(json.dumps([live["sha256"], env["python"], libcuda(),
                                          gpus]).encode()).hexdigest()
         cache_path = os.path.join(home, TORCH_CACHE)
-        cache = read_json(cache_path)[0]
+        cache = read_json_or_why(cache_path)[0]
         cache = cache if isinstance(cache, dict) else {}
         if isinstance(cache.get(key), dict):
             torch.update(cache[key], cached=True)
         else:
             t0 = time.time()
-            result, torch["error"] = import_torch(env["python"], fp_source)
+            result, torch["error"] = import_torch(env["python"])
             if result is not None:
                 torch.update(result)
                 keep = dict(list(cache.items())[-7:])  # the newest few, private to the user
                 keep[key] = result
                 try:
-                    _write_private(cache_path, keep)
+                    os.makedirs(os.path.dirname(cache_path), mode=0o700, exist_ok=True)
+                    write_json(cache_path, keep, sync=False)
                 except OSError:
                     pass
             torch["seconds"] = round(time.time() - t0, 3)
@@ -441,26 +417,25 @@ def machine() -> dict[str, str]:
             "host_keys": hashlib.sha256("\n".join(keys).encode()).hexdigest()[:16]}
 
 
-def probe(req: dict, fp_source: str, state_dir: str) -> dict[str, Any]:
+def probe(req: dict) -> dict[str, Any]:
     """Round 1 (see the module's docstring). REQ: shared, addresses, port, run, strict,
     state_dir (else STATE_DIR: where the python_env role wrote its files), and on node 0
     listen."""
     started = time.time()
-    fp = load_fingerprint(fp_source)
     out: dict[str, Any] = {"user": getpass.getuser(), "uid": os.getuid(),
                            "home": os.path.expanduser("~"), "machine": machine()}
-    state = req.get("state_dir") or state_dir
-    out["provisioned"], out["provisioned_error"] = read_json(state + "/fingerprint.json")
-    env, out["python_env_error"] = read_json(state + "/python_env.json")
+    state = req.get("state_dir") or ""   # where the python_env role wrote its files
+    out["provisioned"], out["provisioned_error"] = read_json_or_why(state + "/fingerprint.json")
+    env, out["python_env_error"] = read_json_or_why(state + "/python_env.json")
     out["python_env"] = env
     out["cluster_env"] = read_cluster_env(state + "/cluster.env")
-    live, error = live_fingerprint(env, fp)
+    live, error = live_fingerprint(env)
     out["fingerprint"] = live
     if error:
         out["fingerprint_error"] = error
     out["gpu_count"], out["gpu_source"] = fp.gpu_count()
     out["torch"] = check_torch(
-        env, live, out["provisioned"], out["gpu_count"], out["home"], fp, fp_source,
+        env, live, out["provisioned"], out["gpu_count"], out["home"],
         out["python_env_error"] if not (env and env.get("python"))
         else out.get("fingerprint_error"))
     out["shared"] = check_shared(req["shared"], out["user"], out["uid"])
@@ -519,15 +494,10 @@ def stop_listener(port: int, nonce: str) -> None:
         pass
 
 
-def main(argv: list[str], fp_source: str = "", state_dir: str = "") -> int:
-    verb = argv[0] if argv else ""
-    if verb == "probe":
-        print(json.dumps(probe(json.load(sys.stdin), fp_source, state_dir)))
-    elif verb == "reach":
-        print(json.dumps(reach(json.load(sys.stdin))))
-    elif verb == "stop" and len(argv) == 3:
-        stop_listener(int(argv[1]), argv[2])
-    else:
-        print("usage: node_probe probe|reach < REQUEST | stop PORT NONCE", file=sys.stderr)
-        return 2
-    return 0
+def release(run: str, leases: str = LEASE_DIR) -> None:
+    """Drop RUN's claims on master ports (a claim lapses by itself after LEASE_S)."""
+    for name in glob.glob(os.path.join(leases, "*." + run)):
+        try:
+            os.unlink(name)
+        except OSError:
+            pass

@@ -1,5 +1,5 @@
-"""Run one training worker to a clean end: `python run_worker.py SCRIPT ARGS...` or
-`python run_worker.py -m MODULE ARGS...`, as torchrun starts it on every node.
+"""Run one training worker to a clean end: `python node.py worker SCRIPT ARGS...` or
+`python node.py worker -m MODULE ARGS...`, as torchrun starts it on every node.
 
 The script runs as it would without this runner: `sys.argv`, `__file__`, `__name__ ==
 "__main__"`, `sys.path[0]` (the script's directory, or the working directory with -m) and
@@ -25,8 +25,8 @@ the named pipe DIR/rank{R}.pipe and, for each, writes torch's own dump of the re
 (pickled, as torch writes it on a NCCL timeout) to DIR/rank{R}-{token}.pkl. It works
 while the script's thread is blocked inside a collective, which releases the GIL.
 
-Standard library only: this file is copied into every run's code snapshot
-(.clustertrain/run_worker.py) and runs in the nodes' Python, whatever is installed there.
+Standard library only: it runs in the job's Python, whatever is installed there, from
+this package's directory on the node (~/.clustertrain/lib/<version>/).
 """
 
 from __future__ import annotations
@@ -42,13 +42,15 @@ import threading
 import types
 import warnings
 
-MARKER = "[clustertrain] rank {rank} finished: exit code {code}"
-FR_DIR_ENV = "CLUSTERTRAIN_FR_DIR"
+from .protocol import FINISHED_MARKER, FR_DIR_ENV
+from .util import write_atomically
+
+MARKER = FINISHED_MARKER
 PR_SET_PTRACER = 0x59616D61          # prctl: who may ptrace this process (yama)
 PR_SET_PTRACER_ANY = (1 << 64) - 1   # ... any process, under the usual same-user rule
 TOKEN_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
 INTERRUPTED = -1  # run()'s answer for an uncaught KeyboardInterrupt
-USAGE = "usage: run_worker.py SCRIPT [ARGS...] | run_worker.py -m MODULE [ARGS...]"
+USAGE = "usage: node.py worker SCRIPT [ARGS...] | node.py worker -m MODULE [ARGS...]"
 
 
 def exit_code(code: object) -> int:
@@ -122,13 +124,6 @@ def flight_record() -> bytes:
     return b""
 
 
-def _write_atomically(path: str, data: bytes) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-    os.replace(tmp, path)
-
-
 def serve_flight_records(directory: str, rank: str) -> None:
     """Answer every token written into DIR/rank{R}.pipe with DIR/rank{R}-{token}.pkl.
     The pipe is held open for writing here too, so a request never finds it without a
@@ -153,7 +148,7 @@ def serve_flight_records(directory: str, rank: str) -> None:
         except Exception as exc:  # noqa: BLE001 - say why in the answer, go on serving
             data = f"error: {type(exc).__name__}: {exc}".encode()
         try:
-            _write_atomically(os.path.join(directory, f"rank{rank}-{token}.pkl"), data)
+            write_atomically(os.path.join(directory, f"rank{rank}-{token}.pkl"), data)
         except OSError:
             pass
 
@@ -272,10 +267,10 @@ def run(argv: list[str]) -> int:
     return 0
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     allow_same_user_tracers()
     _start_flight_record_server()
-    code = run(sys.argv[1:])
+    code = run(sys.argv[1:] if argv is None else argv)
     finish(130 if code == INTERRUPTED else code, interrupted=code == INTERRUPTED)
 
 

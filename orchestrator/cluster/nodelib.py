@@ -1,0 +1,125 @@
+"""The node package on the nodes: orchestrator/node/ reaches each node once per version,
+as ~/.clustertrain/lib/<version>/ of the user who runs it there (node.py beside the
+package), and is called by verb: `python3 ~/.clustertrain/lib/<version>/node.py VERB`.
+
+The version is a digest of the package's files, so a node that has it gets nothing more:
+a call runs the node's copy, and only a node that lacks it (exit code MISSING) gets the
+files, once, through the same connection, then the call again. No program travels as a
+string or on a command line; Python keeps its bytecode cache beside the files.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import gzip
+import hashlib
+import io
+import shlex
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from ..node import protocol
+
+PACKAGE = Path(__file__).resolve().parents[1]     # orchestrator/
+ENTRY = "node.py"
+MISSING = 67   # a call's exit code when the node lacks this version
+
+
+class Runs(Protocol):
+    """What nodelib needs of a connection (ssh.Connection, or a stand-in in tests)."""
+
+    def run(self, command: str, timeout: float = 60.0, stdin: str | None = None):  # noqa: ANN201
+        ...
+
+
+@dataclass(frozen=True)
+class Bundle:
+    version: str
+    tar_gz: bytes
+
+
+def _files() -> list[tuple[str, bytes]]:
+    """The bundle's files, by their path under the lib directory: the package (links
+    followed: fingerprint.py is the python_env role's), its parent's __init__ and node.py."""
+    node = PACKAGE / "node"
+    files = [(f"orchestrator/node/{p.name}", p.read_bytes())
+             for p in sorted(node.glob("*.py")) if p.name != "entry.py"]
+    return [("orchestrator/__init__.py", (PACKAGE / "__init__.py").read_bytes()),
+            *files, (ENTRY, (node / "entry.py").read_bytes())]
+
+
+@functools.cache
+def bundle() -> Bundle:
+    """This version of the node package: its digest and a reproducible tar.gz of it."""
+    files = _files()
+    digest = hashlib.sha256()
+    for name, data in files:
+        digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in files:
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), 0o600, 0
+            tar.addfile(info, io.BytesIO(data))
+    return Bundle(digest.hexdigest()[:16], gzip.compress(raw.getvalue(), mtime=0))
+
+
+def lib_dir(home: str = '"$HOME"') -> str:
+    """This version's directory on a node, under HOME (a path, or the shell's $HOME)."""
+    return f"{home}/{protocol.NODE_STATE_DIR}/{protocol.LIB_SUBDIR}/{bundle().version}"
+
+
+def entry(home: str) -> str:
+    """node.py of this version under HOME (the job user's home on a node)."""
+    return f"{lib_dir(home)}/{ENTRY}"
+
+
+def command(python: str, verb: str, *args: str) -> str:
+    """A shell command that runs VERB with the node's PYTHON, or exits MISSING when the
+    node lacks this version."""
+    script = (f'e={lib_dir()}/{ENTRY}; [ -f "$e" ] || exit {MISSING}; '
+              f'exec {shlex.quote(python)} "$e" {shlex.join([verb, *args])}')
+    return f"sh -c {shlex.quote(script)}"
+
+
+def install_command() -> str:
+    """A shell command that unpacks this version from standard input (base64 of the
+    tar.gz) into a private directory of its own and moves it into place; one that is
+    there already (another launch was faster) is kept."""
+    v = bundle().version
+    script = (f'umask 077; d="$HOME"/{protocol.NODE_STATE_DIR}/{protocol.LIB_SUBDIR}; '
+              f'mkdir -p "$d" && t=$(mktemp -d "$d/.{v}.XXXXXX") && '
+              f'base64 -d | tar -xzf - -C "$t" && '
+              f'{{ mv -T "$t" "$d/{v}" 2>/dev/null || rm -rf "$t"; }}')
+    return f"sh -c {shlex.quote(script)}"
+
+
+def install(conn: Runs) -> None:
+    """Copy this version to the node behind CONN (RuntimeError with the node's words)."""
+    result = conn.run(install_command(), timeout=120,
+                      stdin=base64.b64encode(bundle().tar_gz).decode())
+    if result.exit_code != 0:
+        said = result.stderr.strip().splitlines() or [f"exit {result.exit_code}"]
+        raise RuntimeError(f"could not install clustertrain's node package under "
+                           f"~/{protocol.NODE_STATE_DIR}/{protocol.LIB_SUBDIR}: {said[-1]}")
+
+
+def ensure(conn: Runs, python: str) -> bool:
+    """The node has this version afterwards; True if it was copied now."""
+    if conn.run(command(python, "--help"), timeout=60).exit_code != MISSING:
+        return False
+    install(conn)
+    return True
+
+
+def call(conn: Runs, python: str, verb: str, *args: str, timeout: float = 60.0,
+         stdin: str | None = None):  # noqa: ANN201 - the connection's Result
+    """Run VERB on the node with its PYTHON; the package is copied first if it lacks it."""
+    result = conn.run(command(python, verb, *args), timeout=timeout, stdin=stdin)
+    if result.exit_code == MISSING:
+        install(conn)
+        result = conn.run(command(python, verb, *args), timeout=timeout, stdin=stdin)
+    return result

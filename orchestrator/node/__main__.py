@@ -1,0 +1,123 @@
+"""Every program that runs on a node, by verb: `python3 LIB/node.py VERB ...` on a node
+(LIB: ~/.clustertrain/lib/<version>, see orchestrator/cluster/nodelib.py), or
+`python -m orchestrator.node VERB ...` in a checkout.
+
+  supervise  start torchrun for a run and watch over it (supervise.py)
+  follow     print a run's output as it grows, ending with the exit marker (follow.py)
+  stop       stop a run's processes on this node (stop.py)
+  dump       every worker's stack and flight recorder, as JSON (dump.py)
+  probe      preflight's round 1: this node as it is now (probe.py; request on stdin)
+  reach      preflight's round 2: node 0's token and master port (probe.py)
+  unlisten   end node 0's preflight listener (probe.py)
+  release    drop the master-port claim of a run (probe.py)
+  states     the run's node states and hang dumps on the share (states.py)
+  torch      import torch in this Python and say what it sees (fingerprint.py)
+  worker     run one training worker to a clean end (worker.py; torchrun starts it)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from .protocol import GO, GRACE, KEEP_RUNS, LEASE_TIMEOUT, READY
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="node.py", allow_abbrev=False)
+    sub = p.add_subparsers(dest="verb", required=True)
+    r = sub.add_parser("supervise", allow_abbrev=False)
+    r.add_argument("--job", required=True)
+    r.add_argument("--state-dir", required=True)
+    r.add_argument("--run", required=True)
+    r.add_argument("--node", required=True)
+    r.add_argument("--nodes", required=True)
+    r.add_argument("--grace", type=float, default=GRACE)
+    r.add_argument("--lease-timeout", type=float, default=LEASE_TIMEOUT)
+    r.add_argument("--attached", action="store_true")
+    r.add_argument("--hang-timeout", type=float, default=0.0,
+                   help="seconds without progress on every node after which the run is "
+                   "hung (0: never)")
+    r.add_argument("--on-hang", choices=("stop", "wait"), default="stop")
+    r.add_argument("--keep", type=int, default=KEEP_RUNS,
+                   help="prune all but the KEEP newest runs' snapshots and job dirs")
+    r.add_argument("--cwd", help="torchrun's working directory (the run's code snapshot)")
+    r.add_argument("--wait-go", action="store_true",
+                   help=f"say {READY}, start on {GO!r} (on stdin), then detach")
+    r.add_argument("argv", nargs=argparse.REMAINDER)
+    f = sub.add_parser("follow", allow_abbrev=False)
+    f.add_argument("--job", required=True)
+    f.add_argument("--tail", type=int)
+    f.add_argument("--lease", action="store_true")
+    s = sub.add_parser("stop", allow_abbrev=False)
+    s.add_argument("jobs")      # the jobs directory, relative to the user's home
+    s.add_argument("run")
+    s.add_argument("grace", type=float)
+    d = sub.add_parser("dump", allow_abbrev=False)
+    d.add_argument("jobs")      # the jobs directory, relative to the user's home
+    d.add_argument("run")
+    d.add_argument("py_spy")
+    d.add_argument("--native", action="store_true")
+    sub.add_parser("probe", allow_abbrev=False)
+    sub.add_parser("reach", allow_abbrev=False)
+    u = sub.add_parser("unlisten", allow_abbrev=False)
+    u.add_argument("port", type=int)
+    u.add_argument("nonce")
+    rel = sub.add_parser("release", allow_abbrev=False)
+    rel.add_argument("run")
+    st = sub.add_parser("states", allow_abbrev=False)
+    st.add_argument("state_dir")
+    sub.add_parser("torch", allow_abbrev=False)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["worker"]:  # the script's own arguments follow: not ours to parse
+        from . import worker
+        worker.main(argv[1:])
+        return 0  # not reached: the worker leaves with os._exit
+    args = _parser().parse_args(argv)
+    if args.verb == "supervise":
+        from . import supervise
+        if args.argv and args.argv[0] == "--":
+            args.argv = args.argv[1:]
+        return supervise.run(args)
+    if args.verb == "follow":
+        from . import follow
+        code = follow.follow(args)
+        sys.stdout.flush()
+        os._exit(code)  # the lease thread may be blocked reading stdin: do not wait for it
+    if args.verb in ("stop", "dump"):
+        job = os.path.join(os.path.expanduser("~"), args.jobs, args.run)
+        if args.verb == "dump":
+            from .dump import dump_workers
+            print(json.dumps(dump_workers(job, args.run, args.py_spy, args.native)))
+        else:
+            from .stop import stop_tree
+            print(json.dumps(stop_tree(job, args.run, args.grace)))
+        return 0
+    if args.verb in ("probe", "reach", "unlisten", "release"):
+        from . import probe
+        if args.verb == "probe":
+            print(json.dumps(probe.probe(json.load(sys.stdin))))
+        elif args.verb == "reach":
+            print(json.dumps(probe.reach(json.load(sys.stdin))))
+        elif args.verb == "unlisten":
+            probe.stop_listener(args.port, args.nonce)
+        else:
+            probe.release(args.run)
+        return 0
+    if args.verb == "states":
+        from .states import read_states
+        print(json.dumps(read_states(args.state_dir)))
+        return 0
+    from .fingerprint import checks  # torch
+    print(json.dumps(checks()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

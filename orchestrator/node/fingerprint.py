@@ -1,0 +1,1 @@
+../../roles/python_env/files/fingerprint.py

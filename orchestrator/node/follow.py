@@ -1,0 +1,104 @@
+"""Follow a run's output on this node, as the controller's log stream: JOB/output.log
+from the start (or its last N lines) as it grows, ending with the exit marker once the
+node's part is over. With --lease, each byte read on standard input renews the attached
+controller's lease, and end-of-input (the controller killed, its terminal closed, the
+connection cut) gives it up at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import time
+
+from .protocol import (
+    EXIT_FILE,
+    EXIT_MARKER,
+    LEASE_FILE,
+    LEASE_LOST,
+    OUTPUT_LOG,
+    SUPERVISOR_LOG,
+    SUPERVISOR_PID,
+    End,
+)
+from .util import last_lines, read_json, read_pid
+
+
+def follow(args: argparse.Namespace) -> int:
+    job = args.job
+    if args.lease:
+        threading.Thread(target=_hold_lease, args=(job,), daemon=True).start()
+    path, exit_path = os.path.join(job, OUTPUT_LOG), os.path.join(job, EXIT_FILE)
+    while not os.path.exists(path) and not os.path.exists(exit_path):
+        if _supervisor_vanished(job):
+            break
+        time.sleep(0.1)
+    out = sys.stdout.buffer
+    last = b"\n"
+    if os.path.exists(path):
+        with open(path, "rb") as fh:
+            if args.tail is not None:
+                lines = fh.read().splitlines(keepends=True)
+                out.write(b"".join(lines[-args.tail:]) if args.tail else b"")
+            checked = time.monotonic()
+            while True:
+                ended = os.path.exists(exit_path)  # before reading: no loss
+                chunk = fh.read(65536)
+                if chunk:
+                    out.write(chunk)
+                    out.flush()
+                    last = chunk[-1:]
+                    continue
+                if ended:
+                    break
+                if time.monotonic() - checked > 1.0:
+                    checked = time.monotonic()
+                    if _supervisor_vanished(job):
+                        break
+                time.sleep(0.1)
+    final = read_json(exit_path)
+    if final is None:  # the supervisor is gone and said nothing: say what it left
+        said = last_lines(os.path.join(job, SUPERVISOR_LOG), 5) or [
+            "(its log is empty: killed, or out of memory?)"]
+        text = "".join(f"clustertrain supervisor ended without an exit status: {line}\n"
+                       for line in said)
+        out.write((b"" if last == b"\n" else b"\n") + text.encode())
+        last = b"\n"
+        final = {"code": 1, "reason": End.SUPERVISOR_FAILED.value}
+    code = int(final.get("code", 1))
+    sep = b"" if last == b"\n" else b"\n"  # the marker starts a line of its own
+    out.write(sep + f"{EXIT_MARKER} {code} {final.get('reason', End.EXITED.value)} "
+                    f"{final.get('why') or '-'}\n".encode())
+    out.flush()
+    return code
+
+
+def _supervisor_vanished(job: str) -> bool:
+    """The supervisor (its pid in JOB/supervisor.pid, written at launch) is gone without
+    an exit status. Unknown (no pid file yet) counts as not gone."""
+    pid = read_pid(os.path.join(job, SUPERVISOR_PID))
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+        return False
+    except ProcessLookupError:
+        pass
+    except PermissionError:  # the pid now belongs to someone else's process: ours is gone
+        pass
+    return not os.path.exists(os.path.join(job, EXIT_FILE))  # it may have ended just now
+
+
+def _hold_lease(job: str) -> None:
+    lease = os.path.join(job, LEASE_FILE)
+    while True:
+        data = sys.stdin.buffer.read1(64)  # type: ignore[union-attr]  # a BufferedReader: has read1
+        if not data:  # the controller went away (killed, terminal closed, connection cut)
+            if not os.path.exists(os.path.join(job, EXIT_FILE)):
+                open(os.path.join(job, LEASE_LOST), "w").close()
+            return
+        # Renew (create: the follower may start before the supervisor made the file).
+        with open(lease, "a"):
+            os.utime(lease)

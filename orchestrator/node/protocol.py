@@ -1,0 +1,85 @@
+"""What the controller and the nodes agree on: how a node's part of a run ends, the words
+of the launch's handshake and of the log stream, the files of a run on a node and on the
+share, and the node-side defaults. Imported by both sides (standard library only).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+# -- where a user's state lives on a node (relative to that user's home; mode 0700) --------
+NODE_STATE_DIR = ".clustertrain"
+CODE_SUBDIR = "code"    # code snapshots: code/<run>/, code/latest
+JOBS_SUBDIR = "jobs"    # a run's job directory on this node: jobs/<run>/
+LIB_SUBDIR = "lib"      # this package, one directory per version: lib/<version>/
+JOBS_DIR = f"{NODE_STATE_DIR}/{JOBS_SUBDIR}"
+PORT_CLAIMS_DIR = "/tmp/clustertrain-ports"   # master-port claims on node 0, any user's
+
+# -- the files of a run's job directory (~/.clustertrain/jobs/<run>/) -----------------------
+OUTPUT_LOG = "output.log"          # torchrun's output (every rank's lines)
+SUPERVISOR_LOG = "supervisor.log"  # the supervisor's own words
+EXIT_FILE = "exit"                 # the node's end: JSON, as in its state
+PGID_FILE = "pgid"                 # torchrun's process group
+SUPERVISOR_PID = "supervisor.pid"
+STOP_REQUESTED = "stop-requested"
+STOPPED_FILE = "stopped"
+LEASE_FILE = "lease"               # renewed by the attached controller's heartbeat
+LEASE_LOST = "lease-lost"          # the controller's input ended
+FR_SUBDIR = "fr"                   # the workers' flight-recorder pipes and dumps
+TIMEOUT_DUMP_PREFIX = "timeout-rank"   # torch's own dump on a NCCL timeout: fr/<this>R
+# -- on the share: STATE/<node>.json per node, STATE/hang/<node>.json when it hung -----------
+HANG_SUBDIR = "hang"
+
+# -- the launch's handshake (`supervise --wait-go`) and the log stream's end -----------------
+READY = "@@clustertrain-ready"       # loaded, waiting for GO
+GO = "go"
+STARTED = "@@clustertrain-started"   # and the supervisor's PID, once detached
+EXIT_MARKER = "@@clustertrain-exit"  # the last line of a node's log stream: code, end, why
+# The worker runner's last line for a rank whose script finished.
+FINISHED_MARKER = "[clustertrain] rank {rank} finished: exit code {code}"
+FR_DIR_ENV = "CLUSTERTRAIN_FR_DIR"   # where a worker serves its flight recorder
+RUN_ID_ENV = "CLUSTERTRAIN_RUN_ID"   # every process of a run carries it
+
+# -- node-side defaults (the controller's options default to these) -------------------------
+BEAT = 1.0            # seconds between heartbeats and checks
+PEER_TIMEOUT = 15.0   # a peer whose heartbeat has not moved for this long is lost
+PEER_START = 120.0    # a peer that never wrote its state within this long is lost
+GRACE = 5.0           # seconds between SIGTERM and SIGKILL when a job is stopped
+LEASE_TIMEOUT = 30.0  # an attached run whose controller is silent this long is stopped
+KEEP_RUNS = 20        # snapshots and job directories kept per user and node
+HANG_GATHER = 45.0    # seconds a node that dumped for a hang waits for its peers' dumps
+HANG_SAMPLES = 3      # stack samples of every rank taken for a hang, a second apart
+HANG_INTERVAL = 1.0
+
+
+class End(str, Enum):
+    """How a node's part of a run ended. The supervisor writes the value into the node's
+    state and the exit marker; the controller adds RUNNING (not ended yet) and LOST (no
+    exit status came back: node down, connection cut)."""
+    EXITED = "exited"                    # torchrun ended by itself; its code says how
+    STOPPED = "stopped"                  # a stop was asked for (Ctrl-C, `stop`)
+    CONTROLLER_LOST = "controller-lost"  # the attached controller's lease ran out
+    PEER_FAILED = "peer-failed"          # stopped because another node's torchrun failed
+    PEER_STOPPED = "peer-stopped"        # ... because another node was stopped
+    PEER_LOST = "peer-lost"              # ... because another node went silent
+    SUPERVISOR_FAILED = "supervisor-failed"  # the supervisor itself failed or vanished
+    HUNG = "hung"                        # no rank made progress for --hang-timeout
+    RUNNING = "running"
+    LOST = "lost"
+
+    def __str__(self) -> str:  # the value in f-strings and logs, on every Python 3
+        return self.value
+
+    @property
+    def caused_elsewhere(self) -> bool:
+        """Stopped for something outside this node (never its run's first failure)."""
+        return self in (End.STOPPED, End.CONTROLLER_LOST, End.PEER_FAILED,
+                        End.PEER_STOPPED, End.PEER_LOST, End.HUNG)
+
+
+def read_end(value: object) -> End:
+    """An End from what a node wrote (a value this version does not know: LOST)."""
+    try:
+        return End(value if value is not None else End.EXITED.value)
+    except ValueError:
+        return End.LOST

@@ -1,0 +1,97 @@
+"""Stop one run's processes on this node: its torchrun's process group and every
+descendant of it, SIGTERM then SIGKILL after a grace period; never by name, never a
+process that does not carry the run's id (a stale record whose PID was reused).
+
+The one way to stop a run, used by the supervisor itself (a peer failed, a hang, the
+controller gone), by `train` (Ctrl-C, a failure elsewhere) and by `stop RUN`.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import signal
+import time
+
+from .protocol import PGID_FILE, RUN_ID_ENV, STOP_REQUESTED, STOPPED_FILE, SUPERVISOR_PID
+from .util import environ, process_table, read_pid
+
+
+class Tree:
+    """A process group and every descendant of it, also those that left the group
+    (torchrun starts its workers in sessions of their own) or were re-parented."""
+
+    def __init__(self, pgid: int) -> None:
+        self.pgid = pgid
+        self.seen: set[int] = set()
+
+    def members(self) -> set[int]:
+        procs = process_table()
+        live = {p for p, (st, _, pg) in procs.items() if pg == self.pgid and st != "Z"}
+        grew = True
+        while grew:
+            grew = False
+            for p, (st, pp, _) in procs.items():
+                if pp in live and p not in live and st != "Z":
+                    live.add(p)
+                    grew = True
+        live |= {p for p in self.seen if p in procs and procs[p][0] != "Z"}
+        self.seen |= live
+        return live
+
+
+def belongs(pid: int | None, run_id: str) -> bool:
+    """Whether PID carries the run's id in its environment (not a reused PID)."""
+    return pid is not None and environ(pid).get(RUN_ID_ENV) == run_id
+
+
+# A supervisor launched a moment ago starts torchrun and records its group within this.
+STARTING = 10.0
+
+
+def stop_tree(job: str, run_id: str, grace: float) -> dict:
+    """Stop the run whose torchrun recorded its process group in JOB/pgid. A run whose
+    supervisor has been launched but has not started torchrun yet is stopped too: asked
+    first, it never starts torchrun; a moment late, it records the group, which is then
+    stopped here."""
+    me = getpass.getuser()
+    pgid = read_pid(os.path.join(job, PGID_FILE))
+    supervisor = read_pid(os.path.join(job, SUPERVISOR_PID))
+    starting = pgid is None and supervisor is not None and belongs(supervisor, run_id)
+    if pgid is None and not starting:
+        return {"found": False, "user": me, "killed": [], "left": []}
+    with open(os.path.join(job, STOP_REQUESTED), "a") as fh:
+        fh.write(f"{time.time()}\n")
+    deadline = time.monotonic() + STARTING
+    while pgid is None and belongs(supervisor, run_id) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        pgid = read_pid(os.path.join(job, PGID_FILE))
+    if pgid is None:  # it ended before starting torchrun (or is stuck: say so)
+        left = [supervisor] if belongs(supervisor, run_id) else []
+        return {"found": True, "user": me, "initial": left, "killed": [], "left": left}
+    tree = Tree(pgid)
+    start = tree.members()
+    if start and not any(belongs(p, run_id) for p in start):
+        # The PID was reused by something that is not this run: signal nothing.
+        return {"found": True, "user": me, "pgid": pgid, "initial": [], "killed": [],
+                "left": [], "stale": True}
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        pass
+    deadline = time.monotonic() + grace
+    while tree.members() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    killed = sorted(tree.members())
+    for p in killed:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.monotonic() + 5  # a killed process needs a moment on a busy node
+    while tree.members() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    with open(os.path.join(job, STOPPED_FILE), "w") as fh:
+        fh.write(str(time.time()))
+    return {"found": True, "user": me, "pgid": pgid, "initial": sorted(start),
+            "killed": killed, "left": sorted(tree.members())}

@@ -1,0 +1,357 @@
+"""The per-run supervisor on each node (`node.py supervise`): owns torchrun, and stops it
+when the run must end.
+
+- torchrun runs in a session of its own; its output goes to JOB/output.log, its exit
+  status to JOB/exit;
+- the node's state is kept on the shared filesystem (STATE/<node>.json, a heartbeat every
+  second) where the loss of one node cannot lose it and every node and any later command
+  can read it without the controller;
+- it stops the job when a peer's torchrun failed, when a peer stopped beating (node lost),
+  when a stop was requested, when the run is hung (no node printed anything for
+  --hang-timeout: each node dumps its workers onto the share first), or (attached runs)
+  when the controller's lease ran out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import traceback
+
+from .dump import dump_workers, py_spy_for
+from .protocol import (
+    BEAT,
+    CODE_SUBDIR,
+    EXIT_FILE,
+    FR_SUBDIR,
+    GO,
+    HANG_GATHER,
+    HANG_SUBDIR,
+    JOBS_SUBDIR,
+    LEASE_FILE,
+    LEASE_LOST,
+    OUTPUT_LOG,
+    PEER_START,
+    PEER_TIMEOUT,
+    PGID_FILE,
+    READY,
+    STARTED,
+    STOP_REQUESTED,
+    SUPERVISOR_LOG,
+    SUPERVISOR_PID,
+    End,
+)
+from .stop import stop_tree
+from .util import read_json, read_pid, write_json
+
+
+class Peers:
+    """What this node knows of the other nodes, from their state files on the share.
+    A heartbeat counts as alive when it changes, timed by this node's own clock."""
+
+    def __init__(self, state_dir: str, names: list[str], me: str) -> None:
+        self.state_dir, self.names, self.me = state_dir, [n for n in names if n != me], me
+        self.last: dict[str, tuple[object, float]] = {}
+        self.states: dict[str, dict] = {}   # each peer's state at the last verdict()
+        self.started = time.monotonic()
+
+    def verdict(self) -> tuple[End, str] | None:
+        """('peer-lost'|'peer-failed'|'peer-stopped', node) when the run must stop here:
+        a peer went silent, a peer's torchrun failed, or a peer was stopped (for any
+        reason: a node cut off from the others ends too). None while all is well. Of
+        several seen at once, the earliest cause comes first: a peer found lost has been
+        silent for PEER_TIMEOUT, longer than a failure seen since the last look; a peer
+        stopped because another failed names that other, whichever this node reads first."""
+        now = time.monotonic()
+        found: dict[End, str] = {}
+        for name in self.names:
+            state = read_json(os.path.join(self.state_dir, f"{name}.json"))
+            seen = self.last.get(name)
+            if state is None:  # not written yet, or unreadable for a moment (NFS: ESTALE)
+                since = seen[1] if seen else self.started
+                if now - since > (PEER_TIMEOUT if seen else PEER_START):
+                    found.setdefault(End.PEER_LOST, name)
+                continue
+            self.states[name] = state
+            if state.get("state") == "ended":
+                reason = state.get("reason")
+                if reason == End.SUPERVISOR_FAILED or (
+                        reason == End.EXITED and state.get("code") != 0):
+                    found.setdefault(End.PEER_FAILED, name)
+                elif reason == End.HUNG:  # a peer found the run hung: so is it here
+                    found.setdefault(End.HUNG, name)
+                elif reason != End.EXITED:
+                    found.setdefault(End.PEER_STOPPED, name)
+                continue
+            beat = state.get("beat")
+            if seen is None or seen[0] != beat:
+                self.last[name] = (beat, now)
+            elif now - seen[1] > PEER_TIMEOUT:
+                found.setdefault(End.PEER_LOST, name)
+        for kind in (End.PEER_LOST, End.PEER_FAILED, End.HUNG, End.PEER_STOPPED):
+            if kind in found:
+                return kind, found[kind]
+        return None
+
+    def any_dumped(self) -> bool:
+        """A peer found the run hung and dumped its workers (see _supervise)."""
+        return any(s.get("hang") == "dumped" for s in self.states.values())
+
+    def all_dumped(self) -> bool:
+        """Every peer has dumped its workers for this hang, or has ended."""
+        return all((self.states.get(n) or {}).get("hang") == "dumped"
+                   or (self.states.get(n) or {}).get("state") == "ended" for n in self.names)
+
+    def quiet(self) -> float | None:
+        """The shortest time without progress any running peer reported at its last
+        beat (each by its own clock); None if one has not reported it."""
+        times = [(self.states.get(n) or {}).get("quiet_s") for n in self.names]
+        known = [float(t) for t in times if isinstance(t, (int, float))]
+        return min(known, default=float("inf")) if len(known) == len(times) else None
+
+
+def _live(job: str) -> bool:
+    """A run whose supervisor has not recorded an end and whose torchrun still runs."""
+    if os.path.exists(os.path.join(job, EXIT_FILE)):
+        return False
+    pgid = read_pid(os.path.join(job, PGID_FILE))
+    if pgid is not None:
+        try:
+            os.kill(pgid, 0)
+            return True
+        except OSError:
+            pass
+    # No process (yet): a run being launched right now is young; keep it a while.
+    try:
+        return time.time() - os.stat(job).st_mtime < 3600
+    except OSError:
+        return False
+
+
+def prune(state: str, keep: int, current: str) -> list[str]:
+    """Remove the code snapshots and job directories of all but the KEEP newest runs of
+    this user on this node; never those of a live run, nor the current one."""
+    jobs, code = os.path.join(state, JOBS_SUBDIR), os.path.join(state, CODE_SUBDIR)
+    runs = set()
+    for d in (jobs, code):
+        if os.path.isdir(d):
+            runs |= {r for r in os.listdir(d) if r != "latest"}
+    try:
+        latest = os.path.basename(os.path.realpath(os.path.join(code, "latest")))
+    except OSError:
+        latest = ""
+    old = sorted(runs)[:-keep] if keep > 0 else sorted(runs)  # run ids sort by time
+    removed = []
+    for run_id in old:
+        if run_id in (current, latest) or _live(os.path.join(jobs, run_id)):
+            continue
+        for d in (jobs, code):
+            path = os.path.join(d, run_id)
+            if os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+        removed.append(run_id)
+    return removed
+
+
+def run(args: argparse.Namespace) -> int:
+    """Supervise the run (see _supervise); whatever goes wrong, the run ends with an exit
+    status: a supervisor that died silently would leave its followers waiting forever.
+    With --wait-go, first the launch's handshake (await_go)."""
+    if args.wait_go:
+        if not await_go(args.job, args.cwd):
+            return 0
+    elif args.cwd:
+        os.chdir(args.cwd)
+    try:
+        return _supervise(args)
+    except Exception as exc:  # noqa: BLE001 - any failure of ours ends this node's part
+        _failed(args, f"{type(exc).__name__}: {exc}")
+        return 1
+
+
+def await_go(job: str, cwd: str | None) -> bool:
+    """The launch's two phases, so that torchrun starts on every node at once: loaded
+    (Python's start and imports are most of what a launch costs a node), say READY on
+    standard output and wait for GO on standard input; then go to CWD (the code snapshot,
+    synced meanwhile) and detach: the PID goes to JOB/supervisor.pid, STARTED and the PID
+    to the launch, and this process goes on in a session of its own with its output in
+    JOB/supervisor.log. False if the launch was called off first (end of input): nothing
+    was started."""
+    print(READY, flush=True)
+    if sys.stdin.readline().strip() != GO:
+        return False
+    if cwd:
+        os.chdir(cwd)  # a snapshot that is not there fails the launch, with its path
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        with open(os.path.join(job, SUPERVISOR_PID), "w") as fh:
+            fh.write(f"{pid}\n")
+        print(f"{STARTED} {pid}", flush=True)
+        os._exit(0)
+    log = os.open(os.path.join(job, SUPERVISOR_LOG), os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                  0o600)
+    null = os.open(os.devnull, os.O_RDONLY)
+    for fd, to in ((null, 0), (log, 1), (log, 2)):
+        os.dup2(fd, to)
+    os.close(null)
+    os.close(log)
+    os.setsid()
+    return True
+
+
+def _failed(args: argparse.Namespace, why: str) -> None:
+    traceback.print_exc()  # into supervisor.log
+    job = args.job
+    if os.path.exists(os.path.join(job, PGID_FILE)):  # torchrun must not outlive us
+        try:
+            stop_tree(job, args.run, args.grace)
+        except Exception:  # noqa: BLE001 - stopping is best effort here: say the rest
+            traceback.print_exc()
+    message = f"clustertrain supervisor on {args.node} failed: {why}\n"
+    final = {"node": args.node, "user": getpass.getuser(), "state": "ended", "code": 1,
+             "reason": End.SUPERVISOR_FAILED.value, "why": why, "ended": time.time(),
+             "time": time.time()}
+    writes = [lambda: _append(os.path.join(job, OUTPUT_LOG), message),
+              lambda: write_json(os.path.join(job, EXIT_FILE), final)]
+    if args.state_dir:  # the peers stop too
+        writes.insert(1, lambda: write_json(os.path.join(args.state_dir, f"{args.node}.json"),
+                                            final))
+    for write in writes:
+        try:
+            write()
+        except OSError:
+            traceback.print_exc()
+
+
+def _append(path: str, text: str) -> None:
+    with open(path, "a") as fh:
+        fh.write(text)
+
+
+def _supervise(args: argparse.Namespace) -> int:
+    job, state_dir = args.job, args.state_dir
+    os.makedirs(state_dir, exist_ok=True)
+    mine = os.path.join(state_dir, f"{args.node}.json")
+    lease = os.path.join(job, LEASE_FILE)
+    if args.attached:
+        open(lease, "w").close()
+    if os.path.exists(os.path.join(job, STOP_REQUESTED)):
+        # Stopped before torchrun started (the launch failed on another node).
+        final = {"node": args.node, "user": getpass.getuser(), "state": "ended",
+                 "code": 0, "reason": End.STOPPED.value, "why": "", "ended": time.time(),
+                 "time": time.time()}
+        write_json(mine, final)
+        write_json(os.path.join(job, EXIT_FILE), final)
+        return 0
+    os.makedirs(os.path.join(job, FR_SUBDIR), exist_ok=True)  # torch's timeout dumps too
+    with open(os.path.join(job, OUTPUT_LOG), "ab") as out:
+        proc = subprocess.Popen(args.argv, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    with open(os.path.join(job, PGID_FILE), "w") as fh:
+        fh.write(f"{proc.pid}\n")
+    if args.keep:  # old runs' files go while torchrun starts, not before
+        threading.Thread(target=prune, args=(os.path.dirname(os.path.dirname(job)),
+                                              args.keep, args.run), daemon=True).start()
+    peers = Peers(state_dir, args.nodes.split(","), args.node)
+    beat, why = 0, ""
+    reason: End | None = None
+    dumped_at: float | None = None  # this hang's stacks are on the share (once a hang)
+    state = {"node": args.node, "user": getpass.getuser(), "state": "running",
+             "pid": proc.pid, "started": time.time()}
+    while proc.poll() is None:
+        beat += 1
+        quiet = _quiet_for(job)
+        try:
+            write_json(mine, {**state, "beat": beat, "time": time.time(),
+                              "quiet_s": round(quiet, 1)})
+        except OSError as exc:  # the share, for a moment; for long, the peers stop
+            print(f"{time.strftime('%H:%M:%S')} heartbeat not written: {exc}", flush=True)
+        if reason is None:
+            found = peers.verdict()
+            # Hung: no node made progress for the timeout. Every node dumps its workers
+            # first and says so in its state; with --on-hang stop, a node stops only once
+            # every peer has dumped (or HANG_GATHER passed), or its stop would end the
+            # others' ranks before they are dumped. A peer's word starts this node's dump.
+            stopping = args.on_hang == "stop"
+            hung = args.hang_timeout > 0 and (
+                (found is not None and found[0] == End.HUNG)
+                or (found is None and (min(quiet, peers.quiet() or 0.0) >= args.hang_timeout
+                                       or (stopping and peers.any_dumped()))))
+            if not hung and quiet < args.hang_timeout and dumped_at is not None:
+                dumped_at = None  # progress again (--on-hang wait): a later hang is new
+                state.pop("hang", None)
+            if hung and dumped_at is None:
+                _dump_hang(args, quiet)
+                dumped_at = time.monotonic()
+                state["hang"] = "dumped"
+            if hung and stopping and dumped_at is not None and (
+                    peers.all_dumped() or time.monotonic() - dumped_at > HANG_GATHER):
+                reason, why = End.HUNG, (f"no rank made progress for {quiet:.0f} s "
+                                         f"(--hang-timeout {args.hang_timeout:g})")
+            elif hung:
+                pass  # dumped; waiting for the peers' dumps (stop) or for progress (wait)
+            elif found:
+                reason, why = found[0], found[1]
+            elif os.path.exists(os.path.join(job, STOP_REQUESTED)):
+                reason = End.STOPPED
+            elif args.attached and _lease_gone(job, args.lease_timeout):
+                reason = End.CONTROLLER_LOST
+            if reason and reason != End.STOPPED:
+                threading.Thread(target=stop_tree, args=(job, args.run, args.grace),
+                                 daemon=True).start()
+        try:
+            proc.wait(timeout=BEAT)
+        except subprocess.TimeoutExpired:
+            pass
+    code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+    if reason is None and os.path.exists(os.path.join(job, STOP_REQUESTED)):
+        reason = End.STOPPED
+    if reason is None and dumped_at is not None and args.on_hang == "stop":
+        # Hung and dumped: a peer stopped first, and this node's ranks ended with it.
+        reason, why = End.HUNG, f"no rank made progress (--hang-timeout {args.hang_timeout:g})"
+    final = {**state, "state": "ended", "code": code, "reason": (reason or End.EXITED).value,
+             "why": why, "beat": beat + 1, "ended": time.time()}
+    write_json(mine, final)
+    write_json(os.path.join(job, EXIT_FILE), final)
+    return 0
+
+
+def _quiet_for(job: str) -> float:
+    """Seconds since the job last printed anything (a line, a beat, part of a line)."""
+    try:
+        return max(0.0, time.time() - os.stat(os.path.join(job, OUTPUT_LOG)).st_mtime)
+    except OSError:
+        return 0.0
+
+
+def _dump_hang(args: argparse.Namespace, quiet: float) -> None:
+    """Every worker's stack and flight recorder of this node, for the run's record: on
+    the share, STATE/hang/<node>.json (records.settle reads them through any node)."""
+    into = os.path.join(args.state_dir, HANG_SUBDIR)
+    print(f"{time.strftime('%H:%M:%S')} no rank made progress for {quiet:.0f} s: dumping "
+          "this node's workers", flush=True)
+    try:
+        os.makedirs(into, exist_ok=True)
+        ranks = dump_workers(args.job, args.run, py_spy_for(args.argv[0]), False)
+        write_json(os.path.join(into, f"{args.node}.json"),
+                   {"node": args.node, "detected_at": time.time(),
+                    "quiet_s": round(quiet, 1), "ranks": ranks})
+    except OSError as exc:
+        print(f"{time.strftime('%H:%M:%S')} hang dump not written: {exc}", flush=True)
+
+
+def _lease_gone(job: str, timeout: float) -> bool:
+    if os.path.exists(os.path.join(job, LEASE_LOST)):
+        return True
+    try:
+        return time.time() - os.stat(os.path.join(job, LEASE_FILE)).st_mtime > timeout
+    except OSError:
+        return True

@@ -1,0 +1,87 @@
+"""Small helpers every node program uses: atomic writes, reading what another process
+wrote, and what /proc says of a process (standard library only)."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+
+def write_atomically(path: str, data: bytes, mode: int = 0o600, sync: bool = False) -> None:
+    """PATH holds DATA whole or not at all (a reader never sees half of it); with SYNC,
+    on disk before it is renamed into place (state that must survive a crash)."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "wb") as fh:
+        fh.write(data)
+        if sync:
+            fh.flush()
+            os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def write_json(path: str, data: Any, sync: bool = True) -> None:
+    """PATH holds DATA as JSON, whole or not at all."""
+    write_atomically(path, json.dumps(data).encode(), sync=sync)
+
+
+def read_json(path: str) -> Any | None:
+    """The file's JSON, or None when it is missing or cannot be read (for a moment: a
+    writer elsewhere, NFS's ESTALE)."""
+    value, _ = read_json_or_why(path)
+    return value
+
+
+def read_json_or_why(path: str) -> tuple[Any, str | None]:
+    """(the file's JSON, None) or (None, why it could not be read)."""
+    try:
+        with open(path) as fh:
+            return json.load(fh), None
+    except FileNotFoundError:
+        return None, f"{path} is missing"
+    except (OSError, ValueError) as exc:
+        return None, f"{path}: {exc}"
+
+
+def read_pid(path: str) -> int | None:
+    """The PID written in PATH (its first word), None if there is none."""
+    try:
+        with open(path) as fh:
+            return int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def environ(pid: int) -> dict[str, str]:
+    """Process PID's environment ({} if it cannot be read: gone, or another user's)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return {}
+    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
+
+
+def process_table() -> dict[int, tuple[str, int, int]]:
+    """Every process: its state, parent and process group, from /proc."""
+    procs = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as fh:
+                    stat = fh.read()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()
+            procs[int(d)] = (fields[0], int(fields[1]), int(fields[2]))  # state, ppid, pgrp
+    return procs
+
+
+def last_lines(path: str, n: int) -> list[str]:
+    """The last N non-empty lines of a text file ([] if it cannot be read)."""
+    try:
+        with open(path, errors="replace") as fh:
+            return [line.rstrip() for line in fh.read().splitlines() if line.strip()][-n:]
+    except OSError:
+        return []

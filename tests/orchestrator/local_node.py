@@ -1,0 +1,42 @@
+"""This machine as a node, without SSH: commands run under bash with HOME set to a
+directory of the test's own, and the node package is installed there by its real
+installer (cluster/nodelib.py), as on a node."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from orchestrator.cluster import nodelib
+from orchestrator.ssh import Result
+
+
+class LocalNode:
+    """ssh.Connection's run and popen, for a node whose home is HOME on this machine."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.env = {**os.environ, "HOME": str(home)}
+        self.runs: list[str] = []   # every command run, in order
+
+    def run(self, command: str, timeout: float = 60.0, stdin: str | None = None) -> Result:
+        self.runs.append(command)
+        p = subprocess.run(["bash", "-c", command], input=stdin or "", env=self.env,
+                           capture_output=True, text=True, timeout=timeout)
+        return Result(p.returncode, p.stdout, p.stderr)
+
+    def popen(self, command: str, stdin: bool = False) -> subprocess.Popen:
+        self.runs.append(command)
+        return subprocess.Popen(["bash", "-c", command], env=self.env,
+                                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def installed(home: Path) -> Path:
+    """node.py of this version, installed under HOME as on a node."""
+    nodelib.install(LocalNode(home))
+    entry = Path(nodelib.entry(str(home)))
+    assert entry.is_file(), entry
+    return entry
