@@ -140,7 +140,8 @@ def test_a_launch_that_fails_on_one_node_leaves_nothing_running(sandbox_cluster:
     summary = t.summary()
     assert summary["status"] == "failed"
     # node0 made its job directory (phase one ran there) and never started torchrun
-    started = sandbox_cluster.exec("node0", "ls", "-A", f"{jobs}/{summary['run_id']}").stdout.split()
+    started = sandbox_cluster.exec("node0", "ls", "-A",
+                                   f"{jobs}/{summary['run_id']}").stdout.split()
     assert "pgid" not in started and "supervisor.pid" not in started, started
     assert_no_job_processes(sandbox_cluster, within=10)
 
