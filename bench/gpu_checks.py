@@ -13,7 +13,8 @@ unit tests read as recorded dumps (tests/orchestrator/hang_dumps/nccl/).
 The node side is the one a run uses: the node package's `supervise` starts torchrun with the
 environment NodeCommand.environment() gives every run (flight recorder on, its timeout
 dump into the job), workers go through `node.py worker`, and the package's `dump` takes the
-py-spy stacks and flight records that `diagnose` reads; orchestrator/hang.py analyses them.
+py-spy stacks and flight records that `diagnose` reads; orchestrator/diagnosis/hang.py
+analyses them.
 
 One GPU is enough for the flight-recorder checks: a world of one NCCL rank whose
 all_reduce waits behind a long GPU kernel (torch.cuda._sleep) is in flight, as a hung
@@ -43,9 +44,10 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from orchestrator import command, hang  # noqa: E402
 from orchestrator.cluster import nodelib  # noqa: E402
+from orchestrator.diagnosis import hang  # noqa: E402
 from orchestrator.node import dump as node_dump, protocol, stop as node_stop  # noqa: E402
+from orchestrator.run import command  # noqa: E402
 
 FINGERPRINT = ROOT / "roles" / "python_env" / "files" / "fingerprint.py"
 DETECT = ROOT / "roles" / "nvidia_driver" / "tasks" / "detect.yml"
@@ -253,7 +255,7 @@ def main() -> int:
     def _() -> dict:
         """The project's training job (train/train.py) on the GPU through torchrun, fp32
         and bf16 autocast (--amp), on synthetic data: samples/s of the last epoch."""
-        from orchestrator.data import SyntheticSpec, write_synthetic
+        from orchestrator.provision.data import SyntheticSpec, write_synthetic
 
         data = work / "data"
         write_synthetic(data, SyntheticSpec(train_per_class=2000, test_per_class=100))
@@ -280,7 +282,7 @@ def main() -> int:
         torchrun, as `doctor` runs it on one node: NCCL all_reduce, bf16 matrix products
         per GPU, and nvidia-smi's health fields as doctor reads them (the raw lines are
         kept: they become the unit tests' recorded nvidia-smi output)."""
-        from orchestrator import doctor
+        from orchestrator.checks import doctor
         from orchestrator.node import doctor as doctor_job
 
         out = subprocess.run(
@@ -355,7 +357,7 @@ def main() -> int:
         ("ncclInvalidUsage: Duplicate GPU detected", NCCL 2.28.9, seen on an H100)."""
         import torch
 
-        from orchestrator.diagnose import NodeDumps, analyse
+        from orchestrator.diagnosis.diagnose import NodeDumps, analyse
 
         if torch.cuda.device_count() < 3:
             return {"skipped": f"needs 3 GPUs, this machine has "

@@ -43,13 +43,13 @@ from sandbox_bench import (  # REPO on sys.path
     sh,
 )
 
-from orchestrator.command import NodeCommand  # noqa: E402
-from orchestrator.inventory import load_cluster  # noqa: E402
-from orchestrator.job import Job  # noqa: E402
-from orchestrator.launch import Launch  # noqa: E402
-from orchestrator.runs import RunDir, new_run_id, run_state_dir  # noqa: E402
-from orchestrator.ssh import connect_all  # noqa: E402
-from orchestrator.sync import sync_code  # noqa: E402
+from orchestrator.cluster.inventory import load_cluster  # noqa: E402
+from orchestrator.cluster.ssh import connect_all  # noqa: E402
+from orchestrator.run.command import NodeCommand  # noqa: E402
+from orchestrator.run.follow import Job  # noqa: E402
+from orchestrator.run.launch import Launch  # noqa: E402
+from orchestrator.run.record import RunDir, new_run_id, run_state_dir  # noqa: E402
+from orchestrator.run.sync import sync_code  # noqa: E402
 
 TRIVIAL = "import os\nprint('rank', os.environ['RANK'], flush=True)\n"
 

@@ -42,8 +42,8 @@ from pathlib import Path
 
 from sandbox_bench import ENV, REPO, VENV, bench_sandbox, node_exec, sandbox_down, sh  # REPO first
 
-from orchestrator.inventory import load_cluster  # noqa: E402
-from orchestrator.preflight import run_preflight  # noqa: E402
+from orchestrator.checks.preflight import run_preflight  # noqa: E402
+from orchestrator.cluster.inventory import load_cluster  # noqa: E402
 
 TORCHRUN = "/mnt/cluster/bench-torchrun"   # records the time, then execs the real torchrun
 STAMPS = "/tmp/ct-bench"                   # on each node

@@ -61,9 +61,9 @@ class ProvisionedCluster:
 
     def start(self, node: str, timeout: float = 90) -> None:
         """Start NODE's container again and wait until its SSH answers (same address)."""
-        from orchestrator import ssh
+        from orchestrator.cluster import ssh
+        from orchestrator.cluster.inventory import load_cluster
         from orchestrator.errors import PreflightError
-        from orchestrator.inventory import load_cluster
 
         subprocess.run(["podman", "start", self.containers[node]], env=ENV, check=False,
                        capture_output=True, timeout=60)

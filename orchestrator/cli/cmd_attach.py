@@ -8,8 +8,8 @@ import argparse
 from pathlib import Path
 
 from ..errors import ClusterError
-from ..runs import DEFAULT_RUNS_DIR
-from ..train import attach_run
+from ..run.lifecycle import attach_run
+from ..run.record import DEFAULT_RUNS_DIR
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -1,11 +1,11 @@
-"""`data cifar10|synthetic`: put a dataset on the share (orchestrator/data.py)."""
+"""`data cifar10|synthetic`: put a dataset on the share (orchestrator/provision/data.py)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from ..data import (
+from ..provision.data import (
     CIFAR10_MD5,
     CIFAR10_URL,
     DataError,

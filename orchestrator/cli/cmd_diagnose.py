@@ -1,4 +1,5 @@
-"""`diagnose RUN`: dump and read every rank of a running run (orchestrator/diagnose.py)."""
+"""`diagnose RUN`: dump and read every rank of a running run
+(orchestrator/diagnosis/diagnose.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import argparse
 import json
 from pathlib import Path
 
-from ..diagnose import diagnose_run
-from ..runs import DEFAULT_RUNS_DIR
+from ..diagnosis.diagnose import diagnose_run
+from ..run.record import DEFAULT_RUNS_DIR
 
 
 def register(sub: argparse._SubParsersAction) -> None:

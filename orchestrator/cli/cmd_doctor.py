@@ -1,4 +1,4 @@
-"""`doctor`: measure every link and node and name the bad ones (orchestrator/doctor.py)."""
+"""`doctor`: measure every link and node and name the bad ones (orchestrator/checks/doctor.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import json
 import sys
 from pathlib import Path
 
-from ..doctor import DoctorReport, DoctorRequest, render, run_doctor, thresholds
-from ..inventory import Cluster, load_cluster
-from ..runs import DEFAULT_RUNS_DIR
+from ..checks.doctor import DoctorReport, DoctorRequest, render, run_doctor, thresholds
+from ..cluster.inventory import Cluster, load_cluster
+from ..run.record import DEFAULT_RUNS_DIR
 from .cmd_preflight import add_selection_args
 
 

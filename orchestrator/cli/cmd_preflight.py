@@ -1,15 +1,12 @@
-"""`preflight`: check every node before a run (orchestrator/preflight.py); the node
+"""`preflight`: check every node before a run (orchestrator/checks/preflight.py); the node
 selection options the verbs share."""
 
 from __future__ import annotations
 
 import argparse
 
-from ..inventory import DEFAULT_INVENTORY, load_cluster
-from ..preflight import (
-    print_report,
-    run_preflight,
-)
+from ..checks.preflight import print_report, run_preflight
+from ..cluster.inventory import DEFAULT_INVENTORY, load_cluster
 
 
 def add_selection_args(p: argparse.ArgumentParser) -> None:

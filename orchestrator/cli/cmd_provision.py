@@ -1,12 +1,12 @@
-"""`provision`: run site.yml with ansible-runner (orchestrator/provision.py)."""
+"""`provision`: run site.yml with ansible-runner (orchestrator/provision/site.py)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from ..inventory import DEFAULT_INVENTORY
-from ..provision import provision
+from ..cluster.inventory import DEFAULT_INVENTORY
+from ..provision.site import provision
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -8,11 +8,11 @@ import sys
 import time
 from pathlib import Path
 
-from ..doctor import describe_run
+from ..checks.doctor import describe_run
+from ..diagnosis.progress import Straggler
 from ..errors import ClusterError
-from ..progress import Straggler
-from ..records import settle
-from ..runs import DEFAULT_RUNS_DIR, RecordUnreadable, RunDir, RunStatus, list_runs, open_run
+from ..run.record import DEFAULT_RUNS_DIR, RecordUnreadable, RunDir, RunStatus, list_runs, open_run
+from ..run.settle import settle
 
 
 def register(sub: argparse._SubParsersAction) -> None:

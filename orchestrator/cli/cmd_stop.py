@@ -1,13 +1,13 @@
-"""`stop RUN`: stop a run on every node (orchestrator/stop.py)."""
+"""`stop RUN`: stop a run on every node (orchestrator/run/stop.py)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from ..runs import DEFAULT_RUNS_DIR
-from ..stop import stop_run
-from ..teardown import DEFAULT_GRACE
+from ..run.record import DEFAULT_RUNS_DIR
+from ..run.stop import stop_run
+from ..run.teardown import DEFAULT_GRACE
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -1,4 +1,4 @@
-"""`train`: parse the request, run it (orchestrator/train.py), exit with its status."""
+"""`train`: parse the request, run it (orchestrator/run/lifecycle.py), exit with its status."""
 
 from __future__ import annotations
 
@@ -6,7 +6,10 @@ import argparse
 import math
 from pathlib import Path
 
-from ..command import (
+from ..cluster.inventory import load_cluster
+from ..errors import LaunchError
+from ..resources import project
+from ..run.command import (
     DEFAULT_KEEP_RUNS,
     DEFAULT_LEASE_TIMEOUT,
     TorchrunOptions,
@@ -14,19 +17,10 @@ from ..command import (
     check_torchrun_args,
     parse_env,
 )
-from ..errors import LaunchError
-from ..inventory import load_cluster
-from ..job import DEFAULT_HANG_TIMEOUT, HangWatch, OnHang
-from ..resources import project
-from ..runs import DEFAULT_RUNS_DIR, check_writable
-from ..teardown import DEFAULT_GRACE
-from ..train import (
-    DEFAULT_SCRIPT,
-    MODULE_NAME,
-    TrainRequest,
-    check_grace,
-    run_training,
-)
+from ..run.follow import DEFAULT_HANG_TIMEOUT, HangWatch, OnHang
+from ..run.lifecycle import DEFAULT_SCRIPT, MODULE_NAME, TrainRequest, check_grace, run_training
+from ..run.record import DEFAULT_RUNS_DIR, check_writable
+from ..run.teardown import DEFAULT_GRACE
 from .cmd_doctor import add_measure_args, diagnose_cluster, parse_request as doctor_request
 from .cmd_preflight import add_selection_args
 

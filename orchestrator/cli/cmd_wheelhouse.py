@@ -1,15 +1,12 @@
-"""`wheelhouse`: build the wheelhouse the nodes install from (orchestrator/wheelhouse.py)."""
+"""`wheelhouse`: build the wheelhouse the nodes install from
+(orchestrator/provision/wheelhouse.py)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from ..wheelhouse import (
-    LOCK,
-    WheelhouseRequest,
-    build,
-)
+from ..provision.wheelhouse import LOCK, WheelhouseRequest, build
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 from orchestrator.cluster import nodelib
-from orchestrator.ssh import Result
+from orchestrator.cluster.ssh import Result
 
 
 class LocalNode:

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from orchestrator.cluster import nodelib
-from orchestrator.command import NodeCommand, TorchrunOptions, parse_env
 from orchestrator.errors import LaunchError
+from orchestrator.run.command import NodeCommand, TorchrunOptions, parse_env
 
 
 def cmd(**kw) -> NodeCommand:
@@ -96,7 +96,7 @@ def test_a_command_survives_its_record() -> None:
 
 
 def test_the_exit_marker_is_taken_out_of_the_log() -> None:
-    from orchestrator.job import take_exit_marker
+    from orchestrator.run.follow import take_exit_marker
 
     lines = ["node0/rank0 | done", "node0/torchrun | @@clustertrain-exit 3 peer-failed node2"]
     assert take_exit_marker(lines, None) == (["node0/rank0 | done"], (3, "peer-failed", "node2"))
@@ -152,7 +152,7 @@ def test_workers_start_through_the_runner_of_the_node_package() -> None:
 
 def test_the_sync_copies_the_code_alone(tmp_path) -> None:
     """The worker runner comes with the node package, not in the snapshot."""
-    from orchestrator.sync import sync_playbook
+    from orchestrator.run.sync import sync_playbook
 
     [play] = sync_playbook(tmp_path / "code", "r1")
     copies = [t for t in play["tasks"] if "ansible.posix.synchronize" in t]

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import data
 from orchestrator.cli import main
 from orchestrator.errors import ClusterError
+from orchestrator.provision import data
 
 REPO = Path(__file__).resolve().parents[2]
 

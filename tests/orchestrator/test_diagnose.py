@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.diagnose import NodeDumps, analyse
-from orchestrator.hang import RankId, parse_pyspy_dump
+from orchestrator.diagnosis.diagnose import NodeDumps, analyse
+from orchestrator.diagnosis.hang import RankId, parse_pyspy_dump
 from orchestrator.node import stop as node_stop
 
 DUMPS = Path(__file__).parent / "hang_dumps"

@@ -1,4 +1,4 @@
-"""doctor's analysis and report (orchestrator/doctor.py) on measurements: made up here to
+"""doctor's analysis and report (orchestrator/checks/doctor.py) on measurements: made up here to
 place one fault at a time, and recorded on the sandbox by bench/doctor.py
 (doctor_results/: healthy runs, and runs with one node's egress throttled by tc)."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import doctor
+from orchestrator.checks import doctor
 from orchestrator.errors import LaunchError
 
 RECORDED = Path(__file__).parent / "doctor_results"

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from orchestrator.fanout import each
+from orchestrator.cluster.fanout import each
 
 
 def test_every_node_runs_at_once_and_each_keeps_its_result_or_error() -> None:

@@ -16,18 +16,18 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.checks.doctor import DoctorRequest
 from orchestrator.cli import main
-from orchestrator.diagnose import Diagnosis
-from orchestrator.doctor import DoctorRequest
+from orchestrator.diagnosis.diagnose import Diagnosis
 from orchestrator.errors import LaunchError
-from orchestrator.runs import RunDir, RunStatus, new_run_id, summary_cut_short
-from orchestrator.sync import code_digest, left_out
-from orchestrator.wheelhouse import (
+from orchestrator.provision.wheelhouse import (
     WheelhouseError,
     WheelhouseRequest,
     load_environment,
     target_python,
 )
+from orchestrator.run.record import RunDir, RunStatus, new_run_id, summary_cut_short
+from orchestrator.run.sync import code_digest, left_out
 
 
 @pytest.fixture
@@ -86,7 +86,7 @@ def test_a_name_the_tool_sets_is_refused_in_env(setup, capsys, item, words) -> N
 
 def test_the_users_env_never_hides_the_run_from_stop() -> None:
     """Even a record made without parse_env: the run's id on the node is the run's."""
-    from orchestrator.command import NodeCommand
+    from orchestrator.run.command import NodeCommand
     cmd = NodeCommand(run_id="r1", node_rank=0, nnodes=1, nproc=1, master_addr="a",
                       master_port=1, torchrun="t", home="/h", script="s.py", node="n0",
                       nodes=("n0",), run_state="/s",
@@ -109,7 +109,7 @@ def test_a_torchrun_option_the_launch_sets_is_refused(setup, capsys, arg, owner)
 
 
 def test_other_torchrun_options_pass_through(setup, capsys) -> None:
-    from orchestrator.command import check_torchrun_args
+    from orchestrator.run.command import check_torchrun_args
     check_torchrun_args(("--monitor-interval=1", "--rdzv-conf=timeout=900", "--role", "w"))
 
 
@@ -342,6 +342,6 @@ def test_provision_refuses_extra_vars_it_cannot_pass_on(setup, capsys, item, wor
 
 
 def test_provision_takes_what_ansible_takes() -> None:
-    from orchestrator.provision import check_extra_vars
+    from orchestrator.provision.site import check_extra_vars
     for item in ("a=1", "a=1 b='two words'", '{"a": 1}', "{a: 1}"):
         check_extra_vars(item)

@@ -1,4 +1,4 @@
-"""Naming the rank that holds up a hung run (orchestrator/hang.py), on dumps recorded from
+"""Naming the rank that holds up a hung run (orchestrator/diagnosis/hang.py), on dumps recorded from
 real hung gloo jobs (hang_dumps/, see its README: py-spy 0.4.3 and torch 2.13's own
 flight-recorder writers, nothing written by hand)."""
 
@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import DiagnoseError
-from orchestrator.hang import (
+from orchestrator.diagnosis.hang import (
     Frame,
     HangAnalysis,
     RankId,
@@ -28,6 +27,7 @@ from orchestrator.hang import (
     read_flight_record,
     read_pyspy_dump,
 )
+from orchestrator.errors import DiagnoseError
 
 DUMPS = Path(__file__).parent / "hang_dumps"
 JOB = (DUMPS / "hang_job.py").read_text().splitlines()

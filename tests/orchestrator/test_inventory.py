@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.cluster.inventory import load_cluster
 from orchestrator.errors import InventoryError
-from orchestrator.inventory import load_cluster
 
 INI = """\
 [train_nodes]

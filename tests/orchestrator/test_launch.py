@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 from typing import cast
 
-from orchestrator.command import NodeCommand
-from orchestrator.inventory import NodeSpec
-from orchestrator.launch import Launch
-from orchestrator.ssh import Connection, SshTarget
+from orchestrator.cluster.inventory import NodeSpec
+from orchestrator.cluster.ssh import Connection, SshTarget
+from orchestrator.run.command import NodeCommand
+from orchestrator.run.launch import Launch
 
 from .local_node import LocalNode, installed
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cluster import nodelib
-from orchestrator.command import NodeCommand
+from orchestrator.run.command import NodeCommand
 
 from .local_node import LocalNode
 

@@ -3,10 +3,16 @@
 from pathlib import Path
 from typing import Any
 
-from orchestrator.inventory import Cluster, NodeSpec
-from orchestrator.preflight import Report, _judge, _judge_reach, fingerprint_drift, render_table
-from orchestrator.probe import NodeFacts
-from orchestrator.ssh import SshTarget
+from orchestrator.checks.preflight import (
+    Report,
+    _judge,
+    _judge_reach,
+    fingerprint_drift,
+    render_table,
+)
+from orchestrator.checks.probe import NodeFacts
+from orchestrator.cluster.inventory import Cluster, NodeSpec
+from orchestrator.cluster.ssh import SshTarget
 
 
 def spec(name: str, address: str | None = None) -> NodeSpec:
@@ -203,7 +209,7 @@ def test_gpus_counted_without_torch_against_what_torch_sees() -> None:
 
 
 def test_the_shared_mount_the_inventory_describes() -> None:
-    from orchestrator.preflight import shared_spec
+    from orchestrator.checks.preflight import shared_spec
 
     def spec_of(**variables):
         return shared_spec(Cluster(inventory=Path("/site/hosts.yml"), nodes=(),

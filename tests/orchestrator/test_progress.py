@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from orchestrator.progress import MIN_STEPS, WINDOW_S, Beat, Progress, parse_beat
+from orchestrator.diagnosis.progress import MIN_STEPS, WINDOW_S, Beat, Progress, parse_beat
 
 
 @pytest.mark.parametrize("text, beat", [

@@ -130,8 +130,8 @@ def test_thirty_connections_through_the_bastion_at_once(
     tried again), and none is taken for a node that is down."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from orchestrator import ssh
-    from orchestrator.inventory import load_cluster
+    from orchestrator.cluster import ssh
+    from orchestrator.cluster.inventory import load_cluster
 
     node = load_cluster(sandbox_cluster.inventory).nodes[0]
 

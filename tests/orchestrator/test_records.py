@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from orchestrator.node.protocol import PEER_TIMEOUT
-from orchestrator.records import summarize
+from orchestrator.run.settle import summarize
 
 INFO = {"run_id": "r1", "nodes": ["node0", "node1", "node2"]}
 NOW = 1_000_000.0
@@ -113,8 +113,8 @@ def test_the_nodes_hang_dumps_are_read_as_diagnose_reads_its_own(tmp_path) -> No
     import json
     from pathlib import Path
 
-    from orchestrator.records import read_hang_dumps
-    from orchestrator.runs import RunDir
+    from orchestrator.run.record import RunDir
+    from orchestrator.run.settle import read_hang_dumps
 
     stall = Path(__file__).parent / "hang_dumps" / "stall"
     dumps: dict[str, dict] = {}

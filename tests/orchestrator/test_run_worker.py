@@ -289,7 +289,7 @@ def test_a_rank_blocked_in_a_collective_answers_with_its_flight_recorder(
     import base64
     import zlib
 
-    from orchestrator.hang import RankId, analyze_flight_records, parse_flight_record
+    from orchestrator.diagnosis.hang import RankId, analyze_flight_records, parse_flight_record
 
     pytest.importorskip("torch")
     script = write(tmp_path / "job.py", FR_JOB)

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from orchestrator.cli import main
-from orchestrator.runs import RunDir, new_run_id
+from orchestrator.run.record import RunDir, new_run_id
 
 
 def make_run(root: Path, finished: bool) -> RunDir:
@@ -95,7 +95,7 @@ def test_runs_gives_a_doctor_runs_verdict_not_its_command_line(tmp_path: Path,
                                                                 capsys) -> None:
     import json
 
-    from orchestrator.doctor import DOCTOR_MODULE
+    from orchestrator.checks.doctor import DOCTOR_MODULE
 
     def doctor_run(suspects: list[dict] | None) -> RunDir:
         run = make_run(tmp_path, finished=True)

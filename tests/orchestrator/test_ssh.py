@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import ssh
+from orchestrator.cluster import ssh
 from orchestrator.errors import PreflightError
 
 # OpenSSH 9's words: the server dropping the connection itself, and a bastion on the way

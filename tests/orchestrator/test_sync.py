@@ -7,7 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from orchestrator.sync import code_digest, reuse_command, seal_command
+from orchestrator.run.sync import code_digest, reuse_command, seal_command
 
 
 def code_tree(root: Path) -> Path:

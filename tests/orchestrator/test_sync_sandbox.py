@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import ssh
-from orchestrator.inventory import load_cluster
-from orchestrator.sync import sync_code
+from orchestrator.cluster import ssh
+from orchestrator.cluster.inventory import load_cluster
+from orchestrator.run.sync import sync_code
 
 from ..cluster import ENV as PODMAN_ENV, REPO, ProvisionedCluster as Sandbox
 

@@ -1,4 +1,4 @@
-"""orchestrator.wheelhouse: environment file parsing and real `pip download` runs.
+"""orchestrator.provision.wheelhouse: environment file parsing and real `pip download` runs.
 
 The downloads are real: torch 2.13.0 (CPU build) comes from pip's configured find-links on
 this machine, its dependencies from pip's configured indexes.
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import ClusterError
-from orchestrator.wheelhouse import (
+from orchestrator.provision.wheelhouse import (
     STAMP,
     WheelhouseError,
     WheelhouseRequest,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.wheelhouse import (
+from orchestrator.provision.wheelhouse import (
     LOCK,
     STAMP,
     WheelhouseError,

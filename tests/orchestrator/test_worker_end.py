@@ -1,4 +1,4 @@
-"""How each rank ended, from the nodes' logs (orchestrator/worker_end.py), and how `train`
+"""How each rank ended, from the nodes' logs (orchestrator/run/ends.py), and how `train`
 records and reports a rank that died after its script had finished."""
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.command import NodeCommand
 from orchestrator.errors import LaunchError
-from orchestrator.job import JobResult, NodeOutcome
 from orchestrator.node.protocol import End
-from orchestrator.runs import RunDir
-from orchestrator.train import _conclude, make_summary
-from orchestrator.worker_end import NodeEnd, NodeEnds, judge, scan_log
+from orchestrator.run.command import NodeCommand
+from orchestrator.run.ends import NodeEnd, NodeEnds, judge, scan_log
+from orchestrator.run.follow import JobResult, NodeOutcome
+from orchestrator.run.lifecycle import _conclude, make_summary
+from orchestrator.run.record import RunDir
 
 # What torchrun 2.13 printed (node log, prefixed by logstream) when rank 1 aborted after
 # the runner's marker: the report's format is torch's (multiprocessing/errors).

@@ -17,8 +17,8 @@ from typing import cast
 
 import pytest
 
-from orchestrator import contract as orchestrator_contract
-from orchestrator.inventory import load_cluster
+from orchestrator.cluster import contract as orchestrator_contract
+from orchestrator.cluster.inventory import load_cluster
 
 from .sources import REPO, load
 
@@ -132,7 +132,7 @@ class LocalConnection:
         self.env = dict(os.environ, HOME=str(home))
 
     def run(self, command: str, timeout: float = 60.0, stdin: str | None = None):
-        from orchestrator.ssh import Result
+        from orchestrator.cluster.ssh import Result
 
         p = subprocess.run(["sh", "-c", command], input=stdin, capture_output=True,
                            text=True, timeout=timeout, env=self.env)
@@ -146,7 +146,7 @@ def _role_default(role: str, variable: str) -> str:
 
 
 def test_node_paths_come_from_the_inventory_else_the_roles_defaults(tmp_path: Path) -> None:
-    from orchestrator.command import NodeCommand
+    from orchestrator.run.command import NodeCommand
 
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(
@@ -169,8 +169,8 @@ def test_node_paths_come_from_the_inventory_else_the_roles_defaults(tmp_path: Pa
 def test_preflight_reads_the_environment_from_the_nodes_state_dir(tmp_path: Path) -> None:
     """The probe, run for real (locally), reads python_env.json from the directory the
     inventory gives the python_env role (python_env_state_dir), not from a fixed path."""
-    from orchestrator.probe import probe
-    from orchestrator.ssh import Connection
+    from orchestrator.checks.probe import probe
+    from orchestrator.cluster.ssh import Connection
     from tests.orchestrator.test_probe import fake_environment
 
     prefix = fake_environment(tmp_path)   # writes tmp_path/state/python_env.json

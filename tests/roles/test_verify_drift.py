@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.inventory import Cluster, NodeSpec
-from orchestrator.preflight import Report, _judge_drift
-from orchestrator.probe import NodeFacts
-from orchestrator.ssh import SshTarget
+from orchestrator.checks.preflight import Report, _judge_drift
+from orchestrator.checks.probe import NodeFacts
+from orchestrator.cluster.inventory import Cluster, NodeSpec
+from orchestrator.cluster.ssh import SshTarget
 
 from .sources import REPO, load
 

@@ -37,7 +37,7 @@ def train_modules():
 @pytest.fixture(scope="session")
 def synthetic_dir(tmp_path_factory) -> Path:
     """1000 training and 200 test images, 10 classes, written by the data command's code."""
-    from orchestrator.data import SyntheticSpec, write_synthetic
+    from orchestrator.provision.data import SyntheticSpec, write_synthetic
 
     dest = tmp_path_factory.mktemp("synthetic")
     write_synthetic(dest, SyntheticSpec(train_per_class=100, test_per_class=20, seed=0),

@@ -15,21 +15,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .command import (
-    DEFAULT_KEEP_RUNS,
-    DEFAULT_LEASE_TIMEOUT,
-    NodeCommand,
-    TorchrunOptions,
-)
-from .errors import ClusterError, LaunchError
-from .inventory import Cluster, load_cluster
-from .job import HangWatch, Job, JobResult
+from ..checks.preflight import print_report, raise_if_blocked, run_preflight
+from ..checks.probe import NodeFacts, release_port
+from ..cluster.inventory import Cluster, load_cluster
+from ..cluster.ssh import connect_all
+from ..errors import ClusterError, LaunchError
+from ..node.protocol import GO, End
+from .command import DEFAULT_KEEP_RUNS, DEFAULT_LEASE_TIMEOUT, NodeCommand, TorchrunOptions
+from .ends import NodeEnd, NodeEnds, how_it_ended, judge, root_cause, scan_log
+from .follow import HangWatch, Job, JobResult
 from .launch import Launch
-from .node.protocol import GO, End
-from .preflight import print_report, raise_if_blocked, run_preflight
-from .probe import NodeFacts, release_port
-from .records import settle
-from .runs import (
+from .record import (
     DEFAULT_RUNS_DIR,
     RunDir,
     RunStatus,
@@ -40,10 +36,9 @@ from .runs import (
     run_state_dir,
     summary_cut_short,
 )
-from .ssh import connect_all
+from .settle import settle
 from .sync import SyncResult, left_out, sync_code
 from .teardown import DEFAULT_GRACE
-from .worker_end import NodeEnd, NodeEnds, how_it_ended, judge, root_cause, scan_log
 
 DEFAULT_SCRIPT = "train.py"
 MODULE_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")

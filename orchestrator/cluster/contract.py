@@ -17,8 +17,8 @@ from typing import Any
 
 import yaml
 
-from .errors import InventoryError
-from .resources import project
+from ..errors import InventoryError
+from ..resources import project
 
 
 @functools.cache

@@ -28,12 +28,12 @@ from pathlib import Path
 
 import yaml
 
-from .errors import LaunchError
-from .fanout import each
-from .inventory import Cluster
-from .node.protocol import CODE_SUBDIR, NODE_STATE_DIR
-from .runner import run_playbook
-from .ssh import DROPPED, Connection
+from ..cluster.fanout import each
+from ..cluster.inventory import Cluster
+from ..cluster.ssh import DROPPED, Connection
+from ..errors import LaunchError
+from ..node.protocol import CODE_SUBDIR, NODE_STATE_DIR
+from ..provision.playbook import run_playbook
 
 # What the snapshot leaves out, for rsync (the sync) and for code_digest alike.
 RSYNC_FILTERS = ("--filter=:-_.gitignore", "--exclude=.git/", "--exclude=__pycache__/")

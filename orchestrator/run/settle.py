@@ -12,12 +12,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from . import ssh
-from .cluster import nodelib
-from .diagnose import NodeDumps, analyse
-from .inventory import load_cluster
-from .node.protocol import PEER_TIMEOUT, End
-from .runs import RunDir, RunStatus, iso
+from ..cluster import nodelib, ssh
+from ..cluster.inventory import load_cluster
+from ..diagnosis.diagnose import NodeDumps, analyse
+from ..node.protocol import PEER_TIMEOUT, End
+from .record import RunDir, RunStatus, iso
 
 
 def summarize(info: dict[str, Any], states: dict[str, dict], now: float) -> dict | None:

@@ -15,11 +15,11 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
-from . import contract, ssh
-from .errors import PreflightError
-from .fanout import each
-from .inventory import DEFAULT_INVENTORY, Cluster, NodeSpec
-from .node import fingerprint
+from ..cluster import contract, ssh
+from ..cluster.fanout import each
+from ..cluster.inventory import DEFAULT_INVENTORY, Cluster, NodeSpec
+from ..errors import PreflightError
+from ..node import fingerprint
 from .probe import NodeFacts, Rendezvous, probe, reach, stop_listener
 
 CLOCK_SKEW_WARN = 2.0  # seconds between the fastest and slowest node clock

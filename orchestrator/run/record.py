@@ -16,7 +16,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from .errors import ClusterError
+from ..errors import ClusterError
 
 DEFAULT_RUNS_DIR = Path("runs")
 

@@ -9,10 +9,9 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
-from . import contract
-from .cluster import nodelib
-from .errors import LaunchError
-from .node.protocol import (
+from ..cluster import contract, nodelib
+from ..errors import LaunchError
+from ..node.protocol import (
     CODE_SUBDIR,
     EXIT_MARKER,
     FR_DIR_ENV,

@@ -24,9 +24,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import ssh
-from .cluster import nodelib
-from .inventory import NodeSpec
+from ..cluster import nodelib, ssh
+from ..cluster.inventory import NodeSpec
 
 CONNECT_TIMEOUT = 3.0    # seconds for a node to open a TCP connection to node 0's port
 LISTEN_SECONDS = 30.0    # the listener on node 0 gives up after this long

@@ -21,11 +21,11 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
+from ..cluster.fanout import each
+from ..cluster.inventory import NodeSpec
+from ..cluster.ssh import Connection
+from ..node.protocol import GO, READY, STARTED
 from .command import NodeCommand
-from .fanout import each
-from .inventory import NodeSpec
-from .node.protocol import GO, READY, STARTED
-from .ssh import Connection
 
 LAUNCH_TIMEOUT = 60.0   # seconds for every node to be ready, and again to start
 

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .errors import DiagnoseError
-from .node.protocol import LIB_SUBDIR, NODE_STATE_DIR
+from ..errors import DiagnoseError
+from ..node.protocol import LIB_SUBDIR, NODE_STATE_DIR
 
 # --- what a frame is ------------------------------------------------------------------
 

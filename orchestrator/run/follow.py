@@ -21,17 +21,17 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import IO, Any, cast
 
-from . import ssh
+from ..cluster import ssh
+from ..cluster.inventory import NodeSpec
+from ..diagnosis.diagnose import analyse, collect, sample, targets_of
+from ..diagnosis.progress import Progress
+from ..node.protocol import End
 from .command import EXIT_MARKER, NodeCommand
-from .diagnose import analyse, collect, sample, targets_of
-from .inventory import NodeSpec
+from .ends import COLLECTIVE_TIMEOUT, PEER_GONE
 from .launch import Launch
 from .logstream import LineSplitter, is_record
-from .node.protocol import End
-from .progress import Progress
-from .runs import RunDir, iso
+from .record import RunDir, iso
 from .teardown import DEFAULT_GRACE, stop_job
-from .worker_end import COLLECTIVE_TIMEOUT, PEER_GONE
 
 LAST_LINES = 30          # any line: torchrun's own error report is about 20 lines
 LAST_WORKER_LINES = 10   # lines the training processes printed

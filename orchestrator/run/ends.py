@@ -22,7 +22,7 @@ import signal
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .node.protocol import FINISHED_MARKER, End
+from ..node.protocol import FINISHED_MARKER, End
 
 MARKER = re.compile("^" + re.escape(FINISHED_MARKER).replace(r"\{rank\}", r"(\d+)")
                     .replace(r"\{code\}", r"(-?\d+)") + r"\s*$")

@@ -14,9 +14,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from . import ssh
-from .cluster import nodelib
-from .node.protocol import GRACE, JOBS_DIR
+from ..cluster import nodelib, ssh
+from ..node.protocol import GRACE, JOBS_DIR
 
 DEFAULT_GRACE = GRACE
 

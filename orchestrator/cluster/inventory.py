@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import InventoryError
 from . import contract
-from .errors import InventoryError
 from .ssh import SshTarget
 
 DEFAULT_INVENTORY = Path("inventory/hosts.yml")

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import PreflightError
+from ..errors import PreflightError
 from .fanout import each
 
 CONNECT_TIMEOUT = 10

@@ -26,13 +26,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from .command import TorchrunOptions
-from .errors import ClusterError, LaunchError
-from .inventory import Cluster
-from .job import HangWatch
-from .node import doctor as node_doctor
-from .runs import DEFAULT_RUNS_DIR, RunDir, new_run_id
-from .train import TrainRequest, run_training
+from ..cluster.inventory import Cluster
+from ..errors import ClusterError, LaunchError
+from ..node import doctor as node_doctor
+from ..run.command import TorchrunOptions
+from ..run.follow import HangWatch
+from ..run.lifecycle import TrainRequest, run_training
+from ..run.record import DEFAULT_RUNS_DIR, RunDir, new_run_id
 
 K = TypeVar("K")
 SLOW_RATIO = 0.5        # below half the median: slow

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from operator import getitem
 from pathlib import Path
 
-from .errors import ClusterError
+from ..errors import ClusterError
 
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 CIFAR10_MD5 = "c58f30108f718f92721af3b95e74349a"

@@ -13,13 +13,13 @@ import re
 import time
 from pathlib import Path
 
-from . import ssh
-from .errors import ClusterError
-from .fanout import each
-from .inventory import load_cluster
-from .runs import check_owner, open_run
+from ..cluster import ssh
+from ..cluster.fanout import each
+from ..cluster.inventory import load_cluster
+from ..errors import ClusterError
+from .lifecycle import check_grace
+from .record import check_owner, open_run
 from .teardown import DEFAULT_GRACE, StopResult, stop_job
-from .train import check_grace
 
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$")
 

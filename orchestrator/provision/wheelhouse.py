@@ -26,8 +26,8 @@ from pathlib import Path
 
 import yaml
 
-from .errors import ClusterError
-from .runs import check_writable
+from ..errors import ClusterError
+from ..run.record import check_writable
 
 STAMP = ".clustertrain-wheelhouse.json"
 LOCK = "clustertrain-lock.json"

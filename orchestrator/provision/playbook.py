@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .resources import project
+from ..resources import project
 
 
 @contextlib.contextmanager

@@ -1,5 +1,5 @@
 """`diagnose RUN`: a Python stack and the flight recorder of every rank of a running
-run, and which rank holds the others up (orchestrator/hang.py reads both).
+run, and which rank holds the others up (orchestrator/diagnosis/hang.py reads both).
 
 Each node dumps its own workers at once (the node package's `dump` verb, run as the job's
 user): py-spy reads that user's processes without extra rights, and each worker's runner
@@ -25,11 +25,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import ssh
-from .cluster import nodelib
-from .command import NodeCommand
-from .errors import ClusterError, DiagnoseError
-from .fanout import each
+from ..cluster import nodelib, ssh
+from ..cluster.fanout import each
+from ..cluster.inventory import NodeSpec, load_cluster
+from ..errors import ClusterError, DiagnoseError
+from ..node.dump import py_spy_for
+from ..node.protocol import JOBS_DIR
+from ..run.command import NodeCommand
+from ..run.record import check_owner, open_run
 from .hang import (
     FlightRecord,
     HangAnalysis,
@@ -42,10 +45,6 @@ from .hang import (
     parse_flight_record,
     parse_pyspy_dump,
 )
-from .inventory import NodeSpec, load_cluster
-from .node.dump import py_spy_for
-from .node.protocol import JOBS_DIR
-from .runs import check_owner, open_run
 
 NODE_TIMEOUT = 90.0  # seconds for one node's dumps (py-spy's own limit is 30 s a rank)
 
