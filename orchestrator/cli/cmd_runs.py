@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 
 from ..checks.doctor import describe_run
-from ..diagnosis.progress import Straggler
 from ..errors import ClusterError
-from ..run.record import DEFAULT_RUNS_DIR, RecordUnreadable, RunDir, RunStatus, list_runs, open_run
+from ..run.record import DEFAULT_RUNS_DIR, RecordUnreadable, RunDir, list_runs, open_run
 from ..run.settle import settle
+from ..run.status import row, show
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -63,10 +63,7 @@ def _runs(args: argparse.Namespace) -> int:
         except (ClusterError, OSError) as exc:
             summary = None
             print(f"note: {run.run_id}: cannot ask its nodes ({exc})", file=sys.stderr)
-        status = str(summary["status"] if summary else RunStatus.RUNNING)
-        if summary and summary.get("first_failed"):
-            status += f" ({summary['first_failed']})"
-        duration = f"{summary['duration_s']:.1f}s" if summary else "-"
+        status, duration = row(summary)
         print(f"{run.run_id:<24} {status:<20} {nodes:<20} {duration:>9}  {_what(run)}")
     return 0
 
@@ -89,27 +86,7 @@ def _show(run: RunDir) -> int:
         print(f"run {run.run_id}: running on {', '.join(info['nodes'])}; follow it with "
               f"`attach {run.run_id}`, look inside with `diagnose {run.run_id}`")
         return 0
-    first = f" (first failed: {summary['first_failed']})" if summary.get("first_failed") else ""
-    print(f"run {run.run_id}: {summary['status']}{first} after {summary['duration_s']:.1f} s")
-    print(f"  {_what(run)}")
-    times = summary.get("step_times") or {}
-    print(f"  {'NODE':<12} {'EXIT':>5}  {'END':<14} {'STEP_S':>8} {'SAMPLES/S':>10}")
-    for node in summary.get("nodes", []):
-        t = times.get(node["name"], {})
-        step = f"{t['step_s']:.3f}" if "step_s" in t else "-"
-        rate = f"{t['samples_per_s']:.1f}" if "samples_per_s" in t else "-"
-        code = "-" if node.get("exit_code") is None else str(node["exit_code"])
-        print(f"  {node['name']:<12} {code:>5}  {node.get('end_reason', ''):<14} {step:>8} "
-              f"{rate:>10}")
-    for s in summary.get("stragglers", []):
-        print("  straggler: " + Straggler(s["node"], s["rank"], s["step_s"],
-                                          s["median_step_s"]).message())
-    hang = summary.get("hang")
-    if hang:
-        print(f"  hang found at {hang['detected_at']}: {hang['verdict']}")
-        for s in hang["suspects"]:
-            print(f"    suspect: rank {s['rank']} on {s['node']} {s['why']}")
-        print(f"    every rank's stack: {hang['dumps']}/")
+    print("\n".join(show(run.run_id, summary, _what(run))))
     print(f"  logs: python -m orchestrator logs {run.run_id}; record: {run.path}/")
     return 0
 

@@ -24,6 +24,7 @@ import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..cluster import nodelib, ssh
 from ..cluster.fanout import each
@@ -32,7 +33,7 @@ from ..errors import ClusterError, DiagnoseError
 from ..node.dump import py_spy_for
 from ..node.protocol import JOBS_DIR
 from ..run.command import NodeCommand
-from ..run.record import check_owner, open_run
+from ..run.record import check_owner, iso, open_run
 from .hang import (
     FlightRecord,
     HangAnalysis,
@@ -277,3 +278,21 @@ def diagnose_run(runs_dir: Path, run_id: str, native: bool = False) -> Diagnosis
             conn.close()
     return analyse(rounds, run.path / "diagnose" / time.strftime("%Y%m%d-%H%M%S"))
 
+
+def read_node_dumps(dumps: dict[str, dict], into: Path, found_by: str) -> dict[str, Any]:
+    """What the nodes dumped when they found a run hung (node/supervise.py: per node,
+    STATE/hang/<node>.json, its samples of every rank), read as `diagnose` reads its own:
+    into INTO, with the suspects named. The run's record of the hang."""
+    def samples(d: dict) -> list[list[dict]]:
+        return d.get("samples") or [d.get("ranks") or []]
+
+    count = max((len(samples(d)) for d in dumps.values()), default=1)
+    rounds = [[NodeDumps(name, ranks[i] if i < len(ranks) else [],
+                         None if i < len(ranks) and ranks[i] else
+                         "no worker of this run ran there")
+               for name, ranks in ((n, samples(d)) for n, d in sorted(dumps.items()))]
+              for i in range(count)]
+    diagnosis = analyse(rounds, into)
+    first = min(dumps.values(), key=lambda d: float(d.get("detected_at", 0)))
+    return {"detected_at": iso(float(first.get("detected_at", 0))),
+            "quiet_s": first.get("quiet_s"), "found_by": found_by, **diagnosis.to_json()}

@@ -1,6 +1,8 @@
 """Follow a run's output on this node, as the controller's log stream: JOB/output.log
 from the start (or its last N lines) as it grows, ending with the exit marker once the
-node's part is over. With --lease, each byte read on standard input renews the attached
+node's part is over, and with a line HANG_MARKER when this node found the run hung and
+dumped its workers (the controller then reads every node's dumps from the share). With
+--lease, each byte read on standard input renews the attached
 controller's lease, and end-of-input (the controller killed, its terminal closed, the
 connection cut) gives it up at once.
 """
@@ -16,6 +18,8 @@ import time
 from .protocol import (
     EXIT_FILE,
     EXIT_MARKER,
+    HANG_DUMPED,
+    HANG_MARKER,
     LEASE_FILE,
     LEASE_LOST,
     OUTPUT_LOG,
@@ -37,6 +41,7 @@ def follow(args: argparse.Namespace) -> int:
         time.sleep(0.1)
     out = sys.stdout.buffer
     last = b"\n"
+    hang, announced = os.path.join(job, HANG_DUMPED), False
     if os.path.exists(path):
         with open(path, "rb") as fh:
             if args.tail is not None:
@@ -53,6 +58,13 @@ def follow(args: argparse.Namespace) -> int:
                     continue
                 if ended:
                     break
+                if os.path.exists(hang) != announced:  # dumped for a hang, or moving again
+                    announced = not announced
+                    if announced:
+                        out.write((b"" if last == b"\n" else b"\n")
+                                  + f"{HANG_MARKER} {time.time():.3f}\n".encode())
+                        out.flush()
+                        last = b"\n"
                 if time.monotonic() - checked > 1.0:
                     checked = time.monotonic()
                     if _supervisor_vanished(job):

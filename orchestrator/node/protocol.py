@@ -23,6 +23,7 @@ PGID_FILE = "pgid"                 # torchrun's process group
 SUPERVISOR_PID = "supervisor.pid"
 STOP_REQUESTED = "stop-requested"
 STOPPED_FILE = "stopped"
+HANG_DUMPED = "hang-dumped"        # this node found the run hung and dumped its workers
 LEASE_FILE = "lease"               # renewed by the attached controller's heartbeat
 LEASE_LOST = "lease-lost"          # the controller's input ended
 FR_SUBDIR = "fr"                   # the workers' flight-recorder pipes and dumps
@@ -35,6 +36,7 @@ READY = "@@clustertrain-ready"       # loaded, waiting for GO
 GO = "go"
 STARTED = "@@clustertrain-started"   # and the supervisor's PID, once detached
 EXIT_MARKER = "@@clustertrain-exit"  # the last line of a node's log stream: code, end, why
+HANG_MARKER = "@@clustertrain-hang"  # in a node's log stream: it found the run hung, dumped
 # The worker runner's last line for a rank whose script finished.
 FINISHED_MARKER = "[clustertrain] rank {rank} finished: exit code {code}"
 FR_DIR_ENV = "CLUSTERTRAIN_FR_DIR"   # where a worker serves its flight recorder

@@ -31,7 +31,10 @@ from .protocol import (
     EXIT_FILE,
     FR_SUBDIR,
     GO,
+    HANG_DUMPED,
     HANG_GATHER,
+    HANG_INTERVAL,
+    HANG_SAMPLES,
     HANG_SUBDIR,
     JOBS_SUBDIR,
     LEASE_FILE,
@@ -264,6 +267,7 @@ def _supervise(args: argparse.Namespace) -> int:
     beat, why = 0, ""
     reason: End | None = None
     dumped_at: float | None = None  # this hang's stacks are on the share (once a hang)
+    dumping: threading.Thread | None = None  # the dump in progress: the beat goes on
     state = {"node": args.node, "user": getpass.getuser(), "state": "running",
              "pid": proc.pid, "started": time.time()}
     while proc.poll() is None:
@@ -286,12 +290,16 @@ def _supervise(args: argparse.Namespace) -> int:
                 or (found is None and (min(quiet, peers.quiet() or 0.0) >= args.hang_timeout
                                        or (stopping and peers.any_dumped()))))
             if not hung and quiet < args.hang_timeout and dumped_at is not None:
-                dumped_at = None  # progress again (--on-hang wait): a later hang is new
+                dumped_at = dumping = None  # progress again (--on-hang wait): a later hang is new
                 state.pop("hang", None)
-            if hung and dumped_at is None:
-                _dump_hang(args, quiet)
+                _unlink(os.path.join(job, HANG_DUMPED))
+            if hung and dumping is None:
+                dumping = threading.Thread(target=_dump_hang, args=(args, quiet), daemon=True)
+                dumping.start()
+            if hung and dumped_at is None and dumping is not None and not dumping.is_alive():
                 dumped_at = time.monotonic()
                 state["hang"] = "dumped"
+                _touch(os.path.join(job, HANG_DUMPED))  # `follow` tells the controller
             if hung and stopping and dumped_at is not None and (
                     peers.all_dumped() or time.monotonic() - dumped_at > HANG_GATHER):
                 reason, why = End.HUNG, (f"no rank made progress for {quiet:.0f} s "
@@ -333,19 +341,37 @@ def _quiet_for(job: str) -> float:
 
 
 def _dump_hang(args: argparse.Namespace, quiet: float) -> None:
-    """Every worker's stack and flight recorder of this node, for the run's record: on
-    the share, STATE/hang/<node>.json (records.settle reads them through any node)."""
+    """Every worker's stack and flight recorder of this node, HANG_SAMPLES times a second
+    apart (a rank that holds still in all of them is the one to name), for the run's
+    record: on the share, STATE/hang/<node>.json, where the controller (attached) or
+    `runs` (detached) reads them through any node. It runs beside the heartbeat."""
     into = os.path.join(args.state_dir, HANG_SUBDIR)
     print(f"{time.strftime('%H:%M:%S')} no rank made progress for {quiet:.0f} s: dumping "
           "this node's workers", flush=True)
     try:
         os.makedirs(into, exist_ok=True)
-        ranks = dump_workers(args.job, args.run, py_spy_for(args.argv[0]), False)
+        samples = []
+        for i in range(HANG_SAMPLES):
+            if i:
+                time.sleep(HANG_INTERVAL)
+            samples.append(dump_workers(args.job, args.run, py_spy_for(args.argv[0]), False))
         write_json(os.path.join(into, f"{args.node}.json"),
-                   {"node": args.node, "detected_at": time.time(),
-                    "quiet_s": round(quiet, 1), "ranks": ranks})
+                   {"node": args.node, "detected_at": time.time(), "quiet_s": round(quiet, 1),
+                    "ranks": samples[0], "samples": samples})
     except OSError as exc:
         print(f"{time.strftime('%H:%M:%S')} hang dump not written: {exc}", flush=True)
+
+
+def _touch(path: str) -> None:
+    with open(path, "w") as fh:
+        fh.write(f"{time.time()}\n")
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _lease_gone(job: str, timeout: float) -> bool:

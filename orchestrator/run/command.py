@@ -175,7 +175,7 @@ class NodeCommand:
     module: bool = False                # script is a module name, run as `python -m`
     clean_exit: bool = True             # start the workers through the worker runner
     synced: bool = True                 # a code snapshot is torchrun's working directory
-    # Detached runs are watched for hangs by the nodes (attached ones by the controller).
+    # Every run is watched for hangs by its nodes; the controller reads what they found.
     hang_timeout: float = 0.0
     on_hang: str = "stop"
     # the common role's cluster.env on this node (NodeSpec.cluster_env_file)
@@ -283,8 +283,8 @@ class NodeCommand:
                 "--state-dir", self.run_state, "--run", self.run_id, "--node", self.node,
                 "--nodes", ",".join(self.nodes), "--grace", str(self.grace),
                 "--lease-timeout", str(self.lease_timeout), "--keep", str(self.keep_runs),
-                *(["--attached"] if self.attached else
-                  ["--hang-timeout", f"{self.hang_timeout:g}", "--on-hang", self.on_hang]),
+                *(["--attached"] if self.attached else []),
+                "--hang-timeout", f"{self.hang_timeout:g}", "--on-hang", self.on_hang,
                 "--", *self.torchrun_argv()]
         # A job directory that cannot be made fails the launch here, with mkdir's words.
         return (f"umask 077; mkdir -p {job} || exit 1; "

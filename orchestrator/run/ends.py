@@ -22,7 +22,7 @@ import signal
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ..node.protocol import FINISHED_MARKER, End
+from ..node.protocol import FINISHED_MARKER
 
 MARKER = re.compile("^" + re.escape(FINISHED_MARKER).replace(r"\{rank\}", r"(\d+)")
                     .replace(r"\{code\}", r"(-?\d+)") + r"\s*$")
@@ -95,79 +95,3 @@ def how_it_ended(code: int) -> str:
             name = f"signal {-code}"
         return "aborted" if name == "SIGABRT" else f"died of {name}"
     return f"exited with code {code}"
-
-
-@dataclass(frozen=True)
-class NodeEnd:
-    """A node's part of the run as the orchestrator saw it."""
-
-    name: str
-    nproc: int
-    exit_code: int | None        # torchrun's; None: no exit status (connection lost)
-    reason: End                  # EXITED, LOST or STOPPED
-    ended: float | None = None   # when the orchestrator saw it end (time.time())
-
-
-@dataclass(frozen=True)
-class Verdict:
-    training_completed: bool | None  # None: not known (no runner, so no markers)
-    finished: dict[int, int]         # every rank's marker: rank -> the script's exit code
-    after_finish: dict[str, list[str]]  # node -> how its ranks died after they finished
-    # node -> rank -> the script's exit code (its marker), or for a rank that never
-    # finished, the code torchrun reported for it (negative: the signal that ended it)
-    exit_codes: dict[str, dict[int, int]] = field(default_factory=dict)
-
-    def notes(self) -> list[str]:
-        return [note for notes in self.after_finish.values() for note in notes]
-
-
-def judge(nodes: list[NodeEnd], ends: dict[str, NodeEnds], clean_exit: bool) -> Verdict:
-    """Did the training complete (every rank's script ended with code 0), and which
-    failed nodes failed only after their ranks had finished?"""
-    finished: dict[int, int] = {}
-    for node in nodes:
-        finished.update(ends.get(node.name, NodeEnds()).finished)
-    world = sum(n.nproc for n in nodes)
-    completed = (all(finished.get(r) == 0 for r in range(world)) if clean_exit
-                 else None)
-    after: dict[str, list[str]] = {}
-    for node in nodes:
-        if node.exit_code in (0, None) or node.reason == End.LOST:
-            continue
-        node_ends = ends.get(node.name, NodeEnds())
-        done = {r: c for r, c in node_ends.finished.items() if c == 0}
-        if node_ends.failed:
-            if all(r in done for r in node_ends.failed):
-                after[node.name] = [
-                    f"rank {r} on {node.name} finished, then {how_it_ended(c)} in torch's "
-                    "teardown" for r, c in sorted(node_ends.failed.items())]
-        elif len(done) >= node.nproc:
-            # No report names a rank: the node was stopped, or torchrun's output was lost.
-            after[node.name] = [
-                f"every rank on {node.name} had finished when the node was stopped"
-                if node.reason != End.EXITED else f"every rank on {node.name} finished, "
-                f"then torchrun {how_it_ended(node.exit_code)}"]
-    codes = {node.name: {**ends[node.name].failed, **ends[node.name].finished}
-             for node in nodes if node.name in ends}
-    return Verdict(completed, finished, after, {n: c for n, c in codes.items() if c})
-
-
-def root_cause(first: str | None, nodes: list[NodeEnd], ends: dict[str, NodeEnds]) -> str | None:
-    """The node a failed run is named after. FIRST, the first node seen failing, unless
-    its ranks failed only because a peer went away (gloo's "Connection reset by peer":
-    the node whose worker died can take longer to report it than its peers take to fail)
-    and another node failed by itself: it was lost, its supervisor failed, or one of its
-    ranks ended with a code of its own (a script's error, a worker killed) without losing
-    a peer. Then the first of those, by when each ended."""
-    if first is None or not ends.get(first, NodeEnds()).peer_gone:
-        return first
-    stopped = (-signal.SIGTERM, -signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGINT)
-    for node in sorted(nodes, key=lambda n: n.ended if n.ended is not None else float("inf")):
-        mine = ends.get(node.name, NodeEnds())
-        if node.name == first or mine.peer_gone:
-            continue
-        codes = {**mine.failed, **mine.finished}.values()
-        if node.reason in (End.LOST, End.SUPERVISOR_FAILED) or any(
-                c not in (0, *stopped) for c in codes):
-            return node.name
-    return first

@@ -10,6 +10,7 @@ input of each node's follow session: end-of-input gives it up at once.
 
 from __future__ import annotations
 
+import json
 import queue
 import signal
 import subprocess
@@ -21,11 +22,11 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import IO, Any, cast
 
-from ..cluster import ssh
+from ..cluster import nodelib, ssh
 from ..cluster.inventory import NodeSpec
-from ..diagnosis.diagnose import analyse, collect, sample, targets_of
+from ..diagnosis.diagnose import analyse, collect, read_node_dumps, targets_of
 from ..diagnosis.progress import Progress
-from ..node.protocol import End
+from ..node.protocol import HANG_GATHER, HANG_MARKER, End
 from .command import EXIT_MARKER, NodeCommand
 from .ends import COLLECTIVE_TIMEOUT, PEER_GONE
 from .launch import Launch
@@ -37,7 +38,8 @@ LAST_LINES = 30          # any line: torchrun's own error report is about 20 lin
 LAST_WORKER_LINES = 10   # lines the training processes printed
 WATCH_INTERVAL = 0.5     # seconds between checks that each node's master connection lives
 HEARTBEAT = 1.0          # seconds between the lease renewals sent to every node
-PROGRESS_INTERVAL = 1.0  # seconds between looks at the run's progress (hang, stragglers)
+PROGRESS_INTERVAL = 1.0  # seconds between looks at the run's progress (stragglers)
+FOUND_BY = "the nodes"   # who found an attached run hung, in its summary
 DEFAULT_HANG_TIMEOUT = 1800.0
 
 
@@ -149,11 +151,13 @@ class Job:
                 chunk = proc.stdout.read1(65536)  # type: ignore[attr-defined]
                 if not chunk:
                     break
-                self.progress.output(time.monotonic())
                 lines, end = take_exit_marker(splitter.feed(chunk), end)
+                lines = self._take_hang_marker(spec.name, lines)
+                if lines:  # the node's own words (a hang's marker is not progress)
+                    self.progress.output(time.monotonic())
                 self._emit(log, outcome, lines)
             lines, end = take_exit_marker(splitter.flush(), end)
-            self._emit(log, outcome, lines)
+            self._emit(log, outcome, self._take_hang_marker(spec.name, lines))
         proc.wait()
         if end is not None:
             self.events.put(("exit", spec.name, end))
@@ -162,6 +166,21 @@ class Job:
             # (node down, rebooted, sshd killed, or the network dropped).
             self.events.put(("lost", spec.name, "SSH connection closed without an exit "
                              "status (node down, rebooted, or sshd killed)"))
+
+    def _take_hang_marker(self, node: str, lines: list[str]) -> list[str]:
+        """Lines without the node's HANG_MARKER: it found the run hung and dumped its
+        workers onto the share (an event for the main loop)."""
+        kept = []
+        for line in lines:
+            at = line.find(HANG_MARKER)
+            if at < 0:
+                kept.append(line)
+                continue
+            self.events.put(("hang", node, ""))
+            head = line[:at]
+            if head and not head.endswith(" | "):
+                kept.append(head)
+        return kept
 
     def _emit(self, log: IO[str], outcome: NodeOutcome, lines: list[str]) -> None:
         now = time.monotonic()
@@ -273,13 +292,21 @@ class Job:
             threading.Thread(target=self._heartbeat, daemon=True).start()
         give_up_at: float | None = None
         next_look = time.monotonic() + PROGRESS_INTERVAL
+        dumped: set[str] = set()          # nodes that found this hang and dumped
+        gather_until: float | None = None  # when to read the dumps of those that did
         previous = self._install_signals()
         try:
             while running:
                 if time.monotonic() >= next_look and not interrupted and not first_failed:
                     next_look = time.monotonic() + PROGRESS_INTERVAL
-                    if self._look_at_progress(sorted(running)):
-                        give_up_at = give_up_at or time.monotonic() + self.grace + 20
+                    self._look_at_progress()
+                if gather_until and (time.monotonic() > gather_until
+                                     or not (running - dumped)):
+                    gather_until = None
+                    self._read_hang(sorted(dumped))
+                    if self.watch and self.watch.on_hang == OnHang.STOP:
+                        give_up_at = give_up_at or time.monotonic() + HANG_GATHER + \
+                            self.grace + 20
                 try:
                     kind, name, value = self.events.get(timeout=0.5)
                 except queue.Empty:
@@ -302,20 +329,31 @@ class Job:
                     self._stop(sorted(running), why_interrupted)
                     give_up_at = time.monotonic() + self.grace + 20
                     continue
+                if kind == "hang":
+                    if not dumped and not self._hang_open:
+                        self._hang_open = True
+                        quiet = self.progress.quiet_for(time.monotonic())
+                        timeout = self.watch.timeout if self.watch else 0
+                        self._say(f"hung: the run printed nothing (no line, no beat) for "
+                                  f"{quiet:.0f} s (--hang-timeout {timeout:g}); every node "
+                                  "dumps its ranks' stacks")
+                        gather_until = time.monotonic() + HANG_GATHER
+                    dumped.add(name)
+                    continue
                 if name not in running:
                     continue
                 running.discard(name)
                 if kind == "exit":
                     code, reason, why = cast("tuple[int, End, str]", value)  # take_exit_marker's
-                    if reason.caused_elsewhere:
-                        # Stopped on purpose; the cause, when another node's, is kept.
-                        reason, why = End.STOPPED, (f"{reason} {why}".strip()
-                                                    if reason != End.STOPPED else why)
-                    elif name in self._stopping:
-                        reason = End.STOPPED
+                    if not reason.caused_elsewhere and name in self._stopping:
+                        reason = End.STOPPED   # this controller stopped it
+                    # As the node said it: the summary keeps why it was stopped (status.py).
                     self._finish(name, code, reason, why)
+                    if reason == End.HUNG:
+                        self._hung = self._hung or (self.watch is not None
+                                                    and self.watch.on_hang == OnHang.STOP)
                     if code != 0 and first_failed is None and not interrupted \
-                            and reason != End.STOPPED:
+                            and not reason.caused_elsewhere:
                         first_failed = name
                         lines = self.outcomes[name].last_worker_lines
                         lost_peer = any(PEER_GONE.search(line) for line in lines)
@@ -347,44 +385,58 @@ class Job:
             self._restore_signals(previous)
         for t in self._stop_threads:
             t.join(timeout=self.grace + 5)
+        hung = [n for n, o in self.outcomes.items() if o.reason == End.HUNG]
+        if hung and self._hang is None:  # the nodes ended it before their word came
+            self._read_hang(hung)
         return JobResult(self.outcomes, first_failed, interrupted, started, time.time(),
                          why_interrupted, self._hang, self._hung, self.progress.to_json())
 
     # -- progress: stragglers and hangs ---------------------------------------------------
-    def _look_at_progress(self, running: list[str]) -> bool:
-        """Say which nodes straggle; on a hang, dump and read every rank's stack and, by
-        the watch's policy, stop the run (True) or keep watching."""
+    def _look_at_progress(self) -> None:
+        """Say which nodes straggle, and when a hang the nodes found ends (--on-hang
+        wait: the run printed again)."""
         for s in self.progress.stragglers(time.monotonic()):
             if s.node not in self._stragglers:
                 self._stragglers.add(s.node)
                 self._say(s.message())
         watch = self.watch
-        if watch is None or watch.timeout <= 0:
-            return False
+        if self._hang_open and watch is not None and \
+                self.progress.quiet_for(time.monotonic()) < watch.timeout:
+            self._hang_open = False
+            self._say("the run makes progress again")
+
+    def _read_hang(self, dumped: list[str]) -> None:
+        """The nodes found the run hung (no node printed anything for --hang-timeout) and
+        dumped their workers onto the share: read every node's dumps through any node
+        that answers, name who holds the run up, and keep it for the record. With
+        --on-hang stop, the nodes stop the run themselves once all of them dumped."""
         quiet = self.progress.quiet_for(time.monotonic())
-        if quiet < watch.timeout:
-            if self._hang_open:
-                self._hang_open = False
-                self._say("the run makes progress again")
-            return False
-        if self._hang_open:
-            return False
-        self._hang_open = True
-        self._say(f"hung: the run printed nothing (no line, no beat) for {quiet:.0f} s "
-                  f"(--hang-timeout {watch.timeout:g}); dumping every rank's stack")
-        detected = time.time()
-        diagnosis = analyse(sample(targets_of(self.nodes, self.clients), self.rundir.run_id),
-                            self.rundir.path / "hang")
-        self._hang = {"detected_at": iso(detected), "quiet_s": round(quiet, 1),
-                      **diagnosis.to_json()}
-        for line in diagnosis.report().splitlines():
-            self._say(line)
-        if watch.on_hang == OnHang.WAIT:
+        dumps: dict[str, dict] = {}
+        for spec, cmd in self.nodes:
+            try:
+                result = nodelib.call(self.clients[spec.name], spec.python, "states",
+                                      cmd.run_state, timeout=30)
+                if result.exit_code == 0:
+                    dumps = json.loads(result.stdout.strip().splitlines()[-1]).get("hang", {})
+                    break
+            except (OSError, TimeoutError, RuntimeError, ValueError, IndexError):
+                continue
+        if not dumps:
+            self._hang = {"detected_at": iso(time.time()), "quiet_s": round(quiet, 1),
+                          "found_by": FOUND_BY, "suspects": [], "dumps": str(
+                              self.rundir.path / "hang"),
+                          "verdict": f"the dumps of {', '.join(dumped)} could not be read "
+                          "from the share"}
+            self._say(f"hang: {self._hang['verdict']}")
+        else:
+            self._hang = read_node_dumps(dumps, self.rundir.path / "hang", FOUND_BY)
+            diagnosis_lines = (self.rundir.path / "hang" / "report.txt").read_text()
+            for line in diagnosis_lines.splitlines():
+                self._say(line)
+        if self.watch is not None and self.watch.on_hang == OnHang.WAIT:
             self._say("--on-hang wait: the run goes on; watching it still")
-            return False
-        self._hung = True
-        self._stop(running, "hung")
-        return True
+        else:
+            self._hung = True
 
     def _diagnose_timeout(self, running: list[str], failed: str) -> None:
         """A rank on FAILED timed out waiting in a collective: the rank it waited for is

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import math
 import re
-import shlex
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,23 +18,20 @@ from ..checks.probe import NodeFacts, release_port
 from ..cluster.inventory import Cluster, load_cluster
 from ..cluster.ssh import connect_all
 from ..errors import ClusterError, LaunchError
-from ..node.protocol import GO, End
+from ..node.protocol import GO
 from .command import DEFAULT_KEEP_RUNS, DEFAULT_LEASE_TIMEOUT, NodeCommand, TorchrunOptions
-from .ends import NodeEnd, NodeEnds, how_it_ended, judge, root_cause, scan_log
-from .follow import HangWatch, Job, JobResult
+from .follow import HangWatch, Job
 from .launch import Launch
 from .record import (
     DEFAULT_RUNS_DIR,
     RunDir,
-    RunStatus,
     code_revision,
-    iso,
     new_run_id,
     open_run,
     run_state_dir,
-    summary_cut_short,
 )
 from .settle import settle
+from .status import RunStatus, conclude, cut_short, make_summary
 from .sync import SyncResult, left_out, sync_code
 from .teardown import DEFAULT_GRACE
 
@@ -173,14 +168,14 @@ def run_training(request: TrainRequest, watch: HangWatch, cluster: Cluster) -> i
             # Every exit path leaves a summary: never a record that says "running" for a
             # run that is gone.
             interrupted = isinstance(exc, KeyboardInterrupt)
-            run.write_summary(summary_cut_short(
+            run.write_summary(cut_short(
                 info, RunStatus.INTERRUPTED if interrupted else RunStatus.FAILED, started,
                 (str(exc) or "Ctrl-C") if interrupted else str(exc) or repr(exc),
                 launch.started if launch is not None else ()))
             raise
         summary = make_summary(info, commands, cluster.names, result, synced.seconds, run)
         run.write_summary(summary)
-        return _conclude(run, result, summary)
+        return conclude(run, result, summary)
     finally:
         node0 = report.clients.get(cluster.nodes[0].name)
         if node0 is not None and not request.dry_run:
@@ -223,7 +218,7 @@ def attach_run(runs_dir: Path, run_id: str, tail: int | None = None) -> int:
     summary = settle(run) or make_summary(info, commands, cluster.names, result, 0.0, run)
     if run.summary() is None:
         run.write_summary(summary)
-    return _conclude(run, result, summary)
+    return conclude(run, result, summary)
 
 
 def _torchrun(facts: NodeFacts) -> str:
@@ -232,113 +227,3 @@ def _torchrun(facts: NodeFacts) -> str:
     return facts.python_env["torchrun"]
 
 
-def make_summary(info: dict, commands: list[NodeCommand], names: list[str],
-                 result: JobResult, sync_seconds: float, run: RunDir) -> dict:
-    stop_requested = (run.path / "stop-requested").exists()
-    ends = read_ends(names, run)
-    nodes = [NodeEnd(n, c.nproc, result.outcomes[n].exit_code, result.outcomes[n].reason,
-                     result.outcomes[n].ended) for n, c in zip(names, commands, strict=True)]
-    verdict = judge(nodes, ends, clean_exit=all(c.clean_exit for c in commands))
-    # Every rank's script finished with code 0 (its marker): the training completed,
-    # whatever killed a worker after that (torch's teardown).
-    status = (RunStatus.SUCCEEDED if result.ok else RunStatus.STOPPED if stop_requested
-              else RunStatus.INTERRUPTED if result.interrupted
-              else RunStatus.HUNG if result.hung
-              else RunStatus.SUCCEEDED if verdict.training_completed else RunStatus.FAILED)
-    first = root_cause(result.first_failed, nodes, ends) if status == RunStatus.FAILED \
-        else None
-
-    def node_end(name: str) -> dict:
-        outcome = result.outcomes[name]
-        if first and name == result.first_failed and name != first:
-            # It failed first only because FIRST's ranks went away under its collectives.
-            return {"end_reason": End.PEER_FAILED, "why": first}
-        return {"end_reason": outcome.reason, **({"why": outcome.why} if outcome.why else {})}
-
-    return {
-        **info,
-        "status": status,
-        "start": iso(result.started), "end": iso(result.ended),
-        "duration_s": round(result.ended - result.started, 3),
-        "sync_s": round(sync_seconds, 3),
-        "nodes": [{"name": n, "node_rank": c.node_rank, "nproc": c.nproc,
-                   "exit_code": result.outcomes[n].exit_code, **node_end(n),
-                   "log": str(run.log(n))} for n, c in zip(names, commands, strict=True)],
-        "exit_codes": {n: result.outcomes[n].exit_code for n in names},
-        "first_failed": first,
-        "training_completed": True if result.ok else verdict.training_completed,
-        **({"after_finish": verdict.after_finish} if verdict.after_finish else {}),
-        "rank_exit_codes": {n: {str(r): c for r, c in sorted(codes.items())}
-                            for n, codes in verdict.exit_codes.items()},
-        "command": {n: shlex.join(c.torchrun_argv()) for n, c in zip(names, commands, strict=True)},
-        **({"hang": result.hang} if result.hang else {}),
-        **({"step_times": result.progress["nodes"]} if result.progress.get("nodes") else {}),
-        **({"stragglers": result.progress["stragglers"]}
-           if result.progress.get("stragglers") else {}),
-    }
-
-
-def read_ends(names: list[str], run: RunDir) -> dict[str, NodeEnds]:
-    """How each node's ranks ended, from the worker runner's markers and torchrun's
-    failure reports in the nodes' logs (worker_end.py)."""
-    ends: dict[str, NodeEnds] = {}
-    for n in names:
-        try:
-            with open(run.log(n), encoding="utf-8", errors="replace") as log:
-                ends[n] = scan_log(log)
-        except OSError:
-            ends[n] = NodeEnds()
-    return ends
-
-
-def _conclude(run: RunDir, result: JobResult, summary: dict) -> int:
-    print(f"run {run.run_id}: {summary['status']} after {summary['duration_s']:.1f} s; "
-          f"logs and summary in {run.path}/", flush=True)
-    after = summary.get("after_finish") or {}
-    if summary["status"] == RunStatus.SUCCEEDED:
-        if after:  # finished, then a worker died in torch's teardown: not the training
-            print(f"run {run.run_id}: the training completed on every rank; "
-                  f"{'; '.join(n for notes in after.values() for n in notes)}",
-                  file=sys.stderr)
-        return 0
-    if summary["status"] == RunStatus.HUNG:
-        hang = summary["hang"]
-        named = "; ".join(f"rank {s['rank']} on {s['node']} {s['why']}"
-                          for s in hang["suspects"]) or f"nobody ({hang['verdict']})"
-        raise LaunchError(f"run {run.run_id} hung: no rank made progress for "
-                          f"{hang['quiet_s']:.0f} s; holding it up: {named}. The job was "
-                          f"stopped on every node. Every rank's stack: {hang['dumps']}/")
-    if summary["status"] in (RunStatus.INTERRUPTED, RunStatus.STOPPED):
-        print(f"run {run.run_id}: {summary['status']}; the job was stopped on every node",
-              file=sys.stderr)
-        return 130 if summary["status"] == RunStatus.INTERRUPTED else 1
-    failed = summary.get("first_failed") or next(
-        (n for n, o in result.outcomes.items() if o.failed), None)
-    outcome = result.outcomes.get(failed) if failed else None
-    how = ("lost its connection" if outcome and outcome.reason == End.LOST
-           else "had its clustertrain supervisor fail"
-           if outcome and outcome.reason == End.SUPERVISOR_FAILED
-           else f"exited with code {outcome.exit_code}" if outcome else "failed")
-    ranks = (summary.get("rank_exit_codes") or {}).get(failed) or {}
-    if any(c != 0 for c in ranks.values()):  # the script's own code, e.g. sys.exit(3)
-        how += " (" + ", ".join(f"rank {r} {how_it_ended(c)}" for r, c in ranks.items()
-                                if c != 0) + ")"
-    if result.first_failed and result.first_failed != failed:
-        how += (f"; {result.first_failed} ended before it only because its ranks lost "
-                f"their peers on {failed}")
-    if failed in after:  # not the node's fault: its ranks had finished their scripts
-        how = (f"exited with code {outcome.exit_code if outcome else '?'} after its ranks "
-               f"finished ({'; '.join(after[failed])}), but not every rank of the run "
-               "had finished its script")
-    lines = list(outcome.last_worker_lines) if outcome else []
-    lines += [line for line in (outcome.last_lines if outcome else [])
-              if "/rank" not in line.split(" | ")[0]]
-    tail = "\n    ".join(lines) if lines else "(no output)"
-    hang = summary.get("hang")
-    held = ("\nA collective timed out; holding it up: " + ("; ".join(
-        f"rank {s['rank']} on {s['node']} {s['why']}" for s in hang["suspects"])
-        or f"nobody named ({hang['verdict']})") + f". Stacks of the ranks still running: "
-        f"{hang['dumps']}/") if hang and hang.get("trigger") else ""
-    raise LaunchError(f"run {run.run_id} failed: {failed} {how} first; the other nodes were "
-                      f"stopped. Last lines from {failed} (training processes first, then "
-                      f"torchrun):\n    {tail}{held}\nFull logs: {run.path}/")

@@ -12,27 +12,12 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from ..errors import ClusterError
 
 DEFAULT_RUNS_DIR = Path("runs")
-
-
-class RunStatus(str, Enum):
-    """A run's status, as `runs`, `attach` and summary.json give it."""
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"                    # first_failed names the node
-    STOPPED = "stopped"                  # Ctrl-C in train, or `stop`
-    INTERRUPTED = "interrupted"          # the controller was interrupted before the end
-    CONTROLLER_LOST = "controller-lost"  # an attached run whose controller went away
-    HUNG = "hung"                        # no progress for --hang-timeout: diagnosed, stopped
-
-    def __str__(self) -> str:  # the value in f-strings and tables
-        return self.value
 
 
 def check_owner(specs: Iterable[Any], info: dict, action: str) -> None:
@@ -58,25 +43,6 @@ class RecordUnreadable(ClusterError):
 # What a summary.json must hold to be read (`runs`, `runs show`, `attach`); every writer
 # gives these and more (start, end, nodes, first_failed), however the run ended.
 SUMMARY_KEYS = ("status", "duration_s")
-
-
-def summary_cut_short(info: dict[str, Any], status: RunStatus, started: float, error: str,
-                      launched: Iterable[str] = ()) -> dict[str, Any]:
-    """The summary of a run that `train` left before following it to its end: Ctrl-C or a
-    failure during the code sync or the launch (nothing started, or what started was
-    stopped), or a second Ctrl-C (the LAUNCHED nodes stop the job themselves once the
-    controller's lease ends)."""
-    ended, launched = time.time(), set(launched)
-    left = {"end_reason": "controller-lost", "why": "train left at once (a second Ctrl-C); "
-            "the node stops the job when the controller's lease ends"} \
-        if status == RunStatus.INTERRUPTED else \
-        {"end_reason": "stopped", "why": "the launch failed on another node"}
-    return {**info, "status": status, "start": iso(started), "end": iso(ended),
-            "duration_s": round(ended - started, 3),
-            "nodes": [{"name": n, "exit_code": None,
-                       **(left if n in launched else {"end_reason": "not-started"})}
-                      for n in info.get("nodes", [])],
-            "exit_codes": {}, "first_failed": None, "error": error}
 
 
 def check_writable(path: Path, option: str) -> None:

@@ -26,7 +26,8 @@ from orchestrator.provision.wheelhouse import (
     load_environment,
     target_python,
 )
-from orchestrator.run.record import RunDir, RunStatus, new_run_id, summary_cut_short
+from orchestrator.run.record import RunDir, new_run_id
+from orchestrator.run.status import RunStatus, cut_short as summary_cut_short
 from orchestrator.run.sync import code_digest, left_out
 
 

@@ -11,10 +11,11 @@ import pytest
 from orchestrator.errors import LaunchError
 from orchestrator.node.protocol import End
 from orchestrator.run.command import NodeCommand
-from orchestrator.run.ends import NodeEnd, NodeEnds, judge, scan_log
+from orchestrator.run.ends import NodeEnds, scan_log
 from orchestrator.run.follow import JobResult, NodeOutcome
-from orchestrator.run.lifecycle import _conclude, make_summary
 from orchestrator.run.record import RunDir
+from orchestrator.run.status import NodeEnd, judge, make_summary
+from orchestrator.run.status import conclude as _conclude
 
 # What torchrun 2.13 printed (node log, prefixed by logstream) when rank 1 aborted after
 # the runner's marker: the report's format is torch's (multiprocessing/errors).
