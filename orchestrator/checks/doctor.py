@@ -26,13 +26,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from .. import defaults
 from ..cluster.inventory import Cluster
 from ..errors import ClusterError, LaunchError
 from ..node import doctor as node_doctor
 from ..run.command import TorchrunOptions
 from ..run.follow import HangWatch
 from ..run.lifecycle import TrainRequest, run_training
-from ..run.record import DEFAULT_RUNS_DIR, RunDir, new_run_id
+from ..run.record import RunDir, new_run_id
 
 K = TypeVar("K")
 SLOW_RATIO = 0.5        # below half the median: slow
@@ -40,7 +41,6 @@ LATENCY_RATIO = 3.0     # round trips over 3x the median: slow
 MAD_K = 2.0             # and that many scaled MADs from the median,
 MAD_MIN_OTHERS = 3      # when there are this many others to take a MAD of (4 nodes)
 MAD_SCALE = 1.4826      # MAD x this estimates the standard deviation of normal noise
-HANG_TIMEOUT = 120.0    # no line from the doctor's job for this long: hung
 # nvidia-smi's clock event reasons that slow a GPU down for a fault, not by choice:
 # HW slowdown, SW thermal, HW thermal, HW power brake (nvml's bit values).
 BAD_CLOCK_EVENTS = {0x8: "hardware slowdown", 0x20: "software thermal slowdown",
@@ -59,7 +59,7 @@ class DoctorRequest:
     compute_seconds: float = node_doctor.COMPUTE_SECONDS
     allreduce_mb: float = node_doctor.ALLREDUCE_MB
     allreduce_iters: int = node_doctor.ALLREDUCE_ITERS
-    runs_dir: Path = DEFAULT_RUNS_DIR
+    runs_dir: Path = defaults.RUNS_DIR
     master_port: int | None = None
 
     def __post_init__(self) -> None:
@@ -175,7 +175,7 @@ def run_doctor(cluster: Cluster, request: DoctorRequest) -> DoctorReport:
         script_args=request.script_args([n.cluster_address for n in cluster.nodes]),
         env={}, nproc=None, master_port=request.master_port, options=TorchrunOptions(),
         runs_dir=request.runs_dir, run_id=run_id)
-    code = run_training(train, HangWatch(HANG_TIMEOUT), cluster)  # raises on failure
+    code = run_training(train, HangWatch(defaults.DOCTOR_HANG_TIMEOUT), cluster)  # raises on failure
     run = RunDir(request.runs_dir, run_id)
     if code == 130:   # Ctrl-C: the run was stopped on every node and recorded
         raise KeyboardInterrupt

@@ -15,9 +15,10 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
+from .. import defaults
 from ..cluster import contract, ssh
 from ..cluster.fanout import each
-from ..cluster.inventory import DEFAULT_INVENTORY, Cluster, NodeSpec
+from ..cluster.inventory import Cluster, NodeSpec
 from ..errors import PreflightError
 from ..node import fingerprint
 from .probe import NodeFacts, Rendezvous, probe, reach, stop_listener
@@ -197,7 +198,7 @@ SHARED_FIX = {
 
 
 def _realign_command(report: Report, nodes: list[str]) -> str:
-    command: str = fingerprint.realign_command(report.cluster.inventory or DEFAULT_INVENTORY,
+    command: str = fingerprint.realign_command(report.cluster.inventory or defaults.INVENTORY,
                                                      nodes)
     return command
 
@@ -284,7 +285,7 @@ def _judge_drift(report: Report) -> None:
         return
     report.drifted = found["realign"]
     report.problems.append(fingerprint.message(
-        found, report.cluster.inventory or DEFAULT_INVENTORY))
+        found, report.cluster.inventory or defaults.INVENTORY))
 
 
 def _judge_gpus(report: Report, f: NodeFacts) -> None:

@@ -8,9 +8,9 @@ import json
 import sys
 from pathlib import Path
 
+from .. import defaults
 from ..checks.doctor import DoctorReport, DoctorRequest, render, run_doctor, thresholds
 from ..cluster.inventory import Cluster, load_cluster
-from ..run.record import DEFAULT_RUNS_DIR
 from .cmd_preflight import add_selection_args
 
 
@@ -52,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_selection_args(p)
     add_measure_args(p)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--runs-dir", default=str(DEFAULT_RUNS_DIR),
+    p.add_argument("--runs-dir", default=str(defaults.RUNS_DIR),
                    help="where run records go (default: %(default)s)")
     p.set_defaults(func=_main)
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import argparse
 
+from .. import defaults
 from ..checks.preflight import print_report, run_preflight
-from ..cluster.inventory import DEFAULT_INVENTORY, load_cluster
+from ..cluster.inventory import load_cluster
 
 
 def add_selection_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-i", "--inventory", default=str(DEFAULT_INVENTORY),
+    p.add_argument("-i", "--inventory", default=str(defaults.INVENTORY),
                    help="Ansible inventory, the one site.yml uses (default: %(default)s)")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--nodes", type=int, help="use the first N nodes of train_nodes")

@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..cluster.inventory import DEFAULT_INVENTORY
+from .. import defaults
 from ..provision.site import provision
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("provision", help="configure the nodes: run site.yml with ansible-runner")
-    p.add_argument("-i", "--inventory", default=str(DEFAULT_INVENTORY))
+    p.add_argument("-i", "--inventory", default=str(defaults.INVENTORY))
     p.add_argument("--limit", help="only these hosts/groups (Ansible pattern)")
     p.add_argument("--tags", help="only tasks with these tags")
     p.add_argument("--check", action="store_true", help="dry run: report what would change")

@@ -8,9 +8,10 @@ import sys
 import time
 from pathlib import Path
 
+from .. import defaults
 from ..checks.doctor import describe_run
 from ..errors import ClusterError
-from ..run.record import DEFAULT_RUNS_DIR, RecordUnreadable, RunDir, list_runs, open_run
+from ..run.record import RecordUnreadable, RunDir, list_runs, open_run
 from ..run.settle import settle
 from ..run.status import row, show
 
@@ -21,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("show", nargs="?", metavar="show",
                    help="show RUN: status, each node's end, step times, stragglers, hang")
     p.add_argument("run", nargs="?", help="the run to show")
-    p.add_argument("--runs-dir", default=str(DEFAULT_RUNS_DIR))
+    p.add_argument("--runs-dir", default=str(defaults.RUNS_DIR))
     p.set_defaults(func=_runs)
 
     p = sub.add_parser("logs", help="show a run's logs (all nodes, or one)")
@@ -29,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--node", help="only this node's log")
     p.add_argument("--follow", "-f", action="store_true",
                    help="keep printing new lines until the run ends")
-    p.add_argument("--runs-dir", default=str(DEFAULT_RUNS_DIR))
+    p.add_argument("--runs-dir", default=str(defaults.RUNS_DIR))
     p.set_defaults(func=_logs)
 
 

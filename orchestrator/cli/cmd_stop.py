@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..run.record import DEFAULT_RUNS_DIR
+from .. import defaults
 from ..run.stop import stop_run
-from ..run.teardown import DEFAULT_GRACE
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -15,10 +14,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="SIGTERM to the run's process group on each node, "
                        "SIGKILL after the grace period. Other runs are not touched.")
     p.add_argument("run", help="run id (see `python -m orchestrator runs`)")
-    p.add_argument("--runs-dir", default=str(DEFAULT_RUNS_DIR))
+    p.add_argument("--runs-dir", default=str(defaults.RUNS_DIR))
     p.add_argument("-i", "--inventory",
                    help="connect with this inventory (default: the one the run used)")
-    p.add_argument("--grace", type=float, default=DEFAULT_GRACE,
+    p.add_argument("--grace", type=float, default=defaults.GRACE,
                    help="seconds between SIGTERM and SIGKILL (default: %(default)s)")
     p.set_defaults(func=_main)
 

@@ -6,21 +6,19 @@ import argparse
 import math
 from pathlib import Path
 
+from .. import defaults
 from ..cluster.inventory import load_cluster
 from ..errors import LaunchError
 from ..resources import project
 from ..run.command import (
-    DEFAULT_KEEP_RUNS,
-    DEFAULT_LEASE_TIMEOUT,
     TorchrunOptions,
     check_arguments_size,
     check_torchrun_args,
     parse_env,
 )
-from ..run.follow import DEFAULT_HANG_TIMEOUT, HangWatch, OnHang
-from ..run.lifecycle import DEFAULT_SCRIPT, MODULE_NAME, TrainRequest, check_grace, run_training
-from ..run.record import DEFAULT_RUNS_DIR, check_writable
-from ..run.teardown import DEFAULT_GRACE
+from ..run.follow import HangWatch, OnHang
+from ..run.lifecycle import MODULE_NAME, TrainRequest, check_grace, run_training
+from ..run.record import check_writable
 from .cmd_doctor import add_measure_args, diagnose_cluster, parse_request as doctor_request
 from .cmd_preflight import add_selection_args
 
@@ -30,7 +28,7 @@ def parse_request(args: argparse.Namespace) -> TrainRequest:
     if not workdir.is_dir():
         raise LaunchError(f"--workdir {workdir}: no such directory; point --workdir at the "
                           "directory that holds your training code")
-    script, rest = args.script or DEFAULT_SCRIPT, list(args.script_args or [])
+    script, rest = args.script or defaults.SCRIPT, list(args.script_args or [])
     check_no_tool_options(args.tool_options, args.script, rest)
     rest += getattr(args, "after_separator", None) or []   # after `--`: the script's
     if args.module:  # `-m pkg.mod -- ARGS`: no script; what follows is the module's
@@ -39,7 +37,7 @@ def parse_request(args: argparse.Namespace) -> TrainRequest:
             raise LaunchError(f"-m {script!r} is not a module name (dotted Python "
                               "identifiers, e.g. -m mypkg.train)")
     elif script.startswith("-"):  # `train --nodes 2 -- --epochs 3`: no script named
-        script, rest = DEFAULT_SCRIPT, [script, *rest]
+        script, rest = defaults.SCRIPT, [script, *rest]
     if not args.module and Path(script).is_absolute():
         try:
             script = str(Path(script).resolve().relative_to(workdir.resolve()))
@@ -121,7 +119,7 @@ def hang_watch(args: argparse.Namespace) -> HangWatch:
     if not math.isfinite(timeout) or timeout < 0:
         raise LaunchError(f"--hang-timeout {timeout}: give the seconds without progress after "
                           "which the run counts as hung, as a number of 0 or more (0: never; "
-                          f"default {DEFAULT_HANG_TIMEOUT:g})")
+                          f"default {defaults.HANG_TIMEOUT:g})")
     return HangWatch(timeout, OnHang(args.on_hang))
 
 
@@ -147,22 +145,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--torchrun-arg", action="append", metavar="ARG",
                    help="extra torchrun option, verbatim (repeatable), e.g. "
                    "--torchrun-arg=--monitor-interval=1")
-    p.add_argument("--runs-dir", default=str(DEFAULT_RUNS_DIR),
+    p.add_argument("--runs-dir", default=str(defaults.RUNS_DIR),
                    help="where run records go (default: %(default)s)")
-    p.add_argument("--grace", type=float, default=DEFAULT_GRACE,
+    p.add_argument("--grace", type=float, default=defaults.GRACE,
                    help="seconds between SIGTERM and SIGKILL at teardown (default: %(default)s)")
     p.add_argument("--detach", action="store_true",
                    help="return once the job runs on every node; the nodes supervise it "
                    "(follow it with `attach RUN`, stop it with `stop RUN`)")
-    p.add_argument("--lease-timeout", type=float, default=DEFAULT_LEASE_TIMEOUT,
+    p.add_argument("--lease-timeout", type=float, default=defaults.LEASE_TIMEOUT,
                    help="seconds after which the nodes stop an attached run whose "
                    "controller vanished without a word (killed, network cut, laptop "
                    "asleep); a closed terminal or kill -9 is noticed at once "
                    "(default: %(default)s)")
-    p.add_argument("--keep-runs", type=int, default=DEFAULT_KEEP_RUNS, metavar="N",
+    p.add_argument("--keep-runs", type=int, default=defaults.KEEP_RUNS, metavar="N",
                    help="on each node, keep the code snapshots and job directories of the "
                    "N newest runs (never a live run's); 0 keeps all (default: %(default)s)")
-    p.add_argument("--hang-timeout", type=float, default=DEFAULT_HANG_TIMEOUT, metavar="S",
+    p.add_argument("--hang-timeout", type=float, default=defaults.HANG_TIMEOUT, metavar="S",
                    help="the run is hung when it printed nothing (no line, no beat) for S "
                    "seconds: every rank's stack is then dumped and the rank that holds the "
                    "others up is named (runs/RUN/hang/). Keep it below the backend's "
@@ -188,7 +186,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "of every open file (which keeps torch's teardown from failing a "
                    "finished run)")
     p.add_argument("script", nargs="?", default=None,
-                   help=f"training script, relative to --workdir (default: {DEFAULT_SCRIPT})")
+                   help=f"training script, relative to --workdir (default: {defaults.SCRIPT})")
     p.add_argument("script_args", nargs=argparse.REMAINDER,
                    help="arguments for the script (after --)")
     p.set_defaults(func=_main, unknown_hint=unknown_hint, takes_separator=True,

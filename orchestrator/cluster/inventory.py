@@ -17,15 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import defaults
 from ..errors import InventoryError
 from . import contract
 from .ssh import SshTarget
 
-DEFAULT_INVENTORY = Path("inventory/hosts.yml")
 TRAIN_GROUP = "train_nodes"
-DEFAULT_SHARED_PATH = "/mnt/cluster"
-DEFAULT_RENDEZVOUS_PORT = 29500
-DEFAULT_PYTHON = "/usr/bin/python3"
 
 
 # Node paths the orchestrator reads: the inventory variable, else this role's default.
@@ -43,7 +40,7 @@ class NodeSpec:
     name: str
     ssh: SshTarget
     cluster_address: str            # what the other nodes use (an IP or a DNS name)
-    python: str = DEFAULT_PYTHON    # the node's system python (for probes and teardown)
+    python: str = defaults.NODE_PYTHON    # the node's system python (for probes and teardown)
     # Files the roles write on the node, where the inventory (else the role's default) puts
     # them: python_env.json and fingerprint.json (python_env), cluster.env (common).
     env_state_dir: str = field(default_factory=lambda: _role_path("python_env_state_dir"))
@@ -62,8 +59,8 @@ class NodeSpec:
 class Cluster:
     inventory: Path
     nodes: tuple[NodeSpec, ...]
-    shared_path: str = DEFAULT_SHARED_PATH
-    rendezvous_port: int = DEFAULT_RENDEZVOUS_PORT
+    shared_path: str = defaults.SHARED_PATH
+    rendezvous_port: int = defaults.RENDEZVOUS_PORT
     variables: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -218,7 +215,7 @@ def _target(hv: dict[str, Any], name: str, path: Path) -> SshTarget:
     )
 
 
-def load_cluster(path: str | os.PathLike[str] = DEFAULT_INVENTORY) -> Cluster:
+def load_cluster(path: str | os.PathLike[str] = defaults.INVENTORY) -> Cluster:
     path = Path(path)
     if not path.exists():
         raise InventoryError(
@@ -241,12 +238,12 @@ def load_cluster(path: str | os.PathLike[str] = DEFAULT_INVENTORY) -> Cluster:
         nodes.append(_node(host.name, renderer, path))
     _refuse_duplicates(nodes, path)
     try:
-        port = int(first.get("cluster_rendezvous_port") or DEFAULT_RENDEZVOUS_PORT)
+        port = int(first.get("cluster_rendezvous_port") or defaults.RENDEZVOUS_PORT)
     except (TypeError, ValueError):
         raise InventoryError(f"cluster_rendezvous_port in {path} must be a port number, "
                              f"not {first.get('cluster_rendezvous_port')!r}") from None
     return Cluster(path, tuple(nodes),
-                   str(first.get("cluster_shared_path") or DEFAULT_SHARED_PATH),
+                   str(first.get("cluster_shared_path") or defaults.SHARED_PATH),
                    port, first)
 
 
@@ -254,9 +251,9 @@ def _node(name: str, renderer: _Renderer, path: Path) -> NodeSpec:
     target = _target(renderer.rendered(), name, path)
     cluster_address = contract.member_address(
         name, {"cluster_address": renderer.get("cluster_address"), "ansible_host": target.host})
-    interpreter = str(renderer.get("ansible_python_interpreter") or DEFAULT_PYTHON)
+    interpreter = str(renderer.get("ansible_python_interpreter") or defaults.NODE_PYTHON)
     if "auto" in interpreter:
-        interpreter = DEFAULT_PYTHON
+        interpreter = defaults.NODE_PYTHON
     paths = {variable: str(renderer.get(variable) or _role_path(variable))
              for variable in _ROLE_PATHS}
     return NodeSpec(name=name, ssh=target, cluster_address=cluster_address,

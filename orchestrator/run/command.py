@@ -9,6 +9,7 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
+from .. import defaults
 from ..cluster import contract, nodelib
 from ..errors import LaunchError
 from ..node.protocol import (
@@ -26,8 +27,6 @@ FR_BUFFER_SIZE = "2000"  # flight-recorder entries a rank keeps (torch's default
 LOG_PREFIX_TEMPLATE = "[rank${rank}]:"
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 __all__ = ["EXIT_MARKER", "NodeCommand", "TorchrunOptions"]  # EXIT_MARKER: job.py reads it
-DEFAULT_LEASE_TIMEOUT = 30.0
-DEFAULT_KEEP_RUNS = 20
 
 
 def state_dir(home: str) -> str:
@@ -169,9 +168,9 @@ class NodeCommand:
     python: str = "/usr/bin/python3"    # the node's system python (runs the supervisor)
     run_state: str = ""                 # the run's state directory on the shared filesystem
     attached: bool = True               # stop the job when the controller's lease runs out
-    lease_timeout: float = DEFAULT_LEASE_TIMEOUT
-    grace: float = 5.0
-    keep_runs: int = DEFAULT_KEEP_RUNS   # older snapshots and job dirs are pruned
+    lease_timeout: float = defaults.LEASE_TIMEOUT
+    grace: float = defaults.GRACE
+    keep_runs: int = defaults.KEEP_RUNS   # older snapshots and job dirs are pruned
     module: bool = False                # script is a module name, run as `python -m`
     clean_exit: bool = True             # start the workers through the worker runner
     synced: bool = True                 # a code snapshot is torchrun's working directory

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import IO, Any, cast
 
+from .. import defaults
 from ..cluster import nodelib, ssh
 from ..cluster.inventory import NodeSpec
 from ..diagnosis.diagnose import analyse, collect, read_node_dumps, targets_of
@@ -32,7 +33,7 @@ from .ends import COLLECTIVE_TIMEOUT, PEER_GONE
 from .launch import Launch
 from .logstream import LineSplitter, is_record
 from .record import RunDir, iso
-from .teardown import DEFAULT_GRACE, stop_job
+from .teardown import stop_job
 
 LAST_LINES = 30          # any line: torchrun's own error report is about 20 lines
 LAST_WORKER_LINES = 10   # lines the training processes printed
@@ -40,7 +41,6 @@ WATCH_INTERVAL = 0.5     # seconds between checks that each node's master connec
 HEARTBEAT = 1.0          # seconds between the lease renewals sent to every node
 PROGRESS_INTERVAL = 1.0  # seconds between looks at the run's progress (stragglers)
 FOUND_BY = "the nodes"   # who found an attached run hung, in its summary
-DEFAULT_HANG_TIMEOUT = 1800.0
 
 
 class OnHang(str, Enum):
@@ -57,7 +57,7 @@ class HangWatch:
     """`train --hang-timeout S --on-hang stop|wait`: a run is hung when it printed
     nothing, not a line, not a beat, not a part of a line (progress.py), for S seconds;
     0 turns the watch off."""
-    timeout: float = DEFAULT_HANG_TIMEOUT
+    timeout: float = defaults.HANG_TIMEOUT
     on_hang: OnHang = OnHang.STOP
 
 
@@ -97,7 +97,7 @@ class JobResult:
 class Job:
     def __init__(self, run: RunDir, nodes: list[tuple[NodeSpec, NodeCommand]],
                  clients: dict[str, ssh.Connection], out: IO[str] | None = None,
-                 grace: float = DEFAULT_GRACE, hang: HangWatch | None = None) -> None:
+                 grace: float = defaults.GRACE, hang: HangWatch | None = None) -> None:
         self.rundir = run
         self.nodes = nodes
         self.clients = clients

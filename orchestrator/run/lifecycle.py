@@ -13,17 +13,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import defaults
 from ..checks.preflight import print_report, raise_if_blocked, run_preflight
 from ..checks.probe import NodeFacts, release_port
 from ..cluster.inventory import Cluster, load_cluster
 from ..cluster.ssh import connect_all
 from ..errors import ClusterError, LaunchError
 from ..node.protocol import GO
-from .command import DEFAULT_KEEP_RUNS, DEFAULT_LEASE_TIMEOUT, NodeCommand, TorchrunOptions
+from .command import NodeCommand, TorchrunOptions
 from .follow import HangWatch, Job
 from .launch import Launch
 from .record import (
-    DEFAULT_RUNS_DIR,
     RunDir,
     code_revision,
     new_run_id,
@@ -33,9 +33,7 @@ from .record import (
 from .settle import settle
 from .status import RunStatus, conclude, cut_short, make_summary
 from .sync import SyncResult, left_out, sync_code
-from .teardown import DEFAULT_GRACE
 
-DEFAULT_SCRIPT = "train.py"
 MODULE_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 
@@ -52,19 +50,19 @@ class TrainRequest:
     options: TorchrunOptions
     module: bool = False         # script is a module name (`-m pkg.mod`)
     clean_exit: bool = True      # workers start through the runner (node/worker.py)
-    runs_dir: Path = DEFAULT_RUNS_DIR   # where the run's record goes
+    runs_dir: Path = defaults.RUNS_DIR   # where the run's record goes
     detach: bool = False         # return once the job runs; the nodes supervise it
     dry_run: bool = False        # check the nodes and print the commands; start nothing
-    lease_timeout: float = DEFAULT_LEASE_TIMEOUT
-    grace: float = DEFAULT_GRACE
-    keep_runs: int = DEFAULT_KEEP_RUNS
+    lease_timeout: float = defaults.LEASE_TIMEOUT
+    grace: float = defaults.GRACE
+    keep_runs: int = defaults.KEEP_RUNS
     run_id: str | None = None    # its record, runs_dir/RUN_ID/ (None: a new id at the start)
 
 
 def check_grace(grace: float) -> None:
     if not math.isfinite(grace) or grace < 0:
         raise LaunchError(f"--grace {grace}: give the seconds between SIGTERM and SIGKILL "
-                          f"as a number of 0 or more (default {DEFAULT_GRACE:g})")
+                          f"as a number of 0 or more (default {defaults.GRACE:g})")
 
 
 def run_training(request: TrainRequest, watch: HangWatch, cluster: Cluster) -> int:

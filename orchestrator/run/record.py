@@ -17,8 +17,6 @@ from typing import Any
 
 from ..errors import ClusterError
 
-DEFAULT_RUNS_DIR = Path("runs")
-
 
 def check_owner(specs: Iterable[Any], info: dict, action: str) -> None:
     """Refuse, before any node is touched, a run of another user: on its nodes it runs as

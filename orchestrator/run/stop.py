@@ -13,18 +13,19 @@ import re
 import time
 from pathlib import Path
 
+from .. import defaults
 from ..cluster import ssh
 from ..cluster.fanout import each
 from ..cluster.inventory import load_cluster
 from ..errors import ClusterError
 from .lifecycle import check_grace
 from .record import check_owner, open_run
-from .teardown import DEFAULT_GRACE, StopResult, stop_job
+from .teardown import StopResult, stop_job
 
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$")
 
 
-def stop_run(runs_dir: Path, run_id: str, grace: float = DEFAULT_GRACE,
+def stop_run(runs_dir: Path, run_id: str, grace: float = defaults.GRACE,
              inventory: str | None = None) -> list[StopResult]:
     if not RUN_ID.match(run_id):
         raise ClusterError(f"{run_id!r} is not a run id; see `python -m orchestrator runs`")

@@ -14,10 +14,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from .. import defaults
 from ..cluster import nodelib, ssh
-from ..node.protocol import GRACE, JOBS_DIR
-
-DEFAULT_GRACE = GRACE
+from ..node.protocol import JOBS_DIR
 
 
 @dataclass(frozen=True)
@@ -32,7 +31,7 @@ class StopResult:
 
 
 def stop_job(conn: ssh.Connection, python: str, run_id: str,
-             grace: float = DEFAULT_GRACE) -> StopResult:
+             grace: float = defaults.GRACE) -> StopResult:
     # The node package's stop (node/stop.py): one implementation of "stop this run's
     # process tree" for the supervisor, train and stop.
     result = nodelib.call(conn, python, "stop", JOBS_DIR, run_id, str(grace),

@@ -1,0 +1,32 @@
+"""Every default of the orchestrator and the site values it assumes, in one place. The
+node-side ones are the node package's (node/protocol.py: the supervisor runs with them),
+and the doctor's measurements are its job's (node/doctor.py); they are named here too, so
+that an option's default is found where the others are."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .node import doctor as _doctor, protocol as _node
+
+# -- where things are --------------------------------------------------------------------
+INVENTORY = Path("inventory/hosts.yml")   # -i/--inventory: the one site.yml uses
+RUNS_DIR = Path("runs")                   # --runs-dir: the runs' records, on this machine
+SCRIPT = "train.py"                       # train's script, relative to --workdir
+# -- site values (the inventory may set them: cluster_shared_path, cluster_rendezvous_port,
+# ansible_python_interpreter) --------------------------------------------------------------
+SHARED_PATH = "/mnt/cluster"
+RENDEZVOUS_PORT = 29500
+NODE_PYTHON = "/usr/bin/python3"          # a node's system python: runs the node package
+# -- a run's policies (train's options) ---------------------------------------------------
+GRACE = _node.GRACE                       # --grace: SIGTERM, then SIGKILL after this long
+LEASE_TIMEOUT = _node.LEASE_TIMEOUT       # --lease-timeout
+KEEP_RUNS = _node.KEEP_RUNS               # --keep-runs
+HANG_TIMEOUT = 1800.0                     # --hang-timeout (0: off)
+ON_HANG = "stop"                          # --on-hang stop|wait
+MAX_RESTARTS = 0                          # --max-restarts (torchrun's)
+RDZV_BACKEND = "static"                   # --rdzv-backend static|c10d
+# -- doctor's measurements ----------------------------------------------------------------
+LINK_SECONDS = _doctor.LINK_SECONDS       # --link-seconds
+ALLREDUCE_MB = _doctor.ALLREDUCE_MB       # --allreduce-mb
+DOCTOR_HANG_TIMEOUT = 120.0               # doctor's own run is watched for hangs this long
