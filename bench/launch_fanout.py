@@ -43,12 +43,14 @@ from sandbox_bench import (  # REPO on sys.path
     sh,
 )
 
+from orchestrator.cluster import nodelib  # noqa: E402
 from orchestrator.cluster.inventory import load_cluster  # noqa: E402
 from orchestrator.cluster.ssh import connect_all  # noqa: E402
 from orchestrator.run.command import NodeCommand  # noqa: E402
 from orchestrator.run.follow import Job  # noqa: E402
 from orchestrator.run.launch import Launch  # noqa: E402
 from orchestrator.run.record import RunDir, new_run_id, run_state_dir  # noqa: E402
+from orchestrator.run.scheduler import SshScheduler  # noqa: E402
 from orchestrator.run.sync import sync_code  # noqa: E402
 
 TRIVIAL = "import os\nprint('rank', os.environ['RANK'], flush=True)\n"
@@ -66,6 +68,10 @@ def bench_launch(cluster, containers, workdir: Path, runs: Path) -> tuple[float,
     sync_code(cluster, workdir, run_id)  # code already synced before the clock starts
     rundir = RunDir(runs, run_id)
     rundir.path.mkdir(parents=True)
+    warm = connect_all(list(cluster.nodes))  # the node package is there (preflight puts it)
+    for spec in cluster.nodes:
+        nodelib.ensure(warm[spec.name], spec.python)
+        warm[spec.name].close()
     t0 = time.time()
     clients = connect_all(list(cluster.nodes))
     connected = time.time()
@@ -76,11 +82,11 @@ def bench_launch(cluster, containers, workdir: Path, runs: Path) -> tuple[float,
                             run_state=run_state_dir(cluster.shared_path, USER, run_id))
                 for i, spec in enumerate(cluster.nodes)]
     nodes = list(zip(cluster.nodes, commands, strict=True))
-    job = Job(rundir, nodes, clients, out=open(os.devnull, "w"))
+    job = Job(rundir, nodes, SshScheduler(clients), out=open(os.devnull, "w"))
     launch = Launch.start(nodes, clients)
     assert not launch.ready()
     go = time.time()
-    failed = job.launch(launch)  # returns once torchrun runs on every node
+    failed = launch.go()  # returns once torchrun runs on every node
     assert not failed, failed
     result = job.run()
     for c in clients.values():

@@ -30,10 +30,9 @@ from .. import defaults
 from ..cluster.inventory import Cluster
 from ..errors import ClusterError, LaunchError
 from ..node import doctor as node_doctor
-from ..run.command import TorchrunOptions
-from ..run.follow import HangWatch
-from ..run.lifecycle import TrainRequest, run_training
+from ..run.lifecycle import run_training
 from ..run.record import RunDir, new_run_id
+from ..run.spec import RunSpec
 
 K = TypeVar("K")
 SLOW_RATIO = 0.5        # below half the median: slow
@@ -52,6 +51,20 @@ MAX_SECONDS = 60.0          # --link-seconds, --compute-seconds
 MAX_ALLREDUCE_MB = 8192.0   # --allreduce-mb: 8 GB per rank
 
 
+def check_measures(link_seconds: float, allreduce_mb: float,
+                   label: Callable[[str], str] = lambda key: f"--{key.replace('_', '-')}",
+                   compute_seconds: float = node_doctor.COMPUTE_SECONDS) -> None:
+    """LaunchError for a measurement doctor cannot make; LABEL: where each was given."""
+    for key, value in (("link_seconds", link_seconds), ("compute_seconds", compute_seconds)):
+        if not math.isfinite(value) or not 0 < value <= MAX_SECONDS:
+            raise LaunchError(f"{label(key)} {value:g}: give a number above 0 and at most "
+                              f"{MAX_SECONDS:g} (seconds to measure)")
+    if not math.isfinite(allreduce_mb) or not 0 < allreduce_mb <= MAX_ALLREDUCE_MB:
+        raise LaunchError(f"{label('allreduce_mb')} {allreduce_mb:g}: give a number above 0 and "
+                          f"at most {MAX_ALLREDUCE_MB:g} (the all_reduce's size in MB; every "
+                          "rank holds a tensor of that size)")
+
+
 @dataclass(frozen=True)
 class DoctorRequest:
     link_seconds: float = node_doctor.LINK_SECONDS
@@ -63,15 +76,7 @@ class DoctorRequest:
     master_port: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("link_seconds", "compute_seconds"):
-            value = getattr(self, name)
-            if not math.isfinite(value) or not 0 < value <= MAX_SECONDS:
-                raise LaunchError(f"--{name.replace('_', '-')} {value:g}: give a number above "
-                                  f"0 and at most {MAX_SECONDS:g} (seconds to measure)")
-        if not math.isfinite(self.allreduce_mb) or not 0 < self.allreduce_mb <= MAX_ALLREDUCE_MB:
-            raise LaunchError(f"--allreduce-mb {self.allreduce_mb:g}: give a number above 0 and "
-                              f"at most {MAX_ALLREDUCE_MB:g} (the all_reduce's size in MB; every "
-                              "rank holds a tensor of that size)")
+        check_measures(self.link_seconds, self.allreduce_mb, compute_seconds=self.compute_seconds)
         for name in ("pings", "allreduce_iters"):
             if not 1 <= getattr(self, name) <= 10000:
                 raise LaunchError(f"--{name.replace('_', '-')} {getattr(self, name)}: give "
@@ -170,12 +175,12 @@ def run_doctor(cluster: Cluster, request: DoctorRequest) -> DoctorReport:
                           f"GFLOP/s), and {cluster.names[0]} alone has nothing to be "
                           "compared with: choose 2 nodes or more (--nodes, --hosts)")
     run_id = new_run_id()
-    train = TrainRequest(
-        workdir=None, script=DOCTOR_MODULE, module=True,
-        script_args=request.script_args([n.cluster_address for n in cluster.nodes]),
-        env={}, nproc=None, master_port=request.master_port, options=TorchrunOptions(),
-        runs_dir=request.runs_dir, run_id=run_id)
-    code = run_training(train, HangWatch(defaults.DOCTOR_HANG_TIMEOUT), cluster)  # raises on failure
+    spec = RunSpec(inventory=cluster.inventory, hosts=tuple(cluster.names), workdir=None,
+                   script=DOCTOR_MODULE, module=True,
+                   script_args=request.script_args([n.cluster_address for n in cluster.nodes]),
+                   master_port=request.master_port, runs_dir=request.runs_dir,
+                   hang_timeout=defaults.DOCTOR_HANG_TIMEOUT, run_id=run_id)
+    code = run_training(spec, cluster=cluster)  # raises on failure
     run = RunDir(request.runs_dir, run_id)
     if code == 130:   # Ctrl-C: the run was stopped on every node and recorded
         raise KeyboardInterrupt

@@ -405,13 +405,17 @@ def _reached(f: NodeFacts) -> str:
     return "ok" if (f.reach.get("connect") or {}).get("ok") else "FAIL"
 
 
-def print_report(report: Report, out=None) -> None:
+def print_report(report: Report, out=None, comment: bool = False) -> None:
+    """The table, warnings and problems; with COMMENT, each line as a YAML comment (a
+    dry run's output is a job file)."""
     out = out or sys.stdout
-    print(render_table(report), file=out)
+    lead = "# " if comment else ""
+    for line in render_table(report).splitlines():
+        print(f"{lead}{line}", file=out)
     for line in report.warnings:
-        print(f"warning: {line}", file=out)
+        print(f"{lead}warning: {line}", file=out)
     for line in report.problems:
-        print(f"problem: {line}", file=out)
+        print(f"{lead}problem: {line}", file=out)
 
 
 def raise_if_blocked(report: Report) -> None:

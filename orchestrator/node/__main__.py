@@ -12,6 +12,7 @@
   release    drop the master-port claim of a run (probe.py)
   states     the run's node states and hang dumps on the share (states.py)
   torch      import torch in this Python and say what it sees (fingerprint.py)
+  carry      what a job wrote in its working directory, into the next run's (carry.py)
   worker     run one training worker to a clean end (worker.py; torchrun starts it)
 """
 
@@ -70,6 +71,10 @@ def _parser() -> argparse.ArgumentParser:
     st = sub.add_parser("states", allow_abbrev=False)
     st.add_argument("state_dir")
     sub.add_parser("torch", allow_abbrev=False)
+    c = sub.add_parser("carry", allow_abbrev=False)
+    c.add_argument("code_root")   # ~/.clustertrain/code
+    c.add_argument("run")
+    c.add_argument("key")         # the work directory's (its digest)
     return p
 
 
@@ -110,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             probe.release(args.run)
         return 0
+    if args.verb == "carry":
+        from .carry import main as carry
+        return carry(args.code_root, args.run, args.key)
     if args.verb == "states":
         from .states import read_states
         print(json.dumps(read_states(args.state_dir)))

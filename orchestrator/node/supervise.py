@@ -24,6 +24,7 @@ import threading
 import time
 import traceback
 
+from .carry import kept
 from .dump import dump_workers, py_spy_for
 from .protocol import (
     BEAT,
@@ -139,20 +140,23 @@ def _live(job: str) -> bool:
 
 def prune(state: str, keep: int, current: str) -> list[str]:
     """Remove the code snapshots and job directories of all but the KEEP newest runs of
-    this user on this node; never those of a live run, nor the current one."""
+    this user on this node; never those of a live run, nor the current one, nor the last
+    run of a work directory (its next run carries what it wrote: carry.py)."""
     jobs, code = os.path.join(state, JOBS_SUBDIR), os.path.join(state, CODE_SUBDIR)
     runs = set()
     for d in (jobs, code):
         if os.path.isdir(d):
-            runs |= {r for r in os.listdir(d) if r != "latest"}
+            runs |= {r for r in os.listdir(d) if r != "latest" and not r.startswith(".")}
     try:
         latest = os.path.basename(os.path.realpath(os.path.join(code, "latest")))
     except OSError:
         latest = ""
     old = sorted(runs)[:-keep] if keep > 0 else sorted(runs)  # run ids sort by time
+    carried = kept(code)
     removed = []
     for run_id in old:
-        if run_id in (current, latest) or _live(os.path.join(jobs, run_id)):
+        if run_id in (current, latest) or run_id in carried or \
+                _live(os.path.join(jobs, run_id)):
             continue
         for d in (jobs, code):
             path = os.path.join(d, run_id)

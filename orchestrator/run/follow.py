@@ -10,7 +10,6 @@ input of each node's follow session: end-of-input gives it up at once.
 
 from __future__ import annotations
 
-import json
 import queue
 import signal
 import subprocess
@@ -19,21 +18,20 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import IO, Any, cast
 
 from .. import defaults
-from ..cluster import nodelib, ssh
+from ..cluster import ssh
 from ..cluster.inventory import NodeSpec
-from ..diagnosis.diagnose import analyse, collect, read_node_dumps, targets_of
+from ..diagnosis.diagnose import analyse, read_node_dumps
 from ..diagnosis.progress import Progress
 from ..node.protocol import HANG_GATHER, HANG_MARKER, End
 from .command import EXIT_MARKER, NodeCommand
 from .ends import COLLECTIVE_TIMEOUT, PEER_GONE
-from .launch import Launch
 from .logstream import LineSplitter, is_record
 from .record import RunDir, iso
-from .teardown import stop_job
+from .scheduler import Scheduler
+from .spec import HangWatch, OnHang
 
 LAST_LINES = 30          # any line: torchrun's own error report is about 20 lines
 LAST_WORKER_LINES = 10   # lines the training processes printed
@@ -41,24 +39,6 @@ WATCH_INTERVAL = 0.5     # seconds between checks that each node's master connec
 HEARTBEAT = 1.0          # seconds between the lease renewals sent to every node
 PROGRESS_INTERVAL = 1.0  # seconds between looks at the run's progress (stragglers)
 FOUND_BY = "the nodes"   # who found an attached run hung, in its summary
-
-
-class OnHang(str, Enum):
-    """What a hung run comes to, once every rank's stack is dumped and read."""
-    STOP = "stop"   # stop it on every node: status "hung", a non-zero exit
-    WAIT = "wait"   # keep it, and keep watching (a hang that resolves is reported again)
-
-    def __str__(self) -> str:
-        return self.value
-
-
-@dataclass(frozen=True)
-class HangWatch:
-    """`train --hang-timeout S --on-hang stop|wait`: a run is hung when it printed
-    nothing, not a line, not a beat, not a part of a line (progress.py), for S seconds;
-    0 turns the watch off."""
-    timeout: float = defaults.HANG_TIMEOUT
-    on_hang: OnHang = OnHang.STOP
 
 
 @dataclass
@@ -96,11 +76,11 @@ class JobResult:
 
 class Job:
     def __init__(self, run: RunDir, nodes: list[tuple[NodeSpec, NodeCommand]],
-                 clients: dict[str, ssh.Connection], out: IO[str] | None = None,
+                 scheduler: Scheduler, out: IO[str] | None = None,
                  grace: float = defaults.GRACE, hang: HangWatch | None = None) -> None:
         self.rundir = run
         self.nodes = nodes
-        self.clients = clients
+        self.scheduler = scheduler
         self.out = out if out is not None else sys.stdout  # as it is now (redirect_stdout)
         self.grace = grace
         self.events: queue.Queue[tuple[str, str, object]] = queue.Queue()
@@ -120,26 +100,12 @@ class Job:
         self._hang_open = False          # a hang found and not yet resolved
         self._stragglers: set[str] = set()
 
-    # -- launch ------------------------------------------------------------------------
-    def launch(self, launch: Launch) -> dict[str, str]:
-        """Start torchrun on every node at once, LAUNCH's second phase (launch.py);
-        {node: error} for the nodes where that failed, after stopping the job on the nodes
-        where it started. Returns once every node's supervisor runs (or, on a failure,
-        none does)."""
-        failed = launch.go()
-        if failed:  # nothing half-started is left: the nodes that started are stopped
-            self._stop([n for n in launch.started if n not in failed], "launch failed")
-            for t in self._stop_threads:
-                t.join(timeout=self.grace + 30)
-        return failed
-
     # -- per-node threads -------------------------------------------------------------
     def _pump(self, spec: NodeSpec, cmd: NodeCommand, lease: bool) -> None:
         outcome = self.outcomes[spec.name]
         splitter = LineSplitter(spec.name)
         try:
-            proc = self.clients[spec.name].popen(cmd.follow(lease=lease, tail=self.tail),
-                                                 stdin=lease)
+            proc = self.scheduler.log_iter(spec, cmd, lease, self.tail)
         except Exception as exc:  # noqa: BLE001 - any failure to follow is this node's
             self.events.put(("lost", spec.name, f"could not follow the job: {exc}"))
             return
@@ -228,14 +194,14 @@ class Job:
                     pass
 
     def _watch(self) -> None:
-        """A node whose master connection ended (it stopped answering the ServerAlive
-        probes, see ssh.py) is lost, whatever its session still shows."""
+        """A node that no longer answers (over SSH: its master connection ended, as it
+        stopped answering the ServerAlive probes) is lost, whatever its session shows."""
         reported: set[str] = set()
         while not self._done.wait(WATCH_INTERVAL):
-            for name, conn in self.clients.items():
+            for name in self.outcomes:
                 if name in reported or self.outcomes[name].reason != End.RUNNING:
                     continue
-                if not conn.alive():
+                if not self.scheduler.reachable(name):
                     reported.add(name)
                     self.events.put(("lost", name, "no answer to SSH keepalive for "
                                      f"{ssh.ALIVE_INTERVAL * ssh.ALIVE_COUNT} s"))
@@ -258,7 +224,7 @@ class Job:
 
     def _stop_one(self, spec: NodeSpec, cmd: NodeCommand) -> None:
         try:
-            result = stop_job(self.clients[spec.name], spec.python, cmd.run_id, self.grace)
+            result = self.scheduler.cancel([spec], cmd.run_id, self.grace)[spec.name]
         except Exception as exc:  # noqa: BLE001 - reported; the supervisor decides the rest
             self._say(f"{spec.name}: could not stop the job: {exc}")
             return
@@ -411,16 +377,11 @@ class Job:
         that answers, name who holds the run up, and keep it for the record. With
         --on-hang stop, the nodes stop the run themselves once all of them dumped."""
         quiet = self.progress.quiet_for(time.monotonic())
-        dumps: dict[str, dict] = {}
-        for spec, cmd in self.nodes:
-            try:
-                result = nodelib.call(self.clients[spec.name], spec.python, "states",
-                                      cmd.run_state, timeout=30)
-                if result.exit_code == 0:
-                    dumps = json.loads(result.stdout.strip().splitlines()[-1]).get("hang", {})
-                    break
-            except (OSError, TimeoutError, RuntimeError, ValueError, IndexError):
-                continue
+        try:
+            dumps = self.scheduler.describe([(s, c.run_state) for s, c in self.nodes]).hang
+        except (OSError, ValueError, KeyError) as exc:
+            self._say(f"hang: the nodes' dumps could not be read: {exc}")
+            dumps = {}
         if not dumps:
             self._hang = {"detected_at": iso(time.time()), "quiet_s": round(quiet, 1),
                           "found_by": FOUND_BY, "suspects": [], "dumps": str(
@@ -447,7 +408,7 @@ class Job:
                   f"({', '.join(running)}) before stopping them")
         survivors = [(spec, cmd) for spec, cmd in self.nodes if spec.name in running]
         detected = time.time()
-        diagnosis = analyse([collect(targets_of(survivors, self.clients), self.rundir.run_id)],
+        diagnosis = analyse([self.scheduler.dump(survivors, self.rundir.run_id)],
                             self.rundir.path / "hang", timed_out=f"{failed}'s ranks")
         self._hang = {"detected_at": iso(detected), "trigger": f"collective timeout on {failed}",
                       **diagnosis.to_json()}

@@ -1,10 +1,10 @@
-"""`stop RUN`: stop a running job on all its nodes, from any terminal.
+"""`stop RUN`: stop a running run on all its nodes, from any terminal.
 
 Only that run's processes are signalled (its recorded process group and their
-descendants, once checked to still carry the run's id); other runs on the same nodes keep
-running. A run is stopped by the user it runs as: another user's stop is refused before
-any node is touched (and the nodes would refuse it too: the job's record is in its
-user's private directory, and its processes are that user's).
+descendants, once checked to still carry the run's id: node/stop.py, the one stop); other
+runs on the same nodes keep running. A run is stopped by the user it runs as: another
+user's stop is refused before any node is touched (and the nodes would refuse it too: the
+job's record is in its user's private directory, and its processes are that user's).
 """
 
 from __future__ import annotations
@@ -14,13 +14,12 @@ import time
 from pathlib import Path
 
 from .. import defaults
-from ..cluster import ssh
-from ..cluster.fanout import each
 from ..cluster.inventory import load_cluster
 from ..errors import ClusterError
-from .lifecycle import check_grace
+from ..node.protocol import STOP_REQUESTED
 from .record import check_owner, open_run
-from .teardown import StopResult, stop_job
+from .scheduler import SshScheduler, StopResult
+from .spec import check_grace
 
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$")
 
@@ -34,16 +33,5 @@ def stop_run(runs_dir: Path, run_id: str, grace: float = defaults.GRACE,
     info = run.info()
     cluster = load_cluster(inventory or info["inventory"]).select(hosts=",".join(info["nodes"]))
     check_owner(cluster.nodes, info, "stop it. Nothing was signalled")
-
-    def one(spec):
-        conn = ssh.connect(spec.name, spec.ssh)
-        try:
-            return stop_job(conn, spec.python, run_id, grace)
-        finally:
-            conn.close()
-
-    (run.path / "stop-requested").write_text(f"{time.time()}\n")
-
-    return list(each(cluster.nodes, one, lambda s: s.name).values_or_raise().values())
-
-
+    (run.path / STOP_REQUESTED).write_text(f"{time.time()}\n")
+    return list(SshScheduler().cancel(list(cluster.nodes), run_id, grace).values())

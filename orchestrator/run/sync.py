@@ -18,6 +18,7 @@ the SSH connection preflight opened: one round trip instead of a playbook.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shlex
 import subprocess
@@ -28,6 +29,7 @@ from pathlib import Path
 
 import yaml
 
+from ..cluster import nodelib
 from ..cluster.fanout import each
 from ..cluster.inventory import Cluster
 from ..cluster.ssh import DROPPED, Connection
@@ -186,6 +188,28 @@ class SyncResult:
     run_id: str
     seconds: float
     reused: list[str] = field(default_factory=list)  # nodes whose code was unchanged
+    # node -> what the last run from this work directory wrote there, carried (carry.py)
+    carried: dict[str, dict] = field(default_factory=dict)
+
+    def carried_lines(self) -> list[str]:
+        """What train says of the files carried from the last run (and of those the code
+        has too, which keep the code's version)."""
+        lines = []
+        files = {n: c for n, c in self.carried.items() if c.get("carried")}
+        if files:
+            names = sorted({f for c in files.values() for f in c["carried"]})
+            shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5
+                                            else "")
+            sources = sorted({c["from"] for c in files.values()})
+            lines.append(f"{', '.join(sorted(files))}: the files the last run from this work "
+                         f"directory wrote there ({', '.join(sources)}) are in this run's "
+                         f"working directory too: {shown}")
+        clash = {n: c["kept_code"] for n, c in self.carried.items() if c.get("kept_code")}
+        for node, names in sorted(clash.items()):
+            lines.append(f"{node}: the code has {', '.join(names[:5])} too and keeps its own; "
+                         f"the last run's are in ~/{NODE_STATE_DIR}/{CODE_SUBDIR}/"
+                         f"{self.carried[node]['from']}/")
+        return lines
 
 
 def sync_code(cluster: Cluster, workdir: Path, run_id: str, quiet: bool = True,
@@ -218,4 +242,28 @@ def sync_code(cluster: Cluster, workdir: Path, run_id: str, quiet: bool = True,
             # unsealed, a snapshot is only synced again next time
             if digest is not None and clients is not None:
                 _each(clients, rest, seal_command(run_id, digest))
-    return SyncResult(run_id, time.monotonic() - start, reused)
+    carried = carry(cluster, workdir, run_id, clients) if clients else {}
+    return SyncResult(run_id, time.monotonic() - start, reused, carried)
+
+
+def work_key(workdir: Path) -> str:
+    """A work directory's name on the nodes: its runs carry what the last one wrote."""
+    return hashlib.sha256(str(workdir.resolve()).encode()).hexdigest()[:16]
+
+
+def carry(cluster: Cluster, workdir: Path, run_id: str,
+          clients: dict[str, Connection]) -> dict[str, dict]:
+    """On every node, what the last run from WORKDIR wrote into its working directory,
+    into RUN_ID's snapshot (node/carry.py); what was carried, per node."""
+    root = f"~/{NODE_STATE_DIR}/{CODE_SUBDIR}"
+
+    def one(name: str) -> dict:
+        result = nodelib.call(clients[name], cluster.node(name).python, "carry", root,
+                              run_id, work_key(workdir), timeout=300)
+        if result.exit_code != 0:
+            raise LaunchError(f"{name}: could not carry the last run's files into the new "
+                              f"snapshot: {(result.stderr.strip().splitlines() or ['?'])[-1]}")
+        parsed: dict = json.loads(result.stdout.strip().splitlines()[-1])
+        return parsed
+
+    return each(cluster.names, one, str).values_or_raise()

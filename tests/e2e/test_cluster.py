@@ -85,7 +85,7 @@ def worker_pids(cluster: ProvisionedCluster, node: str) -> list[str]:
     names train.py); workers start through the runner, `python -u RUNNER train.py`."""
     ps = cluster.exec(node, "ps", "-eo", "pid=,args=").stdout
     return [line.split()[0] for line in ps.splitlines()
-            if re.match(r"\s*\d+ \S+/python[\d.]* -u (\S*run_worker\.py )?\S*train\.py",
+            if re.match(r"\s*\d+ \S+/python[\d.]* -u (\S*node\.py worker )?\S*train\.py",
                         line)]
 
 

@@ -142,8 +142,8 @@ def test_after_the_separator_it_is_the_scripts(setup, tail, script_args) -> None
     from orchestrator.cli import cmd_train, parse
     base, _ = setup
     (Path(base[4]) / "train.py").write_text("print(1)\n")  # the default script
-    request = cmd_train.parse_request(parse([*base, "--nodes", "2", *tail]))
-    assert request.script_args == script_args and not request.dry_run
+    args = parse([*base, "--nodes", "2", *tail])
+    assert cmd_train.parse_request(args).script_args == script_args and not args.dry_run
 
 
 def test_script_options_without_the_separator_get_the_hint(setup, capsys) -> None:

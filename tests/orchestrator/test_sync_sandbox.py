@@ -68,12 +68,15 @@ def test_unchanged_code_is_linked_without_a_playbook(sandbox_cluster: Sandbox,
             assert sh(node, f"stat -c %i {root}/orch-test-reuse-1/train.py") == \
                 sh(node, f"stat -c %i {root}/orch-test-reuse-2/train.py")
             assert sh(node, f"readlink {root}/latest") == "orch-test-reuse-2"
-        # The job on node1 wrote into its working directory: node1 is synced again (what
-        # it wrote is not carried into the next run), node0 is still linked.
+        # The job on node1 wrote into its working directory: node1 is synced again, and
+        # what the job wrote is in the next run's working directory (carried: the
+        # tutorial's snapshot.pt resumes); node0 is still linked.
         sh("node1", f"echo partial > {root}/orch-test-reuse-2/out.txt")
         third = sync_code(cluster, code, "orch-test-reuse-3", clients=clients)
         assert third.reused == ["node0"]
-        assert sh("node1", f"ls {root}/orch-test-reuse-3") == "train.py"
+        assert sh("node1", f"ls {root}/orch-test-reuse-3") == "out.txt\ntrain.py"
+        assert third.carried["node1"]["carried"] == ["out.txt"]
+        assert third.carried["node0"]["carried"] == []
         # Edited locally: synced everywhere, and the new code is what runs.
         (code / "train.py").write_text("print('v2')\n")
         assert sync_code(cluster, code, "orch-test-reuse-4", clients=clients).reused == []

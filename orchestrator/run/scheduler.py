@@ -1,0 +1,175 @@
+"""How a run's supervisors are started, watched, cancelled and their logs read: the seam
+between the run (lifecycle.py, follow.py, settle.py, stop.py) and the way the nodes are
+reached. torchx's Scheduler is the model: submit, describe, cancel, log_iter; SSH is the
+first implementation (the nodes are reached as Ansible reaches them); a queue (Slurm) is
+another way to start the same supervisors, behind the same four verbs.
+
+Whatever the scheduler, each node runs the node package's supervisor (node/supervise.py):
+it owns torchrun, keeps the node's state on the share, watches its peers and the hang,
+and stops the job when the run must end.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
+
+from ..cluster import nodelib, ssh
+from ..cluster.fanout import each
+from ..cluster.inventory import NodeSpec
+from ..diagnosis.diagnose import NodeDumps, collect, targets_of
+from ..node.protocol import JOBS_DIR
+from .command import NodeCommand
+from .launch import Launch
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class StopResult:
+    node: str
+    found: bool            # the node had a job record for this run
+    was_running: bool      # some of its processes were alive when the stop began
+    killed: list[int]      # PIDs that needed SIGKILL after the grace period
+    left: list[int]        # PIDs still alive afterwards (should be empty)
+    user: str = ""         # the user the stop ran as on the node
+    stale: bool = False    # the recorded group is another process now: nothing signalled
+
+
+@dataclass(frozen=True)
+class NodeStates:
+    """What the nodes of a run left on the share, as one node read it."""
+    states: dict[str, dict]   # node -> its state (running, with a heartbeat; or ended)
+    now: float                # that node's clock
+    hang: dict[str, dict] = field(default_factory=dict)   # node -> its hang dumps
+
+
+@dataclass
+class Submitted(Generic[T]):
+    """A submitted run: what was done meanwhile (the code sync), and each node that
+    could not be started, with why (then none runs: those that started are stopped)."""
+    meanwhile: T
+    launch: Launch
+    failed: dict[str, str]
+
+
+class Scheduler(Protocol):
+    def submit(self, nodes: list[tuple[NodeSpec, NodeCommand]],
+               meanwhile: Callable[[], T]) -> Submitted[T]:
+        """Start the run's supervisors on NODES, all at once, doing MEANWHILE (the code
+        sync) while they get ready."""
+        ...
+
+    def describe(self, nodes: list[tuple[NodeSpec, str]]) -> NodeStates:
+        """The run's node states and hang dumps (NODES: each node and the run's state
+        directory on the share)."""
+        ...
+
+    def cancel(self, nodes: list[NodeSpec], run_id: str, grace: float) -> dict[str, StopResult]:
+        """Stop the run's processes on NODES (SIGTERM, SIGKILL after GRACE)."""
+        ...
+
+    def log_iter(self, node: NodeSpec, cmd: NodeCommand, lease: bool,
+                 tail: int | None) -> subprocess.Popen:
+        """NODE's log of the run as it grows, ending with the exit marker; with LEASE,
+        its standard input carries the controller's heartbeat."""
+        ...
+
+    def reachable(self, node: str) -> bool:
+        """Whether NODE still answers (a node that does not is lost)."""
+        ...
+
+    def dump(self, nodes: list[tuple[NodeSpec, NodeCommand]], run_id: str) -> list[NodeDumps]:
+        """Every rank's stack and flight recorder on NODES, taken at once (node/dump.py)."""
+        ...
+
+
+class SshScheduler:
+    """The nodes over SSH: CLIENTS (open connections, the session's) where given, else a
+    connection of its own for each call."""
+
+    def __init__(self, clients: dict[str, ssh.Connection] | None = None) -> None:
+        self.clients = clients or {}
+
+    def _conn(self, node: NodeSpec) -> tuple[ssh.Connection, bool]:
+        """A connection to NODE, and whether it is this call's own (to close)."""
+        if node.name in self.clients:
+            return self.clients[node.name], False
+        return ssh.connect(node.name, node.ssh), True
+
+    def submit(self, nodes: list[tuple[NodeSpec, NodeCommand]],
+               meanwhile: Callable[[], T]) -> Submitted[T]:
+        launch = Launch.start(nodes, self.clients)   # phase one: the nodes load
+        try:
+            done = meanwhile()
+        except BaseException:
+            launch.cancel()  # nodes still waiting for the word start nothing
+            raise
+        failed = launch.go()   # phase two: every node at once
+        if failed:  # nothing half-started is left: the nodes that started are stopped
+            started = [spec for spec, _ in nodes if spec.name in launch.started
+                       and spec.name not in failed]
+            self.cancel(started, nodes[0][1].run_id, nodes[0][1].grace)
+        return Submitted(done, launch, failed)
+
+    def describe(self, nodes: list[tuple[NodeSpec, str]]) -> NodeStates:
+        errors = []
+        for spec, state_dir in nodes:
+            try:
+                conn, own = self._conn(spec)
+            except Exception as exc:  # noqa: BLE001 - try the next node
+                errors.append(str(exc))
+                continue
+            try:
+                result = nodelib.call(conn, spec.python, "states", state_dir, timeout=30)
+            except (OSError, TimeoutError, RuntimeError) as exc:
+                errors.append(f"{spec.name}: {exc}")
+                continue
+            finally:
+                if own:
+                    conn.close()
+            if result.exit_code == 0 and result.stdout.strip():
+                data = json.loads(result.stdout.strip().splitlines()[-1])
+                return NodeStates(data["states"], float(data["now"]), data.get("hang") or {})
+            errors.append(f"{spec.name}: {result.stderr.strip()[-200:]}")
+        raise OSError("no node of the run answered: " + "; ".join(errors))
+
+    def cancel(self, nodes: list[NodeSpec], run_id: str, grace: float) -> dict[str, StopResult]:
+        def one(spec: NodeSpec) -> StopResult:
+            conn, own = self._conn(spec)
+            try:
+                return stop_job(conn, spec.python, run_id, grace)
+            finally:
+                if own:
+                    conn.close()
+
+        return each(nodes, one, lambda s: s.name).values_or_raise()
+
+    def log_iter(self, node: NodeSpec, cmd: NodeCommand, lease: bool,
+                 tail: int | None) -> subprocess.Popen:
+        return self.clients[node.name].popen(cmd.follow(lease=lease, tail=tail), stdin=lease)
+
+    def reachable(self, node: str) -> bool:
+        conn = self.clients.get(node)
+        return conn is None or conn.alive()
+
+    def dump(self, nodes: list[tuple[NodeSpec, NodeCommand]], run_id: str) -> list[NodeDumps]:
+        return collect(targets_of(nodes, self.clients), run_id)
+
+
+def stop_job(conn: ssh.Connection, python: str, run_id: str, grace: float) -> StopResult:
+    """Stop run RUN_ID's processes on the node behind CONN: the node package's stop
+    (node/stop.py), the one implementation of "stop this run's process tree" for the
+    supervisor, train and `stop`."""
+    result = nodelib.call(conn, python, "stop", JOBS_DIR, run_id, str(grace),
+                          timeout=grace + 30)
+    lines = result.stdout.strip().splitlines()
+    if result.exit_code != 0 or not lines:
+        raise RuntimeError(f"{conn.name}: stop script failed: {result.stderr.strip()[-300:]}")
+    data = json.loads(lines[-1])
+    return StopResult(conn.name, data["found"], bool(data.get("initial")),
+                      data.get("killed", []), data.get("left", []), data.get("user", ""),
+                      bool(data.get("stale")))

@@ -1,0 +1,48 @@
+"""A run's hold on its nodes, from its check to its end: the connections preflight opened
+(every later command of the run goes over them) and the master port claimed on node 0.
+`close()` gives both back, on every exit path (the claim would lapse by itself)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..checks.preflight import Report, run_preflight
+from ..checks.probe import release_port
+from ..cluster import ssh
+from ..cluster.inventory import Cluster
+
+
+@dataclass
+class Session:
+    cluster: Cluster
+    report: Report                                    # what preflight found
+    clients: dict[str, ssh.Connection] = field(default_factory=dict)
+    run_id: str | None = None                         # the run the port is claimed for
+
+    @classmethod
+    def check(cls, cluster: Cluster, *, master_port: int | None, nproc_per_node: int | None,
+              run_id: str | None) -> Session:
+        """The check phase: preflight every node, keeping the connections it opened;
+        with RUN_ID (a launch), node 0's master port is claimed for it."""
+        report = run_preflight(cluster, master_port, strict_port=master_port is not None,
+                               keep_connections=True, nproc_per_node=nproc_per_node,
+                               run_id=run_id)
+        clients, report.clients = report.clients, {}   # the session owns them now
+        return cls(cluster, report, clients, run_id)
+
+    def close(self) -> None:
+        node0 = self.clients.get(self.cluster.nodes[0].name)
+        if node0 is not None and self.run_id:
+            try:
+                release_port(self.cluster.nodes[0], node0, self.run_id)
+            except (OSError, TimeoutError, RuntimeError):
+                pass  # the claim lapses by itself
+        for conn in self.clients.values():
+            conn.close()
+        self.clients.clear()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

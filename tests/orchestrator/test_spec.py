@@ -1,0 +1,148 @@
+"""A run's spec from the command line and job files (run/spec.py): one description, the
+same checks for both, a job file refused by key and line before any node is touched, and
+what --dry-run prints read back to the same spec. No sandbox: nothing here reaches a node
+(the loopback inventory would say "cannot reach" if anything did)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.cli import main, parse
+from orchestrator.cli.cmd_train import parse_request
+from orchestrator.run.spec import KEYS, RunSpec, from_sources, read_job_file
+
+
+@pytest.fixture
+def place(tmp_path: Path) -> Path:
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "job.py").write_text("print('hi')\n")
+    (tmp_path / "hosts.ini").write_text("[train_nodes]\nnode0 ansible_host=127.0.0.1 "
+                                        "ansible_port=1\nnode1 ansible_host=127.0.0.2 "
+                                        "ansible_port=1\n")
+    return tmp_path
+
+
+def job(place: Path, text: str, name: str = "job.yaml") -> Path:
+    path = place / name
+    path.write_text(text)
+    return path
+
+
+def run(argv: list[str], capsys) -> tuple[int, str]:
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+FULL = """\
+inventory: hosts.ini
+nodes: 2
+workdir: code
+script: job.py
+args: [--epochs, "3", --lr, "0.1"]
+env: {LR: "0.5", NAME: my run}
+nproc_per_node: 2
+max_restarts: 1
+rdzv_backend: c10d
+torchrun_arg: [--monitor-interval=1]
+runs_dir: records
+grace: 2
+detach: true
+lease_timeout: 20
+keep_runs: 5
+hang_timeout: 300
+on_hang: wait
+"""
+
+
+def test_a_job_file_is_read_into_the_spec_with_paths_relative_to_it(place) -> None:
+    spec = from_sources(read_job_file(job(place, FULL)))
+    assert spec.inventory == place / "hosts.ini" and spec.workdir == place / "code"
+    assert spec.runs_dir == place / "records" and spec.script == "job.py"
+    assert spec.script_args == ("--epochs", "3", "--lr", "0.1")
+    assert spec.env == {"LR": "0.5", "NAME": "my run"} and spec.nproc_per_node == 2
+    assert (spec.max_restarts, spec.rdzv_backend, spec.torchrun_args) == (
+        1, "c10d", ("--monitor-interval=1",))
+    assert (spec.grace, spec.detach, spec.lease_timeout, spec.keep_runs) == (2, True, 20, 5)
+    assert (spec.hang_timeout, str(spec.on_hang)) == (300, "wait")
+
+
+def test_the_command_line_overrides_the_file(place) -> None:
+    path = job(place, FULL)
+    spec = parse_request(parse(["train", "-f", str(path), "--nodes", "1", "--grace", "7",
+                                "--env", "OTHER=1", "--", "--epochs", "9"]))
+    assert spec.nodes == 1 and spec.grace == 7 and spec.env == {"OTHER": "1"}
+    assert spec.script == "job.py" and spec.script_args == ("--epochs", "9")
+    assert spec.keep_runs == 5   # not given here: the file's
+    other = place / "code" / "other.py"
+    other.write_text("")
+    spec = parse_request(parse(["train", "-f", str(path), "other.py"]))
+    assert spec.script == "other.py" and spec.script_args == ()  # a new script, its own args
+
+
+def test_what_dry_run_prints_is_a_job_file_of_the_same_spec(place) -> None:
+    spec = from_sources(read_job_file(job(place, FULL)))
+    again = from_sources(read_job_file(job(place, spec.to_yaml(), "again.yaml")))
+    assert again == spec
+    assert yaml.safe_load(again.to_yaml()) == yaml.safe_load(spec.to_yaml())
+    module = RunSpec(workdir=place / "code", script="pkg.train", module=True)
+    back = from_sources(read_job_file(job(place, module.to_yaml(), "m.yaml")))
+    assert (back.script, back.module) == ("pkg.train", True)
+
+
+def test_every_key_of_a_job_file_is_an_option_of_train(capsys) -> None:
+    code, out = run(["train", "--help"], capsys)
+    options = set(out.replace(",", " ").split())
+    for key in KEYS:
+        if key in ("args", "script", "module"):
+            continue
+        assert f"--{key.replace('_', '-')}" in options, key
+
+
+@pytest.mark.parametrize("text, words", [
+    ("nodes: 2\nepochs: 3\n", "job.yaml line 2: unknown key 'epochs'"),
+    ("nodse: 2\n", "job.yaml line 1: unknown key 'nodse' (did you mean 'nodes'?)"),
+    ("workdir: code\nnodes: two\n", "job.yaml line 2: nodes must be a whole number, not 'two'"),
+    ("detach: 1\n", "job.yaml line 1: detach must be true or false, not 1"),
+    ("nodes: true\n", "job.yaml line 1: nodes must be a whole number, not True"),
+    ("args: --epochs 3\n", "job.yaml line 1: args must be a list of the script's arguments"),
+    ("- nodes\n", "is not a mapping of train's options"),
+    ("nodes: [2\n", "is not valid YAML"),
+])
+def test_a_bad_job_file_is_refused_naming_the_key_and_line(place, capsys, text, words) -> None:
+    path = job(place, text)
+    code, out = run(["train", "-f", str(path), "--dry-run"], capsys)
+    assert code != 0 and words in out, out
+    assert "cannot reach" not in out and "Traceback" not in out
+
+
+@pytest.mark.parametrize("text, words", [
+    ("workdir: code\nscript: job.py\nnproc_per_node: many\n",
+     "job.yaml line 3: nproc_per_node 'many': give 'auto' or a positive number"),
+    ("workdir: code\nscript: job.py\non_hang: maybe\n",
+     "job.yaml line 3: on_hang 'maybe': give stop or wait"),
+    ("workdir: code\nscript: job.py\nenv: {RANK: '3'}\n",
+     "job.yaml line 3: env: RANK is set by torchrun"),
+    ("workdir: code\nscript: job.py\ntorchrun_arg: [--nnodes=3]\n",
+     "torchrun's --nnodes is set by clustertrain"),
+    ("workdir: code\nscript: nothere.py\n", "script 'nothere.py' not found in"),
+    ("workdir: elsewhere\n", "job.yaml line 1: workdir"),
+    ("workdir: code\nscript: job.py\nlease_timeout: 1\n",
+     "job.yaml line 3: lease_timeout 1: give at least 3 seconds"),
+])
+def test_a_job_files_values_are_checked_as_the_options_are(place, capsys, text, words) -> None:
+    code, out = run(["train", "-f", str(job(place, text)), "-i", str(place / "hosts.ini")],
+                    capsys)
+    assert code != 0 and words in out, out
+    assert "cannot reach" not in out
+
+
+def test_a_missing_job_file_is_named(place, capsys) -> None:
+    code, out = run(["train", "-f", str(place / "nope.yaml")], capsys)
+    assert code != 0 and f"-f {place / 'nope.yaml'}: No such file or directory" in out
