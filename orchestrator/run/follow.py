@@ -136,16 +136,9 @@ class Job:
     def _take_hang_marker(self, node: str, lines: list[str]) -> list[str]:
         """Lines without the node's HANG_MARKER: it found the run hung and dumped its
         workers onto the share (an event for the main loop)."""
-        kept = []
-        for line in lines:
-            at = line.find(HANG_MARKER)
-            if at < 0:
-                kept.append(line)
-                continue
+        kept, found = take_marker(lines, HANG_MARKER)
+        for _ in found:
             self.events.put(("hang", node, ""))
-            head = line[:at]
-            if head and not head.endswith(" | "):
-                kept.append(head)
         return kept
 
     def _emit(self, log: IO[str], outcome: NodeOutcome, lines: list[str]) -> None:
@@ -442,23 +435,33 @@ class Job:
         outcome.why = why
 
 
+def take_marker(lines: list[str], marker: str) -> tuple[list[str], list[str]]:
+    """The lines without `marker`, and the words after each marker found. A marker in
+    the middle of a line follows output that did not end with a newline: that output
+    is kept."""
+    kept, found = [], []
+    for line in lines:
+        at = line.find(marker)
+        if at < 0:
+            kept.append(line)
+            continue
+        found.append(line[at + len(marker):])
+        head = line[:at]
+        if head and not head.endswith(" | "):
+            kept.append(head)
+    return kept, found
+
+
 def take_exit_marker(lines: list[str], end: tuple[int, End, str] | None
                      ) -> tuple[list[str], tuple[int, End, str] | None]:
     """Remove the EXIT_MARKER line that ends a node's follow session and read it:
     (torchrun's exit code, how the node's part ended, why)."""
-    kept = []
-    for line in lines:
-        at = line.find(EXIT_MARKER)
-        if at < 0:
-            kept.append(line)
-            continue
-        words = line[at + len(EXIT_MARKER):].split()
+    kept, found = take_marker(lines, EXIT_MARKER)
+    for rest in found:
+        words = rest.split()
         try:
             end = (int(words[0]), End(words[1]) if len(words) > 1 else End.EXITED,
                    words[2] if len(words) > 2 and words[2] != "-" else "")
         except (IndexError, ValueError):
             pass
-        head = line[:at]
-        if head and not head.endswith(" | "):  # output that did not end with a newline
-            kept.append(head)
     return kept, end

@@ -142,10 +142,10 @@ def _run(plan: Plan, session: Session, scheduler: Scheduler) -> int:
                   flush=True)
 
         def sync() -> SyncResult:
-            if not spec.workdir:
-                return SyncResult(run_id, 0.0)
-            synced = sync_code(cluster, spec.workdir, run_id, clients=session.clients,
-                               exclude=left_out(spec.workdir, spec.runs_dir))
+            synced = SyncResult(run_id, 0.0)
+            if spec.workdir:
+                synced = sync_code(cluster, spec.workdir, run_id, clients=session.clients,
+                                   exclude=left_out(spec.workdir, spec.runs_dir))
             if synced.reused:
                 print(f"run {run_id}: code unchanged since the last sync on "
                       f"{', '.join(synced.reused)}: snapshot linked, not copied", flush=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -38,6 +39,14 @@ def train(cluster: ProvisionedCluster, runs: Path, *script_args: str, opts: tupl
 def summary(runs: Path) -> dict:
     (path,) = runs.glob("*/summary.json")  # exactly one run
     return json.loads(path.read_text())
+
+
+def fresh_checkpoints(cluster: ProvisionedCluster, run_name: str) -> Path:
+    """RUN_NAME's checkpoint directory, emptied: a test that waits for checkpoints must
+    not find those of an earlier session on the same sandbox."""
+    directory = cluster.checkpoints(run_name)
+    shutil.rmtree(directory, ignore_errors=True)
+    return directory
 
 
 def wait_for(predicate, timeout: float, what: str) -> None:
@@ -118,10 +127,10 @@ def test_two_nodes_train_the_real_job_well_above_chance(sandbox_cluster, tmp_pat
 
 
 def test_ctrl_c_stops_every_training_process(sandbox_cluster, tmp_path):
+    ckpts = fresh_checkpoints(sandbox_cluster, "e2e-ctrlc")
     proc = train(sandbox_cluster, tmp_path, "--epochs", "50", "--run-name", "e2e-ctrlc",
                  "--no-resume", *SMALL, background=True)
     try:
-        ckpts = sandbox_cluster.checkpoints("e2e-ctrlc")
         wait_for(lambda: list(ckpts.glob("*.pt")), 300, "the first epoch's checkpoint")
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=30)
@@ -135,7 +144,7 @@ def test_ctrl_c_stops_every_training_process(sandbox_cluster, tmp_path):
 
 
 def test_resume_after_a_worker_dies_with_max_restarts(sandbox_cluster, tmp_path):
-    ckpts = sandbox_cluster.checkpoints("e2e-resume")
+    ckpts = fresh_checkpoints(sandbox_cluster, "e2e-resume")
     proc = train(sandbox_cluster, tmp_path, "--epochs", "6", "--run-name", "e2e-resume",
                  "--metrics-json", "/mnt/cluster/checkpoints/alice/results/e2e-resume.json", *SMALL,
                  opts=("--max-restarts", "1", "--rdzv-backend", "c10d"), background=True)
@@ -162,7 +171,7 @@ def test_node_failure_stops_the_other_node_and_keeps_whole_checkpoints(sandbox_c
                                                                       tmp_path):
     """No restarts allowed: a worker dying on node1 fails the run, node0 is stopped
     at once, nothing keeps running anywhere, and the checkpoints on the share are whole."""
-    ckpts = sandbox_cluster.checkpoints("e2e-fail")
+    ckpts = fresh_checkpoints(sandbox_cluster, "e2e-fail")
     proc = train(sandbox_cluster, tmp_path, "--epochs", "50", "--run-name", "e2e-fail",
                  "--no-resume", *SMALL, background=True)
     try:
@@ -192,7 +201,7 @@ def test_killed_node_then_provision_again_and_resume(sandbox_cluster, tmp_path):
     """A node vanishes mid-training (its container is killed, as a power cut would):
     the run ends naming it, node0 is cleaned up; the node comes back, site.yml brings it
     in line again, and the next run resumes from the newest whole checkpoint."""
-    ckpts = sandbox_cluster.checkpoints("e2e-killed")
+    ckpts = fresh_checkpoints(sandbox_cluster, "e2e-killed")
     first = tmp_path / "first"
     first.mkdir()
     # Resuming needs the same settings (--epochs included); 4 epochs leave 3 to resume.
