@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .cluster import contract as _contract
 from .node import doctor as _doctor, protocol as _node
 
 # -- where things are --------------------------------------------------------------------
@@ -14,9 +15,10 @@ INVENTORY = Path("inventory/hosts.yml")   # -i/--inventory: the one site.yml use
 RUNS_DIR = Path("runs")                   # --runs-dir: the runs' records, on this machine
 SCRIPT = "train.py"                       # train's script, relative to --workdir
 # -- site values (the inventory may set them: cluster_shared_path, cluster_rendezvous_port,
-# ansible_python_interpreter) --------------------------------------------------------------
-SHARED_PATH = "/mnt/cluster"
-RENDEZVOUS_PORT = 29500
+# ansible_python_interpreter); the ones the roles share are read from roles/contract, where
+# the roles read them --------------------------------------------------------------------
+SHARED_PATH = str(_contract.role_default("contract", "cluster_shared_path"))
+RENDEZVOUS_PORT = int(_contract.role_default("contract", "cluster_rendezvous_port"))
 NODE_PYTHON = "/usr/bin/python3"          # a node's system python: runs the node package
 # -- a run's policies (train's options) ---------------------------------------------------
 GRACE = _node.GRACE                       # --grace: SIGTERM, then SIGKILL after this long

@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "master port, name resolution and clocks, on every node at once.")
     add_selection_args(p)
     p.add_argument("--master-port", type=int, help="port to check on node 0 "
-                   "(default: cluster_rendezvous_port, else 29500)")
+                   f"(default: cluster_rendezvous_port, else {defaults.RENDEZVOUS_PORT})")
     p.set_defaults(func=_main)
 
 

@@ -17,14 +17,16 @@ from pathlib import Path
 
 import yaml
 
+from .. import defaults
+from ..cluster import contract
 from ..errors import SandboxError
 from ..resources import project
 
 LABEL = "clustertrain.sandbox"
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,29}$")
 FIRST_HOST = 10  # node addresses start at .10 of the sandbox subnet (then outsiders, bastion)
-SHARED_PATH = "/mnt/cluster"
-EXPORT_PATH = "/srv/nfs/cluster"
+SHARED_PATH = defaults.SHARED_PATH
+EXPORT_PATH = str(contract.role_default("contract", "cluster_nfs_export_path"))
 
 
 

@@ -187,3 +187,44 @@ def test_preflight_reads_the_environment_from_the_nodes_state_dir(tmp_path: Path
     assert not facts.python_env_error, facts.python_env_error
     assert facts.python_env is not None
     assert facts.python_env["prefix"] == str(prefix)
+
+
+# --- the shared site values: written once, in roles/contract ------------------------------
+
+SHARED = ("cluster_shared_path", "cluster_nfs_export_path", "cluster_rendezvous_port")
+
+
+def _role_files(role: Path) -> str:
+    return "\n".join(p.read_text() for p in sorted(role.rglob("*"))
+                     if p.is_file() and p.suffix in (".yml", ".j2"))
+
+
+def test_a_role_that_uses_a_shared_value_depends_on_the_contract_role() -> None:
+    import yaml
+
+    users = []
+    for role in sorted((REPO / "roles").iterdir()):
+        if role.name == "contract" or not any(v in _role_files(role) for v in SHARED):
+            continue
+        users.append(role.name)
+        meta = yaml.safe_load((role / "meta" / "main.yml").read_text())
+        assert {"role": "contract"} in (meta.get("dependencies") or []), role.name
+    assert users == ["firewall", "nfs_client", "nfs_server", "python_env"]
+
+
+def test_no_role_or_playbook_writes_a_shared_default_again() -> None:
+    import re
+
+    again = re.compile(r"(%s)\s*\|\s*default\(" % "|".join(SHARED))
+    for path in [*(REPO / "roles").rglob("*.yml"), *(REPO / "playbooks").rglob("*.yml")]:
+        assert not again.search(path.read_text()), path
+
+
+def test_the_orchestrator_and_the_sandbox_read_the_contracts_values() -> None:
+    from orchestrator import defaults
+    from orchestrator.sandbox import spec
+
+    values = {name: _role_default("contract", name) for name in SHARED}
+    assert defaults.SHARED_PATH == spec.SHARED_PATH == values["cluster_shared_path"]
+    assert spec.EXPORT_PATH == values["cluster_nfs_export_path"]
+    assert defaults.RENDEZVOUS_PORT == values["cluster_rendezvous_port"]
