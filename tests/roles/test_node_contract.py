@@ -171,7 +171,7 @@ def test_preflight_reads_the_environment_from_the_nodes_state_dir(tmp_path: Path
     inventory gives the python_env role (python_env_state_dir), not from a fixed path."""
     from orchestrator.checks.probe import probe
     from orchestrator.cluster.ssh import Connection
-    from tests.orchestrator.test_probe import fake_environment
+    from tests.orchestrator.node.test_probe_verbs import fake_environment
 
     prefix = fake_environment(tmp_path)   # writes tmp_path/state/python_env.json
     inventory = tmp_path / "hosts.yml"

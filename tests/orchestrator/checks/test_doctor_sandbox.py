@@ -1,0 +1,78 @@
+"""`doctor` on the 3-node sandbox (real SSH through the bastion, torchrun with gloo across
+three containers, real TCP between them): a node whose egress is throttled by tc is named
+alone, with its links at the throttled rate, and `train --doctor` refuses to start on it;
+a healthy cluster names nobody and `train --doctor` goes on to train."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ...cluster import ProvisionedCluster as Sandbox
+from ..run.test_supervision_sandbox import cli
+from ..run.test_train_sandbox import Train, assert_no_job_processes
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.timeout(900)]
+NODES = ("node0", "node1", "node2")
+RATE_GBIT = 0.2
+
+
+@pytest.fixture
+def node1_throttled(sandbox_cluster: Sandbox) -> Iterator[None]:
+    """node1's packets out leave at 200 Mbit/s (a token bucket on its eth0)."""
+    sandbox_cluster.exec("node1", "tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate",
+                         f"{RATE_GBIT * 1000:g}mbit", "burst", "64kb", "latency", "200ms")
+    try:
+        yield
+    finally:
+        sandbox_cluster.exec("node1", "tc", "qdisc", "del", "dev", "eth0", "root")
+
+
+def test_a_node_with_throttled_egress_is_named_alone(sandbox_cluster: Sandbox,
+                                                     tmp_path: Path,
+                                                     node1_throttled: None) -> None:
+    done = cli(sandbox_cluster, tmp_path, "doctor", "-i", str(sandbox_cluster.inventory),
+               "--nodes", "3", "--json")
+    assert done.returncode == 1, done.stderr[-3000:]   # 1: a suspect was named
+    report = json.loads(done.stdout)
+    assert [s["node"] for s in report["suspects"]] == ["node1"], report["suspects"]
+    assert report["suspects"][0]["why"].startswith("sends at 0.")
+    links = {(lk["src"], lk["dst"]): lk["gbit_s"] for lk in report["links"]}
+    assert set(links) == {(a, b) for a in NODES for b in NODES if a != b}
+    for (src, _), gbit in links.items():   # near the rate from node1, well above it else
+        assert (0.5 * RATE_GBIT < gbit < 1.2 * RATE_GBIT) if src == "node1" \
+            else gbit > 3 * RATE_GBIT, links
+    assert all(lk["latency_ms"] > 0 for lk in report["links"])
+    assert report["allreduce"]["backend"] == "gloo" and report["allreduce"]["ranks"] == 3
+    # kept like a run: its logs, its summary and the analysis
+    run = tmp_path / report["run_id"]
+    assert json.loads((run / "doctor.json").read_text())["suspects"] == report["suspects"]
+    assert json.loads((run / "summary.json").read_text())["status"] == "succeeded"
+    assert_no_job_processes(sandbox_cluster, NODES, within=10)
+
+    t = Train(sandbox_cluster, tmp_path, "--nodes", "3", "--doctor", "ddp_allreduce.py",
+              "--", "--steps", "2")
+    assert t.finish(timeout=300) == 1
+    assert "names node1: sends at" in t.stderr and "Nothing was started" in t.stderr, t.stderr
+    assert "--ignore-suspects" in t.stderr
+    assert "starting torchrun" in t.text          # doctor's own run
+    assert t.text.count("starting torchrun") == 1  # and not the training
+    assert_no_job_processes(sandbox_cluster, NODES, within=10)
+
+
+def test_a_healthy_cluster_names_nobody_and_train_doctor_trains(sandbox_cluster: Sandbox,
+                                                               tmp_path: Path) -> None:
+    t = Train(sandbox_cluster, tmp_path, "--nodes", "3", "--doctor", "ddp_allreduce.py",
+              "--", "--steps", "2")
+    code = t.finish(timeout=300)
+    assert code == 0, t.text[-3000:] + t.stderr
+    assert "suspects: none" in t.text
+    assert "##clustertrain record" not in t.text   # doctor's results: in its log only
+    runs = sorted((p for p in tmp_path.iterdir() if (p / "summary.json").exists()),
+                  key=lambda p: p.name)
+    assert [(p / "doctor.json").exists() for p in runs] == [True, False]  # doctor, train
+    assert json.loads((runs[0] / "doctor.json").read_text())["suspects"] == []
+    assert json.loads((runs[1] / "summary.json").read_text())["status"] == "succeeded"

@@ -1,0 +1,173 @@
+"""Preflight against the real 3-node sandbox: the shared path as it is (not mounted, an
+empty stand-in, not writable by the job's user, another filesystem), node 0's master port
+blocked by a firewall rule, and a wheel changed on the share after `wheelhouse`.
+
+Each test changes node2 (or, for the firewall, adds a rule on node0 for ports nobody else
+uses) and puts it back in its teardown. Mounts inside a node are changed from the host in
+the node's mount namespace (nsenter): the node containers have no CAP_SYS_ADMIN."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from ...cluster import BIN, ENV, REPO, ProvisionedCluster
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.timeout(1500)]
+SHARED = "/mnt/cluster"
+EXPORT = "/srv/nfs/cluster"   # the same host directory, bind-mounted there on every node
+
+
+def playbook(*args: str) -> subprocess.CompletedProcess:
+    """ansible-playbook with its own ControlPersist sockets: Ansible names them by host
+    alias, port and user, so another sandbox's `node2` (same alias, same user) would
+    otherwise be reached through a master connection it left open."""
+    with tempfile.TemporaryDirectory(prefix="ct-cp-", dir="/tmp") as cp:
+        return subprocess.run([str(BIN / "ansible-playbook"), *args], cwd=REPO,
+                              env={**ENV, "ANSIBLE_SSH_CONTROL_PATH_DIR": cp},
+                              capture_output=True, text=True, timeout=1800)
+
+
+def preflight(sandbox: ProvisionedCluster, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "orchestrator", "preflight", "-i",
+                           str(sandbox.inventory), "--nodes", "3", *args], cwd=REPO, env=ENV,
+                          capture_output=True, text=True, timeout=300)
+
+
+def in_mount_ns(sandbox: ProvisionedCluster, node: str, script: str) -> None:
+    pid = subprocess.run(["podman", "inspect", "-f", "{{.State.Pid}}",
+                          sandbox.containers[node]], env=ENV, capture_output=True, text=True,
+                         check=True).stdout.strip()
+    subprocess.run(["nsenter", "-t", pid, "-m", "-p", "sh", "-ec", script], check=True,
+                   capture_output=True, text=True, timeout=60)
+
+
+def is_share(sandbox: ProvisionedCluster, node: str) -> bool:
+    """NODE's /mnt/cluster is the sandbox share again (the file the NFS role wrote is there)."""
+    return sandbox.exec(node, "test", "-e", f"{SHARED}/.clustertrain-nfs-sentinel",
+                        check=False).returncode == 0 and sandbox.exec(
+        node, "mountpoint", "-q", SHARED, check=False).returncode == 0
+
+
+@contextmanager
+def changed_mount(sandbox: ProvisionedCluster, node: str, change: str, undo: str):
+    in_mount_ns(sandbox, node, change)
+    try:
+        yield
+    finally:
+        in_mount_ns(sandbox, node, undo)
+        assert is_share(sandbox, node), f"{node}'s {SHARED} was not put back"
+
+
+CASES = {
+    # the share is not mounted: the node's own empty directory is all there is
+    "not mounted": (f"umount -l {SHARED}", f"mount --bind {EXPORT} {SHARED}",
+                    f"node2: shared path: {SHARED} is not a mount point (it is a directory of "
+                    "/, overlay) and it is empty; mount the share there"),
+    # an empty file system mounted in its place
+    "empty stand-in": (f"mount -t tmpfs ct-empty {SHARED}", f"umount {SHARED}",
+                       f"node2: shared path: {SHARED} is mounted (tmpfs, ct-empty) but empty: "
+                       "not the cluster's share"),
+    # checkpoints/ is not writable by the job's user (alice) on node2
+    "not writable": (f"mount -t tmpfs -o mode=0755 ct-ro {SHARED}/checkpoints",
+                     f"umount {SHARED}/checkpoints",
+                     f"node2: shared path: {SHARED}/checkpoints/alice is not writable by alice "
+                     "(uid 1001): Permission denied"),
+    # a file system that looks right but is not the one the other nodes share
+    "another filesystem": (f"mount -t tmpfs ct-other {SHARED} && mkdir -m 1777 "
+                           f"{SHARED}/checkpoints && touch {SHARED}/data",
+                           f"umount {SHARED}",
+                           f"node2: {SHARED} is not the same filesystem as on node0: a file "
+                           f"node0 wrote to {SHARED}/checkpoints/ is not there"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_shared_path_problems_are_refused_naming_node_and_cause(
+        sandbox_cluster: ProvisionedCluster, case: str) -> None:
+    change, undo, expected = CASES[case]
+    with changed_mount(sandbox_cluster, "node2", change, undo):
+        p = preflight(sandbox_cluster)
+    assert p.returncode != 0, p.stdout
+    assert expected in p.stdout, p.stdout
+    rows = {row.split()[0]: row.split() for row in p.stdout.splitlines()[1:4]}
+    assert rows["node0"][8] == rows["node1"][8] == "ok", p.stdout
+    assert "problem: node0" not in p.stdout and "problem: node1" not in p.stdout, p.stdout
+    # And with the share back, preflight passes.
+    ok = preflight(sandbox_cluster)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+
+
+def test_blocked_master_port_is_refused_before_torchrun(sandbox_cluster: ProvisionedCluster,
+                                                        tmp_path: Path) -> None:
+    """A firewall rule on node0 (its own nft table) drops node2's connections to the master
+    ports 29650-29699: train names the port and both nodes; no run is started."""
+    table = f"ct_test_{secrets.token_hex(3)}"
+    node2_ip = sandbox_cluster.nodes["node2"]
+    sandbox_cluster.exec("node0", "sh", "-ec",
+                         f"nft add table inet {table}; "
+                         f"nft 'add chain inet {table} input {{ type filter hook input "
+                         "priority -5 ; policy accept ; }'; "
+                         f"nft add rule inet {table} input ip saddr {node2_ip} "
+                         "tcp dport 29650-29699 drop")
+    try:
+        p = subprocess.run([sys.executable, "-m", "orchestrator", "train", "-i",
+                            str(sandbox_cluster.inventory), "--nodes", "3", "--master-port",
+                            "29650", "--runs-dir", str(tmp_path / "runs"), "--workdir",
+                            str(Path(__file__).resolve().parents[1] / "jobs"), "ddp_allreduce.py"],
+                           cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+    finally:
+        sandbox_cluster.exec("node0", "nft", "delete", "table", "inet", table)
+    assert p.returncode != 0
+    assert ("node2 cannot connect to node0's master port 29650 at "
+            f"{sandbox_cluster.nodes['node0']}: no answer within 3 s (packets dropped: a "
+            "firewall?); open TCP port 29650 on node0") in p.stderr, p.stdout + p.stderr
+    assert "node1 cannot connect" not in p.stderr
+    # Refused before anything started (other users' jobs may run on the nodes meanwhile).
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())
+    assert "syncing" not in p.stdout and "starting torchrun" not in p.stdout
+    # The listener on node0 was stopped: the port is free again at once.
+    free = sandbox_cluster.exec("node0", "python3", "-c",
+                                "import socket; s = socket.socket(); s.setsockopt("
+                                "socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+                                "s.bind(('0.0.0.0', 29650))", check=False)
+    assert free.returncode == 0, free.stderr
+
+
+def test_a_wheel_changed_on_the_share_is_refused_by_name(sandbox_cluster: ProvisionedCluster
+                                                         ) -> None:
+    """A copy of the wheelhouse on the share with one wheel changed after `wheelhouse`
+    wrote the lock: the python_env role refuses it, naming the wheel and both hashes. The
+    role runs on node2 into a scratch environment, so node2's own stays as it is."""
+    name = f"wheelhouse-ct-{secrets.token_hex(3)}"
+    copy = sandbox_cluster.share / name
+    shutil.copytree(sandbox_cluster.share / "wheelhouse", copy)  # a real copy, not links
+    wheel = copy / "mpmath-1.3.0-py3-none-any.whl"
+    original = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    with open(wheel, "ab") as fh:
+        fh.write(b"changed on the share")
+    changed = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    scratch = f"/tmp/{name}"
+    try:
+        p = playbook("playbooks/python_env.yml", "-i", str(sandbox_cluster.inventory),
+                     "--limit", "node2",
+                "-e", f"python_env_wheelhouse={SHARED}/{name}",
+                     "-e", f"python_env_home={scratch}",
+                     "-e", f"python_env_state_dir={scratch}/state")
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
+        sandbox_cluster.exec("node2", "rm", "-rf", scratch, check=False)
+    said = re.sub(r"\s+", " ", p.stdout)
+    assert p.returncode != 0, p.stdout[-3000:]
+    assert (f"does not match its lock on node2: mpmath-1.3.0-py3-none-any.whl (mpmath==1.3.0): "
+            f"expected sha256 {original}, got {changed}") in said, p.stdout[-3000:]
+    assert "Nothing was installed from it" in said

@@ -1,0 +1,159 @@
+"""The node package (orchestrator/node/) and how it reaches the nodes (cluster/nodelib.py):
+standard library only, one directory per version under the user's home, copied once; no
+program travels as a string or on a command line. The nodes are this machine (bash with a
+home of the test's own): the sandbox tests reach real nodes the same way."""
+
+from __future__ import annotations
+
+import ast
+import os
+import shlex
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cluster import nodelib
+from orchestrator.run.command import NodeCommand
+
+from ..local_node import LocalNode
+
+NODE = Path(nodelib.__file__).resolve().parents[1] / "node"
+ORCHESTRATOR = NODE.parent
+# What runs in the job's environment rather than the node's bare Python imports torch when
+# it runs: the doctor's measurements, and the torch check of the fingerprint.
+TORCH_WHEN_RUN = {"doctor.py", "fingerprint.py"}
+
+
+def imports(tree: ast.AST, top_level: bool) -> set[str]:
+    """The modules TREE imports (absolute names; relative ones as '.'): those it imports
+    when it is loaded (TOP_LEVEL: not inside a function), or those inside its functions."""
+    def walk(node: ast.AST, in_function: bool):
+        for child in ast.iter_child_nodes(node):
+            inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                      ast.Lambda))
+            yield child, inner
+            yield from walk(child, inner)
+
+    found = set()
+    for n, in_function in walk(tree, False):
+        if in_function == top_level:
+            continue
+        if isinstance(n, ast.Import):
+            found |= {a.name for a in n.names}
+        elif isinstance(n, ast.ImportFrom):
+            found.add("." if n.level else n.module or "")
+    return found
+
+
+@pytest.mark.parametrize("path", sorted(NODE.glob("*.py")), ids=lambda p: p.name)
+def test_a_node_module_imports_the_standard_library_and_the_package_only(path: Path) -> None:
+    tree = ast.parse(path.read_text())
+    ours = {".", "orchestrator.node"} | {n for n in imports(tree, True) | imports(tree, False)
+                                         if n.startswith("orchestrator.node.")}
+    stdlib = set(sys.stdlib_module_names) | {"__future__"}
+    top = {n for n in imports(tree, True) if n not in ours and n.split(".")[0] not in stdlib}
+    assert top == set(), f"{path.name} imports {top} when it is loaded"
+    inside = {n for n in imports(tree, False) if n not in ours and n.split(".")[0] not in stdlib}
+    allowed = {"torch"} if path.name in TORCH_WHEN_RUN else set()
+    assert {n.split(".")[0] for n in inside} <= allowed, f"{path.name} imports {inside}"
+
+
+def test_no_controller_module_reads_a_node_program_to_send_it() -> None:
+    """The node package travels as files, once (nodelib); nothing else reads a node
+    module's source, as the programs once were sent: by their source on a command line."""
+    readers = []
+    for path in ORCHESTRATOR.rglob("*.py"):
+        if path.parent == NODE or path.name == "nodelib.py":
+            continue
+        text = path.read_text()
+        if ".__file__).read" in text or "exec(compile(" in text:
+            readers.append(str(path.relative_to(ORCHESTRATOR)))
+    assert readers == []
+
+
+def command(**kw) -> NodeCommand:
+    base = dict(run_id="r1", node_rank=0, nnodes=2, nproc=1, master_addr="10.0.0.1",
+                master_port=29500, torchrun="/opt/env/bin/torchrun", home="/home/alice",
+                script="train.py", node="n0", nodes=("n0", "n1"), run_state="/mnt/s/r1")
+    return NodeCommand(**{**base, **kw})
+
+
+@pytest.mark.parametrize("line", [
+    command().shell(), command().follow(lease=True),
+    nodelib.command("/usr/bin/python3", "stop", ".clustertrain/jobs", "r1", "5"),
+    nodelib.command("/usr/bin/python3", "probe"), nodelib.install_command()],
+    ids=["launch", "follow", "stop", "probe", "install"])
+def test_no_program_travels_on_a_command_line(line: str) -> None:
+    assert " -c " not in line.replace("sh -c ", "") and "exec(" not in line
+    assert len(line) < 3000, len(line)   # the supervisor's source was 35 KB of it
+
+
+def test_the_node_package_is_copied_once_per_version(tmp_path: Path) -> None:
+    """The first call finds no copy (exit MISSING), copies this version and runs; a second
+    call, or a second launch of the same version, copies nothing."""
+    node = LocalNode(tmp_path)
+    state = tmp_path / "share"
+    state.mkdir()
+    first = nodelib.call(node, sys.executable, "states", str(state))
+    assert first.exit_code == 0 and '"states": {}' in first.stdout, first.stderr
+    assert len(node.runs) == 3 and node.runs[1] == nodelib.install_command()
+    lib = Path(nodelib.lib_dir(str(tmp_path)))
+    before = {p: p.stat().st_mtime_ns for p in lib.rglob("*.py")}
+    assert (lib / "node.py").is_file() and (lib / "orchestrator/node/supervise.py").is_file()
+    assert oct((tmp_path / ".clustertrain").stat().st_mode & 0o777) == "0o700"
+    node.runs.clear()
+    again = nodelib.call(node, sys.executable, "states", str(state))
+    assert again.exit_code == 0 and node.runs == [nodelib.command(sys.executable, "states",
+                                                                  str(state))]
+    assert nodelib.ensure(node, sys.executable) is False
+    assert {p: p.stat().st_mtime_ns for p in lib.rglob("*.py") if p in before} == before
+    assert [p.name for p in lib.parent.iterdir()] == [lib.name]   # one version, no leftovers
+
+
+def test_two_first_calls_at_once_leave_one_copy(tmp_path: Path) -> None:
+    """Two launches of a new version on one node (two users' runs, or two runs at once):
+    each unpacks into a directory of its own and the second finds the first in place."""
+    done: list[bool] = []
+
+    def one() -> None:
+        nodelib.install(LocalNode(tmp_path))
+        done.append(True)
+
+    threads = [threading.Thread(target=one) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    lib = Path(nodelib.lib_dir(str(tmp_path)))
+    assert len(done) == 4 and [p.name for p in lib.parent.iterdir()] == [lib.name]
+    assert (lib / "node.py").is_file()
+
+
+def test_the_version_is_the_content(monkeypatch: pytest.MonkeyPatch) -> None:
+    first = nodelib.bundle()
+    nodelib.bundle.cache_clear()
+    assert nodelib.bundle() == first   # the same files: the same version and bytes
+    files = nodelib._files()
+    changed = [(name, data + b"\n# changed\n" if name.endswith("supervise.py") else data)
+               for name, data in files]
+    monkeypatch.setattr(nodelib, "_files", lambda: changed)
+    nodelib.bundle.cache_clear()
+    try:
+        assert nodelib.bundle().version != first.version
+    finally:
+        monkeypatch.undo()
+        nodelib.bundle.cache_clear()
+
+
+def test_the_node_package_runs_from_its_copy_alone(tmp_path: Path) -> None:
+    """The copy on a node needs nothing of the controller's package: run with a Python
+    that sees only the copy (no site-packages, another working directory)."""
+    node = LocalNode(tmp_path)
+    nodelib.install(node)
+    entry = nodelib.entry(str(tmp_path))
+    result = node.run(f"cd / && {shlex.quote(sys.executable)} -S -E -s {shlex.quote(entry)} "
+                      f"states {shlex.quote(str(tmp_path))}")
+    assert result.exit_code == 0 and '"states"' in result.stdout, result.stderr
+    assert os.path.isdir(Path(entry).parent / "orchestrator" / "node" / "__pycache__")

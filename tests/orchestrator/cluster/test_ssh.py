@@ -1,0 +1,95 @@
+"""How `ssh.connect` treats what OpenSSH says when a connection fails.
+
+A stand-in `ssh` executable (a test double: a shell script that prints what OpenSSH prints
+and exits 255) plays the server that drops connections, so that every message OpenSSH
+is known to give can be shown quickly here. The real drops, from a bastion's sshd at its
+default MaxStartups, are in tests/orchestrator/run/test_real_site_sandbox.py.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cluster import ssh
+from orchestrator.errors import PreflightError
+
+# OpenSSH 9's words: the server dropping the connection itself, and a bastion on the way
+# (ProxyJump) dropping the jump.
+SERVER_DROP = "kex_exchange_identification: read: Connection reset by peer"
+BASTION_DROP = "banner exchange: Connection to UNKNOWN port 65535: Broken pipe"
+REFUSED = "alice@node0: Permission denied (publickey)."
+
+
+def stand_in_ssh(tmp_path: Path, stderr: str, failures: int,
+                 proxy_said: str | None = None) -> tuple[ssh.SshTarget, Path]:
+    """An `ssh` that fails its first FAILURES master connections with STDERR, then
+    connects; every master connection is counted in the returned file. A connection
+    without a master (ssh's diagnosis of a failed one) says PROXY_SAID, else STDERR."""
+    calls = tmp_path / "calls"
+    script = tmp_path / "ssh"
+    (tmp_path / "said").write_text(stderr + "\n")
+    (tmp_path / "proxy-said").write_text((proxy_said or stderr) + "\n")
+    script.write_text(f"""#!/bin/sh
+case " $* " in *" -O "*) exit 0;; esac
+case " $* " in *" ControlPath=none "*) cat {tmp_path}/proxy-said >&2; exit 255;; esac
+echo x >> {calls}
+if [ "$(wc -l < {calls})" -le {failures} ]; then cat {tmp_path}/said >&2; exit 255; fi
+exit 0
+""")
+    script.chmod(0o755)
+    return ssh.SshTarget(host="node0", user="alice", ssh_executable=str(script)), calls
+
+
+@pytest.fixture(autouse=True)
+def no_pause(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ssh.time, "sleep", lambda _s: None)
+
+
+@pytest.mark.parametrize("said", [SERVER_DROP, BASTION_DROP])
+def test_a_dropped_connection_is_tried_again(tmp_path: Path, said: str) -> None:
+    target, calls = stand_in_ssh(tmp_path, said, failures=ssh.DROPPED_RETRIES)
+    conn = ssh.connect("node0", target)
+    conn.close()
+    assert len(calls.read_text().splitlines()) == ssh.DROPPED_RETRIES + 1
+
+
+@pytest.mark.parametrize("said", [SERVER_DROP, BASTION_DROP])
+def test_dropped_every_time_names_maxstartups(tmp_path: Path, said: str) -> None:
+    target, calls = stand_in_ssh(tmp_path, said, failures=99)
+    with pytest.raises(PreflightError) as err:
+        ssh.connect("node0", target)
+    assert "MaxStartups" in str(err.value) and said in str(err.value)
+    assert len(calls.read_text().splitlines()) == ssh.DROPPED_RETRIES + 1
+
+
+def test_a_key_the_bastion_refused_is_named_not_taken_for_a_drop(tmp_path: Path) -> None:
+    """Through a ProxyJump, a master with ControlPersist hides what the jump said (OpenSSH
+    sends it to /dev/null): the refusal looks like a dropped connection. One connection
+    without a master tells them apart, and a refusal is not tried again."""
+    said = ("no such identity: /home/me/.ssh/gone: No such file or directory\n"
+            "alice@10.0.0.1: Permission denied (publickey).\n" + BASTION_DROP)
+    target, calls = stand_in_ssh(tmp_path, BASTION_DROP, failures=99, proxy_said=said)
+    with pytest.raises(PreflightError) as err:
+        ssh.connect("node0", target)
+    assert "the private key /home/me/.ssh/gone does not exist" in str(err.value)
+    assert "refused by alice@10.0.0.1" in str(err.value) and "MaxStartups" not in str(err.value)
+    assert len(calls.read_text().splitlines()) == 1
+
+
+@pytest.mark.parametrize("mode", ["0644", "0640"])
+def test_a_private_key_others_can_read_is_named_with_the_fix(tmp_path: Path, mode) -> None:
+    said = (f"Permissions {mode} for '/home/me/.ssh/id' are too open.\n"
+            'Load key "/home/me/.ssh/id": bad permissions\n' + REFUSED)
+    target, calls = stand_in_ssh(tmp_path, said, failures=99)
+    with pytest.raises(PreflightError) as err:
+        ssh.connect("node0", target)
+    assert f"has mode {mode}" in str(err.value) and "chmod 600 /home/me/.ssh/id" in str(err.value)
+    assert len(calls.read_text().splitlines()) == 1
+
+
+def test_a_refused_login_is_reported_at_once(tmp_path: Path) -> None:
+    target, calls = stand_in_ssh(tmp_path, REFUSED, failures=99)
+    with pytest.raises(PreflightError, match="refused .*ansible_user and the key"):
+        ssh.connect("node0", target)
+    assert len(calls.read_text().splitlines()) == 1

@@ -1,0 +1,275 @@
+"""Every verb of the node package, run as a node runs it: from the copy that
+cluster/nodelib.py installs under the user's home (`python3 ~/.clustertrain/lib/<version>/
+node.py VERB`), with a home of the test's own. One test per verb; the behaviour behind
+each verb is tested at length beside this file (test_supervise, test_stop, test_probe_verbs,
+test_carry, test_worker; the dump in diagnosis/test_diagnose); the sandbox tests run the
+same verbs over SSH."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator.node import __main__ as verbs
+from orchestrator.node.protocol import (
+    EXIT_MARKER,
+    FINISHED_MARKER,
+    HANG_SUBDIR,
+    PORT_CLAIMS_DIR,
+    RUN_ID_ENV,
+    End,
+)
+from orchestrator.node.stop import Tree
+
+from ..local_node import installed
+
+PY_SPY = shutil.which("py-spy", path=os.path.dirname(sys.executable))
+# A worker for the dump: a child of the job's group leader that carries RANK, as torchrun's.
+WORKER = "import time\ndef waiting_in_the_test():\n    time.sleep(300)\nwaiting_in_the_test()\n"
+JOB = ("import os, subprocess, sys, time\n"
+       f"subprocess.Popen([sys.executable, '-c', {WORKER!r}], env={{**os.environ, 'RANK': '0'}})\n"
+       "print('job started', flush=True)\n"
+       "time.sleep(300)\n")
+
+
+class Node:
+    """This machine as a node: HOME of its own, the node package installed there."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.entry = installed(home)
+
+    def verb(self, *args: str, stdin: str = "", env: dict[str, str] | None = None,
+             bare: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+        """node.py VERB ARGS, from /, with a Python that sees the copy alone (BARE: no
+        site-packages; the torch verb needs the environment's)."""
+        python = [sys.executable, "-S", "-E", "-s"] if bare else [sys.executable]
+        return subprocess.run([*python, str(self.entry), *args], input=stdin, cwd="/",
+                              capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, "HOME": str(self.home), **(env or {})})
+
+    def supervise(self, run: str, code: str, state_dir: Path) -> list[str]:
+        job = self.home / "jobs" / run
+        job.mkdir(parents=True)
+        return [sys.executable, str(self.entry), "supervise", "--job", str(job),
+                "--state-dir", str(state_dir), "--run", run, "--node", "n0", "--nodes", "n0",
+                "--grace", "1", "--", sys.executable, "-c", code]
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Node:
+    return Node(tmp_path / "home")
+
+
+@pytest.fixture
+def running(node: Node, tmp_path: Path) -> Iterator[Path]:
+    """A detached run on NODE whose torchrun stand-in has one worker (RANK=0): its job
+    directory, once the worker is up. Whatever is left of it is killed afterwards."""
+    run = "verbs-r1"
+    argv = node.supervise(run, JOB, tmp_path / "shared")
+    sup = subprocess.Popen(argv, env={**os.environ, "HOME": str(node.home), RUN_ID_ENV: run},
+                           start_new_session=True, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    job = node.home / "jobs" / run
+    deadline = time.monotonic() + 30
+    while not ((job / "output.log").exists() and "job started" in
+               (job / "output.log").read_text()):
+        assert time.monotonic() < deadline, "the job did not start"
+        time.sleep(0.05)
+    yield job
+    for pid in Tree(sup.pid).members():
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+    sup.wait(timeout=30)
+
+
+COVERED: dict[str, str] = {}  # verb: the test of it
+
+
+def covers(*names: str):
+    def mark(test):
+        COVERED.update({name: test.__name__ for name in names})
+        return test
+    return mark
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def bindable(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def alive_in_group(pgid: int) -> list[int]:
+    """The live processes of group PGID (a zombie is dead: here PID 1 may not reap)."""
+    alive = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            alive.append(int(entry))
+    return alive
+
+
+def last_json(out: subprocess.CompletedProcess) -> dict | list:
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_every_verb_has_a_test_here() -> None:
+    parser = verbs._parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(COVERED) == set(sub.choices) | {"worker"}  # worker: parsed by the script
+
+
+@covers("supervise")
+def test_verb_supervise_runs_the_command_and_records_its_end(node: Node, tmp_path: Path) -> None:
+    argv = node.supervise("verbs-r0", "print('hello from the job'); raise SystemExit(3)",
+                          tmp_path / "shared")
+    assert subprocess.run(argv, env={**os.environ, "HOME": str(node.home)},
+                          timeout=60).returncode == 0
+    job = node.home / "jobs" / "verbs-r0"
+    assert json.loads((job / "exit").read_text())["code"] == 3
+    shared = json.loads((tmp_path / "shared" / "n0.json").read_text())
+    assert (shared["code"], shared["reason"]) == (3, End.EXITED.value)
+    assert "hello from the job" in (job / "output.log").read_text()
+
+
+@covers("follow")
+def test_verb_follow_prints_the_output_then_the_exit_marker(node: Node, tmp_path: Path) -> None:
+    argv = node.supervise("verbs-r0", "print('hello from the job'); raise SystemExit(3)",
+                          tmp_path / "shared")
+    subprocess.run(argv, env={**os.environ, "HOME": str(node.home)}, timeout=60, check=True)
+    out = node.verb("follow", "--job", str(node.home / "jobs" / "verbs-r0"))
+    assert out.returncode == 3, out.stderr   # the job's own
+    lines = out.stdout.splitlines()
+    assert "hello from the job" in lines[0]
+    assert lines[-1].startswith(f"{EXIT_MARKER} 3 {End.EXITED.value}")
+
+
+@covers("stop")
+def test_verb_stop_ends_the_runs_processes(node: Node, running: Path, tmp_path: Path) -> None:
+    pgid = int((running / "pgid").read_text())
+    said = last_json(node.verb("stop", "jobs", running.name, "1"))
+    assert isinstance(said, dict) and said["found"] and said["initial"] and not said["left"]
+    deadline = time.monotonic() + 30
+    state = tmp_path / "shared" / "n0.json"
+    while "reason" not in (ended := json.loads(state.read_text())):
+        assert time.monotonic() < deadline, "the supervisor wrote no end"  # it beats till then
+        time.sleep(0.05)
+    assert not alive_in_group(pgid)
+    assert ended["reason"] == End.STOPPED.value
+
+
+@covers("dump")
+def test_verb_dump_reads_every_workers_stack(node: Node, running: Path) -> None:
+    assert PY_SPY is not None, "py-spy is a test dependency (pyproject.toml): make venv"
+    entries = last_json(node.verb("dump", "jobs", running.name, PY_SPY))
+    assert isinstance(entries, list) and [e["rank"] for e in entries] == [0], entries
+    assert "waiting_in_the_test" in entries[0]["dump"]
+
+
+@covers("probe", "release")
+def test_verb_probe_claims_the_master_port_and_release_drops_the_claim(
+        node: Node, tmp_path: Path) -> None:
+    run, port = f"verbs-{os.getpid()}", free_port()
+    request = {"shared": {"path": str(tmp_path), "fstypes": None}, "addresses": [],
+               "port": port, "run": run, "state_dir": str(tmp_path / "state")}
+    found = last_json(node.verb("probe", stdin=json.dumps(request)))
+    assert isinstance(found, dict) and found["port_free"] is True and found["free_port"] == port
+
+    def claimed() -> list[str]:
+        return [n for n in os.listdir(PORT_CLAIMS_DIR) if n.endswith("." + run)]
+    assert claimed(), "the launch's probe claimed no port"
+    assert node.verb("release", run).returncode == 0
+    assert not claimed()
+
+
+@covers("reach", "unlisten")
+def test_verb_reach_connects_to_node0s_listener_and_unlisten_ends_it(
+        node: Node, tmp_path: Path) -> None:
+    port = free_port()
+    request = {"shared": {"path": str(tmp_path), "fstypes": None},
+               "addresses": ["127.0.0.1"], "port": port, "run": None,
+               "state_dir": str(tmp_path / "state"),
+               "listen": {"nonce": "v1", "expect": 3, "address": "127.0.0.1", "timeout": 3,
+                          "seconds": 30}}
+    listening = last_json(node.verb("probe", stdin=json.dumps(request)))
+    assert isinstance(listening, dict) and listening["listener"]["ok"], listening
+    got = last_json(node.verb("reach", stdin=json.dumps(
+        {"addr": "127.0.0.1", "port": port, "nonce": "v1", "timeout": 3, "token": None})))
+    assert isinstance(got, dict) and got["connect"] == {"ok": True, "error": None}
+    assert not bindable(port), "one node of three came: node 0 listens on"
+    assert node.verb("unlisten", str(port), "v1").returncode == 0
+    deadline = time.monotonic() + 10
+    while not bindable(port):
+        assert time.monotonic() < deadline, "unlisten left the listener on the port"
+        time.sleep(0.05)
+
+
+@covers("states")
+def test_verb_states_reads_the_nodes_states_and_hang_dumps(node: Node, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    (state / HANG_SUBDIR).mkdir(parents=True)
+    (state / "n0.json").write_text(json.dumps({"code": 1, "reason": "exited"}))
+    (state / HANG_SUBDIR / "n0.json").write_text(json.dumps({"node": "n0", "ranks": []}))
+    said = last_json(node.verb("states", str(state)))
+    assert isinstance(said, dict)
+    assert said["states"] == {"n0": {"code": 1, "reason": "exited"}}
+    assert said["hang"] == {"n0": {"node": "n0", "ranks": []}}
+
+
+@covers("torch")
+def test_verb_torch_says_what_this_python_sees(node: Node) -> None:
+    said = last_json(node.verb("torch", bare=False))
+    import torch
+    assert isinstance(said, dict)
+    assert said["torch_import"] == "ok" and said["version"] == torch.__version__
+
+
+@covers("carry")
+def test_verb_carry_brings_what_the_last_run_wrote(node: Node) -> None:
+    code = node.home / ".clustertrain" / "code"
+    (code / "r1").mkdir(parents=True)
+    (code / "r1" / "train.py").write_text("v1")
+    assert last_json(node.verb("carry", str(code), "r1", "w"))["from"] is None  # type: ignore[call-overload]
+    (code / "r1" / "snapshot.pt").write_text("epoch 2")   # the job wrote it
+    (code / "r2").mkdir()
+    (code / "r2" / "train.py").write_text("v2")
+    said = last_json(node.verb("carry", str(code), "r2", "w"))
+    assert isinstance(said, dict) and said["carried"] == ["snapshot.pt"]
+    assert (code / "r2" / "snapshot.pt").read_text() == "epoch 2"
+
+
+@covers("worker")
+def test_verb_worker_runs_the_script_to_a_marked_end(node: Node, tmp_path: Path) -> None:
+    script = tmp_path / "job.py"
+    script.write_text("import sys\nprint('args', sys.argv[1:])\nraise SystemExit(3)\n")
+    out = node.verb("worker", str(script), "--lr", "0.1", env={"RANK": "5"})
+    assert out.returncode == 3, out.stderr
+    assert "args ['--lr', '0.1']" in out.stdout
+    assert FINISHED_MARKER.format(rank=5, code=3) in out.stdout + out.stderr
