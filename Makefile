@@ -17,7 +17,7 @@ SYSTEM_PACKAGES := podman runc debootstrap rsync openssh-client libnfs-utils pyt
 help:
 	@echo "make demo            2-node sandbox cluster: provision it and train on it"
 	@echo "make test            everything CI runs: lint, unit, molecule, sandbox and e2e tests"
-	@echo "make unit            unit tests only (seconds)"
+	@echo "make unit            unit tests only (about 2 minutes)"
 	@echo "make sandbox-tests   orchestrator and e2e tests on one provisioned sandbox cluster"
 	@echo "make bench           benchmarks (results in bench/results/)"
 	@echo "make lint            ansible-lint (production profile), syntax checks, ruff and mypy"
@@ -48,8 +48,9 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-# Pure unit tests: seconds. `make test` also runs the slow ones.
-unit: venv
+# Pure unit tests: about two minutes on 2 cores. `make test` also runs the slow ones.
+# deps: some use rsync and debootstrap on this machine.
+unit: deps venv
 	$(BIN)/pytest -m "not sandbox and not e2e and not slow" -q
 
 molecule: deps venv

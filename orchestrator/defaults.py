@@ -30,5 +30,6 @@ MAX_RESTARTS = 0                          # --max-restarts (torchrun's)
 RDZV_BACKEND = "static"                   # --rdzv-backend static|c10d
 # -- doctor's measurements ----------------------------------------------------------------
 LINK_SECONDS = _doctor.LINK_SECONDS       # --link-seconds
+COMPUTE_SECONDS = _doctor.COMPUTE_SECONDS # doctor's GFLOP/s measurement
 ALLREDUCE_MB = _doctor.ALLREDUCE_MB       # --allreduce-mb
 DOCTOR_HANG_TIMEOUT = 120.0               # doctor's own run is watched for hangs this long

@@ -19,7 +19,6 @@ by the same rule, between nodes that are not suspects already, names both its en
 from __future__ import annotations
 
 import json
-import math
 import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -30,9 +29,8 @@ from .. import defaults
 from ..cluster.inventory import Cluster
 from ..errors import ClusterError, LaunchError
 from ..node import doctor as node_doctor
-from ..run.lifecycle import run_training
 from ..run.record import RunDir, new_run_id
-from ..run.spec import RunSpec
+from ..run.spec import RunSpec, check_measures
 
 K = TypeVar("K")
 SLOW_RATIO = 0.5        # below half the median: slow
@@ -47,24 +45,6 @@ BAD_CLOCK_EVENTS = {0x8: "hardware slowdown", 0x20: "software thermal slowdown",
 
 
 DOCTOR_MODULE = node_doctor.__name__   # orchestrator.node.doctor, run from the node package
-MAX_SECONDS = 60.0          # --link-seconds, --compute-seconds
-MAX_ALLREDUCE_MB = 8192.0   # --allreduce-mb: 8 GB per rank
-
-
-def check_measures(link_seconds: float, allreduce_mb: float,
-                   label: Callable[[str], str] = lambda key: f"--{key.replace('_', '-')}",
-                   compute_seconds: float = node_doctor.COMPUTE_SECONDS) -> None:
-    """LaunchError for a measurement doctor cannot make; LABEL: where each was given."""
-    for key, value in (("link_seconds", link_seconds), ("compute_seconds", compute_seconds)):
-        if not math.isfinite(value) or not 0 < value <= MAX_SECONDS:
-            raise LaunchError(f"{label(key)} {value:g}: give a number above 0 and at most "
-                              f"{MAX_SECONDS:g} (seconds to measure)")
-    if not math.isfinite(allreduce_mb) or not 0 < allreduce_mb <= MAX_ALLREDUCE_MB:
-        raise LaunchError(f"{label('allreduce_mb')} {allreduce_mb:g}: give a number above 0 and "
-                          f"at most {MAX_ALLREDUCE_MB:g} (the all_reduce's size in MB; every "
-                          "rank holds a tensor of that size)")
-
-
 @dataclass(frozen=True)
 class DoctorRequest:
     link_seconds: float = node_doctor.LINK_SECONDS
@@ -167,9 +147,11 @@ def thresholds() -> dict:
 
 # --- running it ----------------------------------------------------------------------
 
-def run_doctor(cluster: Cluster, request: DoctorRequest) -> DoctorReport:
-    """Run the measurements on CLUSTER's nodes as a job (preflight, sync, torchrun on every
-    node, logs under runs/), analyse them and keep the analysis as doctor.json."""
+def run_doctor(cluster: Cluster, request: DoctorRequest,
+               run_training: Callable[..., int]) -> DoctorReport:
+    """Run the measurements on CLUSTER's nodes as a job (RUN_TRAINING: the lifecycle's,
+    which runs every job: preflight, torchrun on every node, logs under runs/), analyse
+    them and keep the analysis as doctor.json."""
     if len(cluster.nodes) < 2:
         raise LaunchError(f"doctor compares the nodes with each other (their links, their "
                           f"GFLOP/s), and {cluster.names[0]} alone has nothing to be "

@@ -11,6 +11,7 @@ from pathlib import Path
 from .. import defaults
 from ..checks.doctor import DoctorReport, DoctorRequest, render, run_doctor, thresholds
 from ..cluster.inventory import Cluster, load_cluster
+from ..run.lifecycle import run_training
 from .cmd_preflight import add_selection_args
 
 
@@ -33,10 +34,10 @@ def diagnose_cluster(cluster: Cluster, request: DoctorRequest, as_json: bool) ->
     the run's own lines go to standard error)."""
     if as_json:
         with contextlib.redirect_stdout(sys.stderr):
-            report = run_doctor(cluster, request)
+            report = run_doctor(cluster, request, run_training)
         print(json.dumps(report.to_json(), indent=2))
     else:
-        report = run_doctor(cluster, request)
+        report = run_doctor(cluster, request, run_training)
         print(render(report))
     return report
 

@@ -16,8 +16,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections import deque
-from dataclasses import dataclass, field
 from typing import IO, Any, cast
 
 from .. import defaults
@@ -32,46 +30,12 @@ from .logstream import LineSplitter, is_record
 from .record import RunDir, iso
 from .scheduler import Scheduler
 from .spec import HangWatch, OnHang
+from .status import JobResult, NodeOutcome
 
-LAST_LINES = 30          # any line: torchrun's own error report is about 20 lines
-LAST_WORKER_LINES = 10   # lines the training processes printed
 WATCH_INTERVAL = 0.5     # seconds between checks that each node's master connection lives
 HEARTBEAT = 1.0          # seconds between the lease renewals sent to every node
 PROGRESS_INTERVAL = 1.0  # seconds between looks at the run's progress (stragglers)
 FOUND_BY = "the nodes"   # who found an attached run hung, in its summary
-
-
-@dataclass
-class NodeOutcome:
-    node: str
-    exit_code: int | None = None     # None: no exit status (connection lost)
-    reason: End = End.RUNNING        # EXITED, LOST or STOPPED (`why` says for what)
-    why: str = ""                    # e.g. the peer that failed
-    ended: float | None = None
-    last_lines: deque = field(default_factory=lambda: deque(maxlen=LAST_LINES))
-    last_worker_lines: deque = field(default_factory=lambda: deque(maxlen=LAST_WORKER_LINES))
-
-    @property
-    def failed(self) -> bool:
-        return self.reason == End.LOST or (self.exit_code not in (0, None))
-
-
-@dataclass
-class JobResult:
-    outcomes: dict[str, NodeOutcome]
-    first_failed: str | None
-    interrupted: bool
-    started: float
-    ended: float
-    why_interrupted: str = ""
-    hang: dict[str, Any] | None = None   # the hang found (summary.json "hang")
-    hung: bool = False                   # and the run was stopped for it
-    progress: dict[str, Any] = field(default_factory=dict)  # step times, stragglers
-
-    @property
-    def ok(self) -> bool:
-        return not self.interrupted and self.first_failed is None and all(
-            o.exit_code == 0 for o in self.outcomes.values())
 
 
 class Job:

@@ -199,7 +199,7 @@ def _doctor_first(spec: RunSpec, cluster: Cluster, dry_run: bool) -> None:
     from ..checks.doctor import DoctorRequest, render, run_doctor
     report = run_doctor(cluster, DoctorRequest(
         link_seconds=spec.link_seconds, allreduce_mb=spec.allreduce_mb,
-        runs_dir=spec.runs_dir, master_port=spec.master_port))
+        runs_dir=spec.runs_dir, master_port=spec.master_port), run_training)
     print(render(report))
     if report.suspects and not spec.ignore_suspects:
         raise LaunchError(

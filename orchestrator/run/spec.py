@@ -13,7 +13,7 @@ from __future__ import annotations
 import difflib
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
@@ -255,7 +255,6 @@ def from_sources(given: Mapping[str, Given]) -> RunSpec:
         raise LaunchError(f"{label('on_hang')} {on_hang!r}: give stop or wait")
     if get("ignore_suspects") and not get("doctor"):
         raise LaunchError("--ignore-suspects goes with --doctor")
-    from ..checks.doctor import check_measures
     link_seconds = float(get("link_seconds", defaults.LINK_SECONDS))
     allreduce_mb = float(get("allreduce_mb", defaults.ALLREDUCE_MB))
     check_measures(link_seconds, allreduce_mb, label)
@@ -335,3 +334,23 @@ def _env(given: Given) -> dict[str, str]:
 
 def with_run_id(spec: RunSpec, run_id: str) -> RunSpec:
     return replace(spec, run_id=run_id)
+
+
+# --- doctor's measurements (train --doctor, doctor) ----------------------------------------
+
+MAX_SECONDS = 60.0          # --link-seconds, --compute-seconds
+MAX_ALLREDUCE_MB = 8192.0   # --allreduce-mb: 8 GB per rank
+
+
+def check_measures(link_seconds: float, allreduce_mb: float,
+                   label: Callable[[str], str] = lambda key: f"--{key.replace('_', '-')}",
+                   compute_seconds: float = defaults.COMPUTE_SECONDS) -> None:
+    """LaunchError for a measurement doctor cannot make; LABEL: where each was given."""
+    for key, value in (("link_seconds", link_seconds), ("compute_seconds", compute_seconds)):
+        if not math.isfinite(value) or not 0 < value <= MAX_SECONDS:
+            raise LaunchError(f"{label(key)} {value:g}: give a number above 0 and at most "
+                              f"{MAX_SECONDS:g} (seconds to measure)")
+    if not math.isfinite(allreduce_mb) or not 0 < allreduce_mb <= MAX_ALLREDUCE_MB:
+        raise LaunchError(f"{label('allreduce_mb')} {allreduce_mb:g}: give a number above 0 and "
+                          f"at most {MAX_ALLREDUCE_MB:g} (the all_reduce's size in MB; every "
+                          "rank holds a tensor of that size)")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import shlex
 import signal
 import sys
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
@@ -28,8 +29,45 @@ from .ends import NodeEnds, how_it_ended, scan_log
 
 if TYPE_CHECKING:
     from .command import NodeCommand
-    from .follow import JobResult
     from .record import RunDir
+
+LAST_LINES = 30          # any line: torchrun's own error report is about 20 lines
+LAST_WORKER_LINES = 10   # lines the training processes printed
+
+
+@dataclass
+class NodeOutcome:
+    """How one node's part of a run ended, as the controller that followed it saw it."""
+    node: str
+    exit_code: int | None = None     # None: no exit status (connection lost)
+    reason: End = End.RUNNING        # EXITED, LOST or STOPPED (`why` says for what)
+    why: str = ""                    # e.g. the peer that failed
+    ended: float | None = None
+    last_lines: deque = field(default_factory=lambda: deque(maxlen=LAST_LINES))
+    last_worker_lines: deque = field(default_factory=lambda: deque(maxlen=LAST_WORKER_LINES))
+
+    @property
+    def failed(self) -> bool:
+        return self.reason == End.LOST or (self.exit_code not in (0, None))
+
+
+@dataclass
+class JobResult:
+    """What following a run to its end found: the rule (decide) reads it."""
+    outcomes: dict[str, NodeOutcome]
+    first_failed: str | None
+    interrupted: bool
+    started: float
+    ended: float
+    why_interrupted: str = ""
+    hang: dict[str, Any] | None = None   # the hang found (summary.json "hang")
+    hung: bool = False                   # and the run was stopped for it
+    progress: dict[str, Any] = field(default_factory=dict)  # step times, stragglers
+
+    @property
+    def ok(self) -> bool:
+        return not self.interrupted and self.first_failed is None and all(
+            o.exit_code == 0 for o in self.outcomes.values())
 
 
 class RunStatus(str, Enum):

@@ -12,9 +12,15 @@ from orchestrator.errors import LaunchError
 from orchestrator.node.protocol import End
 from orchestrator.run.command import NodeCommand
 from orchestrator.run.ends import NodeEnds, scan_log
-from orchestrator.run.follow import JobResult, NodeOutcome
 from orchestrator.run.record import RunDir
-from orchestrator.run.status import NodeEnd, conclude as _conclude, judge, make_summary
+from orchestrator.run.status import (
+    JobResult,
+    NodeEnd,
+    NodeOutcome,
+    conclude as _conclude,
+    judge,
+    make_summary,
+)
 
 # What torchrun 2.13 printed (node log, prefixed by logstream) when rank 1 aborted after
 # the runner's marker: the report's format is torch's (multiprocessing/errors).
