@@ -5,6 +5,7 @@ share, and the node-side defaults. Imported by both sides (standard library only
 
 from __future__ import annotations
 
+import re
 from enum import Enum
 
 # -- where a user's state lives on a node (relative to that user's home; mode 0700) --------
@@ -52,6 +53,16 @@ KEEP_RUNS = 20        # snapshots and job directories kept per user and node
 HANG_GATHER = 45.0    # seconds a node that dumped for a hang waits for its peers' dumps
 HANG_SAMPLES = 3      # stack samples of every rank taken for a hang, a second apart
 HANG_INTERVAL = 1.0
+# An attached run: how long a node leaves a peer's collective timeout to the controller,
+# which dumps the ranks still running (one of them held the others up) and then stops
+# them; past it, the node stops its ranks itself.
+TIMEOUT_DUMP_WAIT = 30.0
+
+# A rank's collective timing out (gloo's words, NCCL's watchdog's). The supervisor marks
+# its end with it ("timed_out"); the controller reads it in the node's last lines.
+COLLECTIVE_TIMEOUT = re.compile(r"Timed out waiting \d+ms for \w+ operation|"
+                                r"Watchdog caught collective operation timeout|"
+                                r"ran for \d+ milliseconds before timing out")
 
 
 class End(str, Enum):

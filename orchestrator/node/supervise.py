@@ -29,6 +29,7 @@ from .dump import dump_workers, py_spy_for
 from .protocol import (
     BEAT,
     CODE_SUBDIR,
+    COLLECTIVE_TIMEOUT,
     EXIT_FILE,
     FR_SUBDIR,
     GO,
@@ -49,10 +50,13 @@ from .protocol import (
     STOP_REQUESTED,
     SUPERVISOR_LOG,
     SUPERVISOR_PID,
+    TIMEOUT_DUMP_WAIT,
     End,
 )
 from .stop import stop_tree
 from .util import read_json, read_pid, write_json
+
+TAIL_BYTES = 64 * 1024  # of torchrun's output, read for the words of a collective timeout
 
 
 class Peers:
@@ -102,6 +106,10 @@ class Peers:
             if kind in found:
                 return kind, found[kind]
         return None
+
+    def timed_out(self, name: str) -> bool:
+        """Peer NAME's torchrun failed after a collective timed out (see _timed_out)."""
+        return bool((self.states.get(name) or {}).get("timed_out"))
 
     def any_dumped(self) -> bool:
         """A peer found the run hung and dumped its workers (see _supervise)."""
@@ -270,6 +278,7 @@ def _supervise(args: argparse.Namespace) -> int:
     peers = Peers(state_dir, args.nodes.split(","), args.node)
     beat, why = 0, ""
     reason: End | None = None
+    left_to_controller: float | None = None  # since when (see TIMEOUT_DUMP_WAIT)
     dumped_at: float | None = None  # this hang's stacks are on the share (once a hang)
     dumping: threading.Thread | None = None  # the dump in progress: the beat goes on
     state = {"node": args.node, "user": getpass.getuser(), "state": "running",
@@ -284,6 +293,13 @@ def _supervise(args: argparse.Namespace) -> int:
             print(f"{time.strftime('%H:%M:%S')} heartbeat not written: {exc}", flush=True)
         if reason is None:
             found = peers.verdict()
+            if found and found[0] == End.PEER_FAILED and args.attached \
+                    and peers.timed_out(found[1]):
+                # The controller dumps the ranks still running, then stops them: stopping
+                # them here first would lose the rank that held the collective up.
+                left_to_controller = left_to_controller or time.monotonic()
+                if time.monotonic() - left_to_controller < TIMEOUT_DUMP_WAIT:
+                    found = None
             # Hung: no node made progress for the timeout. Every node dumps its workers
             # first and says so in its state; with --on-hang stop, a node stops only once
             # every peer has dumped (or HANG_GATHER passed), or its stop would end the
@@ -331,9 +347,22 @@ def _supervise(args: argparse.Namespace) -> int:
         reason, why = End.HUNG, f"no rank made progress (--hang-timeout {args.hang_timeout:g})"
     final = {**state, "state": "ended", "code": code, "reason": (reason or End.EXITED).value,
              "why": why, "beat": beat + 1, "ended": time.time()}
+    if reason is None and code != 0 and _timed_out(job):
+        final["timed_out"] = True
     write_json(mine, final)
     write_json(os.path.join(job, EXIT_FILE), final)
     return 0
+
+
+def _timed_out(job: str) -> bool:
+    """Whether the end of torchrun's output tells of a collective that timed out."""
+    try:
+        with open(os.path.join(job, OUTPUT_LOG), "rb") as fh:
+            fh.seek(max(0, os.fstat(fh.fileno()).st_size - TAIL_BYTES))
+            tail = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return False
+    return COLLECTIVE_TIMEOUT.search(tail) is not None
 
 
 def _quiet_for(job: str) -> float:

@@ -35,11 +35,6 @@ RESTART = "will restart worker group"
 # stopped): gloo's and NCCL's words for it. Such a rank's node is not its run's cause.
 PEER_GONE = re.compile(r"Connection (?:reset|closed) by peer|remote process exited|"
                        r"ncclRemoteError")
-# A rank's collective timing out (gloo's words, NCCL's watchdog's): the rank that held it
-# up is among those still running, so they are dumped before they are stopped.
-COLLECTIVE_TIMEOUT = re.compile(r"Timed out waiting \d+ms for \w+ operation|"
-                                r"Watchdog caught collective operation timeout|"
-                                r"ran for \d+ milliseconds before timing out")
 
 
 @dataclass

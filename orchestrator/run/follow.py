@@ -23,9 +23,9 @@ from ..cluster import ssh
 from ..cluster.inventory import NodeSpec
 from ..diagnosis.diagnose import analyse, read_node_dumps
 from ..diagnosis.progress import Progress
-from ..node.protocol import HANG_GATHER, HANG_MARKER, End
+from ..node.protocol import COLLECTIVE_TIMEOUT, HANG_GATHER, HANG_MARKER, End
 from .command import EXIT_MARKER, NodeCommand
-from .ends import COLLECTIVE_TIMEOUT, PEER_GONE
+from .ends import PEER_GONE
 from .logstream import LineSplitter, is_record
 from .record import RunDir, iso
 from .scheduler import Scheduler

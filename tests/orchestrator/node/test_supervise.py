@@ -97,6 +97,60 @@ def test_a_failed_peer_stops_this_node(tmp_path: Path) -> None:
             p.kill()
 
 
+# A rank's last words when gloo's collective timed out, as torchrun's output has them.
+TIMED_OUT = ("import sys\nprint('RuntimeError: [../third_party/gloo/gloo/transport/tcp/"
+             "pair.cc:534] Timed out waiting 10000ms for recv operation to complete', "
+             "flush=True)\nsys.exit(1)\n")
+
+
+@pytest.mark.parametrize("job_code, timed_out", [(TIMED_OUT, True), (JOB, False)])
+def test_a_node_whose_collective_timed_out_says_so_in_its_end(
+        tmp_path: Path, job_code: str, timed_out: bool) -> None:
+    sup = start(tmp_path, "n0", seconds=0.2, code=1, nodes="n0", job_code=job_code)
+    assert sup.wait(timeout=30) == 0
+    state = json.loads((tmp_path / "shared" / "n0.json").read_text())
+    assert (state["code"], state["reason"]) == (1, "exited")
+    assert state.get("timed_out", False) is timed_out
+
+
+def test_a_peers_collective_timeout_stops_a_detached_node_at_once(tmp_path: Path) -> None:
+    """Detached, nobody else dumps the ranks still running: this node stops as for any
+    failed peer."""
+    healthy = start(tmp_path, "n0")
+    failing = start(tmp_path, "n1", code=1, job_code=TIMED_OUT)
+    try:
+        assert failing.wait(timeout=30) == 0
+        state = wait_file(tmp_path / "n0" / "job" / "exit", timeout=10)
+        assert (state["reason"], state["why"]) == ("peer-failed", "n1")
+    finally:
+        for p in (healthy, failing):
+            p.kill()
+
+
+@pytest.mark.slow
+def test_an_attached_node_leaves_a_peers_collective_timeout_to_the_controller(
+        tmp_path: Path) -> None:
+    """Attached, the controller dumps the ranks still running (one of them held the
+    collective up) and then stops them: the node does not stop them first, or the rank
+    to name is gone before it is dumped. A controller that does not act within
+    TIMEOUT_DUMP_WAIT is not waited for longer."""
+    waiting = start(tmp_path, "n0", attached=True, lease_timeout=120)
+    failing = start(tmp_path, "n1", code=1, job_code=TIMED_OUT)
+    job = tmp_path / "n0" / "job"
+    try:
+        assert failing.wait(timeout=30) == 0
+        t0 = time.monotonic()
+        time.sleep(5 * protocol.BEAT)
+        assert not (job / "exit").exists() and group_alive(job)
+        state = wait_file(job / "exit", timeout=protocol.TIMEOUT_DUMP_WAIT + 15)
+        assert (state["reason"], state["why"]) == ("peer-failed", "n1")
+        assert time.monotonic() - t0 > protocol.TIMEOUT_DUMP_WAIT - 5 * protocol.BEAT - 2
+        assert not group_alive(job)
+    finally:
+        for p in (waiting, failing):
+            p.kill()
+
+
 def test_a_silent_peer_is_lost(tmp_path: Path, monkeypatch) -> None:
     """n1 stops beating (its node died): n0 stops after PEER_TIMEOUT."""
     n0 = start(tmp_path, "n0")
