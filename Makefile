@@ -49,16 +49,19 @@ lint: venv
 	$(BIN)/mypy
 
 # Pure unit tests: about two minutes on 2 cores. `make test` also runs the slow ones.
-# deps: some use rsync and debootstrap on this machine.
+# deps: some use rsync and debootstrap on this machine. Two at a time (pytest-xdist): many
+# wait on real processes rather than use a core.
+PYTEST_UNIT := $(BIN)/pytest -n 2 -q
 unit: deps venv
-	$(BIN)/pytest -m "not sandbox and not e2e and not slow" -q
+	$(PYTEST_UNIT) -m "not sandbox and not e2e and not slow"
 
 molecule: deps venv
 	cd $(CURDIR) && $(BIN)/molecule test -s $(SCENARIO)
 
 # Sandbox and end-to-end tests in one session: they share one cluster provisioned by site.yml.
+# One at a time: they share the cluster, and some measure its nodes' speed.
 sandbox-tests: deps venv
-	$(BIN)/pytest -m "sandbox or e2e" -q
+	$(BIN)/pytest -m "sandbox or e2e" -q --durations=15
 
 molecule-all: deps venv
 	$(BIN)/molecule test --all
@@ -82,7 +85,7 @@ bench: deps venv
 # Everything CI runs (.ci/run calls this). Stops at the first failing stage.
 test: deps venv
 	$(MAKE) lint
-	$(BIN)/pytest -m "not sandbox and not e2e" -q
+	$(PYTEST_UNIT) -m "not sandbox and not e2e" --durations=10
 	$(MAKE) sandbox-tests
 	$(MAKE) molecule-all
 

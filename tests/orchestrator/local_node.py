@@ -5,6 +5,8 @@ installer (cluster/nodelib.py), as on a node."""
 from __future__ import annotations
 
 import os
+import random
+import socket
 import subprocess
 from pathlib import Path
 
@@ -40,3 +42,18 @@ def installed(home: Path) -> Path:
     entry = Path(nodelib.entry(str(home)))
     assert entry.is_file(), entry
     return entry
+
+
+def unused_port() -> int:
+    """A TCP port nothing on this machine uses now, below the kernel's ephemeral range
+    (32768 and up): a port from bind(0), once closed, can be taken at once by another
+    test's outgoing connection when the tests run in parallel (pytest -n)."""
+    for _ in range(500):
+        port = random.randrange(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no unused port between 20000 and 32000")

@@ -7,6 +7,8 @@ import socket
 import subprocess
 import sys
 
+from ..local_node import unused_port
+
 # The node package's verbs, as a node runs them (`node.py VERB`).
 NODE = [sys.executable, "-m", "orchestrator.node"]
 
@@ -72,9 +74,7 @@ def test_two_launches_at_once_claim_different_ports() -> None:
 
     from orchestrator.node.probe import LEASE_DIR
 
-    s = listener()
-    base = s.getsockname()[1]
-    s.close()  # a port that is free now
+    base = unused_port()
     a, b = f"run-a-{secrets.token_hex(3)}", f"run-b-{secrets.token_hex(3)}"
     try:
         first, second = run_probe(base, a), run_probe(base, b)
@@ -206,13 +206,6 @@ def test_shared_path_of_the_wrong_type_and_writable_share(tmp_path: Path, shm_sh
     assert user_dir.is_dir() and list(user_dir.iterdir()) == []  # the probe file is gone
 
 
-def free_port() -> int:
-    s = listener()
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def reach(port: int, nonce: str, token: dict | None, timeout: float = 3) -> dict:
     request = {"addr": "127.0.0.1", "port": port, "nonce": nonce, "timeout": timeout,
                "token": token}
@@ -236,7 +229,7 @@ def wait_until(check, timeout: float = 10) -> bool:
 
 
 def test_node0_listens_until_every_node_connected_and_reads_the_token(tmp_path, shm_share):
-    port = free_port()
+    port = unused_port()
     token = {"name": ".clustertrain-token-test", "value": "v" * 32}
     out = probe_request(tmp_path, port=port, addresses=["127.0.0.1"],
                         shared={"path": str(shm_share), "fstypes": None, "token": token},
@@ -258,7 +251,7 @@ def test_node0_listens_until_every_node_connected_and_reads_the_token(tmp_path, 
 
 
 def test_a_listener_is_stopped_when_a_node_does_not_come(tmp_path, shm_share) -> None:
-    port = free_port()
+    port = unused_port()
     out = probe_request(tmp_path, port=port, addresses=["127.0.0.1"],
                         shared={"path": str(shm_share), "fstypes": None},
                         listen={"nonce": "n2", "expect": 3, "address": "127.0.0.1",

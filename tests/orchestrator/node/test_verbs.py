@@ -31,7 +31,7 @@ from orchestrator.node.protocol import (
 )
 from orchestrator.node.stop import Tree
 
-from ..local_node import installed
+from ..local_node import installed, unused_port
 
 PY_SPY = shutil.which("py-spy", path=os.path.dirname(sys.executable))
 # A worker for the dump: a child of the job's group leader that carries RANK, as torchrun's.
@@ -103,12 +103,6 @@ def covers(*names: str):
         COVERED.update({name: test.__name__ for name in names})
         return test
     return mark
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def bindable(port: int) -> bool:
@@ -196,7 +190,7 @@ def test_verb_dump_reads_every_workers_stack(node: Node, running: Path) -> None:
 @covers("probe", "release")
 def test_verb_probe_claims_the_master_port_and_release_drops_the_claim(
         node: Node, tmp_path: Path) -> None:
-    run, port = f"verbs-{os.getpid()}", free_port()
+    run, port = f"verbs-{os.getpid()}", unused_port()
     request = {"shared": {"path": str(tmp_path), "fstypes": None}, "addresses": [],
                "port": port, "run": run, "state_dir": str(tmp_path / "state")}
     found = last_json(node.verb("probe", stdin=json.dumps(request)))
@@ -212,7 +206,7 @@ def test_verb_probe_claims_the_master_port_and_release_drops_the_claim(
 @covers("reach", "unlisten")
 def test_verb_reach_connects_to_node0s_listener_and_unlisten_ends_it(
         node: Node, tmp_path: Path) -> None:
-    port = free_port()
+    port = unused_port()
     request = {"shared": {"path": str(tmp_path), "fstypes": None},
                "addresses": ["127.0.0.1"], "port": port, "run": None,
                "state_dir": str(tmp_path / "state"),

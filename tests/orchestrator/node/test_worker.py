@@ -22,7 +22,7 @@ import pytest
 
 from orchestrator.node import dump, protocol, worker as run_worker
 
-from ..local_node import installed
+from ..local_node import installed, unused_port
 
 RUNNER = Path(run_worker.__file__)
 
@@ -273,14 +273,6 @@ FR_JOB = """
 """
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_a_rank_blocked_in_a_collective_answers_with_its_flight_recorder(
         tmp_path: Path) -> None:
     """Two real gloo ranks through the runner: rank 0 waits in all_reduce #3 for rank 1,
@@ -294,7 +286,7 @@ def test_a_rank_blocked_in_a_collective_answers_with_its_flight_recorder(
     pytest.importorskip("torch")
     script = write(tmp_path / "job.py", FR_JOB)
     job = tmp_path / "job"
-    port = str(free_port())
+    port = str(unused_port())
     procs = []
     for rank in (0, 1):
         env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",

@@ -15,7 +15,9 @@ from .test_train_sandbox import JOBS, Train
 
 # The timeout covers the session fixture too: preparing nodes takes minutes on a busy machine.
 pytestmark = [pytest.mark.sandbox, pytest.mark.timeout(1500)]
-RUNS = 10
+# Two runs: the rate (torch's teardown aborting 1 run in 50 without the runner, none in 50
+# with it) is bench/teardown_abort.py's; this test is the behaviour, not the statistic.
+RUNS = 2
 MARKER = "[clustertrain] rank {rank} finished: exit code {code}"
 
 
@@ -28,7 +30,7 @@ def assert_run_gone(sandbox: Sandbox, run_id: str, nodes=("node0", "node1", "nod
 def test_a_correct_gloo_script_succeeds_every_time(sandbox_cluster: Sandbox,
                                                     tmp_path: Path) -> None:
     # ddp_allreduce.py ends as users' scripts do: barrier, destroy_process_group(), return.
-    # Before the runner, 2 runs in 10 like these failed with SIGABRT after the result.
+    # Before the runner, such runs now and then failed with SIGABRT after the result.
     failures = []
     for i in range(RUNS):
         t = Train(sandbox_cluster, tmp_path / f"run{i}", "--nodes", "3", "ddp_allreduce.py",

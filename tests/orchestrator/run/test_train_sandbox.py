@@ -227,7 +227,7 @@ def test_drift_refuses_and_names_package(sandbox_cluster: Sandbox, tmp_path: Pat
         assert "syncing" not in t.text and "starting torchrun" not in t.text
         # Re-align as the message says, with the play of site.yml that owns the environment
         # (playbooks/python_env.yml): the whole site.yml takes minutes here and changes
-        # chrony and the firewall on a sandbox others use (test_provision_sandbox runs it).
+        # chrony and the firewall on a sandbox others use (tests/packaging runs it).
         site = playbook("playbooks/python_env.yml", "-i", str(inventory), "--limit", node)
         assert site.returncode == 0, site.stdout[-4000:] + site.stderr[-2000:]
         realigned = True
