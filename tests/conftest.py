@@ -37,7 +37,9 @@ def sandbox_cluster():
     (wheelhouse and the generated dataset on its share), shared by the orchestrator's
     sandbox tests and the e2e tests: provisioning takes minutes on two cores and every
     such test needs exactly this. The nodes are reached only through a bastion
-    (ProxyJump), by name, as the non-root user alice; site.yml runs as alice with become."""
+    (ProxyJump), by name, as the non-root user alice; site.yml runs as alice with become.
+    One outsider on the same network, not a member, shows what the cluster keeps out
+    (tests/roles/test_site_sandbox.py)."""
     import json
     import secrets
     import sys
@@ -60,7 +62,8 @@ def sandbox_cluster():
         yield cluster_of(json.loads(st.stdout))
         return
     name = f"{NAME_PREFIX}cl-{secrets.token_hex(3)}"
-    up = orchestrator("sandbox", "up", "--nodes", "3", "--bastion", "--name", name, "--json")
+    up = orchestrator("sandbox", "up", "--nodes", "3", "--outsiders", "1", "--bastion",
+                      "--name", name, "--json")
     assert up.returncode == 0, up.stderr
     try:
         info = json.loads(up.stdout)

@@ -61,14 +61,13 @@ def no_training_left(cluster: ProvisionedCluster, nodes=("node0", "node1")) -> b
     return all(cluster.job_processes(n) == [] for n in nodes)
 
 
-def site_yml(cluster: ProvisionedCluster) -> dict[str, int]:
-    """Run site.yml; the number of changed tasks per host from its recap."""
-    result = run(str(BIN / "ansible-playbook"), "-i", str(cluster.inventory), "site.yml")
+def site_yml(cluster: ProvisionedCluster, limit: str) -> dict[str, int]:
+    """Run site.yml on the hosts LIMIT; the number of changed tasks per host from its recap."""
+    result = run(str(BIN / "ansible-playbook"), "-i", str(cluster.inventory), "site.yml",
+                 "--limit", limit)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     recap = result.stdout[result.stdout.rindex("PLAY RECAP"):]
-    changed = {h: int(c) for h, c in re.findall(r"^(\S+)\s*:.*?changed=(\d+)", recap, re.M)}
-    assert set(changed) >= {"node0", "node1"}, recap
-    return changed
+    return {h: int(c) for h, c in re.findall(r"^(\S+)\s*:.*?changed=(\d+)", recap, re.M)}
 
 
 def checkpoints(directory: Path) -> list[Path]:
@@ -194,8 +193,9 @@ def test_node_failure_stops_the_other_node_and_keeps_whole_checkpoints(sandbox_c
 
 def test_killed_node_then_provision_again_and_resume(sandbox_cluster, tmp_path):
     """A node vanishes mid-training (its container is killed, as a power cut would):
-    the run ends naming it, node0 is cleaned up; the node comes back, site.yml brings it
-    in line again, and the next run resumes from the newest whole checkpoint."""
+    the run ends naming it, node0 is cleaned up; the node comes back, site.yml on that
+    node alone brings it in line again (docs/troubleshooting.md's `--limit NODE`), and the
+    next run resumes from the newest whole checkpoint."""
     ckpts = fresh_checkpoints(sandbox_cluster, "e2e-killed")
     first = tmp_path / "first"
     first.mkdir()
@@ -222,10 +222,10 @@ def test_killed_node_then_provision_again_and_resume(sandbox_cluster, tmp_path):
     assert match, checkpoints(ckpts)
     newest = int(match.group(1))
 
-    # The node is back; provisioning again puts right what the restart changed, and
-    # touches nothing on the node that kept running.
-    changed = site_yml(sandbox_cluster)
-    assert changed["node0"] == 0, changed
+    # The node is back; provisioning it again puts right what the restart changed (the
+    # whole cluster's re-run is tests/packaging/test_installed_sandbox.py's).
+    changed = site_yml(sandbox_cluster, "node1")
+    assert set(changed) == {"node1"}, changed
 
     second = tmp_path / "second"
     second.mkdir()
