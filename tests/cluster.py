@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -86,3 +87,10 @@ def run(*argv: str, timeout: int = 1800, **kw) -> subprocess.CompletedProcess:
 
 def orchestrator(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
     return run(sys.executable, "-m", "orchestrator", *args, timeout=timeout)
+
+
+def play_recap(stdout: str) -> dict[str, dict[str, int]]:
+    """ansible-playbook's PLAY RECAP: {host: {"ok": n, "changed": n, "failed": n, ...}}."""
+    recap = stdout[stdout.rindex("PLAY RECAP"):] if "PLAY RECAP" in stdout else ""
+    return {host: {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", rest)}
+            for host, rest in re.findall(r"^(\S+)\s+: (ok=.*)$", recap, re.MULTILINE)}

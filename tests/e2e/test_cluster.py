@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ..cluster import BIN, ENV, REPO, ProvisionedCluster, run
+from ..cluster import BIN, ENV, REPO, ProvisionedCluster, play_recap, run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sandbox]
 # Small and quick on two CPU cores; the generated classes are learnable.
@@ -66,8 +66,7 @@ def site_yml(cluster: ProvisionedCluster, limit: str) -> dict[str, int]:
     result = run(str(BIN / "ansible-playbook"), "-i", str(cluster.inventory), "site.yml",
                  "--limit", limit)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    recap = result.stdout[result.stdout.rindex("PLAY RECAP"):]
-    return {h: int(c) for h, c in re.findall(r"^(\S+)\s*:.*?changed=(\d+)", recap, re.M)}
+    return {host: counts["changed"] for host, counts in play_recap(result.stdout).items()}
 
 
 def checkpoints(directory: Path) -> list[Path]:

@@ -7,11 +7,12 @@ and change nothing on the others (the roles as a collection converge to what sit
 from __future__ import annotations
 
 import json
-import re
 import textwrap
 
 import pytest
 import yaml
+
+from ..cluster import play_recap
 
 pytestmark = pytest.mark.sandbox
 
@@ -42,12 +43,6 @@ PLAYBOOK = """\
 """
 
 
-def recap(stdout: str) -> dict[str, dict[str, int]]:
-    """ansible-playbook's PLAY RECAP: {host: {"ok": n, "changed": n, ...}}."""
-    return {host: {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", rest)}
-            for host, rest in re.findall(r"^(\S+)\s+: (ok=.*)$", stdout, re.MULTILINE)}
-
-
 def test_a_playbook_of_ones_own_converges_the_cluster_with_the_collections_roles(
         sandbox_cluster, installed_collection, tmp_path):
     site = tmp_path / "site"
@@ -74,7 +69,7 @@ def test_a_playbook_of_ones_own_converges_the_cluster_with_the_collections_roles
         "ansible-playbook", "-i", str(sandbox_cluster.inventory), "-e", expected,
         "playbook.yml", cwd=site, timeout=900)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
-    converge = recap(proc.stdout)
+    converge = play_recap(proc.stdout)
     assert set(converge) == set(sandbox_cluster.nodes), proc.stdout[-3000:]
     assert all(c["failed"] == 0 and c["unreachable"] == 0 for c in converge.values()), converge
     assert converge[first]["changed"] > 0, converge
