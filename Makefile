@@ -63,9 +63,10 @@ molecule: deps venv
 sandbox-tests: deps venv
 	$(BIN)/pytest -m "sandbox or e2e" -q --durations=15
 
-# Every scenario but `default` (the whole site.yml on a cluster of its own): `make test`'s
-# sandbox tests converge site.yml on their shared cluster and run default's verify.yml
-# there (tests/roles/test_site_sandbox.py). `make molecule SCENARIO=default` still runs it.
+# Every scenario but `default` (the whole site.yml on a cluster of its own) and `slurm`:
+# `make test`'s sandbox tests converge site.yml with Slurm on their shared cluster and run
+# both scenarios' verify.yml there (tests/roles/test_site_sandbox.py).
+# `make molecule SCENARIO=default` (or slurm) still runs them.
 # Two at a time (each has its own sandbox, network and subnet; they mostly wait on
 # containers and SSH), longest first; each one's output is printed whole when it ends.
 MOLECULE_SCENARIOS := python_env firewall nfs common nvidia_driver

@@ -39,7 +39,9 @@ def sandbox_cluster():
     such test needs exactly this. The nodes are reached only through a bastion
     (ProxyJump), by name, as the non-root user alice; site.yml runs as alice with become.
     One outsider on the same network, not a member, shows what the cluster keeps out
-    (tests/roles/test_site_sandbox.py)."""
+    (tests/roles/test_site_sandbox.py). The cluster runs Slurm (sandbox up --slurm: two
+    fake GPUs per node, a test double), as a shared site does; runs that do not ask for
+    its queue start over SSH as on any cluster."""
     import json
     import secrets
     import sys
@@ -63,7 +65,7 @@ def sandbox_cluster():
         return
     name = f"{NAME_PREFIX}cl-{secrets.token_hex(3)}"
     up = orchestrator("sandbox", "up", "--nodes", "3", "--outsiders", "1", "--bastion",
-                      "--name", name, "--json")
+                      "--slurm", "--name", name, "--json")
     assert up.returncode == 0, up.stderr
     try:
         info = json.loads(up.stdout)

@@ -23,6 +23,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--bastion", action="store_true",
                    help="one more container, 'bastion': the nodes refuse SSH from this "
                         "machine and the ssh_config jumps through the bastion")
+    v.add_argument("--slurm", action="store_true",
+                   help="the inventories say cluster_scheduler: slurm: site.yml provisions "
+                        "Slurm (with 2 fake GPUs per node, a test double) and train can "
+                        "run through its queue")
     v.add_argument("--name", default="sandbox", help="sandbox name (default: sandbox)")
     v.add_argument("--json", action="store_true", help="print the result as JSON")
     v.set_defaults(func=_up)
@@ -48,6 +52,7 @@ def _print_status(info: dict) -> None:
               f"inventory {u['inventory']}")
         print(f"  {'':<16} ssh -F {u['ssh_config']} node0")
     print(f"  ssh key:         {info['key']}")
+    print(f"  scheduler:       {'slurm' if info['slurm'] else 'none'}")
     print(f"  share:           {info['share']}")
     if info["bastion"]:
         print(f"  bastion:         {info['bastion']['address']} (the only way in: the nodes "
@@ -61,7 +66,8 @@ def _print_status(info: dict) -> None:
 
 def _up(args) -> int:
     log = (lambda *_: None) if args.json else print
-    cluster.up(args.name, args.nodes, args.outsiders, log=log, bastion=args.bastion)
+    cluster.up(args.name, args.nodes, args.outsiders, log=log, bastion=args.bastion,
+               slurm=args.slurm)
     info = cluster.status(args.name)
     if args.json:
         print(json.dumps(info, indent=2))

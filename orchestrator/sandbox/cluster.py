@@ -179,7 +179,8 @@ def ssh_check(spec: SandboxSpec, node: Node, timeout: float = 10,
                    timeout=timeout).stdout.strip()
 
 
-def up(name: str, nodes: int, outsiders: int = 0, log=print, bastion: bool = False) -> SandboxSpec:
+def up(name: str, nodes: int, outsiders: int = 0, log=print, bastion: bool = False,
+       slurm: bool = False) -> SandboxSpec:
     validate_name(name)
     taken = _existing(name)
     if taken:
@@ -188,7 +189,8 @@ def up(name: str, nodes: int, outsiders: int = 0, log=print, bastion: bool = Fal
             f"Remove it with `python -m orchestrator sandbox down --name {name}` "
             "or choose another --name.")
     check_host(nodes + outsiders + (1 if bastion else 0))
-    spec = SandboxSpec(name=name, nodes=nodes, outsiders=outsiders, bastion=bastion)
+    spec = SandboxSpec(name=name, nodes=nodes, outsiders=outsiders, bastion=bastion,
+                       slurm=slurm)
     image = ensure_image(state_root().parent / "images", log=log)
     try:
         spec.state_dir.mkdir(parents=True)
@@ -224,7 +226,7 @@ def up(name: str, nodes: int, outsiders: int = 0, log=print, bastion: bool = Fal
                 render_inventory(spec, sandbox_vars(), user=user.name))
         (spec.state_dir / "sandbox.json").write_text(json.dumps(
             {"name": name, "nodes": nodes, "outsiders": outsiders, "subnet": spec.subnet,
-             "gateway": spec.gateway, "bastion": bastion}))
+             "gateway": spec.gateway, "bastion": bastion, "slurm": slurm}))
     except BaseException:
         down(name, log=lambda *_: None)
         raise
@@ -255,7 +257,7 @@ def load(name: str) -> SandboxSpec:
     data = json.loads(meta.read_text())
     return SandboxSpec(name=data["name"], nodes=data["nodes"], outsiders=data["outsiders"],
                        subnet=data["subnet"], gateway=data.get("gateway", ""),
-                       bastion=data.get("bastion", False))
+                       bastion=data.get("bastion", False), slurm=data.get("slurm", False))
 
 
 def status(name: str) -> dict:

@@ -84,6 +84,7 @@ class SandboxSpec:
     state_dir: Path = field(default_factory=Path)
     bastion: bool = False
     gateway: str = ""   # the network's gateway: the host (controller) as the nodes see it
+    slurm: bool = False  # the inventories say cluster_scheduler: slurm
 
     def __post_init__(self) -> None:
         validate_name(self.name)
@@ -214,7 +215,9 @@ def render_inventory(spec: SandboxSpec, extra_vars: dict | None = None,
         "cluster_shared_path": SHARED_PATH,
         "cluster_nfs_export_path": EXPORT_PATH,
         "clustertrain_sandbox": spec.name,
+        "cluster_users": [u.name for u in USERS],
         **(extra_vars or {}),
+        "cluster_scheduler": "slurm" if spec.slurm else "none",
         # How to log in, and from where: not overridable by the sandbox's group_vars.
         "ansible_user": login.name,
         "ansible_become": login.sudo,
@@ -270,6 +273,7 @@ def describe(spec: SandboxSpec, states: dict[str, str] | None = None) -> dict:
         "share": str(spec.share_dir),
         "subnet": spec.subnet,
         "gateway": spec.gateway,
+        "slurm": spec.slurm,
         "users": {u.name: {"inventory": str(spec.inventory_for(u.name)),
                            "ssh_config": str(spec.ssh_config_for(u.name)),
                            "uid": u.uid, "sudo": u.sudo} for u in USERS},

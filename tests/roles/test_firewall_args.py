@@ -57,6 +57,10 @@ def run_role(tmp_path: Path, extra_vars: dict, *args: str) -> subprocess.Complet
     ({"firewall_ssh_port": "ssh"}, ["firewall_ssh_port"]),
     ({"firewall_rendezvous_port": 70000}, ["firewall_rendezvous_port", "70000"]),
     ({"firewall_cluster_tcp_ports": [22, 0]}, ["firewall_cluster_tcp_ports", "port 0"]),
+    ({"firewall_slurm_ports": ["6817", "70000"]}, ["firewall_slurm_ports", "70000"]),
+    ({"firewall_slurm_ports": ["60100-60001"]}, ["firewall_slurm_ports", "60100-60001"]),
+    ({"cluster_scheduler": "slurm", "cluster_slurm_ports": {"srun": "6000-x"}},
+     ["firewall_slurm_ports (default: cluster_slurm_ports)", "6000-x"]),
     ({"firewall_extra_rules": [{"protocol": "tcp"}]}, ["firewall_extra_rules", "port"]),
     ({"firewall_extra_rules": [{"port": 8080, "protocol": "sctp"}]}, ["protocol", "sctp"]),
     ({"firewall_extra_rules": [{"port": 8080, "sources": ["198.51.100.0/40"]}]},
@@ -76,6 +80,7 @@ def test_good_variables_pass_validation(tmp_path):
     proc = run_role(tmp_path, {
         "cluster_admin_networks": ["192.0.2.0/24", "2001:db8::/32", "198.51.100.7"],
         "firewall_rendezvous_port": 29400,
+        "cluster_scheduler": "slurm",
         "firewall_extra_rules": [{"port": 9100, "protocol": "tcp",
                                   "sources": ["203.0.113.0/24"], "comment": "metrics"}],
     }, "--tags", "firewall_validate")
