@@ -54,6 +54,7 @@ class DoctorRequest:
     allreduce_iters: int = node_doctor.ALLREDUCE_ITERS
     runs_dir: Path = defaults.RUNS_DIR
     master_port: int | None = None
+    share_gpus: bool = False   # measure beside another run (its numbers then tell of both)
 
     def __post_init__(self) -> None:
         check_measures(self.link_seconds, self.allreduce_mb, compute_seconds=self.compute_seconds)
@@ -161,7 +162,8 @@ def run_doctor(cluster: Cluster, request: DoctorRequest,
                    script=DOCTOR_MODULE, module=True,
                    script_args=request.script_args([n.cluster_address for n in cluster.nodes]),
                    master_port=request.master_port, runs_dir=request.runs_dir,
-                   hang_timeout=defaults.DOCTOR_HANG_TIMEOUT, run_id=run_id)
+                   hang_timeout=defaults.DOCTOR_HANG_TIMEOUT, run_id=run_id,
+                   share_gpus=request.share_gpus)
     code = run_training(spec, cluster=cluster)  # raises on failure
     run = RunDir(request.runs_dir, run_id)
     if code == 130:   # Ctrl-C: the run was stopped on every node and recorded

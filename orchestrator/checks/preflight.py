@@ -4,7 +4,9 @@ Everything is read as it is now, on every node: the environment (a fingerprint f
 metadata, compared across nodes and with the one written at provisioning; torch imported
 only when it changed), GPUs, the shared path (mounted as the inventory says, writable by
 the job's user, one filesystem for all nodes), node 0's master port (free, claimed, and
-reachable from every node), names and clocks. At most two SSH round trips per node.
+reachable from every node), names and clocks, and who else uses the nodes (another run,
+any user's, or a process on a GPU: refused unless --share-gpus). At most two SSH round
+trips per node.
 
 Also run by `train` before anything is started. Blocking problems raise PreflightError
 (after the table is printed); warnings are printed and the job goes on.
@@ -21,6 +23,7 @@ from ..cluster.fanout import each
 from ..cluster.inventory import Cluster, NodeSpec
 from ..errors import PreflightError
 from ..node import fingerprint
+from ..node.busy import Busy, GpuProcess
 from .probe import NodeFacts, Rendezvous, probe, reach, stop_listener
 
 CLOCK_SKEW_WARN = 2.0  # seconds between the fastest and slowest node clock
@@ -38,6 +41,7 @@ class Report:
     backend: str = "gloo"
     nproc_per_node: int | None = None  # None: auto
     drifted: list[str] = field(default_factory=list)  # nodes to provision again
+    share_gpus: bool = False   # a node another run or GPU process uses: a warning only
 
     def nproc(self, facts: NodeFacts) -> int:
         """Processes on a node: the --nproc-per-node given, else one per GPU, or 1 (gloo)."""
@@ -97,9 +101,10 @@ def _check_node(node: NodeSpec, cluster: Cluster, port: int | None, run_id: str 
 
 def run_preflight(cluster: Cluster, port: int | None = None, strict_port: bool = False,
                   keep_connections: bool = False, nproc_per_node: int | None = None,
-                  run_id: str | None = None) -> Report:
+                  run_id: str | None = None, share_gpus: bool = False) -> Report:
     """Probe every node in parallel and judge the result (does not raise). With RUN_ID
-    (a launch), the master port found on node 0 is claimed for that run.
+    (a launch), the master port found on node 0 is claimed for that run. With
+    SHARE_GPUS, nodes in use by others are a warning, not a problem.
 
     Two rounds at most: every node is probed at once (node 0 also writes a token on the
     share and listens on the master port); then every other node reads the token and
@@ -113,7 +118,7 @@ def run_preflight(cluster: Cluster, port: int | None = None, strict_port: bool =
         lambda n: n.name).values_or_raise().values())
     report = Report(cluster, [f for f, _ in results],
                     {f.node.name: c for f, c in results if c is not None},
-                    nproc_per_node=nproc_per_node)
+                    nproc_per_node=nproc_per_node, share_gpus=share_gpus)
     _judge(report, port, strict_port)
     if rendezvous is not None:
         _second_round(report, rendezvous)
@@ -228,6 +233,7 @@ def _judge(report: Report, port: int, strict_port: bool) -> None:
             if not f.torch.get("torchrun"):
                 p.append(f"{name}: torchrun {(f.python_env or {}).get('torchrun')} "
                          "is not executable")
+        _judge_busy(report, f)
         if f.provisioned_error and not f.python_env_error:
             w.append(f"{name}: {f.provisioned_error}; the environment cannot be compared with "
                      "the one provisioned (only between nodes)")
@@ -302,6 +308,56 @@ def _judge_gpus(report: Report, f: NodeFacts) -> None:
         report.problems.append(f"{name}: torch sees {torch.get('gpus')} of the "
                                f"{f.gpu_count} GPUs{how}; check nvidia-smi and "
                                "CUDA_VISIBLE_DEVICES")
+
+
+def _judge_busy(report: Report, f: NodeFacts) -> None:
+    """Another run on the node (any user's, this user's other runs too), or a process of
+    no run on its GPUs: refused, naming them, unless --share-gpus (then a warning)."""
+    if f.busy is None:
+        return
+    name, busy = f.node.name, Busy.from_json(f.busy)
+    if busy.error:
+        report.warnings.append(f"{name}: cannot tell whether its GPUs are in use: "
+                               f"{busy.error}")
+    if busy.hidden:
+        report.warnings.append(f"{name}: other users' processes are hidden from {f.user} "
+                               "(/proc is mounted with hidepid): their runs there cannot be "
+                               "seen")
+    users = [f"{r.user}'s run {r.run}" + _on_gpus(r.gpus) for r in busy.runs]
+    users += _gpu_processes(busy.gpu_processes)
+    if not users:
+        return
+    what, them = f"{name} is in use by " + "; ".join(users), "them" if len(users) > 1 else "it"
+    if report.share_gpus:
+        report.warnings.append(f"{what}; running beside {them} (--share-gpus)")
+    else:
+        report.problems.append(
+            f"{what}. Wait for {them} to end or have {them} stopped (`python -m "
+            "orchestrator runs` lists a user's runs, `python -m orchestrator stop RUN` "
+            f"stops one), or pass --share-gpus to run beside {them}")
+
+
+def _gpu_processes(rows: list[GpuProcess]) -> list[str]:
+    """Each process once (nvidia-smi gives a row per process and GPU): 'PID 4242 of carol
+    (python eval.py) on GPUs 2, 3, 2560 MiB'."""
+    by_pid: dict[int, list[GpuProcess]] = {}
+    for g in rows:
+        by_pid.setdefault(g.pid, []).append(g)
+    said = []
+    for pid, mine in by_pid.items():
+        g, used = mine[0], [m.used_mib for m in mine if m.used_mib is not None]
+        said.append(f"PID {pid} of {g.user or 'a user not visible here'}"
+                    + (f" ({g.command})" if g.command else "")
+                    + _on_gpus([m.gpu if m.gpu is not None else m.uuid for m in mine])
+                    + (f", {sum(used)} MiB" if used else ""))
+    return said
+
+
+def _on_gpus(gpus: list[int] | list[int | str]) -> str:
+    """' on GPU 0' / ' on GPUs 0, 1' / '' (a run on CPUs)."""
+    if not gpus:
+        return ""
+    return f" on GPU{'s' if len(gpus) > 1 else ''} {', '.join(str(g) for g in gpus)}"
 
 
 def _judge_addresses(report: Report) -> None:

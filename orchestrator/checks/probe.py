@@ -8,8 +8,9 @@ Round 1, every node at once (`probe`): who the job runs as, the environment as i
 fingerprint.py, the same code the python_env role uses), the fingerprint written at
 provisioning, torch (imported only when the environment changed since the last time it
 was checked on that node), GPUs (without torch), the shared path (a mount of the right
-kind, writable by the job's user), names, and on node 0 the master port: a free one is
-claimed, and a short-lived listener is started on it.
+kind, writable by the job's user), who else uses the node (live runs of any user, found
+by their supervisors' processes; processes on its GPUs), names, and on node 0 the master
+port: a free one is claimed, and a short-lived listener is started on it.
 
 Round 2, every other node (`reach`): the shared path shows the token node 0 wrote there
 (the same filesystem), and node 0's master port answers from here (no firewall between).
@@ -51,6 +52,7 @@ class NodeFacts:
     torch: dict[str, Any] = field(default_factory=dict)
     gpu_count: int | None = None     # GPUs the driver shows (no torch), None: not read
     gpu_source: str | None = None
+    busy: dict[str, Any] | None = None          # node/busy.py: other runs, GPU processes
     shared: dict[str, Any] = field(default_factory=dict)
     port_free: bool | None = None
     free_port: int | None = None

@@ -26,7 +26,8 @@ def add_measure_args(p: argparse.ArgumentParser) -> None:
 def parse_request(args: argparse.Namespace) -> DoctorRequest:
     return DoctorRequest(link_seconds=args.link_seconds, allreduce_mb=args.allreduce_mb,
                          runs_dir=Path(args.runs_dir),
-                         master_port=getattr(args, "master_port", None))
+                         master_port=getattr(args, "master_port", None),
+                         share_gpus=getattr(args, "share_gpus", False))
 
 
 def diagnose_cluster(cluster: Cluster, request: DoctorRequest, as_json: bool) -> DoctorReport:
@@ -53,6 +54,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_selection_args(p)
     add_measure_args(p)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--share-gpus", action="store_true",
+                   help="measure even on nodes another run or GPU process uses (their "
+                   "numbers then tell of both)")
     p.add_argument("--runs-dir", default=str(defaults.RUNS_DIR),
                    help="where run records go (default: %(default)s)")
     p.set_defaults(func=_main)

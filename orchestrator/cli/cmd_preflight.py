@@ -21,15 +21,20 @@ def add_selection_args(p: argparse.ArgumentParser) -> None:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("preflight", help="check that the nodes are ready to train together",
                        description="SSH, identical environments, torch, GPUs, shared path, "
-                       "master port, name resolution and clocks, on every node at once.")
+                       "master port, name resolution and clocks, and who else uses the "
+                       "nodes (another run, any user's; a process on a GPU), on every node "
+                       "at once.")
     add_selection_args(p)
     p.add_argument("--master-port", type=int, help="port to check on node 0 "
                    f"(default: cluster_rendezvous_port, else {defaults.RENDEZVOUS_PORT})")
+    p.add_argument("--share-gpus", action="store_true",
+                   help="a node in use by another run or GPU process is a warning, not a "
+                   "problem")
     p.set_defaults(func=_main)
 
 
 def _main(args: argparse.Namespace) -> int:
     cluster = load_cluster(args.inventory).select(args.nodes, args.hosts)
-    report = run_preflight(cluster, args.master_port)
+    report = run_preflight(cluster, args.master_port, share_gpus=args.share_gpus)
     print_report(report)
     return 1 if report.problems else 0

@@ -22,6 +22,8 @@ FILE_KEYS = {
     "hang_timeout": "hang_timeout", "on_hang": "on_hang", "doctor": "doctor",
     "ignore_suspects": "ignore_suspects", "link_seconds": "link_seconds",
     "allreduce_mb": "allreduce_mb", "module": "module", "no_clean_exit": "no_clean_exit",
+    "share_gpus": "share_gpus", "queue": "queue", "gpus_per_node": "gpus_per_node",
+    "partition": "partition", "time": "time", "qos": "qos",
 }
 
 
@@ -133,6 +135,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--on-hang", choices=[str(o) for o in OnHang],
                    help="after the diagnosis of a hang: stop the run (status hung, exit 1) "
                    f"or wait (keep it, keep watching) (default: {defaults.ON_HANG})")
+    p.add_argument("--share-gpus", action="store_true",
+                   help="run even on nodes in use by another run (any user's, yours too) "
+                   "or by a process on a GPU; without it, such a node is refused, naming "
+                   "the user, the run and the GPUs")
+    q = p.add_argument_group("through Slurm's queue (an inventory with cluster_scheduler: slurm)")
+    q.add_argument("--queue", action="store_true",
+                   help="ask Slurm for N nodes x G GPUs and wait in its queue (one live "
+                   "line: place, reason, who holds the GPUs); the run then runs on the "
+                   "nodes Slurm chose, each rank seeing only its GPUs, and the allocation "
+                   "is given back however train ends")
+    q.add_argument("--gpus-per-node", type=int, metavar="G",
+                   help="GPUs per node to ask for (default: every GPU of a node)")
+    q.add_argument("--partition", help="Slurm partition (default: the cluster's default)")
+    q.add_argument("--time", help="Slurm time limit, e.g. 2:00:00 or 1-00:00:00")
+    q.add_argument("--qos", help="Slurm QOS")
     p.add_argument("--dry-run", action="store_true", default=False,
                    help="check the nodes and print the exact per-node commands and the run "
                    "as a job file; start nothing")

@@ -70,6 +70,11 @@ class Cluster:
     def node(self, name: str) -> NodeSpec:
         return next(n for n in self.nodes if n.name == name)
 
+    @property
+    def scheduler(self) -> str:
+        """The inventory's cluster_scheduler: none (runs over SSH) or slurm."""
+        return str(self.variables.get("cluster_scheduler") or defaults.SCHEDULER)
+
     def select(self, nodes: int | None = None, hosts: str | None = None) -> Cluster:
         """`--nodes N` (the first N) or `--hosts a,b` (by name, kept in inventory order)."""
         if nodes is not None and hosts is not None:
@@ -110,6 +115,7 @@ _CONNECTION_OPTIONS = ("host", "remote_user", "port", "private_key_file",
                        "host_key_checking", "ssh_executable", "ssh_args",
                        "ssh_common_args", "ssh_extra_args", "timeout")
 _OWN_VARS = ("cluster_address", "cluster_shared_path", "cluster_rendezvous_port",
+             "cluster_scheduler",
              "ansible_python_interpreter",
              # node paths the roles make configurable (NodeSpec, _ROLE_PATHS)
              "python_env_state_dir", "common_cluster_env_file",

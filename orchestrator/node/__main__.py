@@ -10,6 +10,8 @@
   reach      preflight's round 2: node 0's token and master port (probe.py)
   unlisten   end node 0's preflight listener (probe.py)
   release    drop the master-port claim of a run (probe.py)
+  allocate   hold a Slurm allocation while the controller's connection lives (allocate.py)
+  busy       this node's live runs (any user's) and GPU processes, as JSON (busy.py)
   states     the run's node states and hang dumps on the share (states.py)
   torch      import torch in this Python and say what it sees (fingerprint.py)
   carry      what a job wrote in its working directory, into the next run's (carry.py)
@@ -68,6 +70,12 @@ def _parser() -> argparse.ArgumentParser:
     u.add_argument("nonce")
     rel = sub.add_parser("release", allow_abbrev=False)
     rel.add_argument("run")
+    b = sub.add_parser("busy", allow_abbrev=False)
+    b.add_argument("--exclude", metavar="RUN", help="leave this run out (the one launched)")
+    al = sub.add_parser("allocate", allow_abbrev=False)
+    al.add_argument("--name", required=True, help="the Slurm job's name")
+    al.add_argument("--gpus-per-node", default="all", help="G, or all (the default)")
+    al.add_argument("salloc", nargs=argparse.REMAINDER, help="-- salloc's options")
     st = sub.add_parser("states", allow_abbrev=False)
     st.add_argument("state_dir")
     sub.add_parser("torch", allow_abbrev=False)
@@ -115,6 +123,14 @@ def main(argv: list[str] | None = None) -> int:
         else:
             probe.release(args.run)
         return 0
+    if args.verb == "busy":
+        from .busy import scan
+        print(json.dumps(scan(exclude=args.exclude).to_json()))
+        return 0
+    if args.verb == "allocate":
+        from .allocate import main as allocate
+        return allocate(args.name, args.gpus_per_node,
+                        args.salloc[1:] if args.salloc[:1] == ["--"] else args.salloc)
     if args.verb == "carry":
         from .carry import main as carry
         return carry(args.code_root, args.run, args.key)

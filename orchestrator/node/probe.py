@@ -4,8 +4,9 @@ probe|reach|unlisten|release`), in the node's system python.
     probe     round 1, a JSON request on stdin: who the job runs as, the environment now
               (fingerprint.py) and as provisioned, torch (imported only when the
               environment changed since this user last checked it, see TORCH_CACHE),
-              GPUs, the shared path, names; on node 0 the master port (claimed for the
-              run) and a short-lived listener on it
+              GPUs, who else uses this node (busy.py: live runs of any user, GPU
+              processes), the shared path, names; on node 0 the master port (claimed
+              for the run) and a short-lived listener on it
     reach     round 2, on every other node: node 0's token on the share, its listener
     unlisten  PORT NONCE: end node 0's listener now
     release   RUN: drop the run's claim on node 0's master port
@@ -24,7 +25,7 @@ import sys
 import time
 from typing import Any
 
-from . import fingerprint as fp
+from . import busy, fingerprint as fp
 from .protocol import PORT_CLAIMS_DIR
 from .util import read_json_or_why, write_json
 
@@ -438,6 +439,7 @@ def probe(req: dict) -> dict[str, Any]:
         env, live, out["provisioned"], out["gpu_count"], out["home"],
         out["python_env_error"] if not (env and env.get("python"))
         else out.get("fingerprint_error"))
+    out["busy"] = busy.scan(exclude=req.get("run")).to_json()  # after torch's import
     out["shared"] = check_shared(req["shared"], out["user"], out["uid"])
     if req.get("port"):
         out.update(find_port(req["port"], out["user"], req.get("run")))

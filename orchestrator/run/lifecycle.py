@@ -25,6 +25,7 @@ from ..cluster.inventory import Cluster, NodeSpec, load_cluster
 from ..cluster.ssh import connect_all
 from ..errors import ClusterError, LaunchError
 from ..node.protocol import GO
+from .allocation import Allocation, AllocationRequest, allocate
 from .command import NodeCommand
 from .follow import Job
 from .record import RunDir, code_revision, new_run_id, open_run, run_state_dir
@@ -45,10 +46,13 @@ class Plan:
     run_id: str
     nodes: list[tuple[NodeSpec, NodeCommand]]
     users: dict[str, str]
+    allocation: Allocation | None = None     # --queue: what Slurm gave the run
 
     @classmethod
-    def make(cls, spec: RunSpec, session: Session, run_id: str) -> Plan:
+    def make(cls, spec: RunSpec, session: Session, run_id: str,
+             allocation: Allocation | None = None) -> Plan:
         report, cluster = session.report, session.cluster
+        given = allocation.env if allocation else (lambda node: {})
         commands = [
             NodeCommand(run_id=run_id, node_rank=i, synced=spec.workdir is not None,
                         nnodes=len(cluster.nodes), nproc=report.nproc(facts),
@@ -56,7 +60,8 @@ class Plan:
                         master_port=report.master_port or cluster.rendezvous_port,
                         torchrun=_torchrun(facts), home=str(facts.home),
                         script=spec.script, script_args=spec.script_args,
-                        env={"CLUSTERTRAIN_BACKEND": report.backend, **spec.env},
+                        env={"CLUSTERTRAIN_BACKEND": report.backend, **spec.env,
+                             **given(facts.node.name)},
                         options=spec.options, node=facts.node.name,
                         nodes=tuple(cluster.names), python=facts.node.python,
                         run_state=run_state_dir(cluster.shared_path, str(facts.user), run_id),
@@ -66,7 +71,7 @@ class Plan:
                         on_hang=str(spec.on_hang), cluster_env=facts.node.cluster_env_file)
             for i, facts in enumerate(report.facts)]
         return cls(spec, run_id, list(zip(cluster.nodes, commands, strict=True)),
-                   {f.node.name: str(f.user) for f in report.facts})
+                   {f.node.name: str(f.user) for f in report.facts}, allocation)
 
     @property
     def commands(self) -> list[NodeCommand]:
@@ -105,6 +110,7 @@ class Plan:
             "hang_timeout": spec.hang_timeout, "on_hang": str(spec.on_hang),
             "node_commands": {c.node: c.to_record() for c in self.commands},
             "spec": spec.to_file(),
+            "slurm": self.allocation.record() if self.allocation else None,
         }
 
 
@@ -112,21 +118,48 @@ def run_training(spec: RunSpec, dry_run: bool = False, cluster: Cluster | None =
     """`train`: the run's phases, from its check to its conclusion (or, detached, until
     it runs on every node); the run's exit status. Every exit path leaves a summary and
     no claim on node 0's master port. CLUSTER: the spec's nodes, already read."""
-    cluster = cluster or load_cluster(spec.inventory).select(
+    whole = cluster or load_cluster(spec.inventory)
+    cluster = cluster or whole.select(
         spec.nodes, ",".join(spec.hosts) if spec.hosts is not None else None)
+    if spec.queue and whole.scheduler != "slurm":
+        raise LaunchError(
+            f"--queue: the inventory {whole.inventory} says cluster_scheduler: "
+            f"{whole.scheduler}, so the cluster runs no Slurm; set cluster_scheduler: slurm "
+            "and run site.yml (roles/slurm), or leave out --queue")
     if spec.doctor:
         _doctor_first(spec, cluster, dry_run)
     run_id = spec.run_id or new_run_id()
-    with Session.check(cluster, master_port=spec.master_port,
-                       nproc_per_node=spec.nproc_per_node,
-                       run_id=None if dry_run else run_id) as session:
-        print_report(session.report, comment=dry_run)
-        raise_if_blocked(session.report)
-        plan = Plan.make(spec, session, run_id)
-        if dry_run:
-            print(plan.describe(), end="")
-            return 0
-        return _run(plan, session, SshScheduler(session.clients))
+    allocation = None
+    if spec.queue and dry_run:
+        print(f"# dry run: --queue would ask Slurm (from {whole.names[0]}) for "
+              f"{len(cluster.nodes)} node(s), "
+              f"{'every' if spec.gpus_per_node is None else spec.gpus_per_node} GPU(s) per "
+              "node; Slurm chooses the nodes: the plan below is for "
+              f"{', '.join(cluster.names)}; nothing was asked")
+    elif spec.queue:
+        allocation = allocate(whole, AllocationRequest(
+            len(cluster.nodes), spec.hosts, spec.gpus_per_node, spec.partition, spec.time,
+            spec.qos), run_id)
+    try:
+        if allocation is not None:
+            cluster = whole.select(hosts=",".join(allocation.nodes))
+            print(f"run {run_id}: Slurm job {allocation.job_id} granted after "
+                  f"{allocation.waited_s:.1f} s: {allocation.describe()}", flush=True)
+        nproc = spec.nproc_per_node or (allocation.gpus_per_node if allocation else None)
+        # Through the queue, Slurm shares out the nodes: another run on them is no refusal.
+        with Session.check(cluster, master_port=spec.master_port, nproc_per_node=nproc,
+                           share_gpus=spec.share_gpus or spec.queue,
+                           run_id=None if dry_run else run_id) as session:
+            print_report(session.report, comment=dry_run)
+            raise_if_blocked(session.report)
+            plan = Plan.make(spec, session, run_id, allocation)
+            if dry_run:
+                print(plan.describe(), end="")
+                return 0
+            return _run(plan, session, SshScheduler(session.clients))
+    finally:
+        if allocation is not None:
+            allocation.release()
 
 
 def _run(plan: Plan, session: Session, scheduler: Scheduler) -> int:
@@ -199,7 +232,8 @@ def _doctor_first(spec: RunSpec, cluster: Cluster, dry_run: bool) -> None:
     from ..checks.doctor import DoctorRequest, render, run_doctor
     report = run_doctor(cluster, DoctorRequest(
         link_seconds=spec.link_seconds, allreduce_mb=spec.allreduce_mb,
-        runs_dir=spec.runs_dir, master_port=spec.master_port), run_training)
+        runs_dir=spec.runs_dir, master_port=spec.master_port, share_gpus=spec.share_gpus),
+        run_training)
     print(render(report))
     if report.suspects and not spec.ignore_suspects:
         raise LaunchError(

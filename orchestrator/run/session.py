@@ -21,12 +21,13 @@ class Session:
 
     @classmethod
     def check(cls, cluster: Cluster, *, master_port: int | None, nproc_per_node: int | None,
-              run_id: str | None) -> Session:
+              run_id: str | None, share_gpus: bool = False) -> Session:
         """The check phase: preflight every node, keeping the connections it opened;
-        with RUN_ID (a launch), node 0's master port is claimed for it."""
+        with RUN_ID (a launch), node 0's master port is claimed for it; with SHARE_GPUS,
+        nodes in use by others are not refused."""
         report = run_preflight(cluster, master_port, strict_port=master_port is not None,
                                keep_connections=True, nproc_per_node=nproc_per_node,
-                               run_id=run_id)
+                               run_id=run_id, share_gpus=share_gpus)
         clients, report.clients = report.clients, {}   # the session owns them now
         return cls(cluster, report, clients, run_id)
 

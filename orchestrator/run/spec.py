@@ -85,6 +85,12 @@ class RunSpec:
     ignore_suspects: bool = False
     link_seconds: float = defaults.LINK_SECONDS
     allreduce_mb: float = defaults.ALLREDUCE_MB
+    share_gpus: bool = False                # run on nodes another run or GPU process uses
+    queue: bool = False                     # through Slurm's queue (train --queue)
+    gpus_per_node: int | None = None        # --queue: None, every GPU of a node
+    partition: str | None = None            # --queue: passed to Slurm
+    time: str | None = None
+    qos: str | None = None
     run_id: str | None = None               # its record's name (None: a new one)
 
     @property
@@ -112,7 +118,10 @@ class RunSpec:
                 "lease_timeout": self.lease_timeout, "keep_runs": self.keep_runs,
                 "hang_timeout": self.hang_timeout, "on_hang": str(self.on_hang),
                 "doctor": self.doctor, "ignore_suspects": self.ignore_suspects,
-                "link_seconds": self.link_seconds, "allreduce_mb": self.allreduce_mb}
+                "link_seconds": self.link_seconds, "allreduce_mb": self.allreduce_mb,
+                "share_gpus": self.share_gpus, "queue": self.queue,
+                "gpus_per_node": self.gpus_per_node, "partition": self.partition,
+                "time": self.time, "qos": self.qos}
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_file(), sort_keys=False, default_flow_style=False)
@@ -138,6 +147,10 @@ KEYS: dict[str, tuple[tuple[type, ...], str]] = {
     "ignore_suspects": ((bool,), "true or false"),
     "link_seconds": ((int, float), "a number of seconds"),
     "allreduce_mb": ((int, float), "a number of MB"),
+    "share_gpus": ((bool,), "true or false"),
+    "queue": ((bool,), "true or false"), "gpus_per_node": ((int,), "a whole number"),
+    "partition": ((str,), "a Slurm partition"), "time": ((str, int), "a Slurm time limit"),
+    "qos": ((str,), "a Slurm QOS"),
 }
 PATH_KEYS = ("inventory", "workdir", "runs_dir")
 
@@ -265,6 +278,7 @@ def from_sources(given: Mapping[str, Given]) -> RunSpec:
     check_arguments_size(tuple(args), env)
     runs_dir = Path(str(get("runs_dir", defaults.RUNS_DIR)))
     check_writable(runs_dir, label("runs_dir"))
+    queue = _queue(get, label)
     hosts = get("hosts")
     if isinstance(hosts, str):  # as given: the inventory names an empty one (Cluster.select)
         hosts = [h.strip() for h in hosts.split(",")]
@@ -278,7 +292,34 @@ def from_sources(given: Mapping[str, Given]) -> RunSpec:
         detach=bool(get("detach", False)), lease_timeout=lease, keep_runs=keep_runs,
         hang_timeout=hang, on_hang=OnHang(on_hang), doctor=bool(get("doctor", False)),
         ignore_suspects=bool(get("ignore_suspects", False)), link_seconds=link_seconds,
-        allreduce_mb=allreduce_mb)
+        allreduce_mb=allreduce_mb, share_gpus=bool(get("share_gpus", False)), **queue)
+
+
+SLURM_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+SLURM_TIME = re.compile(r"^\d+(-\d+)?(:\d+){0,2}$")
+
+
+def _queue(get: Callable[..., Any], label: Callable[[str], str]) -> dict[str, Any]:
+    """--queue and its options, checked: they go together, and not with --detach."""
+    queue = bool(get("queue", False))
+    given = [k for k in ("gpus_per_node", "partition", "time", "qos") if get(k) is not None]
+    if given and not queue:
+        raise LaunchError(f"{label(given[0])} goes with --queue (a run through Slurm's "
+                          "queue); add --queue, or leave it out")
+    if queue and get("detach"):
+        raise LaunchError("--detach with --queue is not supported yet: the allocation is "
+                          "held by train itself. Run attached (a closed terminal or kill -9 "
+                          "still gives the allocation back), or without --queue")
+    gpus = get("gpus_per_node")
+    if gpus is not None and gpus < 0:
+        raise LaunchError(f"{label('gpus_per_node')} {gpus}: give 0 or more GPUs per node")
+    for key, pattern, example in (("partition", SLURM_NAME, "gpu"), ("qos", SLURM_NAME, "normal"),
+                                  ("time", SLURM_TIME, "2:00:00 or 1-00:00:00")):
+        value = get(key)
+        if value is not None and not pattern.match(str(value)):
+            raise LaunchError(f"{label(key)} {value!r}: give a Slurm {key} (e.g. {example})")
+    return {"queue": queue, "gpus_per_node": gpus, "partition": get("partition"),
+            "time": None if get("time") is None else str(get("time")), "qos": get("qos")}
 
 
 def check_grace(grace: float, label: str = "--grace") -> None:

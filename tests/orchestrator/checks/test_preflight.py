@@ -13,6 +13,7 @@ from orchestrator.checks.preflight import (
 from orchestrator.checks.probe import NodeFacts
 from orchestrator.cluster.inventory import Cluster, NodeSpec
 from orchestrator.cluster.ssh import SshTarget
+from orchestrator.node.busy import Busy, LiveRun, parse_apps, parse_gpus
 
 
 def spec(name: str, address: str | None = None) -> NodeSpec:
@@ -220,3 +221,81 @@ def test_the_shared_mount_the_inventory_describes() -> None:
     assert spec_of(nfs_client_kernel_mount=False)["fstypes"] is None  # the sandbox: any mount
     assert spec_of(nfs_client_kernel_mount=False,
                    cluster_shared_fstypes=["lustre"])["fstypes"] == ["lustre"]
+
+
+# --- nodes in use by others (node/busy.py) ------------------------------------------------
+
+RUN = "20260101-120000-a1b2c3"
+DOUBLES = Path(__file__).resolve().parents[1] / "node" / "nvidia_smi_doubles"
+
+
+def judged(*f: NodeFacts, share_gpus: bool = False) -> Report:
+    r = Report(Cluster(inventory=Path("/site/hosts.yml"), nodes=tuple(x.node for x in f)),
+               list(f), share_gpus=share_gpus)
+    for x in f:
+        x.resolve = {n.cluster_address: n.cluster_address for n in r.cluster.nodes}
+    _judge(r, 29500, strict_port=False)
+    return r
+
+
+def test_a_node_with_another_users_run_is_refused_naming_user_and_run() -> None:
+    """The CPU-node path: a live run of any user, this user's other runs too."""
+    idle = Busy().to_json()
+    r = judged(facts("node0", {}, busy=idle),
+               facts("node1", {}, busy=Busy(runs=[LiveRun(RUN, "alice", [4242])]).to_json()),
+               facts("node2", {}, user="bob", busy=Busy(runs=[
+                   LiveRun(RUN, "alice", [5151]), LiveRun("20260101-130000-d4e5f6", "bob",
+                                                          [5252])]).to_json()))
+    assert r.problems == [
+        f"node1 is in use by alice's run {RUN}. Wait for it to end or have it stopped "
+        "(`python -m orchestrator runs` lists a user's runs, `python -m orchestrator stop "
+        "RUN` stops one), or pass --share-gpus to run beside it",
+        f"node2 is in use by alice's run {RUN}; bob's run 20260101-130000-d4e5f6. Wait for "
+        "them to end or have them stopped (`python -m orchestrator runs` lists a user's "
+        "runs, `python -m orchestrator stop RUN` stops one), or pass --share-gpus to run "
+        "beside them"]
+    assert r.warnings == []
+
+
+def gpu_node() -> Busy:
+    """What busy.scan makes of the recorded-format nvidia-smi doubles when PIDs 1838461 and
+    1838462 are bob's run's workers, 2290117 is carol's notebook and 3011554 is not
+    visible on the node (another container's)."""
+    gpus = parse_gpus((DOUBLES / "query-gpu.4gpu.csv").read_text())
+    rows = parse_apps((DOUBLES / "query-compute-apps.4gpu.csv").read_text(), gpus)
+    for row in rows:
+        if row.pid == 2290117:
+            row.user, row.command = "carol", "/usr/bin/python3 -m jupyter lab"
+    return Busy(runs=[LiveRun(RUN, "bob", [1838400], [0, 1])],
+                gpu_processes=[g for g in rows if g.pid not in (1838461, 1838462)])
+
+
+def test_a_node_whose_gpus_are_in_use_is_refused_naming_runs_processes_and_gpus() -> None:
+    r = judged(facts("node0", {}), facts("node1", {}, busy=gpu_node().to_json()))
+    [problem] = r.problems
+    assert problem.startswith(
+        f"node1 is in use by bob's run {RUN} on GPUs 0, 1; PID 2290117 of carol "
+        "(/usr/bin/python3 -m jupyter lab) on GPUs 2, 3, 2560 MiB; PID 3011554 of a user "
+        "not visible here on GPU 3. Wait for them to end"), problem
+    assert problem.endswith("or pass --share-gpus to run beside them")
+
+
+def test_share_gpus_runs_beside_them_with_a_warning() -> None:
+    r = judged(facts("node0", {}, busy=Busy(runs=[LiveRun(RUN, "alice", [1])]).to_json()),
+               facts("node1", {}, busy=gpu_node().to_json()), share_gpus=True)
+    assert r.problems == []
+    assert r.warnings[0] == (f"node0 is in use by alice's run {RUN}; running beside it "
+                             "(--share-gpus)")
+    assert r.warnings[1].startswith(f"node1 is in use by bob's run {RUN} on GPUs 0, 1; ")
+
+
+def test_gpus_that_cannot_be_read_and_hidden_processes_are_warned_about() -> None:
+    r = judged(facts("node0", {}, busy=Busy(error="nvidia-smi --query-compute-apps=pid,"
+                                            "gpu_uuid,used_memory: NVIDIA-SMI has failed",
+                                            hidden=True).to_json()))
+    assert r.problems == []
+    assert r.warnings == [
+        "node0: cannot tell whether its GPUs are in use: nvidia-smi --query-compute-apps="
+        "pid,gpu_uuid,used_memory: NVIDIA-SMI has failed",
+        "node0: other users' processes are hidden from alice (/proc is mounted with "
+        "hidepid): their runs there cannot be seen"]

@@ -225,6 +225,33 @@ def test_verb_reach_connects_to_node0s_listener_and_unlisten_ends_it(
         time.sleep(0.05)
 
 
+@covers("busy")
+def test_verb_busy_finds_a_live_run_by_its_supervisor(node: Node, running: Path) -> None:
+    with open(f"/proc/{int((running / 'pgid').read_text())}/stat") as fh:
+        supervisor = int(fh.read().rsplit(")", 1)[1].split()[1])  # torchrun's parent
+
+    def pids(*args: str) -> list[int]:
+        said = last_json(node.verb("busy", *args))
+        assert isinstance(said, dict)
+        return [p for r in said["runs"] if r["run"] == "verbs-r1" for p in r["pids"]]
+    assert supervisor in pids()
+    assert pids("--exclude", "verbs-r1") == []
+
+
+@covers("allocate")
+def test_verb_allocate_says_when_the_node_has_no_slurm(node: Node, tmp_path: Path) -> None:
+    """The allocation itself is Slurm's: tests/orchestrator/run/test_queue_sandbox.py asks
+    for it on the sandbox's Slurm cluster. Here, a node without Slurm's client."""
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    out = node.verb("allocate", "--name", "clustertrain-r1", "--", "-N", "1",
+                    env={"PATH": str(empty)})
+    assert out.returncode == 127, out.stderr
+    event = json.loads(out.stdout.splitlines()[-1])
+    assert event["event"] == "refused"
+    assert "no Slurm client" in event["said"][0]
+
+
 @covers("states")
 def test_verb_states_reads_the_nodes_states_and_hang_dumps(node: Node, tmp_path: Path) -> None:
     state = tmp_path / "state"

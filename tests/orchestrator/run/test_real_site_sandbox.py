@@ -67,11 +67,13 @@ def test_two_users_train_at_once_each_as_themselves(sandbox_cluster: Provisioned
                                                     tmp_path: Path) -> None:
     alice_inv, bob_inv = sandbox_cluster.inventories["alice"], sandbox_cluster.inventories["bob"]
     alice_runs, bob_runs = tmp_path / "alice-runs", tmp_path / "bob-runs"
-    # Started at the same moment: both preflights probe node 0's ports together.
-    alice = start_train(alice_inv, alice_runs, "--nodes", "3", "train.py", "--", "--epochs",
-                        "3", "--run-name", "site-alice", *SMALL)
-    bob = start_train(bob_inv, bob_runs, "--nodes", "3", "train.py", "--", "--epochs", "2",
-                      "--run-name", "site-bob", *SMALL)
+    # Started at the same moment: both preflights probe node 0's ports together. Each
+    # shares the nodes knowingly (--share-gpus): without it, whichever preflight saw the
+    # other's supervisors would refuse (test_busy_sandbox.py).
+    alice = start_train(alice_inv, alice_runs, "--nodes", "3", "--share-gpus", "train.py",
+                        "--", "--epochs", "3", "--run-name", "site-alice", *SMALL)
+    bob = start_train(bob_inv, bob_runs, "--nodes", "3", "--share-gpus", "train.py", "--",
+                      "--epochs", "2", "--run-name", "site-bob", *SMALL)
     try:
         # Both jobs run at once, on every node, each under its own user.
         def launched(runs: Path) -> bool:

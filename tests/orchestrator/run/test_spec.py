@@ -58,6 +58,7 @@ lease_timeout: 20
 keep_runs: 5
 hang_timeout: 300
 on_hang: wait
+share_gpus: true
 """
 
 
@@ -71,6 +72,7 @@ def test_a_job_file_is_read_into_the_spec_with_paths_relative_to_it(place) -> No
         1, "c10d", ("--monitor-interval=1",))
     assert (spec.grace, spec.detach, spec.lease_timeout, spec.keep_runs) == (2, True, 20, 5)
     assert (spec.hang_timeout, str(spec.on_hang)) == (300, "wait")
+    assert spec.share_gpus is True
 
 
 def test_the_command_line_overrides_the_file(place) -> None:
@@ -80,6 +82,8 @@ def test_the_command_line_overrides_the_file(place) -> None:
     assert spec.nodes == 1 and spec.grace == 7 and spec.env == {"OTHER": "1"}
     assert spec.script == "job.py" and spec.script_args == ("--epochs", "9")
     assert spec.keep_runs == 5   # not given here: the file's
+    assert parse_request(parse(["train", "--share-gpus"])).share_gpus is True
+    assert parse_request(parse(["train"])).share_gpus is False
     other = place / "code" / "other.py"
     other.write_text("")
     spec = parse_request(parse(["train", "-f", str(path), "other.py"]))
@@ -135,12 +139,33 @@ def test_a_bad_job_file_is_refused_naming_the_key_and_line(place, capsys, text, 
     ("workdir: elsewhere\n", "job.yaml line 1: workdir"),
     ("workdir: code\nscript: job.py\nlease_timeout: 1\n",
      "job.yaml line 3: lease_timeout 1: give at least 3 seconds"),
+    ("workdir: code\nscript: job.py\ngpus_per_node: 2\n",
+     "job.yaml line 3: gpus_per_node goes with --queue"),
+    ("workdir: code\nscript: job.py\nqueue: true\ndetach: true\n",
+     "--detach with --queue is not supported yet"),
+    ("workdir: code\nscript: job.py\nqueue: true\ntime: soon\n",
+     "job.yaml line 4: time 'soon': give a Slurm time"),
+    ("workdir: code\nscript: job.py\nqueue: true\npartition: 'a b'\n",
+     "job.yaml line 4: partition 'a b': give a Slurm partition"),
+    ("workdir: code\nscript: job.py\nqueue: true\n",
+     "says cluster_scheduler: none, so the cluster runs no Slurm"),
 ])
 def test_a_job_files_values_are_checked_as_the_options_are(place, capsys, text, words) -> None:
     code, out = run(["train", "-f", str(job(place, text)), "-i", str(place / "hosts.ini")],
                     capsys)
     assert code != 0 and words in out, out
     assert "cannot reach" not in out
+
+
+def test_the_queue_options_reach_the_spec_and_its_job_file(place) -> None:
+    spec = parse_request(parse(["train", "--queue", "--gpus-per-node", "1", "--partition",
+                                "gpu", "--time", "1-00:00:00", "--qos", "high", "--workdir",
+                                str(place / "code"), "job.py"]))
+    assert (spec.queue, spec.gpus_per_node, spec.partition, spec.time, spec.qos) == (
+        True, 1, "gpu", "1-00:00:00", "high")
+    again = from_sources(read_job_file(job(place, spec.to_yaml())))
+    assert (again.queue, again.gpus_per_node, again.partition, again.time, again.qos) == (
+        True, 1, "gpu", "1-00:00:00", "high")
 
 
 def test_a_missing_job_file_is_named(place, capsys) -> None:

@@ -1,0 +1,46 @@
+"""`queue`: every user's running and waiting jobs on a Slurm cluster, with their GPUs
+(orchestrator/cluster/slurm.py words what squeue says)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+
+from .. import defaults
+from ..cluster import ssh
+from ..cluster.inventory import load_cluster
+from ..cluster.slurm import SQUEUE_FORMAT, parse_squeue, render_queue
+from ..errors import ClusterError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("queue", help="every user's running and waiting jobs (Slurm), with "
+                       "their GPUs",
+                       description="On a cluster that runs Slurm (cluster_scheduler: slurm): "
+                       "every user's running jobs with their GPUs and nodes, then the "
+                       "waiting ones in the order Slurm would start them, each with why it "
+                       "waits. clustertrain's runs are named by their run id.")
+    p.add_argument("-i", "--inventory", default=str(defaults.INVENTORY))
+    p.add_argument("--json", action="store_true", help="the jobs as JSON")
+    p.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    cluster = load_cluster(args.inventory)
+    if cluster.scheduler != "slurm":
+        print(f"the inventory {cluster.inventory} says cluster_scheduler: "
+              f"{cluster.scheduler}: there is no queue; runs start at once (preflight "
+              "refuses nodes another run uses). Your runs: python -m orchestrator runs")
+        return 0
+    first = cluster.nodes[0]
+    conn = ssh.connect(first.name, first.ssh)
+    try:
+        result = conn.run(shlex.join(["squeue", "-h", "-o", SQUEUE_FORMAT]), timeout=30)
+    finally:
+        conn.close()
+    if result.exit_code != 0:
+        raise ClusterError(f"{first.name}: squeue failed: {result.stderr.strip()[-300:]}")
+    jobs = parse_squeue(result.stdout)
+    print(json.dumps(jobs, indent=2) if args.json else render_queue(jobs))
+    return 0

@@ -1,0 +1,175 @@
+"""`allocate`: hold a Slurm allocation for a run, as long as the controller's connection
+lives (standard library only; runs on any node with Slurm's client).
+
+    node.py allocate --name clustertrain-RUN --gpus-per-node all|G -- -N 2 [--partition=P ...]
+
+`salloc --no-shell` asks for the allocation (G GPUs per node; all: as many as the
+nodes with the fewest have). While it waits, a JSON line is printed each
+time what Slurm says of the job changes: {"event": "pending", "job", "reason",
+"position", "holders"} (holders: the running jobs on the nodes the job may use, with
+their user and GPUs). Once granted: {"event": "granted", "job", "nodes", "gpus"} (gpus:
+each node's GPU indices). Then it reads its standard input to the end, which comes when
+the controller's `train` ends, however it ends (Ctrl-C, a closed terminal, kill -9: the
+SSH connection closes), and cancels the job: nothing is left in the queue. SIGHUP is
+ignored, so that a closing session cannot skip the cancel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+POLL = 1.0   # seconds between two looks at a waiting job (the first after one)
+TICK = 0.05  # seconds between two looks at salloc
+_JOB_RE = re.compile(r"job allocation (\d+)")
+_GRES_IDX = re.compile(r"gpu(?::[^(\s]*)?\(IDX:([0-9,-]*)\)")
+
+
+def say(event: dict) -> None:
+    print(json.dumps(event), flush=True)
+
+
+def slurm(*argv: str, timeout: float = 30.0) -> str:
+    return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
+                          check=False).stdout
+
+
+def indices(text: str) -> list[int]:
+    """'0-1,3' -> [0, 1, 3]."""
+    out: list[int] = []
+    for part in filter(None, text.split(",")):
+        lo, _, hi = part.partition("-")
+        out += list(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def hostnames(expr: str) -> list[str]:
+    return slurm("scontrol", "show", "hostnames", expr).split()
+
+
+def gres_lines(detail: str) -> list[tuple[str, list[int]]]:
+    """(node list, GPU indices) of each 'Nodes=... GRES=gpu:2(IDX:0-1)' line of
+    `scontrol show job -d` (a node list there may name several nodes)."""
+    out = []
+    for line in detail.splitlines():
+        line = line.strip()
+        if line.startswith("Nodes="):
+            found = _GRES_IDX.search(line)
+            out.append((line.split()[0][len("Nodes="):],
+                        indices(found.group(1)) if found else []))
+    return out
+
+
+def job_gpus(detail: str) -> dict[str, list[int]]:
+    """Each node's GPU indices, from `scontrol show job -d`."""
+    return {node: gpus for nodes, gpus in gres_lines(detail) if nodes
+            for node in hostnames(nodes)}
+
+
+def waiting(job: str) -> dict:
+    """What Slurm says of a waiting job: its reason, its place among the waiting jobs (by
+    priority) and who holds the nodes' GPUs now."""
+    state = slurm("squeue", "-h", "-j", job, "-o", "%T|%r").strip().split("|")
+    order = slurm("squeue", "-h", "-t", "PD", "--sort=-p,i", "-o", "%i").split()
+    holders = []
+    for line in slurm("squeue", "-h", "-t", "R", "-o", "%i|%u|%j|%N|%b|%M").splitlines():
+        parts = line.split("|")
+        if len(parts) == 6 and parts[0] != job:
+            holders.append(dict(zip(("job", "user", "name", "nodes", "gres", "time"), parts,
+                                    strict=True)))
+    return {"event": "pending", "job": job, "state": state[0] if state else "",
+            "reason": state[1] if len(state) > 1 else "",
+            "position": order.index(job) + 1 if job in order else 0, "holders": holders}
+
+
+def gres(gpus_per_node: str) -> list[str]:
+    """salloc's --gres for G GPUs per node, or for 'all': the fewest any node has."""
+    if gpus_per_node != "all":
+        return [f"--gres=gpu:{int(gpus_per_node)}"] if int(gpus_per_node) > 0 else []
+    counts = []
+    try:
+        listed = slurm("sinfo", "-h", "-N", "-o", "%G")
+    except FileNotFoundError:
+        listed = ""
+    for line in listed.splitlines():
+        found = re.search(r"gpu(?::[^:(,]+)?:(\d+)", line)
+        counts.append(int(found.group(1)) if found else 0)
+    fewest = min(counts) if counts else 0
+    return [f"--gres=gpu:{fewest}"] if fewest else []
+
+
+def main(name: str, gpus_per_node: str, salloc_args: list[str]) -> int:
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    ended = threading.Event()
+
+    def watch_input() -> None:
+        try:
+            while sys.stdin.buffer.read(4096):
+                pass
+        finally:
+            ended.set()
+
+    threading.Thread(target=watch_input, daemon=True).start()
+    try:
+        proc = subprocess.Popen(["salloc", "--no-shell", f"--job-name={name}",
+                                 *gres(gpus_per_node), *salloc_args],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    except FileNotFoundError:
+        say({"event": "refused", "job": "", "exit": 127, "said": [
+            "this node has no Slurm client (salloc); provision Slurm with site.yml and "
+            "cluster_scheduler: slurm"]})
+        return 127
+    job = ""
+    said: list[str] = []
+    lines: list[str] = []
+
+    def read_salloc() -> None:
+        nonlocal job
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line.rstrip())
+            found = _JOB_RE.search(line)
+            if found:
+                job = found.group(1)
+
+    reader = threading.Thread(target=read_salloc, daemon=True)
+    reader.start()
+    last = None
+    next_look = time.monotonic() + POLL
+    try:
+        while proc.poll() is None:
+            if ended.wait(TICK):
+                return 130   # the controller went away while waiting: cancel (finally)
+            if job and time.monotonic() >= next_look:
+                next_look = time.monotonic() + POLL
+                now = waiting(job)
+                key = (now["reason"], now["position"], [h["job"] for h in now["holders"]])
+                if now["state"] == "PENDING" and key != last:
+                    say(now)
+                    last = key
+        reader.join(timeout=5)
+        if proc.returncode != 0 or not job:
+            said = [line for line in lines if line]
+            say({"event": "refused", "job": job, "said": said[-5:],
+                 "exit": proc.returncode})
+            return proc.returncode or 1
+        detail = slurm("scontrol", "show", "job", "-d", job)
+        nodes = re.search(r"\bNodeList=(\S+)", detail)
+        say({"event": "granted", "job": job,
+             "nodes": hostnames(nodes.group(1)) if nodes else [], "gpus": job_gpus(detail),
+             "at": time.time()})
+        ended.wait()
+        return 0
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        user = os.environ.get("USER") or str(os.getuid())
+        if job:
+            slurm("scancel", job)
+        slurm("scancel", f"--name={name}", f"--user={user}")

@@ -1,0 +1,196 @@
+"""Who else uses this node now (`node.py busy`, and part of preflight's probe): the live
+runs of every user, found by their supervisors' processes, and the processes on its GPUs
+(nvidia-smi), each with its owner. Everything is read from /proc as it is now, never from
+a run's state files: a stale file cannot make a node look busy, nor a live run look gone.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .util import process_table
+
+SMI_TIMEOUT = 30.0   # seconds for one nvidia-smi query (a busy driver answers slowly)
+QUERY_APPS = ["--query-compute-apps=pid,gpu_uuid,used_memory",
+              "--format=csv,noheader,nounits"]
+QUERY_GPUS = ["--query-gpu=index,uuid", "--format=csv,noheader"]
+COMMAND_CHARS = 80   # of a bare GPU process's command line, in the report
+
+
+@dataclass
+class GpuProcess:
+    """A process with a context on a GPU (a row of `nvidia-smi --query-compute-apps`)."""
+    pid: int
+    uuid: str
+    gpu: int | None = None        # the GPU's index (None: not among nvidia-smi's GPUs)
+    used_mib: int | None = None   # None: nvidia-smi says [N/A]
+    user: str | None = None       # None: not visible here (another container's, say)
+    command: str = ""
+
+
+@dataclass
+class LiveRun:
+    """A run with a live supervisor on this node: its id, owner, supervisor PIDs and the
+    GPUs its processes hold."""
+    run: str
+    user: str
+    pids: list[int] = field(default_factory=list)
+    gpus: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Busy:
+    """The node's other users: runs, and GPU processes of no run. HIDDEN: this user cannot
+    see other users' processes (/proc mounted with hidepid). ERROR: nvidia-smi failed, so
+    whether the GPUs are in use is not known."""
+    runs: list[LiveRun] = field(default_factory=list)
+    gpu_processes: list[GpuProcess] = field(default_factory=list)
+    hidden: bool = False
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Busy:
+        return cls(runs=[LiveRun(**r) for r in data.get("runs", [])],
+                   gpu_processes=[GpuProcess(**g) for g in data.get("gpu_processes", [])],
+                   hidden=bool(data.get("hidden")), error=data.get("error"))
+
+
+# --- nvidia-smi's answers ---------------------------------------------------------------------
+
+def parse_gpus(text: str) -> dict[str, int]:
+    """`nvidia-smi --query-gpu=index,uuid --format=csv,noheader`: uuid -> index."""
+    found = {}
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2 and parts[0].isdigit():
+            found[parts[1]] = int(parts[0])
+    return found
+
+
+def parse_apps(text: str, gpus: dict[str, int]) -> list[GpuProcess]:
+    """`nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory
+    --format=csv,noheader,nounits`, one row per process and GPU; other lines (nvidia-smi's
+    "No running processes found") are not rows."""
+    found = []
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 3 or not parts[0].isdigit():
+            continue
+        pid, uuid, used = parts
+        found.append(GpuProcess(int(pid), uuid, gpus.get(uuid),
+                                int(used) if used.isdigit() else None))
+    return found
+
+
+def _smi(exe: str, args: list[str]) -> str:
+    p = subprocess.run([exe, *args], capture_output=True, text=True, timeout=SMI_TIMEOUT)
+    if p.returncode != 0:
+        said = (p.stderr.strip() or p.stdout.strip()).splitlines() or [f"exit {p.returncode}"]
+        raise RuntimeError(f"nvidia-smi {args[0]}: {said[-1]}")
+    return p.stdout
+
+
+def gpu_processes(smi: str = "nvidia-smi") -> tuple[list[GpuProcess], str | None]:
+    """Every process on this node's GPUs, and why they could not be read (None: they
+    were). No nvidia-smi: a node without NVIDIA GPUs, so none."""
+    exe = shutil.which(smi)
+    if exe is None:
+        return [], None
+    try:
+        return parse_apps(_smi(exe, QUERY_APPS), parse_gpus(_smi(exe, QUERY_GPUS))), None
+    except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
+        return [], str(exc)
+
+
+# --- the processes ----------------------------------------------------------------------------
+
+def supervised_run(argv: list[str]) -> str | None:
+    """The run id of a supervisor's command line, else None: `PYTHON .../node.py supervise
+    ... --run RUN ... -- TORCHRUN...` as the launch starts it (run/command.py,
+    NodeCommand.shell), or `python -m orchestrator.node supervise ...`."""
+    if "supervise" not in argv:
+        return None
+    i = argv.index("supervise")
+    head = argv[:i]
+    if not head or not (os.path.basename(head[-1]) == "node.py"
+                        or head[-2:] == ["-m", "orchestrator.node"]):
+        return None
+    ours = argv[i + 1:]
+    if "--" in ours:   # the rest is torchrun's
+        ours = ours[:ours.index("--")]
+    for j, word in enumerate(ours):
+        if word == "--run" and j + 1 < len(ours):
+            return ours[j + 1]
+        if word.startswith("--run="):
+            return word[len("--run="):]
+    return None
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return []
+    return [w.decode(errors="replace") for w in raw.split(b"\0")[:-1]]
+
+
+def _owner(pid: int) -> str | None:
+    try:
+        uid = os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def _run_of(pid: int, supervisors: dict[int, str], parents: dict[int, int]) -> str | None:
+    """The run whose supervisor PID is an ancestor of (or is) PID."""
+    for _ in range(64):
+        if pid in supervisors:
+            return supervisors[pid]
+        if pid not in parents or parents[pid] == pid:
+            return None
+        pid = parents[pid]
+    return None
+
+
+def scan(exclude: str | None = None, smi: str = "nvidia-smi") -> Busy:
+    """This node's runs (any user's, but EXCLUDE's: the run being launched) and the GPU
+    processes of no run; a GPU process of a run counts for its run."""
+    table = process_table()
+    supervisors: dict[int, str] = {}
+    runs: dict[tuple[str, str], LiveRun] = {}
+    for pid in table:
+        run = supervised_run(_cmdline(pid))
+        user = _owner(pid) if run else None
+        if run and user:
+            supervisors[pid] = run
+            if run != exclude:
+                runs.setdefault((user, run), LiveRun(run, user)).pids.append(pid)
+    by_run = {r.run: r for r in runs.values()}
+    parents = {pid: ppid for pid, (_, ppid, _) in table.items()}
+    found = Busy(hidden=not os.access("/proc/1/cmdline", os.R_OK))
+    used, found.error = gpu_processes(smi)
+    for g in used:
+        run = _run_of(g.pid, supervisors, parents)
+        if run is None:
+            g.user = _owner(g.pid)
+            g.command = " ".join(_cmdline(g.pid))[:COMMAND_CHARS]
+            found.gpu_processes.append(g)
+        elif run in by_run and g.gpu is not None and g.gpu not in by_run[run].gpus:
+            by_run[run].gpus.append(g.gpu)
+    found.runs = sorted(runs.values(), key=lambda r: (r.user, r.run))
+    for r in found.runs:
+        r.gpus.sort()
+    return found

@@ -1,0 +1,142 @@
+"""A run through Slurm's queue (`train --queue`): one allocation of N nodes x G GPUs,
+held for the run's whole life by one SSH command on a cluster node (the node package's
+`allocate`, node/allocate.py), and given back when `train` ends, however it ends.
+
+While the job waits, one line says where it stands (its place, Slurm's reason in words,
+who holds the GPUs); once granted, the run is the same run as without Slurm on the nodes
+Slurm chose, each node's ranks seeing only the GPUs Slurm gave it (CUDA_VISIBLE_DEVICES).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..cluster import nodelib, ssh
+from ..cluster.inventory import Cluster
+from ..cluster.slurm import waiting_line
+from ..errors import LaunchError
+
+RELEASE_WAIT = 15.0   # seconds for the node to cancel the job once train lets go
+
+
+@dataclass(frozen=True)
+class AllocationRequest:
+    nodes: int | None = None                 # any N nodes of the partition
+    hosts: tuple[str, ...] | None = None     # exactly these
+    gpus_per_node: int | None = None         # None: every GPU of a node
+    partition: str | None = None
+    time: str | None = None
+    qos: str | None = None
+
+    def salloc_args(self) -> list[str]:
+        args = ["--gpus-per-node", "all" if self.gpus_per_node is None
+                else str(self.gpus_per_node), "--"]
+        args += ["-N", str(len(self.hosts) if self.hosts else self.nodes or 1)]
+        if self.hosts:
+            args += ["-w", ",".join(self.hosts)]
+        for flag, value in (("--partition", self.partition), ("--time", self.time),
+                            ("--qos", self.qos)):
+            if value:
+                args.append(f"{flag}={value}")
+        return args
+
+
+@dataclass
+class Allocation:
+    job_id: str
+    nodes: list[str]                         # Slurm's choice, in inventory order
+    gpus: dict[str, list[int]]               # node -> the GPU indices it was given
+    waited_s: float
+    proc: subprocess.Popen | None = field(default=None, repr=False)
+    conn: ssh.Connection | None = field(default=None, repr=False)
+
+    def env(self, node: str) -> dict[str, str]:
+        """What NODE's ranks are told: only the GPUs Slurm gave the run."""
+        gpus = self.gpus.get(node)
+        extra = {"SLURM_JOB_ID": self.job_id}
+        if gpus:
+            extra["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+        return extra
+
+    @property
+    def gpus_per_node(self) -> int | None:
+        """One rank per GPU given (the same number on every node), or None without GPUs."""
+        counts = {len(g) for g in self.gpus.values()}
+        return counts.pop() if len(counts) == 1 and 0 not in counts else None
+
+    def describe(self) -> str:
+        return ", ".join(f"{n} (GPUs {','.join(map(str, self.gpus[n]))})" if self.gpus.get(n)
+                         else n for n in self.nodes)
+
+    def record(self) -> dict:
+        return {"job_id": self.job_id, "nodes": self.nodes, "gpus": self.gpus,
+                "waited_s": round(self.waited_s, 1)}
+
+    def release(self) -> None:
+        """Give the allocation back: the node cancels the job when its input ends."""
+        proc, self.proc = self.proc, None
+        if proc is not None:
+            if proc.stdin is not None:
+                try:
+                    proc.stdin.close()
+                except OSError:
+                    pass
+            try:
+                proc.wait(timeout=RELEASE_WAIT)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+
+def allocate(cluster: Cluster, request: AllocationRequest, run_id: str,
+             say: Callable[[str], None] = print) -> Allocation:
+    """Ask Slurm for the run's allocation from the cluster's first node, and wait for it
+    (saying where it stands whenever that changes). KeyboardInterrupt while waiting, or a
+    refusal, cancels the request before it is raised."""
+    first = cluster.nodes[0]
+    conn = ssh.connect(first.name, first.ssh)
+    proc: subprocess.Popen | None = None
+    started = time.monotonic()
+    try:
+        nodelib.ensure(conn, first.python)
+        proc = conn.popen(nodelib.command(first.python, "allocate", "--name",
+                                          f"clustertrain-{run_id}", *request.salloc_args()),
+                          stdin=True)
+        assert proc.stdout is not None
+        said = ""
+        for raw in proc.stdout:
+            line = raw.decode(errors="replace").strip()
+            if not line.startswith("{"):
+                continue
+            event = json.loads(line)
+            if event["event"] == "pending":
+                text = waiting_line(event, time.monotonic() - started)
+                words = text.split(": ", 1)[-1]
+                if words != said:
+                    say(f"run {run_id}: {text}")
+                    said = words
+            elif event["event"] == "granted":
+                order = [n for n in cluster.names if n in event["nodes"]]
+                unknown = [n for n in event["nodes"] if n not in cluster.names]
+                if unknown:
+                    raise LaunchError(
+                        f"Slurm gave job {event['job']} nodes the inventory does not list: "
+                        f"{', '.join(unknown)}; list every Slurm node in train_nodes, or "
+                        "choose them with --hosts")
+                return Allocation(event["job"], order, event.get("gpus") or {},
+                                  time.monotonic() - started, proc, conn)
+            elif event["event"] == "refused":
+                raise LaunchError("Slurm refused the allocation: "
+                                  + " ".join(event.get("said") or [])
+                                  + ". Nothing was started")
+        raise LaunchError(f"{first.name}: the allocation ended before it was granted "
+                          f"(exit {proc.wait()})")
+    except BaseException:
+        Allocation("", [], {}, 0.0, proc, conn).release()
+        raise

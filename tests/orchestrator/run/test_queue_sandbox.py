@@ -1,0 +1,122 @@
+"""train --queue on the shared Slurm cluster (3 nodes, two fake GPUs each: a test double;
+alice and bob may each hold 4 GPUs): runs that do not fit wait in Slurm's queue, never
+two on one GPU (read from Slurm's accounting, not from our logs), and nothing is left in
+the queue or on the nodes when train is interrupted while waiting or killed while
+running. Real SSH through the bastion, real Slurm, real torchrun with gloo."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from ...cluster import ProvisionedCluster, orchestrator
+from .test_real_site_sandbox import SMALL, output, start_train, wait_for
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.e2e, pytest.mark.timeout(900)]
+FOUR_GPUS = ["--queue", "--nodes", "2", "--gpus-per-node", "2"]
+
+
+def run_info(runs: Path) -> dict:
+    (path,) = runs.glob("*/run.json")
+    return json.loads(path.read_text())
+
+
+def slurm(cluster: ProvisionedCluster, *argv: str) -> str:
+    return cluster.exec("node0", *argv).stdout
+
+
+def queued_jobs(cluster: ProvisionedCluster, user: str) -> list[str]:
+    return slurm(cluster, "squeue", "-h", "-u", user, "-o", "%i %j %T").splitlines()
+
+
+def test_runs_that_do_not_fit_wait_and_never_share_a_gpu(sandbox_cluster: ProvisionedCluster,
+                                                         tmp_path: Path) -> None:
+    """alice and bob ask at once for 4 of the cluster's 6 GPUs each: both runs succeed,
+    one after the other; the later one's record says how long it waited; accounting shows
+    each job with its 4 GPUs and no two jobs on one node at the same time."""
+    runs = {u: tmp_path / f"{u}-runs" for u in ("alice", "bob")}
+    procs = {u: start_train(sandbox_cluster.inventories[u], runs[u], *FOUR_GPUS, "train.py",
+                            "--", "--epochs", "2", "--run-name", f"queue-{u}", *SMALL)
+             for u in runs}
+    try:
+        for user, proc in procs.items():
+            assert proc.wait(timeout=600) == 0, output(runs[user])[-4000:]
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+    infos = {u: run_info(runs[u]) for u in runs}
+    waited = sorted((infos[u]["slurm"]["waited_s"], u) for u in runs)
+    later = waited[-1][1]
+    assert waited[-1][0] >= 5, waited
+    assert "queued as Slurm job" in output(runs[later]), output(runs[later])[-3000:]
+    assert "waiting for GPUs to free" in output(runs[later]), output(runs[later])[-3000:]
+    names = ",".join(f"clustertrain-{infos[u]['run_id']}" for u in runs)
+    rows = slurm(sandbox_cluster, "sacct", "-a", "-X", "-n", "-P", f"--name={names}", "-o",
+                 "JobName,User,NodeList,AllocTRES,Start,End").splitlines()
+    jobs = []
+    for row in rows:
+        _name, user, nodelist, tres, start, end = row.split("|")
+        nodes = slurm(sandbox_cluster, "scontrol", "show", "hostnames", nodelist).split()
+        assert "gres/gpu=4" in tres, rows
+        assert sorted(nodes) == sorted(infos[user]["slurm"]["nodes"]), (rows, infos[user])
+        jobs.append((set(nodes), datetime.fromisoformat(start), datetime.fromisoformat(end)))
+    assert len(jobs) == 2, rows
+    (a_nodes, a_start, a_end), (b_nodes, b_start, b_end) = sorted(jobs, key=lambda j: j[1])
+    assert a_nodes & b_nodes, "with 3 nodes, two 2-node runs share one"
+    assert a_end <= b_start, f"two jobs held the same node's GPUs at once: {rows}"
+    # each node's ranks were told the GPUs Slurm gave the run
+    for user in runs:
+        for node, gpus in infos[user]["slurm"]["gpus"].items():
+            assert gpus == [0, 1], infos[user]["slurm"]
+            env = infos[user]["node_commands"][node]["env"]
+            assert env["CUDA_VISIBLE_DEVICES"] == "0,1", env
+
+
+def test_ctrl_c_while_queued_and_kill_9_while_running_leave_nothing(
+        sandbox_cluster: ProvisionedCluster, tmp_path: Path) -> None:
+    """bob's run waits behind alice's; Ctrl-C of bob's train takes his job out of the
+    queue; kill -9 of alice's running train takes hers out, and her processes end on
+    every node."""
+    alice_runs, bob_runs = tmp_path / "alice-runs", tmp_path / "bob-runs"
+    alice = start_train(sandbox_cluster.inventories["alice"], alice_runs, *FOUR_GPUS,
+                        "train.py", "--", "--epochs", "200", "--run-name", "queue-long",
+                        *SMALL)
+    bob = None
+    try:
+        wait_for(lambda: "starting torchrun on" in output(alice_runs), 180, "alice's run")
+        bob = start_train(sandbox_cluster.inventories["bob"], bob_runs, *FOUR_GPUS, "train.py",
+                          "--", "--epochs", "1", *SMALL)
+        wait_for(lambda: "queued as Slurm job" in output(bob_runs), 60, "bob's run to queue")
+        assert queued_jobs(sandbox_cluster, "bob"), "bob's job is in the queue"
+        alice_run = run_info(alice_runs)["run_id"]
+        shown = orchestrator("queue", "-i", str(sandbox_cluster.inventories["bob"]))
+        assert shown.returncode == 0, shown.stderr
+        rows = {line.split()[1]: line for line in shown.stdout.splitlines()[1:]}
+        assert f"run {alice_run}" in rows["alice"] and " running " in rows["alice"], shown.stdout
+        assert "waiting #1" in rows["bob"] and "waiting for GPUs to free" in rows["bob"], (
+            shown.stdout)
+        bob.send_signal(signal.SIGINT)
+        bob.wait(timeout=30)
+        wait_for(lambda: not queued_jobs(sandbox_cluster, "bob"), 30,
+                 "bob's job to leave the queue")
+        assert "starting torchrun" not in output(bob_runs)
+
+        run_id = alice_run
+        assert queued_jobs(sandbox_cluster, "alice")
+        os.kill(alice.pid, signal.SIGKILL)
+        alice.wait(timeout=10)
+        wait_for(lambda: not queued_jobs(sandbox_cluster, "alice"), 30,
+                 "alice's job to leave the queue")
+        wait_for(lambda: not any(sandbox_cluster.run_processes(n, run_id)
+                                 for n in sandbox_cluster.nodes), 90,
+                 "alice's processes to end on every node")
+    finally:
+        for proc in (alice, bob):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
