@@ -65,6 +65,8 @@ def _runs(args: argparse.Namespace) -> int:
             summary = None
             print(f"note: {run.run_id}: cannot ask its nodes ({exc})", file=sys.stderr)
         status, duration = row(summary)
+        if summary is None and info.get("queued"):
+            status, nodes = "queued", f"(since {info['queued'].get('since', '?')[11:19]})"
         print(f"{run.run_id:<24} {status:<20} {nodes:<20} {duration:>9}  {_what(run)}")
     return 0
 
@@ -83,6 +85,10 @@ def _what(run: RunDir) -> str:
 def _show(run: RunDir) -> int:
     info = run.info()
     summary = settle(run)
+    if summary is None and info.get("queued"):
+        print(f"run {run.run_id}: waiting in Slurm's queue since {info['queued'].get('since')}; "
+              f"`queue` shows why, `stop {run.run_id}` cancels it")
+        return 0
     if summary is None:
         print(f"run {run.run_id}: running on {', '.join(info['nodes'])}; follow it with "
               f"`attach {run.run_id}`, look inside with `diagnose {run.run_id}`")

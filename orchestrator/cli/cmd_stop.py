@@ -24,6 +24,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _main(args: argparse.Namespace) -> int:
     results = stop_run(Path(args.runs_dir), args.run, args.grace, args.inventory)
+    if not results:
+        print(f"run {args.run} was waiting in Slurm's queue: its job was cancelled; nothing "
+              "had started")
+        return 0
     left = False
     for r in results:
         if not r.found:

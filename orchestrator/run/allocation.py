@@ -10,15 +10,23 @@ Slurm chose, each node's ranks seeing only the GPUs Slurm gave it (CUDA_VISIBLE_
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import socket
 import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..cluster import nodelib, ssh
 from ..cluster.inventory import Cluster
 from ..cluster.slurm import waiting_line
-from ..errors import LaunchError
+from ..errors import ClusterError, LaunchError
+from ..node.protocol import STOP_REQUESTED
+from .record import RunDir, iso
+from .spec import RunSpec
+from .status import RunStatus, cut_short
 
 RELEASE_WAIT = 15.0   # seconds for the node to cancel the job once train lets go
 
@@ -106,7 +114,7 @@ def allocate(cluster: Cluster, request: AllocationRequest, run_id: str,
     try:
         nodelib.ensure(conn, first.python)
         proc = conn.popen(nodelib.command(first.python, "allocate", "--name",
-                                          f"clustertrain-{run_id}", *request.salloc_args()),
+                                          job_name(run_id), *request.salloc_args()),
                           stdin=True)
         assert proc.stdout is not None
         said = ""
@@ -140,3 +148,74 @@ def allocate(cluster: Cluster, request: AllocationRequest, run_id: str,
     except BaseException:
         Allocation("", [], {}, 0.0, proc, conn).release()
         raise
+
+
+def job_name(run_id: str) -> str:
+    return f"clustertrain-{run_id}"
+
+
+def queue_for(spec: RunSpec, whole: Cluster, count: int, run_id: str) -> Allocation:
+    """The allocation of a --queue run, from WHOLE's nodes (COUNT of them, or spec.hosts).
+    While it waits, the run's record says so (`runs` lists it as queued, `stop` cancels
+    it); a run that never gets its nodes gets its summary: interrupted (Ctrl-C), stopped
+    (`stop`) or failed (Slurm refused), and nothing stays in the queue."""
+    run = RunDir(spec.runs_dir, run_id)
+    info = {"run_id": run_id, "inventory": str(whole.inventory.resolve()), "nodes": [],
+            "users": {}, "script": spec.script, "script_args": list(spec.script_args),
+            "spec": spec.to_file(),
+            "queued": {"host": socket.gethostname(), "pid": os.getpid(),
+                       "since": iso(time.time())}}
+    run.create(info)
+    started = time.time()
+    try:
+        return allocate(whole, AllocationRequest(count, spec.hosts, spec.gpus_per_node,
+                                                 spec.partition, spec.time, spec.qos), run_id)
+    except BaseException as exc:
+        stopped = (run.path / STOP_REQUESTED).exists()
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        status = (RunStatus.STOPPED if stopped else
+                  RunStatus.INTERRUPTED if interrupted else RunStatus.FAILED)
+        why = ("stopped while queued (`stop`): its Slurm job was cancelled" if stopped else
+               "Ctrl-C while queued: its Slurm job was cancelled" if interrupted else
+               str(exc) or repr(exc))
+        run.write_summary(cut_short(info, status, started, why))
+        if stopped:
+            raise LaunchError(f"run {run_id} was stopped while queued (`stop`); its Slurm job "
+                              "was cancelled and nothing ran") from None
+        raise
+
+
+def settle_queued(run: RunDir, info: dict[str, Any]) -> dict[str, Any] | None:
+    """The summary of a run recorded as queued whose train is gone (kill -9 while it
+    waited: its Slurm job went with the connection), written; None while its train still
+    waits, or when it waits on another machine (its liveness cannot be read from here)."""
+    queued = info["queued"]
+    if queued.get("host") != socket.gethostname():
+        return None
+    try:
+        os.kill(int(queued["pid"]), 0)
+        return None
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        return None
+    summary = cut_short(info, RunStatus.CONTROLLER_LOST, time.time(),
+                        "train ended while the run waited in Slurm's queue; its job was "
+                        "cancelled when its connection closed")
+    run.write_summary(summary)
+    return summary
+
+
+def cancel_queued(run: RunDir, info: dict[str, Any], cluster: Cluster) -> None:
+    """`stop` of a run still waiting in Slurm's queue: its job is cancelled (from the
+    cluster's first node, as the run's user), and its train says the run was stopped."""
+    (run.path / STOP_REQUESTED).write_text(f"{time.time()}\n")
+    first = cluster.nodes[0]
+    conn = ssh.connect(first.name, first.ssh)
+    try:
+        result = conn.run(shlex.join(["scancel", f"--name={job_name(info['run_id'])}",
+                                      f"--user={first.ssh.effective_user()}"]), timeout=30)
+    finally:
+        conn.close()
+    if result.exit_code != 0:
+        raise ClusterError(f"{first.name}: scancel failed: {result.stderr.strip()[-300:]}")

@@ -25,8 +25,9 @@ from ..cluster.inventory import Cluster, NodeSpec, load_cluster
 from ..cluster.ssh import connect_all
 from ..errors import ClusterError, LaunchError
 from ..node.protocol import GO
-from .allocation import Allocation, AllocationRequest, allocate
+from .allocation import Allocation, queue_for
 from .command import NodeCommand
+from .drain import drain_lost
 from .follow import Job
 from .record import RunDir, code_revision, new_run_id, open_run, run_state_dir
 from .scheduler import Scheduler, SshScheduler
@@ -137,9 +138,7 @@ def run_training(spec: RunSpec, dry_run: bool = False, cluster: Cluster | None =
               "node; Slurm chooses the nodes: the plan below is for "
               f"{', '.join(cluster.names)}; nothing was asked")
     elif spec.queue:
-        allocation = allocate(whole, AllocationRequest(
-            len(cluster.nodes), spec.hosts, spec.gpus_per_node, spec.partition, spec.time,
-            spec.qos), run_id)
+        allocation = queue_for(spec, whole, len(cluster.nodes), run_id)
     try:
         if allocation is not None:
             cluster = whole.select(hosts=",".join(allocation.nodes))
@@ -166,7 +165,7 @@ def _run(plan: Plan, session: Session, scheduler: Scheduler) -> int:
     spec, cluster, run_id = plan.spec, session.cluster, plan.run_id
     run = RunDir(spec.runs_dir, run_id)
     info = plan.record(session)
-    run.create(info)
+    run.create(info, queued=plan.allocation is not None)   # a --queue run: its record again
     started = time.time()
     submitted = None
     try:
@@ -219,6 +218,9 @@ def _run(plan: Plan, session: Session, scheduler: Scheduler) -> int:
         raise
     summary = make_summary(info, plan.commands, cluster.names, result,
                            submitted.meanwhile.seconds, run)
+    drained = drain_lost(summary, cluster, session.clients)
+    if drained:
+        summary["drained"] = drained
     run.write_summary(summary)
     return conclude(run, result, summary)
 

@@ -106,8 +106,10 @@ class RunDir:
     def summary_json(self) -> Path:
         return self.path / "summary.json"
 
-    def create(self, info: dict[str, Any]) -> None:
-        self.path.mkdir(parents=True, exist_ok=False)
+    def create(self, info: dict[str, Any], queued: bool = False) -> None:
+        """The run's directory and run.json (QUEUED: its record while it waited in Slurm's
+        queue is there, and is replaced)."""
+        self.path.mkdir(parents=True, exist_ok=queued)
         _write_json(self.run_json, info)
 
     def write_summary(self, summary: dict[str, Any]) -> None:

@@ -55,6 +55,9 @@ def settle(run: RunDir) -> dict | None:
     if summary is not None:
         return summary
     info = run.info()
+    if info.get("queued"):   # still waiting in Slurm's queue, or its train is gone
+        from .allocation import settle_queued
+        return settle_queued(run, info)
     states, now, dumps = fetch_states(info)
     summary = summarize(info, states, now, run)
     if summary is not None:

@@ -31,6 +31,10 @@ def stop_run(runs_dir: Path, run_id: str, grace: float = defaults.GRACE,
     check_grace(grace)
     run = open_run(runs_dir, run_id)
     info = run.info()
+    if info.get("queued") and not run.ended:   # waiting in Slurm's queue: cancel its job
+        from .allocation import cancel_queued
+        cancel_queued(run, info, load_cluster(inventory or info["inventory"]))
+        return []
     cluster = load_cluster(inventory or info["inventory"]).select(hosts=",".join(info["nodes"]))
     check_owner(cluster.nodes, info, "stop it. Nothing was signalled")
     (run.path / STOP_REQUESTED).write_text(f"{time.time()}\n")

@@ -190,11 +190,18 @@ def test_node_failure_stops_the_other_node_and_keeps_whole_checkpoints(sandbox_c
     assert_checkpoints_whole(ckpts)
 
 
+def slurm_state(cluster: ProvisionedCluster, node: str) -> str:
+    """sinfo's state and reason of NODE ('drain clustertrain (alice): ...')."""
+    return cluster.exec("node0", "sinfo", "-h", "-n", node, "-o", "%t %E").stdout.strip()
+
+
 def test_killed_node_then_provision_again_and_resume(sandbox_cluster, tmp_path):
     """A node vanishes mid-training (its container is killed, as a power cut would):
-    the run ends naming it, node0 is cleaned up; the node comes back, site.yml on that
-    node alone brings it in line again (docs/troubleshooting.md's `--limit NODE`), and the
-    next run resumes from the newest whole checkpoint."""
+    the run ends naming it, node0 is cleaned up, and (the cluster runs Slurm) the node is
+    drained with the run's reason, so that the next allocation goes elsewhere; the node
+    comes back, site.yml on that node alone brings it in line again
+    (docs/troubleshooting.md's `--limit NODE`), an admin returns it to Slurm (`undrain`;
+    bob may not), and the next run resumes from the newest whole checkpoint."""
     ckpts = fresh_checkpoints(sandbox_cluster, "e2e-killed")
     first = tmp_path / "first"
     first.mkdir()
@@ -214,6 +221,10 @@ def test_killed_node_then_provision_again_and_resume(sandbox_cluster, tmp_path):
     s = summary(first)
     assert s["status"] == "failed" and s["first_failed"] == "node1", s
     assert s["nodes"][0]["end_reason"] == "stopped", s["nodes"]
+    assert "node1 is drained in Slurm" in out, out[-3000:]
+    assert re.match(r"drain\*? clustertrain \(alice\): node1 lost mid-run",
+                    slurm_state(sandbox_cluster, "node1")), slurm_state(sandbox_cluster, "node1")
+    assert list(s["drained"]) == ["node1"], s
     wait_for(lambda: no_training_left(sandbox_cluster, ("node0",)), 10,
              "no training process on node0")
     assert_checkpoints_whole(ckpts)
@@ -225,6 +236,24 @@ def test_killed_node_then_provision_again_and_resume(sandbox_cluster, tmp_path):
     # whole cluster's re-run is tests/packaging/test_installed_sandbox.py's).
     changed = site_yml(sandbox_cluster, "node1")
     assert set(changed) == {"node1"}, changed
+
+    # Still drained: the next run through Slurm's queue gets two other nodes.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    queued = train(sandbox_cluster, elsewhere, "--epochs", "1", *SMALL,
+                   opts=("--queue", "--gpus-per-node", "1"))
+    assert queued.returncode == 0, queued.stdout[-3000:] + queued.stderr[-2000:]
+    (info,) = [json.loads(p.read_text()) for p in elsewhere.glob("*/run.json")]
+    assert info["slurm"]["nodes"] == ["node0", "node2"], info["slurm"]
+
+    bob = run(sys.executable, "-m", "orchestrator", "undrain", "node1", "-i",
+              str(sandbox_cluster.inventories["bob"]))
+    assert bob.returncode != 0 and "only an admin" in bob.stderr, bob.stdout + bob.stderr
+    back = run(sys.executable, "-m", "orchestrator", "undrain", "node1", "-i",
+               str(sandbox_cluster.inventory))
+    assert back.returncode == 0, back.stdout + back.stderr
+    wait_for(lambda: slurm_state(sandbox_cluster, "node1").startswith("idle"), 150,
+             "node1 idle in Slurm again")
 
     second = tmp_path / "second"
     second.mkdir()

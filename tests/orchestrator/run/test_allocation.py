@@ -24,3 +24,41 @@ def test_each_node_sees_only_its_gpus() -> None:
                               "gpus": {"node0": [0, 1], "node1": [1]}, "waited_s": 3.0}
     even = Allocation("24", ["node0"], {"node0": [0, 1]}, 0.0)
     assert even.gpus_per_node == 2
+
+
+def queued_run(tmp_path, pid: int):  # noqa: ANN201 - the RunDir
+    import os
+    import socket
+
+    from orchestrator.run.record import RunDir
+
+    run = RunDir(tmp_path / "runs", "20261126-000000-abcdef")
+    run.create({"run_id": run.run_id, "inventory": "hosts.yml", "nodes": [], "users": {},
+                "script": "train.py", "script_args": [],
+                "queued": {"host": socket.gethostname(), "pid": pid,
+                           "since": "2026-11-26T07:00:00.000+00:00"}})
+    assert os.path.isdir(run.path)
+    return run
+
+
+def test_a_queued_run_whose_train_is_gone_is_settled_not_left_queued(tmp_path, capsys) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from orchestrator.cli import main
+    from orchestrator.run.settle import settle
+
+    waiting = queued_run(tmp_path, os.getpid())       # this process: its train still waits
+    assert settle(waiting) is None
+    assert main(["runs", "--runs-dir", str(tmp_path / "runs")]) == 0
+    assert " queued " in capsys.readouterr().out
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    (waiting.path / "run.json").unlink()
+    waiting.path.rmdir()
+    dead = queued_run(tmp_path, int(gone.stdout))      # a train killed while it waited
+    summary = settle(dead)
+    assert summary is not None and summary["status"] == "controller-lost"
+    assert "waited in Slurm's queue" in summary["error"]
+    assert dead.summary()["status"] == "controller-lost"

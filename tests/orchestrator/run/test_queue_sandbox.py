@@ -78,12 +78,19 @@ def test_runs_that_do_not_fit_wait_and_never_share_a_gpu(sandbox_cluster: Provis
             assert env["CUDA_VISIBLE_DEVICES"] == "0,1", env
 
 
-def test_ctrl_c_while_queued_and_kill_9_while_running_leave_nothing(
+def summary_of(runs: Path) -> dict:
+    (path,) = runs.glob("*/summary.json")
+    return json.loads(path.read_text())
+
+
+def test_ctrl_c_or_stop_while_queued_and_kill_9_while_running_leave_nothing(
         sandbox_cluster: ProvisionedCluster, tmp_path: Path) -> None:
-    """bob's run waits behind alice's; Ctrl-C of bob's train takes his job out of the
-    queue; kill -9 of alice's running train takes hers out, and her processes end on
-    every node."""
+    """bob's run waits behind alice's (`runs` says queued, `queue` says why); Ctrl-C of
+    bob's train takes his job out of the queue, and so does `stop RUN` of his next one,
+    each record saying how it ended; kill -9 of alice's running train takes hers out, and
+    her processes end on every node."""
     alice_runs, bob_runs = tmp_path / "alice-runs", tmp_path / "bob-runs"
+    bob_inv = str(sandbox_cluster.inventories["bob"])
     alice = start_train(sandbox_cluster.inventories["alice"], alice_runs, *FOUR_GPUS,
                         "train.py", "--", "--epochs", "200", "--run-name", "queue-long",
                         *SMALL)
@@ -101,11 +108,28 @@ def test_ctrl_c_while_queued_and_kill_9_while_running_leave_nothing(
         assert f"run {alice_run}" in rows["alice"] and " running " in rows["alice"], shown.stdout
         assert "waiting #1" in rows["bob"] and "waiting for GPUs to free" in rows["bob"], (
             shown.stdout)
+        listed = orchestrator("runs", "--runs-dir", str(bob_runs))
+        assert " queued " in listed.stdout, listed.stdout + listed.stderr
         bob.send_signal(signal.SIGINT)
         bob.wait(timeout=30)
         wait_for(lambda: not queued_jobs(sandbox_cluster, "bob"), 30,
                  "bob's job to leave the queue")
         assert "starting torchrun" not in output(bob_runs)
+        assert summary_of(bob_runs)["status"] == "interrupted"
+
+        again_runs = tmp_path / "bob-again"
+        bob = start_train(sandbox_cluster.inventories["bob"], again_runs, *FOUR_GPUS,
+                          "train.py", "--", "--epochs", "1", *SMALL)
+        wait_for(lambda: "queued as Slurm job" in output(again_runs), 60, "bob's next run")
+        stopped = orchestrator("stop", run_info(again_runs)["run_id"], "-i", bob_inv,
+                               "--runs-dir", str(again_runs))
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert "its job was cancelled" in stopped.stdout
+        assert bob.wait(timeout=30) != 0
+        wait_for(lambda: not queued_jobs(sandbox_cluster, "bob"), 30,
+                 "bob's next job to leave the queue")
+        assert summary_of(again_runs)["status"] == "stopped", output(again_runs)[-2000:]
+        assert "stopped while queued" in output(again_runs)
 
         run_id = alice_run
         assert queued_jobs(sandbox_cluster, "alice")
@@ -120,3 +144,54 @@ def test_ctrl_c_while_queued_and_kill_9_while_running_leave_nothing(
         for proc in (alice, bob):
             if proc is not None and proc.poll() is None:
                 proc.kill()
+
+
+def as_user(cluster: ProvisionedCluster, user: str, *argv: str) -> str:
+    return cluster.exec("node0", "runuser", "-u", user, "--", *argv).stdout.strip()
+
+
+def raw_usage(cluster: ProvisionedCluster) -> dict[str, float]:
+    rows = slurm(cluster, "sshare", "-a", "-h", "-P", "-o", "User,RawUsage").splitlines()
+    return {user: float(usage or 0) for user, usage in
+            (row.strip().split("|") for row in rows) if user}
+
+
+def test_fair_share_who_used_the_cluster_less_starts_first(
+        sandbox_cluster: ProvisionedCluster) -> None:
+    """alice uses 4 GPUs for a while; then, while root holds 4 of the 6 GPUs, alice and
+    bob each ask for 4 (only one can run after root's job), alice first: bob's job starts
+    first, because his share of past use is smaller (priority/multifactor with
+    accounting; the sandbox recalculates every minute: PriorityCalcPeriod,
+    sandbox/group_vars)."""
+    used = as_user(sandbox_cluster, "alice", "sbatch", "--parsable", "-N2", "--gres=gpu:2",
+                   "-J", "fairshare-use", "-o", "/dev/null", "--wrap", "sleep 20")
+    wait_for(lambda: not slurm(sandbox_cluster, "squeue", "-h", "-j", used), 120,
+             "alice's job to end")
+    wait_for(lambda: raw_usage(sandbox_cluster).get("alice", 0) >
+             raw_usage(sandbox_cluster).get("bob", 0) + 20, 150,
+             "accounting to charge alice's use (sshare RawUsage)")
+    # root holds 4 of the 6 GPUs for a while: neither 4-GPU job fits until it ends, and
+    # then only one of them does.
+    blocker = slurm(sandbox_cluster, "sbatch", "--parsable", "-N2", "-w", "node0,node1",
+                    "--gres=gpu:2", "-J", "fairshare-block", "-o", "/dev/null", "--wrap",
+                    "sleep 20").strip()
+    jobs = {}
+    try:
+        wait_for(lambda: "RUNNING" in slurm(sandbox_cluster, "squeue", "-h", "-j", blocker,
+                                            "-o", "%T"), 30, "root's job to hold the GPUs")
+        for user in ("alice", "bob"):   # alice asks first
+            jobs[user] = as_user(sandbox_cluster, user, "sbatch", "--parsable", "-N2",
+                                 "--gres=gpu:2", "-J", f"fairshare-{user}", "-o",
+                                 "/dev/null", "--wrap", "sleep 10")
+        priority = {u: int(slurm(sandbox_cluster, "squeue", "-h", "-j", j, "-o", "%Q"))
+                    for u, j in jobs.items()}
+        assert priority["bob"] > priority["alice"], (priority, raw_usage(sandbox_cluster))
+        wait_for(lambda: "RUNNING" in slurm(sandbox_cluster, "squeue", "-h", "-j",
+                                            ",".join(jobs.values()), "-o", "%T"), 90,
+                 "one of the two to start")
+        states = {u: slurm(sandbox_cluster, "squeue", "-h", "-j", j, "-o", "%T %r").strip()
+                  for u, j in jobs.items()}
+        assert states["bob"].startswith("RUNNING"), states
+        assert states["alice"].startswith("PENDING"), states
+    finally:
+        slurm(sandbox_cluster, "scancel", blocker, *jobs.values())
