@@ -25,12 +25,14 @@ def sh(*argv: str, timeout: int = 900) -> subprocess.CompletedProcess:
     return p
 
 
-def sandbox_up(name: str, nodes: int, bastion: bool = False) -> dict:
+def sandbox_up(name: str, nodes: int, bastion: bool = False, slurm: bool = False) -> dict:
     """`sandbox up --json`: its nodes (name, address, container), inventory and share.
-    With BASTION, the nodes are reachable only through a bastion (ProxyJump)."""
+    With BASTION, the nodes are reachable only through a bastion (ProxyJump); with SLURM,
+    its inventories say cluster_scheduler: slurm."""
     return json.loads(sh(sys.executable, "-m", "orchestrator", "sandbox", "up", "--nodes",
                          str(nodes), "--name", name, "--json",
-                         *(["--bastion"] if bastion else [])).stdout)
+                         *(["--bastion"] if bastion else []),
+                         *(["--slurm"] if slurm else [])).stdout)
 
 
 def sandbox_down(name: str) -> None:
@@ -49,14 +51,15 @@ def node_exec(container: str, command: str, user: str | None = None) -> str:
     return sh(*argv).stdout
 
 
-def bench_sandbox(name: str, nodes: int, bastion: bool, torchrun: str | None = None) -> dict:
+def bench_sandbox(name: str, nodes: int, bastion: bool, torchrun: str | None = None,
+                  slurm: bool = False) -> dict:
     """A sandbox where `train` runs without site.yml, in a minute instead of a quarter of an
     hour: torch is installed once into a venv on the share (from the offline wheelhouse),
     every node's python_env.json points at it (TORCHRUN: a wrapper instead of the venv's
     torchrun), fingerprint.json is that venv's fingerprint as the python_env role writes
     it, and checkpoints/ is made as the nfs_server role makes it. The share is the
     sandbox's bind mount (a mount point, as its inventory allows)."""
-    info = sandbox_up(name, nodes, bastion)
+    info = sandbox_up(name, nodes, bastion, slurm)
     try:
         _prepare(info, torchrun)
     except BaseException:

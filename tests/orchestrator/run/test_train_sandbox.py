@@ -272,8 +272,10 @@ def test_stop_one_of_two_runs(sandbox_cluster: Sandbox, tmp_path: Path) -> None:
     a = Train(sandbox_cluster, tmp_path / "a", "--nodes", "2", "ddp_allreduce.py", "--",
               "--sleep", "600")
     a.wait_for("sum 3 ok", count=2)
-    b = Train(sandbox_cluster, tmp_path / "b", "--nodes", "2", "ddp_allreduce.py", "--",
-              "--sleep", "600")
+    # B shares the nodes knowingly (--share-gpus): without it, preflight refuses nodes
+    # that run A uses (tests/orchestrator/checks/test_busy_sandbox.py).
+    b = Train(sandbox_cluster, tmp_path / "b", "--nodes", "2", "--share-gpus",
+              "ddp_allreduce.py", "--", "--sleep", "600")
     try:
         b.wait_for("sum 3 ok", count=2)
         run_a = next(p.name for p in (tmp_path / "a").iterdir())
@@ -294,9 +296,10 @@ def test_stop_one_of_two_runs(sandbox_cluster: Sandbox, tmp_path: Path) -> None:
             assert procs and all(run_a not in p for p in procs)
             assert any(f"--log-dir /home/alice/.clustertrain/jobs/{run_b}/" in p for p in procs)
     finally:
-        if b.proc.poll() is None:
-            b.proc.send_signal(signal.SIGINT)
-        b.finish(timeout=60)
+        for run in (a, b):   # whatever failed, no run is left for the next tests
+            if run.proc.poll() is None:
+                run.proc.send_signal(signal.SIGINT)
+            run.finish(timeout=60)
     assert_no_job_processes(sandbox_cluster, within=10)
 
 
@@ -315,3 +318,10 @@ def test_killed_node_is_noticed(sandbox_cluster: Sandbox, tmp_path: Path) -> Non
         assert_no_job_processes(sandbox_cluster, nodes=("node0",))
     finally:
         sandbox_cluster.start("node1")  # back for later tests, SSH answering
+        # The cluster runs Slurm: the run drained node1 (tests/e2e/test_cluster.py shows
+        # it); an admin returns it, so that later tests find every node idle.
+        undrain = subprocess.run([sys.executable, "-m", "orchestrator", "undrain", "node1",
+                                  "-i", str(sandbox_cluster.inventory)], cwd=REPO,
+                                 env=PODMAN_ENV, capture_output=True, text=True, timeout=60)
+    assert undrain.returncode == 0, undrain.stdout + undrain.stderr
+    assert "node1 is drained in Slurm" in t.text + t.stderr
