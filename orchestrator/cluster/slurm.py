@@ -13,7 +13,6 @@ REASONS = {
                 "goes first)",
     "QOSMaxGRESPerUser": "you already hold the most GPUs one user may (the site's "
                          "per-user limit); it starts when one of your jobs ends",
-    "QOSMaxGRESPerUserLimit": "you already hold the most GPUs one user may",
     "ReqNodeNotAvail": "a node it needs is down, drained or reserved",
     "PartitionNodeLimit": "more nodes than the partition has",
     "Dependency": "waiting for another job",
