@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from sandbox_bench import ENV, REPO, VENV, bench_sandbox, node_exec, sandbox_down, sh  # REPO first
 from train_overhead import STAMPS, TORCHRUN, TRIVIAL, WRAPPER, stamps
@@ -95,7 +96,7 @@ def main() -> int:
     (share / Path(TORCHRUN).name).write_text(WRAPPER)
     (share / Path(TORCHRUN).name).chmod(0o755)
     inventory = info["inventory"]
-    results = []
+    results: list[dict[str, Any]] = []
     try:
         t = time.time()
         sh(str(Path(sys.executable).parent / "ansible-playbook"), "-i", inventory,
