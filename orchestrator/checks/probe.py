@@ -27,6 +27,7 @@ from typing import Any
 
 from ..cluster import nodelib, ssh
 from ..cluster.inventory import NodeSpec
+from ..node.protocol import BOUND_WAIT
 
 CONNECT_TIMEOUT = 3.0    # seconds for a node to open a TCP connection to node 0's port
 LISTEN_SECONDS = 30.0    # the listener on node 0 gives up after this long
@@ -86,9 +87,12 @@ class Rendezvous:
         return cls(nonce, f".clustertrain-token-{nonce}", secrets.token_hex(16), nodes)
 
 
-def release_port(node: NodeSpec, conn: ssh.Connection, run_id: str) -> None:
-    """Drop the master-port claim a launch made on node 0 (it would lapse by itself)."""
-    nodelib.call(conn, node.python, "release", run_id, timeout=30)
+def release_port(node: NodeSpec, conn: ssh.Connection, run_id: str,
+                 once_bound: int | None = None) -> None:
+    """Drop the master-port claim a launch made on node 0 (it would lapse by itself); with
+    ONCE_BOUND, once that port is bound (torchrun's store listens) or BOUND_WAIT passed."""
+    extra = ["--once-bound", str(once_bound)] if once_bound else []
+    nodelib.call(conn, node.python, "release", run_id, *extra, timeout=30 + BOUND_WAIT)
 
 
 def probe(node: NodeSpec, conn: ssh.Connection, *, shared: dict[str, Any],

@@ -70,6 +70,8 @@ def _parser() -> argparse.ArgumentParser:
     u.add_argument("nonce")
     rel = sub.add_parser("release", allow_abbrev=False)
     rel.add_argument("run")
+    rel.add_argument("--once-bound", type=int, metavar="PORT",
+                     help="first wait until PORT is bound (at most BOUND_WAIT seconds)")
     b = sub.add_parser("busy", allow_abbrev=False)
     b.add_argument("--exclude", metavar="RUN", help="leave this run out (the one launched)")
     al = sub.add_parser("allocate", allow_abbrev=False)
@@ -121,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.verb == "unlisten":
             probe.stop_listener(args.port, args.nonce)
         else:
-            probe.release(args.run)
+            probe.release(args.run, once_bound=args.once_bound)
         return 0
     if args.verb == "busy":
         from .busy import scan

@@ -11,7 +11,9 @@ their user and GPUs). Once granted: {"event": "granted", "job", "nodes", "gpus"}
 each node's GPU indices). Then it reads its standard input to the end, which comes when
 the controller's `train` ends, however it ends (Ctrl-C, a closed terminal, kill -9: the
 SSH connection closes), and cancels the job: nothing is left in the queue. SIGHUP is
-ignored, so that a closing session cannot skip the cancel.
+ignored, so that a closing session cannot skip the cancel. The line KEEP instead leaves
+the granted job to the run (a detached run: its supervisors cancel it when it ends,
+node/slurmjob.py) and ends this command.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ POLL = 1.0   # seconds between two looks at a waiting job (the first after one)
 TICK = 0.05  # seconds between two looks at salloc
 _JOB_RE = re.compile(r"job allocation (\d+)")
 _GRES_IDX = re.compile(r"gpu(?::[^(\s]*)?\(IDX:([0-9,-]*)\)")
+KEEP = "keep"
 
 
 def say(event: dict) -> None:
@@ -106,12 +109,14 @@ def gres(gpus_per_node: str) -> list[str]:
 
 def main(name: str, gpus_per_node: str, salloc_args: list[str]) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    ended = threading.Event()
+    ended, kept = threading.Event(), threading.Event()
 
     def watch_input() -> None:
         try:
-            while sys.stdin.buffer.read(4096):
-                pass
+            for line in sys.stdin:
+                if line.strip() == KEEP:
+                    kept.set()
+                    return
         finally:
             ended.set()
 
@@ -125,7 +130,7 @@ def main(name: str, gpus_per_node: str, salloc_args: list[str]) -> int:
             "this node has no Slurm client (salloc); provision Slurm with site.yml and "
             "cluster_scheduler: slurm"]})
         return 127
-    job = ""
+    job, granted = "", False
     said: list[str] = []
     lines: list[str] = []
 
@@ -164,12 +169,14 @@ def main(name: str, gpus_per_node: str, salloc_args: list[str]) -> int:
         say({"event": "granted", "job": job,
              "nodes": hostnames(nodes.group(1)) if nodes else [], "gpus": job_gpus(detail),
              "at": time.time()})
+        granted = True
         ended.wait()
         return 0
     finally:
         if proc.poll() is None:
             proc.terminate()
-        user = os.environ.get("USER") or str(os.getuid())
-        if job:
-            slurm("scancel", job)
-        slurm("scancel", f"--name={name}", f"--user={user}")
+        if not (granted and kept.is_set()):   # KEEP: the run's supervisors cancel it
+            user = os.environ.get("USER") or str(os.getuid())
+            if job:
+                slurm("scancel", job)
+            slurm("scancel", f"--name={name}", f"--user={user}")

@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from . import busy, fingerprint as fp
-from .protocol import PORT_CLAIMS_DIR
+from .protocol import BOUND_WAIT, EXIT_FILE, JOBS_DIR, PORT_CLAIMS_DIR
 from .util import read_json_or_why, write_json
 
 # Master-port claims on node 0, shared by every user of the node (see claim()).
@@ -496,8 +496,15 @@ def stop_listener(port: int, nonce: str) -> None:
         pass
 
 
-def release(run: str, leases: str = LEASE_DIR) -> None:
-    """Drop RUN's claims on master ports (a claim lapses by itself after LEASE_S)."""
+def release(run: str, leases: str = LEASE_DIR, once_bound: int | None = None,
+            wait: float = BOUND_WAIT) -> None:
+    """Drop RUN's claims on master ports (a claim lapses by itself after LEASE_S); with
+    ONCE_BOUND, first wait (at most WAIT seconds) until that port is bound."""
+    deadline = time.monotonic() + wait
+    ended = os.path.join(os.path.expanduser("~"), JOBS_DIR, run, EXIT_FILE)
+    while (once_bound and port_free(once_bound) and not os.path.exists(ended)
+           and time.monotonic() < deadline):
+        time.sleep(0.2)
     for name in glob.glob(os.path.join(leases, "*." + run)):
         try:
             os.unlink(name)

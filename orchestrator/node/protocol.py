@@ -46,6 +46,7 @@ RUN_ID_ENV = "CLUSTERTRAIN_RUN_ID"   # every process of a run carries it
 # -- node-side defaults (the controller's options default to these) -------------------------
 BEAT = 1.0            # seconds between heartbeats and checks
 PEER_TIMEOUT = 15.0   # a peer whose heartbeat has not moved for this long is lost
+BOUND_WAIT = 60.0     # a detached launch's port claim waits this long at most for torchrun
 PEER_START = 120.0    # a peer that never wrote its state within this long is lost
 GRACE = 5.0           # seconds between SIGTERM and SIGKILL when a job is stopped
 LEASE_TIMEOUT = 30.0  # an attached run whose controller is silent this long is stopped

@@ -9,7 +9,8 @@ when the run must end.
 - it stops the job when a peer's torchrun failed, when a peer stopped beating (node lost),
   when a stop was requested, when the run is hung (no node printed anything for
   --hang-timeout: each node dumps its workers onto the share first), or (attached runs)
-  when the controller's lease ran out.
+  when the controller's lease ran out, or when the run's Slurm job ended (slurmjob.py);
+- a run with a Slurm job cancels it once every node's part has ended.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import threading
 import time
 import traceback
 
+from . import slurmjob
 from .carry import kept
 from .dump import dump_workers, py_spy_for
 from .protocol import (
@@ -119,6 +121,11 @@ class Peers:
         """Every peer has dumped its workers for this hang, or has ended."""
         return all((self.states.get(n) or {}).get("hang") == "dumped"
                    or (self.states.get(n) or {}).get("state") == "ended" for n in self.names)
+
+    def all_ended(self) -> bool:
+        """Every peer's state, read now, says its part has ended."""
+        return all((read_json(os.path.join(self.state_dir, f"{n}.json")) or {}).get("state")
+                   == "ended" for n in self.names)
 
     def quiet(self) -> float | None:
         """The shortest time without progress any running peer reported at its last
@@ -276,6 +283,8 @@ def _supervise(args: argparse.Namespace) -> int:
         threading.Thread(target=prune, args=(os.path.dirname(os.path.dirname(job)),
                                               args.keep, args.run), daemon=True).start()
     peers = Peers(state_dir, args.nodes.split(","), args.node)
+    slurm = slurmjob.job_id()
+    watch = slurmjob.Watch(slurm) if slurm else None
     beat, why = 0, ""
     reason: End | None = None
     left_to_controller: float | None = None  # since when (see TIMEOUT_DUMP_WAIT)
@@ -332,7 +341,10 @@ def _supervise(args: argparse.Namespace) -> int:
                 reason = End.STOPPED
             elif args.attached and _lease_gone(job, args.lease_timeout):
                 reason = End.CONTROLLER_LOST
-            if reason and reason != End.STOPPED:
+            elif watch is not None and watch.over.is_set():
+                reason, why = End.STOPPED, (f"its Slurm job {slurm} ended (scancel, or its "
+                                            "time limit)")
+            if reason and (reason != End.STOPPED or why):  # `stop` stops the tree itself
                 threading.Thread(target=stop_tree, args=(job, args.run, args.grace),
                                  daemon=True).start()
         try:
@@ -351,6 +363,10 @@ def _supervise(args: argparse.Namespace) -> int:
         final["timed_out"] = True
     write_json(mine, final)
     write_json(os.path.join(job, EXIT_FILE), final)
+    if slurm:
+        if watch is not None:
+            watch.close()
+        slurmjob.release(slurm, peers.all_ended)
     return 0
 
 

@@ -23,7 +23,9 @@ from ..cluster import nodelib, ssh
 from ..cluster.inventory import Cluster
 from ..cluster.slurm import waiting_line
 from ..errors import ClusterError, LaunchError
+from ..node.allocate import KEEP
 from ..node.protocol import STOP_REQUESTED
+from ..node.slurmjob import JOB_ENV
 from .record import RunDir, iso
 from .spec import RunSpec
 from .status import RunStatus, cut_short
@@ -65,7 +67,7 @@ class Allocation:
     def env(self, node: str) -> dict[str, str]:
         """What NODE's ranks are told: only the GPUs Slurm gave the run."""
         gpus = self.gpus.get(node)
-        extra = {"SLURM_JOB_ID": self.job_id}
+        extra = {"SLURM_JOB_ID": self.job_id, JOB_ENV: self.job_id}
         if gpus:
             extra["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
         return extra
@@ -83,6 +85,17 @@ class Allocation:
     def record(self) -> dict:
         return {"job_id": self.job_id, "nodes": self.nodes, "gpus": self.gpus,
                 "waited_s": round(self.waited_s, 1)}
+
+    def keep(self) -> None:
+        """Leave the job to the run (`--detach`): the node's command ends without cancelling
+        it, and the run's supervisors cancel it when the run ends (node/slurmjob.py)."""
+        if self.proc is not None and self.proc.stdin is not None:
+            try:
+                self.proc.stdin.write(f"{KEEP}\n".encode())
+                self.proc.stdin.flush()
+            except OSError:
+                pass   # the command is gone already, and so is the job: release() says so
+        self.release()
 
     def release(self) -> None:
         """Give the allocation back: the node cancels the job when its input ends."""

@@ -155,7 +155,12 @@ def run_training(spec: RunSpec, dry_run: bool = False, cluster: Cluster | None =
             if dry_run:
                 print(plan.describe(), end="")
                 return 0
-            return _run(plan, session, SshScheduler(session.clients))
+            code = _run(plan, session, SshScheduler(session.clients))
+            if spec.detach:   # running on the nodes: they hold what the run needs now
+                session.release_once_bound(plan.commands[0].master_port)
+                if allocation is not None:
+                    allocation.keep()   # the nodes give it back when the run ends
+            return code
     finally:
         if allocation is not None:
             allocation.release()

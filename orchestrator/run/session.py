@@ -18,6 +18,7 @@ class Session:
     report: Report                                    # what preflight found
     clients: dict[str, ssh.Connection] = field(default_factory=dict)
     run_id: str | None = None                         # the run the port is claimed for
+    bound_port: int | None = None                     # see release_once_bound
 
     @classmethod
     def check(cls, cluster: Cluster, *, master_port: int | None, nproc_per_node: int | None,
@@ -31,11 +32,17 @@ class Session:
         clients, report.clients = report.clients, {}   # the session owns them now
         return cls(cluster, report, clients, run_id)
 
+    def release_once_bound(self, port: int) -> None:
+        """A detached run: `close()` drops node 0's master-port claim only once torchrun
+        listens on PORT (within BOUND_WAIT): dropped before, a launch a moment later could
+        take the same port."""
+        self.bound_port = port
+
     def close(self) -> None:
         node0 = self.clients.get(self.cluster.nodes[0].name)
         if node0 is not None and self.run_id:
             try:
-                release_port(self.cluster.nodes[0], node0, self.run_id)
+                release_port(self.cluster.nodes[0], node0, self.run_id, self.bound_port)
             except (OSError, TimeoutError, RuntimeError):
                 pass  # the claim lapses by itself
         for conn in self.clients.values():

@@ -300,16 +300,12 @@ SLURM_TIME = re.compile(r"^\d+(-\d+)?(:\d+){0,2}$")
 
 
 def _queue(get: Callable[..., Any], label: Callable[[str], str]) -> dict[str, Any]:
-    """--queue and its options, checked: they go together, and not with --detach."""
+    """--queue and its options, checked: they go together."""
     queue = bool(get("queue", False))
     given = [k for k in ("gpus_per_node", "partition", "time", "qos") if get(k) is not None]
     if given and not queue:
         raise LaunchError(f"{label(given[0])} goes with --queue (a run through Slurm's "
                           "queue); add --queue, or leave it out")
-    if queue and get("detach"):
-        raise LaunchError("--detach with --queue is not supported yet: the allocation is "
-                          "held by train itself. Run attached (a closed terminal or kill -9 "
-                          "still gives the allocation back), or without --queue")
     gpus = get("gpus_per_node")
     if gpus is not None and gpus < 0:
         raise LaunchError(f"{label('gpus_per_node')} {gpus}: give 0 or more GPUs per node")

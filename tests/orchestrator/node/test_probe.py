@@ -87,6 +87,35 @@ def test_an_expired_claim_is_no_claim_and_ones_own_are_cleared(tmp_path: Path) -
     assert sorted(os.listdir(leases)) == [f"{port}.alice.new-run", f"{port}.bob.old-run"]
 
 
+def test_a_detached_launchs_claim_is_dropped_once_torchrun_listens(tmp_path: Path) -> None:
+    """A detached train ends before torchrun's store listens: its claim stays until the
+    port is bound, so that a launch meanwhile takes another port; then it is dropped."""
+    leases, port = str(tmp_path), free_port()
+    assert node.find_port(port, "alice", "run-a", leases)["port_free"] is True
+    store = socket.socket()
+    store.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+
+    def torchrun_listens() -> None:
+        time.sleep(1.0)
+        assert node.find_port(port, "bob", "run-b", leases)["free_port"] != port
+        store.bind(("0.0.0.0", port))
+        store.listen()
+
+    listening = threading.Thread(target=torchrun_listens)
+    listening.start()
+    try:
+        started = time.monotonic()
+        node.release("run-a", leases, once_bound=port, wait=30)
+        assert 1.0 <= time.monotonic() - started < 10
+        listening.join()
+        assert not [n for n in os.listdir(leases) if n.endswith(".run-a")]
+    finally:
+        store.close()
+    started = time.monotonic()
+    node.release("run-c", leases, once_bound=free_port(), wait=1.0)   # never bound
+    assert time.monotonic() - started < 5
+
+
 def test_a_port_with_a_listener_is_not_free() -> None:
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

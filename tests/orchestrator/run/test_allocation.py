@@ -17,7 +17,8 @@ def test_the_request_as_salloc_options() -> None:
 
 def test_each_node_sees_only_its_gpus() -> None:
     alloc = Allocation("23", ["node0", "node1"], {"node0": [0, 1], "node1": [1]}, 3.0)
-    assert alloc.env("node1") == {"SLURM_JOB_ID": "23", "CUDA_VISIBLE_DEVICES": "1"}
+    assert alloc.env("node1") == {"SLURM_JOB_ID": "23", "CLUSTERTRAIN_SLURM_JOB": "23",
+                                  "CUDA_VISIBLE_DEVICES": "1"}
     assert alloc.gpus_per_node is None       # not the same count everywhere
     assert alloc.describe() == "node0 (GPUs 0,1), node1 (GPUs 1)"
     assert alloc.record() == {"job_id": "23", "nodes": ["node0", "node1"],

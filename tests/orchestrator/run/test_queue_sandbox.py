@@ -195,3 +195,43 @@ def test_fair_share_who_used_the_cluster_less_starts_first(
         assert states["alice"].startswith("PENDING"), states
     finally:
         slurm(sandbox_cluster, "scancel", blocker, *jobs.values())
+
+
+def test_a_detached_run_holds_its_slurm_job_until_it_ends(
+        sandbox_cluster: ProvisionedCluster, tmp_path: Path) -> None:
+    """train --queue --detach returns once the run runs on its nodes; the Slurm job stays
+    granted without train, `attach` follows the run to its end, and then the queue holds
+    nothing (the nodes cancelled the job). A detached run whose job is cancelled by hand
+    (scancel, as an admin would) stops on every node, its record saying why."""
+    inventory = str(sandbox_cluster.inventories["alice"])
+
+    def detach(runs: Path, epochs: str) -> dict:
+        done = orchestrator("train", "-i", inventory, "--runs-dir", str(runs), *FOUR_GPUS,
+                            "--detach", "train.py", "--", "--epochs", epochs, *SMALL)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert "supervised by the nodes (detached)" in done.stdout, done.stdout
+        return run_info(runs)
+
+    short = detach(tmp_path / "short", "2")
+    followed = orchestrator("attach", short["run_id"], "--runs-dir", str(tmp_path / "short"))
+    assert followed.returncode == 0, followed.stdout[-3000:] + followed.stderr[-2000:]
+    assert summary_of(tmp_path / "short")["status"] == "succeeded"
+    wait_for(lambda: not queued_jobs(sandbox_cluster, "alice"), 90,
+             "the nodes to cancel the finished run's job")
+
+    long = detach(tmp_path / "long", "200")
+    job = long["slurm"]["job_id"]
+    assert queued_jobs(sandbox_cluster, "alice") == [
+        f"{job} clustertrain-{long['run_id']} RUNNING"], "train has ended; the job stays"
+    wait_for(lambda: all(sandbox_cluster.run_processes(n, long["run_id"])
+                         for n in long["nodes"]), 60, "the run to run on its nodes")
+    slurm(sandbox_cluster, "scancel", job)
+    followed = orchestrator("attach", long["run_id"], "--runs-dir", str(tmp_path / "long"),
+                            timeout=180)
+    assert followed.returncode != 0, followed.stdout[-3000:]
+    summary = summary_of(tmp_path / "long")
+    assert summary["status"] == "stopped", summary
+    assert f"its Slurm job {job} ended" in json.dumps(summary), summary
+    wait_for(lambda: not any(sandbox_cluster.run_processes(n, long["run_id"])
+                             for n in sandbox_cluster.nodes), 90,
+             "the run's processes to end on every node")

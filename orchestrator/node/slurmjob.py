@@ -1,0 +1,78 @@
+"""The Slurm job a run holds (`train --queue`), as a node's supervisor sees it (standard
+library only). The supervisor's environment carries its id (JOB_ENV; the ranks see
+SLURM_JOB_ID too) when the run has one.
+
+- While the run runs, the job is watched: once Slurm ends it (`scancel` by anyone, its
+  time limit), the run ends on this node too: no rank goes on using GPUs that Slurm
+  has given to someone else.
+- When the run ends, the job is cancelled, once every peer has ended (or PEERS_END_WAIT
+  passed): a detached run (`train --queue --detach`) gives its GPUs back without its
+  `train`; for an attached one, whose `train` cancels it too, this is a no-op.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+
+JOB_ENV = "CLUSTERTRAIN_SLURM_JOB"   # a reserved name: a job's --env cannot set it
+LOOK = 10.0            # seconds between two looks at the job while the run runs
+PEERS_END_WAIT = 60.0  # at most this long for the peers to end before the job is cancelled
+# squeue's states of a job that holds its nodes no more.
+_OVER = frozenset({"COMPLETING", "COMPLETED", "CANCELLED", "TIMEOUT", "FAILED", "NODE_FAIL",
+                   "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY", "REVOKED"})
+
+
+def job_id() -> str | None:
+    return os.environ.get(JOB_ENV) or None
+
+
+def ended(job: str, timeout: float = 20.0) -> bool:
+    """Whether Slurm says JOB is over. A controller that does not answer is no answer:
+    False (the run is not stopped for a moment's silence of slurmctld)."""
+    try:
+        out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True,
+                             text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    if out.returncode != 0:   # once Slurm has forgotten the job (MinJobAge)
+        return "invalid job id" in out.stderr.lower()
+    state = out.stdout.strip()
+    return not state or state.split()[0] in _OVER
+
+
+class Watch:
+    """Looks at JOB every LOOK seconds in a thread of its own (squeue may take long: the
+    heartbeat must not wait for it); `over` is set once Slurm has ended the job."""
+
+    def __init__(self, job: str, look: float = LOOK,
+                 is_over: Callable[[str], bool] = ended) -> None:
+        self.job, self.over = job, threading.Event()
+        self._done = threading.Event()
+        self._look, self._is_over = look, is_over
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def _watch(self) -> None:
+        while not self._done.wait(self._look):
+            if self._is_over(self.job):
+                self.over.set()
+                return
+
+    def close(self) -> None:
+        self._done.set()
+
+
+def release(job: str, peers_ended: Callable[[], bool], wait: float = PEERS_END_WAIT) -> None:
+    """Cancel JOB once PEERS_ENDED() says every peer's part has ended (a node still writing
+    its last checkpoint keeps its GPUs), or WAIT seconds passed (a peer that died never
+    says so). Cancelling a job that is over already does nothing."""
+    deadline = time.monotonic() + wait
+    while not peers_ended() and time.monotonic() < deadline:
+        time.sleep(1.0)
+    try:
+        subprocess.run(["scancel", job], capture_output=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        pass

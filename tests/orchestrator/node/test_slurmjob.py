@@ -1,0 +1,76 @@
+"""node/slurmjob.py: what a supervisor makes of its run's Slurm job. squeue and scancel
+here are test doubles (small scripts on PATH that print what Slurm 22.05 prints); the real
+path runs in tests/orchestrator/run/test_queue_sandbox.py."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.node import slurmjob
+
+
+def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, script: str) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    tool = bin_dir / name
+    tool.write_text("#!/bin/sh\n" + script)
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    return bin_dir
+
+
+@pytest.mark.parametrize(("script", "over"), [
+    ("echo RUNNING\n", False),
+    ("echo COMPLETING\n", True),
+    ("echo CANCELLED\n", True),
+    ("echo TIMEOUT\n", True),
+    ("", True),   # no longer listed
+    ("echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1\n", True),
+    ("echo 'slurm_load_jobs error: Unable to contact slurm controller' >&2; exit 1\n", False),
+])
+def test_a_job_is_over_only_when_slurm_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               script: str, over: bool) -> None:
+    fake(tmp_path, monkeypatch, "squeue", script)
+    assert slurmjob.ended("42") is over
+
+
+def test_no_squeue_is_no_answer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert slurmjob.ended("42") is False
+
+
+def test_the_watch_says_over_once_the_job_is_over() -> None:
+    looks: list[str] = []
+
+    def is_over(job: str) -> bool:
+        looks.append(job)
+        return len(looks) >= 3
+
+    watch = slurmjob.Watch("7", look=0.02, is_over=is_over)
+    assert watch.over.wait(5)
+    assert looks == ["7", "7", "7"]
+    watch.close()
+
+
+def test_release_waits_for_the_peers_then_cancels(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    log = tmp_path / "scancel.log"
+    fake(tmp_path, monkeypatch, "scancel", f'echo "$@" >> {log}\n')
+    ends = iter([False, False, True])
+    started = time.monotonic()
+    slurmjob.release("9", lambda: next(ends), wait=30)
+    assert 1.5 < time.monotonic() - started < 10
+    assert log.read_text() == "9\n"
+
+
+def test_release_does_not_wait_for_a_peer_that_never_ends(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = tmp_path / "scancel.log"
+    fake(tmp_path, monkeypatch, "scancel", f'echo "$@" >> {log}\n')
+    started = time.monotonic()
+    slurmjob.release("9", lambda: False, wait=1.5)
+    assert time.monotonic() - started < 5
+    assert log.read_text() == "9\n"
