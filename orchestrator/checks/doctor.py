@@ -29,6 +29,7 @@ from .. import defaults
 from ..cluster.inventory import Cluster
 from ..errors import ClusterError, LaunchError
 from ..node import doctor as node_doctor
+from ..run.drain import drain
 from ..run.record import RunDir, new_run_id
 from ..run.spec import RunSpec, check_measures
 
@@ -130,11 +131,13 @@ class DoctorReport:
     nodes: list[NodeReport]
     allreduce: dict
     suspects: list[Suspect]
+    drained: dict[str, str] = field(default_factory=dict)   # in Slurm: {node: reason}
 
     def to_json(self) -> dict:
         return {"run_id": self.run_id, "links": [asdict(lk) for lk in self.links],
                 "nodes": [asdict(n) for n in self.nodes], "allreduce": self.allreduce,
-                "suspects": [asdict(s) for s in self.suspects], "thresholds": thresholds()}
+                "suspects": [asdict(s) for s in self.suspects], "drained": self.drained,
+                "thresholds": thresholds()}
 
 
 def thresholds() -> dict:
@@ -172,6 +175,11 @@ def run_doctor(cluster: Cluster, request: DoctorRequest,
         raise LaunchError(f"doctor's run {run_id} ended with status {code}; its logs: "
                           f"{run.path}/")
     report = analyse(run_id, read_result(run.log(cluster.names[0])), cluster.names)
+    whys: dict[str, list[str]] = {}
+    for suspect in report.suspects:
+        whys.setdefault(suspect.node, []).append(suspect.why)
+    report.drained = drain(cluster, {node: f"{node} named by doctor (run {run_id}): "
+                                     + "; ".join(why) for node, why in whys.items()}, run_id)
     run.write_json("doctor.json", report.to_json())
     return report
 

@@ -1,6 +1,7 @@
-"""On a Slurm cluster, a node a run lost is drained with the reason, so that the next
-allocations avoid it until an admin returns it (`undrain`). The slurm role installs
-`clustertrain-drain` and lets the cluster's users run it with sudo, and nothing else."""
+"""On a Slurm cluster, a node a run lost, or a node doctor names, is drained with the
+reason, so that the next allocations avoid it until an admin returns it (`undrain`). The
+slurm role installs `clustertrain-drain` and lets the cluster's users run it with sudo,
+and nothing else."""
 
 from __future__ import annotations
 
@@ -27,27 +28,47 @@ def drain_lost(summary: Mapping[str, Any], cluster: Cluster,
     """Drain each node the run lost, asked from a node it did not lose; {node: reason}
     of those drained. Nothing happens on a cluster without Slurm."""
     lost = lost_nodes(summary)
-    if cluster.scheduler != "slurm" or not lost:
-        return {}
     asker = next((c for n, c in clients.items() if n not in lost and c.alive()), None)
+    return drain(cluster, {node: f"{node} lost mid-run {summary.get('run_id')} ({why})"
+                           for node, why in lost.items()}, str(summary.get("run_id")),
+                 asker, say)
+
+
+def drain(cluster: Cluster, reasons: Mapping[str, str], run_id: str,
+          asker: ssh.Connection | None = None,
+          say: Callable[[str], None] = print) -> dict[str, str]:
+    """Drain each node of REASONS ({node: why}) in Slurm, asked from ASKER (else from a
+    node of CLUSTER that is not to be drained); {node: reason} of those drained. Nothing
+    happens on a cluster without Slurm."""
+    if cluster.scheduler != "slurm" or not reasons:
+        return {}
+    own = None
     if asker is None:
-        say(f"run {summary.get('run_id')}: could not drain {', '.join(lost)} in Slurm: no "
-            "node of the run answers; an admin can: scontrol update NodeName=NODE "
-            "State=DRAIN Reason=...")
+        healthy = [n for n in cluster.nodes if n.name not in reasons]
+        try:
+            asker = own = ssh.connect(healthy[0].name, healthy[0].ssh) if healthy else None
+        except ClusterError:
+            asker = None
+    if asker is None:
+        say(f"run {run_id}: could not drain {', '.join(reasons)} in Slurm: no other node "
+            "answers; an admin can: scontrol update NodeName=NODE State=DRAIN Reason=...")
         return {}
     drained = {}
-    for node, why in lost.items():
-        reason = f"{node} lost mid-run {summary.get('run_id')} ({why})"
-        result = asker.run(shlex.join(["sudo", "-n", DRAIN, node, reason]), timeout=30)
-        if result.exit_code == 0:
-            drained[node] = reason
-            say(f"run {summary.get('run_id')}: {node} is drained in Slurm ({reason}): the "
-                "next allocations avoid it; once it is fixed an admin returns it with "
-                f"`python -m orchestrator undrain {node}`")
-        else:
-            say(f"run {summary.get('run_id')}: could not drain {node} in Slurm "
-                f"({result.stderr.strip()[-200:] or result.exit_code}); is this user in "
-                "cluster_users (site.yml gives them clustertrain-drain)?")
+    try:
+        for node, reason in reasons.items():
+            result = asker.run(shlex.join(["sudo", "-n", DRAIN, node, reason]), timeout=30)
+            if result.exit_code == 0:
+                drained[node] = reason
+                say(f"run {run_id}: {node} is drained in Slurm ({reason}): the next "
+                    "allocations avoid it; once it is fixed an admin returns it with "
+                    f"`python -m orchestrator undrain {node}`")
+            else:
+                say(f"run {run_id}: could not drain {node} in Slurm "
+                    f"({result.stderr.strip()[-200:] or result.exit_code}); is this user in "
+                    "cluster_users (site.yml gives them clustertrain-drain)?")
+    finally:
+        if own is not None:
+            own.close()
     return drained
 
 

@@ -6,12 +6,14 @@ a healthy cluster names nobody and `train --doctor` goes on to train."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from ...cluster import ProvisionedCluster as Sandbox
+from ..run.test_real_site_sandbox import orchestrator
 from ..run.test_supervision_sandbox import cli
 from ..run.test_train_sandbox import Train, assert_no_job_processes
 
@@ -34,12 +36,26 @@ def node1_throttled(sandbox_cluster: Sandbox) -> Iterator[None]:
 def test_a_node_with_throttled_egress_is_named_alone(sandbox_cluster: Sandbox,
                                                      tmp_path: Path,
                                                      node1_throttled: None) -> None:
+    try:
+        named_and_drained(sandbox_cluster, tmp_path)
+    finally:   # the later tests' runs through Slurm's queue may use node1 again
+        back = orchestrator("undrain", "node1", "-i", str(sandbox_cluster.inventory))
+        assert back.returncode == 0, back.stdout + back.stderr
+
+
+def named_and_drained(sandbox_cluster: Sandbox, tmp_path: Path) -> None:
     done = cli(sandbox_cluster, tmp_path, "doctor", "-i", str(sandbox_cluster.inventory),
                "--nodes", "3", "--json")
     assert done.returncode == 1, done.stderr[-3000:]   # 1: a suspect was named
     report = json.loads(done.stdout)
     assert [s["node"] for s in report["suspects"]] == ["node1"], report["suspects"]
     assert report["suspects"][0]["why"].startswith("sends at 0.")
+    # The cluster runs Slurm: the next allocations avoid node1, for doctor's reason.
+    assert list(report["drained"]) == ["node1"], report
+    assert "node1 is drained in Slurm" in done.stderr, done.stderr[-3000:]
+    state = sandbox_cluster.exec("node0", "sinfo", "-h", "-n", "node1", "-o", "%t %E").stdout
+    assert re.match(r"drain\*? clustertrain \(alice\): node1 named by doctor \(run "
+                    f"{report['run_id']}\\): sends at 0.", state), state
     links = {(lk["src"], lk["dst"]): lk["gbit_s"] for lk in report["links"]}
     assert set(links) == {(a, b) for a in NODES for b in NODES if a != b}
     for (src, _), gbit in links.items():   # near the rate from node1, well above it else
