@@ -63,13 +63,16 @@ molecule: deps venv
 sandbox-tests: deps venv
 	$(BIN)/pytest -m "sandbox or e2e" -q --durations=15
 
-# Every scenario but `default` (the whole site.yml on a cluster of its own) and `slurm`:
-# `make test`'s sandbox tests converge site.yml with Slurm on their shared cluster and run
-# both scenarios' verify.yml there (tests/roles/test_site_sandbox.py).
-# `make molecule SCENARIO=default` (or slurm) still runs them.
+# The scenarios whose converge or checks are not the shared cluster's: `firewall`
+# (node-by-node admin networks, the rollback), `common` (members in /etc/hosts; the shared
+# cluster resolves them by DNS), `nfs` (the outsider reaches the NFS port: no firewall)
+# and `nvidia_driver` (its test double). The others (`default`, `slurm`, `python_env`)
+# converge the playbooks site.yml runs, with the same group_vars: `make test`'s sandbox tests converge site.yml once on their shared cluster
+# and run those scenarios' verify.yml there (tests/roles/test_site_sandbox.py).
+# `make molecule SCENARIO=NAME` still runs any of them on a cluster of its own.
 # Two at a time (each has its own sandbox, network and subnet; they mostly wait on
 # containers and SSH), longest first; each one's output is printed whole when it ends.
-MOLECULE_SCENARIOS := python_env firewall nfs common nvidia_driver
+MOLECULE_SCENARIOS := firewall nfs common nvidia_driver
 MOLECULE_JOBS ?= 2
 molecule-all: deps venv
 	@mkdir -p .cache/molecule-logs

@@ -81,7 +81,8 @@ class ProvisionedCluster:
 
 
 def run(*argv: str, timeout: int = 1800, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(list(argv), cwd=REPO, env=ENV, capture_output=True, text=True,
+    kw.setdefault("env", ENV)
+    return subprocess.run(list(argv), cwd=REPO, capture_output=True, text=True,
                           timeout=timeout, **kw)
 
 

@@ -1,14 +1,16 @@
-"""The whole site.yml's promise, on the shared cluster it provisioned: molecule's
-`default` and `slurm` scenarios' checks (molecule/default/verify.yml,
-molecule/slurm/verify.yml), run against the sandbox that the orchestrator's tests use, so
-that `make test` converges site.yml once, not three times. `make molecule
-SCENARIO=default` (or slurm) still runs them on a cluster of their own."""
+"""The whole site.yml's promise, on the shared cluster it provisioned: the checks of
+molecule's `default`, `slurm` and `python_env` scenarios (their
+verify.yml; the others converge the same playbooks site.yml runs, with the same sandbox
+group_vars), run against the sandbox that the orchestrator's tests use, so that `make test`
+converges site.yml once (and its second run, changed=0, is
+tests/packaging/test_installed_sandbox.py's). `make molecule SCENARIO=NAME` still runs
+each on a cluster of its own."""
 
 from __future__ import annotations
 
 import pytest
 
-from ..cluster import BIN, play_recap, run
+from ..cluster import BIN, ENV, REPO, play_recap, run
 
 pytestmark = pytest.mark.sandbox
 
@@ -37,3 +39,18 @@ def test_slurm_serves_every_nodes_gpus_with_a_queue_accounting_and_fair_share(sa
     failed = {host: counts["failed"] for host, counts in play_recap(proc.stdout).items()}
     assert failed == {next(iter(sandbox_cluster.nodes)): 0,
                       list(sandbox_cluster.nodes)[-1]: 0, "outsider0": 0}, failed
+
+
+def test_every_node_runs_the_one_environment_and_drift_is_named(sandbox_cluster, tmp_path):
+    """molecule/python_env/verify.yml: the same environment on every node from the
+    wheelhouse, the file byte for byte, equal fingerprints; drift on one node named by
+    playbooks/verify.yml; the venv backend's refusals before anything changes."""
+    env = {**ENV, "MOLECULE_PROJECT_DIRECTORY": str(REPO),
+           "MOLECULE_EPHEMERAL_DIRECTORY": str(tmp_path),
+           "CLUSTERTRAIN_VERIFY_INVENTORY": str(sandbox_cluster.inventory)}
+    proc = run(str(BIN / "ansible-playbook"), "-i", str(sandbox_cluster.inventory),
+               "molecule/python_env/verify.yml", timeout=900, env=env)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+    failed = {h: c["failed"] for h, c in play_recap(proc.stdout).items() if c["failed"]}
+    assert not failed and set(play_recap(proc.stdout)) >= set(sandbox_cluster.nodes), failed
+
