@@ -28,7 +28,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sandbox_bench import ENV, REPO, VENV, bench_sandbox, node_exec, sandbox_down, sh  # REPO first
+from sandbox_bench import (  # REPO first
+    ENV,
+    REPO,
+    VENV,
+    bench_sandbox,
+    node_exec,
+    sandbox_down,
+    sh,
+    write_results,
+)
 from train_overhead import STAMPS, TORCHRUN, TRIVIAL, WRAPPER, stamps
 
 BATCH = """#!/bin/bash
@@ -128,16 +137,11 @@ def main() -> int:
             print(json.dumps(row), flush=True)
     finally:
         sandbox_down(args.name)
-    load = os.getloadavg()
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({
-        "what": "seconds from the command's start until every rank runs, on an idle Slurm "
-                "cluster: train over SSH, train --queue, sbatch + srun by hand; median of "
-                "repeats (train warmed up: torch checked, code synced)",
-        "machine": f"{os.cpu_count()} cores, shared with other work (load average "
-                   f"{load[0]:.1f} at the end); sandbox containers, Slurm 22.05 (Debian 12)",
-        "slurm_play_s": round(slurm_play, 1), "stamps": STAMPS,
-        "date": time.strftime("%Y-%m-%d"), "results": results}, indent=2) + "\n")
+    write_results(args.out, "seconds from the command's start until every rank runs, on an "
+                  "idle Slurm cluster: train over SSH, train --queue, sbatch + srun by hand; "
+                  "median of repeats (train warmed up: torch checked, code synced)",
+                  "sandbox containers, Slurm 22.05 (Debian 12)", results,
+                  slurm_play_s=round(slurm_play, 1), stamps=STAMPS)
     print("\n| nodes | `train` (SSH) | `train --queue` | `sbatch` + `srun` by hand |")
     print("|---|---|---|---|")
     for r in results:

@@ -1,6 +1,7 @@
 """What the sandbox benchmarks share: the repository on sys.path, the environment podman
 and Ansible need, a command runner that stops the benchmark on failure, sandbox up/down,
-and a sandbox set up for `train` without site.yml (bench_sandbox)."""
+a sandbox set up for `train` without site.yml (bench_sandbox), and the results file
+(write_results)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -90,3 +92,16 @@ def _prepare(info: dict, torchrun: str | None) -> None:
                           "/etc/clustertrain/python_env.json").strip()
     for n in info["nodes"]:
         node_exec(n["container"], f"echo {shlex.quote(fp)} > /etc/clustertrain/fingerprint.json")
+
+
+def write_results(out: str, what: str, machine: str, results: list, **extra: object) -> None:
+    """The benchmark's results file: what was timed, on what machine (with the load average
+    at the end: the machine is shared), when, and each row."""
+    load = os.getloadavg()
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps({
+        "what": what,
+        "machine": f"{os.cpu_count()} cores, shared with other work (load average "
+                   f"{load[0]:.1f} at the end); {machine}",
+        **extra, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "results": results}, indent=2) + "\n")

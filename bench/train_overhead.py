@@ -40,7 +40,16 @@ import threading
 import time
 from pathlib import Path
 
-from sandbox_bench import ENV, REPO, VENV, bench_sandbox, node_exec, sandbox_down, sh  # REPO first
+from sandbox_bench import (  # REPO first
+    ENV,
+    REPO,
+    VENV,
+    bench_sandbox,
+    node_exec,
+    sandbox_down,
+    sh,
+    write_results,
+)
 
 from orchestrator.checks.preflight import run_preflight  # noqa: E402
 from orchestrator.cluster.inventory import load_cluster  # noqa: E402
@@ -164,17 +173,10 @@ def main() -> int:
             print(json.dumps(row), flush=True)
     finally:
         sandbox_down(args.name)
-    load = os.getloadavg()
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({
-        "what": "seconds; train phases from the command's start (code unchanged since the "
-                "last sync, torch checked before), preflight and ansible -m ping as commands; "
-                "median of repeats",
-        "machine": f"{os.cpu_count()} cores, shared with other work (load average "
-                   f"{load[0]:.1f} at the end); sandbox containers",
-        "ssh": "through a bastion (ProxyJump)" if args.bastion else "direct",
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "results": results}, indent=2) + "\n")
+    write_results(args.out, "seconds; train phases from the command's start (code unchanged "
+                  "since the last sync, torch checked before), preflight and ansible -m ping "
+                  "as commands; median of repeats", "sandbox containers", results,
+                  ssh="through a bastion (ProxyJump)" if args.bastion else "direct")
     print("\n| nodes | `train` until torchrun on every node | until every rank runs | "
           "preflight part | sync part | launch part | `preflight` command | "
           "`ansible -m ping` |\n|---|---|---|---|---|---|---|---|")
