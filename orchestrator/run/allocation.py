@@ -12,10 +12,13 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import socket
 import subprocess
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -181,21 +184,43 @@ def queue_for(spec: RunSpec, whole: Cluster, count: int, run_id: str) -> Allocat
     run.create(info)
     started = time.time()
     try:
-        return allocate(whole, AllocationRequest(count, spec.hosts, spec.gpus_per_node,
-                                                 spec.partition, spec.time, spec.qos), run_id)
+        with hangup_interrupts():
+            return allocate(whole, AllocationRequest(count, spec.hosts, spec.gpus_per_node,
+                                                     spec.partition, spec.time, spec.qos),
+                            run_id)
     except BaseException as exc:
         stopped = (run.path / STOP_REQUESTED).exists()
         interrupted = isinstance(exc, KeyboardInterrupt)
         status = (RunStatus.STOPPED if stopped else
                   RunStatus.INTERRUPTED if interrupted else RunStatus.FAILED)
         why = ("stopped while queued (`stop`): its Slurm job was cancelled" if stopped else
-               "Ctrl-C while queued: its Slurm job was cancelled" if interrupted else
-               str(exc) or repr(exc))
+               f"{exc or 'Ctrl-C'} while queued: its Slurm job was cancelled" if interrupted
+               else str(exc) or repr(exc))
         run.write_summary(cut_short(info, status, started, why))
         if stopped:
             raise LaunchError(f"run {run_id} was stopped while queued (`stop`); its Slurm job "
                               "was cancelled and nothing ran") from None
         raise
+
+
+@contextmanager
+def hangup_interrupts() -> Iterator[None]:
+    """While a run waits in the queue, SIGHUP (a closed terminal) and SIGTERM end the wait
+    as Ctrl-C does: KeyboardInterrupt('SIGHUP'), so that the job is cancelled and the record
+    says interrupted (not settled later as a lost controller). Main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    old = {s: signal.signal(s, interrupt) for s in (signal.SIGHUP, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 def settle_queued(run: RunDir, info: dict[str, Any]) -> dict[str, Any] | None:

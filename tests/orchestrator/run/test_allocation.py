@@ -3,7 +3,13 @@ node's ranks are told of the GPUs they were given."""
 
 from __future__ import annotations
 
-from orchestrator.run.allocation import Allocation, AllocationRequest
+import os
+import signal
+import time
+
+import pytest
+
+from orchestrator.run.allocation import Allocation, AllocationRequest, hangup_interrupts
 
 
 def test_the_request_as_salloc_options() -> None:
@@ -63,3 +69,14 @@ def test_a_queued_run_whose_train_is_gone_is_settled_not_left_queued(tmp_path, c
     assert summary is not None and summary["status"] == "controller-lost"
     assert "waited in Slurm's queue" in summary["error"]
     assert dead.summary()["status"] == "controller-lost"
+
+
+def test_a_closed_terminal_ends_the_wait_as_ctrl_c_does() -> None:
+    """SIGHUP or SIGTERM while queued: KeyboardInterrupt naming the signal (queue_for then
+    cancels the job and records the run interrupted); the handlers are put back after."""
+    before = signal.getsignal(signal.SIGHUP)
+    for sig in (signal.SIGHUP, signal.SIGTERM):
+        with pytest.raises(KeyboardInterrupt, match=sig.name), hangup_interrupts():
+            os.kill(os.getpid(), sig)
+            time.sleep(1.0)
+    assert signal.getsignal(signal.SIGHUP) == before
