@@ -96,10 +96,7 @@ bench: deps venv
 	$(PY) bench/provision.py --nodes 8
 	$(PY) bench/teardown_abort.py
 
-# Everything CI runs (.ci/run calls this). Stops at the first failing stage. One stage
-# after another: on 2 cores, molecule beside the sandbox tests (even at nice 19) slowed
-# them by as much as it saved (measured 2026-11-26: the shared cluster's site.yml took
-# 1022 s instead of 304 s while molecule ran).
+# Everything CI runs (.ci/run calls this). Stops at the first failing stage.
 test: deps venv
 	$(MAKE) lint
 	$(PYTEST_UNIT) -m "not sandbox and not e2e" --durations=10

@@ -45,7 +45,7 @@ def ended(job: str, timeout: float = 20.0) -> bool:
 
 
 class Watch:
-    """Looks at JOB every LOOK seconds in a thread of its own (squeue may take long: the
+    """Looks at JOB now and every LOOK seconds in a thread of its own (squeue may take long: the
     heartbeat must not wait for it); `over` is set once Slurm has ended the job."""
 
     def __init__(self, job: str, look: float = LOOK,
@@ -56,9 +56,11 @@ class Watch:
         threading.Thread(target=self._watch, daemon=True).start()
 
     def _watch(self) -> None:
-        while not self._done.wait(self._look):
+        while True:   # the first look at once: a job cancelled during the launch counts
             if self._is_over(self.job):
                 self.over.set()
+                return
+            if self._done.wait(self._look):
                 return
 
     def close(self) -> None:

@@ -251,6 +251,9 @@ def _failed(args: argparse.Namespace, why: str) -> None:
             write()
         except OSError:
             traceback.print_exc()
+    slurm = slurmjob.job_id()
+    if slurm:   # the run has failed (its peers stop too): its Slurm job goes now
+        slurmjob.release(slurm, lambda: True)
 
 
 def _append(path: str, text: str) -> None:

@@ -402,3 +402,57 @@ def test_no_node_stops_for_a_hang_before_every_node_has_dumped(tmp_path: Path) -
     assert n0_end["reason"] == "hung"
     assert n1_dump["detected_at"] < n0_end["ended"], "n0 stopped before n1 had dumped"
     assert n1_dump["quiet_s"] < 10  # n1 dumped on n0's word, before its own timeout
+
+
+def slurm_doubles(tmp: Path, squeue_says: str) -> dict[str, str]:
+    """squeue and scancel as test doubles (there is no Slurm here; the real path is
+    tests/orchestrator/run/test_queue_sandbox.py): squeue prints SQUEUE_SAYS, scancel
+    writes its arguments to tmp/scancel.log. The environment a --queue run's supervisor
+    gets."""
+    bin_dir = tmp / "bin"
+    bin_dir.mkdir()
+    for name, body in (("squeue", f"echo {squeue_says}\n"),
+                       ("scancel", f'echo "$@" >> {tmp / "scancel.log"}\n')):
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}")
+        (bin_dir / name).chmod(0o755)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "CLUSTERTRAIN_SLURM_JOB": "77"}
+
+
+def test_a_run_whose_slurm_job_ended_stops_and_says_why(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """scancel of the run's job (or its time limit): the node stops its ranks, its state
+    says why, and the job is cancelled once the node's part (the only one) has ended."""
+    for key, value in slurm_doubles(tmp_path, "CANCELLED").items():
+        monkeypatch.setenv(key, value)
+    sup = start(tmp_path, "n0", nodes="n0")
+    try:
+        state = wait_file(tmp_path / "n0" / "job" / "exit", timeout=30)
+        assert (state["reason"], state["why"]) == (
+            "stopped", "its Slurm job 77 ended (scancel, or its time limit)")
+        assert sup.wait(timeout=30) == 0
+        assert not group_alive(tmp_path / "n0" / "job")
+        assert (tmp_path / "scancel.log").read_text() == "77\n"
+    finally:
+        sup.kill()
+
+
+def test_a_run_that_ends_gives_its_slurm_job_back(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in slurm_doubles(tmp_path, "RUNNING").items():
+        monkeypatch.setenv(key, value)
+    sup = start(tmp_path, "n0", nodes="n0", seconds=1)
+    assert sup.wait(timeout=30) == 0
+    state = wait_file(tmp_path / "n0" / "job" / "exit", timeout=5)
+    assert (state["reason"], state["code"]) == ("exited", 0)
+    assert (tmp_path / "scancel.log").read_text() == "77\n"
+
+
+def test_a_supervisor_that_fails_gives_its_slurm_job_back(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in slurm_doubles(tmp_path, "RUNNING").items():
+        monkeypatch.setenv(key, value)
+    (tmp_path / "blocker").write_text("")
+    sup = start(tmp_path, "n0", nodes="n0", state_dir=tmp_path / "blocker" / "shared")
+    assert sup.wait(timeout=30) == 1
+    assert wait_file(tmp_path / "n0" / "job" / "exit", timeout=5)["reason"] == "supervisor-failed"
+    assert (tmp_path / "scancel.log").read_text() == "77\n"
