@@ -206,8 +206,10 @@ def test_a_detached_run_holds_its_slurm_job_until_it_ends(
     inventory = str(sandbox_cluster.inventories["alice"])
 
     def detach(runs: Path, epochs: str) -> dict:
+        # a run name of its own: another test's checkpoints (other settings) are not resumed
         done = orchestrator("train", "-i", inventory, "--runs-dir", str(runs), *FOUR_GPUS,
-                            "--detach", "train.py", "--", "--epochs", epochs, *SMALL)
+                            "--detach", "train.py", "--", "--epochs", epochs, "--run-name",
+                            f"queue-detached-{runs.name}", "--no-resume", *SMALL)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         assert "supervised by the nodes (detached)" in done.stdout, done.stdout
         return run_info(runs)
