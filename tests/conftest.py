@@ -31,6 +31,15 @@ def sandbox_name():
         cluster.down(name, log=lambda *_: None)
 
 
+def _say_ready(name: str) -> None:
+    """Write CLUSTERTRAIN_TEST_READY_FILE once the shared cluster is provisioned: make test
+    starts molecule's scenarios then, beside the tests (not beside the provisioning)."""
+    from pathlib import Path
+    ready = os.environ.get("CLUSTERTRAIN_TEST_READY_FILE")
+    if ready:
+        Path(ready).write_text(name + "\n")
+
+
 @pytest.fixture(scope="session")
 def sandbox_cluster():
     """One 3-node sandbox that plays a real site, provisioned by the real site.yml
@@ -61,6 +70,7 @@ def sandbox_cluster():
     if reuse:  # daily work: a sandbox made and provisioned the same way, kept between runs
         st = orchestrator("sandbox", "status", "--name", reuse, "--json")
         assert st.returncode == 0, st.stderr
+        _say_ready(reuse)
         yield cluster_of(json.loads(st.stdout))
         return
     name = f"{NAME_PREFIX}cl-{secrets.token_hex(3)}"
@@ -80,6 +90,7 @@ def sandbox_cluster():
         site = run(str(BIN / "ansible-playbook"), "-i", info["inventory"], "site.yml")
         assert site.returncode == 0, site.stdout[-6000:] + site.stderr[-2000:]
         print(f"\n{name}: site.yml took {time.monotonic() - started:.0f} s", file=sys.stderr)
+        _say_ready(name)
         yield cluster_of(info)
     finally:
         orchestrator("sandbox", "down", "--name", name)

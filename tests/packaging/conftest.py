@@ -1,10 +1,14 @@
 """The tool as a user installs it: a wheel built from this checkout, installed offline from
-a wheelhouse into a fresh virtualenv. Built once per session; the installed tool's tests
-run it from `/`, where no checkout can be found by accident."""
+a wheelhouse into a fresh virtualenv. Built once per state of the checkout (kept in the
+user's cache directory, so make test's unit and sandbox stages build it once); the installed
+tool's tests run it from `/`, where no checkout can be found by accident."""
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -54,13 +58,49 @@ def _pip(cwd: Path, *argv: str, python: str = sys.executable, timeout: float = 6
     assert proc.returncode == 0, f"pip {' '.join(argv)}:\n{proc.stdout}\n{proc.stderr}"
 
 
+# Outside the checkout: an installed tool under it could find the checkout's files by
+# walking up from its own.
+INSTALLED_CACHE = (Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+                   / "clustertrain-tests" / "installed-tool")
+
+
+def source_digest() -> str:
+    """A digest of the checkout as git sees it (tracked and untracked files, not the
+    ignored ones): the wheel is built from these, so an equal digest means an equal wheel."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
+                             "--exclude-standard"], cwd=REPO, capture_output=True,
+                            check=True, timeout=60).stdout
+    digest = hashlib.sha256()
+    for name in sorted(set(filter(None, listed.split(b"\0")))):
+        path = REPO / os.fsdecode(name)
+        if path.is_file():
+            digest.update(name + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
 @pytest.fixture(scope="session")
-def installed_tool(tmp_path_factory) -> InstalledTool:
+def installed_tool() -> InstalledTool:
     """clustertrain built as a wheel (not editable), its dependencies gathered into a
     wheelhouse with pip's own configuration (the local index here), and both installed
-    into a fresh virtualenv with --no-index: the offline install of README's "Install"."""
+    into a fresh virtualenv with --no-index: the offline install of README's "Install".
+    Kept in INSTALLED_CACHE/DIGEST while the checkout stays the same (source_digest);
+    a lock lets one pytest worker build it while the others wait."""
+    INSTALLED_CACHE.mkdir(parents=True, exist_ok=True)
+    root = INSTALLED_CACHE / source_digest()
+    with (INSTALLED_CACHE / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / "done").is_file():
+            for old in INSTALLED_CACHE.iterdir():   # other states of the checkout
+                if old.is_dir():
+                    shutil.rmtree(old)
+            _install(root)
+    wheel, = (root / "wheelhouse").glob("clustertrain-*.whl")
+    return InstalledTool(wheel, root / "venv")
+
+
+def _install(root: Path) -> None:
     started = time.monotonic()
-    root = tmp_path_factory.mktemp("installed")
+    root.mkdir(parents=True)
     wheelhouse, venv = root / "wheelhouse", root / "venv"
     _pip(root, "wheel", "--no-deps", "--wheel-dir", str(wheelhouse), str(REPO))
     wheel, = wheelhouse.glob("clustertrain-*.whl")
@@ -68,9 +108,9 @@ def installed_tool(tmp_path_factory) -> InstalledTool:
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     _pip(root, "install", "--no-index", "--find-links", str(wheelhouse), "clustertrain",
          python=str(venv / "bin" / "python"))
+    (root / "done").touch()
     print(f"\ninstalled_tool: wheel built and installed in {time.monotonic() - started:.0f} s",
           file=sys.stderr)
-    return InstalledTool(wheel, venv)
 
 
 @dataclass(frozen=True)
