@@ -100,19 +100,21 @@ bench: deps venv
 # scenarios run beside the sandbox tests: once the shared cluster is provisioned (the
 # fixture writes READY), one at a time at nice 19, their output kept until the sandbox tests
 # end. They mostly wait on containers and SSH; beside the provisioning itself they would slow
-# it down threefold (site.yml is CPU-bound), so they wait for it.
+# it down threefold (site.yml is CPU-bound), so they wait for it. The sandbox tests run in
+# the foreground: a command put in the background by a script ignores SIGINT, and the tests
+# send Ctrl-C to the trains they start.
 READY := .cache/sandbox-ready
 test: deps venv
 	$(MAKE) lint
 	$(PYTEST_UNIT) -m "not sandbox and not e2e" --durations=10
-	@mkdir -p .cache/molecule-logs; rm -f $(READY) .cache/molecule-logs/all.log; \
-	CLUSTERTRAIN_TEST_READY_FILE=$(READY) $(MAKE) sandbox-tests & tests=$$!; \
-	while [ ! -e $(READY) ] && kill -0 $$tests 2>/dev/null; do sleep 5; done; \
-	mol=1; if [ -e $(READY) ]; then mol=0; \
+	@mkdir -p .cache/molecule-logs; rm -f $(READY) $(READY).gone .cache/molecule-logs/all.log; \
+	( while [ ! -e $(READY) ]; do [ -e $(READY).gone ] && exit 1; sleep 5; done; \
 	  nice -n 19 $(MAKE) --no-print-directory molecule-all MOLECULE_JOBS=1 \
-	    >.cache/molecule-logs/all.log 2>&1 || mol=$$?; fi; \
-	wait $$tests; rc=$$?; \
-	[ -e $(READY) ] && cat .cache/molecule-logs/all.log; rm -f $(READY); \
+	    >.cache/molecule-logs/all.log 2>&1 ) & molecule=$$!; \
+	CLUSTERTRAIN_TEST_READY_FILE=$(READY) $(MAKE) sandbox-tests; rc=$$?; \
+	touch $(READY).gone; wait $$molecule; mol=$$?; \
+	[ -e .cache/molecule-logs/all.log ] && cat .cache/molecule-logs/all.log; \
+	rm -f $(READY) $(READY).gone; \
 	echo "sandbox tests: exit $$rc; molecule: exit $$mol (1 without a provisioned cluster)"; \
 	[ $$rc -eq 0 ] && [ $$mol -eq 0 ]
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -51,8 +52,13 @@ srun --ntasks-per-node=1 bash -c "cd {work}/{tag} && exec {venv}/bin/torchrun \\
 SHARED_WORK = "/mnt/cluster/bench-queue"   # the hand-written jobs' files, as the nodes see it
 
 
+GRANTED = re.compile(r"granted after ([0-9.]+) s")
+PHASES: dict[str, list[float]] = {"granted_s": []}   # --queue runs' phases
+
+
 def until_ranks(argv: list[str], n: int, containers: list[str], runs: Path) -> float:
-    """Seconds from ARGV's start (a train) until the last of its ranks wrote its time."""
+    """Seconds from ARGV's start (a train) until the last of its ranks wrote its time. Of a
+    --queue run, also how long Slurm's grant took (train says it), into PHASES."""
     t0 = time.time()
     done = subprocess.run(argv, cwd=REPO, env=ENV, capture_output=True, text=True,
                           timeout=600)
@@ -62,6 +68,9 @@ def until_ranks(argv: list[str], n: int, containers: list[str], runs: Path) -> f
     run_id = sorted(p.name for p in runs.iterdir())[-1]
     info = json.loads((runs / run_id / "run.json").read_text())
     used = [c for c in containers if c.rsplit("-", 1)[-1] in info["nodes"]]
+    granted = GRANTED.search(done.stdout)
+    if granted:
+        PHASES["granted_s"].append(float(granted.group(1)))
     return max(stamps(used, "rank", run_id)) - t0
 
 
@@ -125,6 +134,7 @@ def main() -> int:
             until_ranks(queued, n, containers, runs["queue"])
             samples: dict[str, list[float]] = {"train": [], "train_queue": [],
                                                "sbatch_srun": []}
+            PHASES["granted_s"].clear()
             for i in range(args.repeats):
                 samples["train"].append(until_ranks(plain, n, containers, runs["ssh"]))
                 samples["train_queue"].append(until_ranks(queued, n, containers,
@@ -132,7 +142,8 @@ def main() -> int:
                 samples["sbatch_srun"].append(by_hand(share, n, containers, f"hand-{n}-{i}"))
             row = {"nodes": n, **{k: {"median_s": round(statistics.median(v), 3),
                                       "all_s": [round(x, 3) for x in v]}
-                                  for k, v in samples.items()}}
+                                  for k, v in samples.items()},
+                   "queue_granted_s": [round(x, 3) for x in PHASES["granted_s"]]}
             results.append(row)
             print(json.dumps(row), flush=True)
     finally:

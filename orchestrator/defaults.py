@@ -25,6 +25,7 @@ NODE_PYTHON = "/usr/bin/python3"          # a node's system python: runs the nod
 GRACE = _node.GRACE                       # --grace: SIGTERM, then SIGKILL after this long
 LEASE_TIMEOUT = _node.LEASE_TIMEOUT       # --lease-timeout
 KEEP_RUNS = _node.KEEP_RUNS               # --keep-runs
+KEEP_ENVS = _node.KEEP_ENVS               # env create --keep
 HANG_TIMEOUT = 1800.0                     # --hang-timeout (0: off)
 ON_HANG = "stop"                          # --on-hang stop|wait
 MAX_RESTARTS = 0                          # --max-restarts (torchrun's)

@@ -15,6 +15,7 @@ Also run by `train` before anything is started. Blocking problems raise Prefligh
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .. import defaults
@@ -84,12 +85,16 @@ def shared_spec(cluster: Cluster) -> dict:
 
 
 def _check_node(node: NodeSpec, cluster: Cluster, port: int | None, run_id: str | None,
-                strict_port: bool = False, rendezvous: Rendezvous | None = None
+                strict_port: bool = False, rendezvous: Rendezvous | None = None,
+                opened: ssh.Connection | None = None
                 ) -> tuple[NodeFacts, ssh.Connection | None]:
     try:
-        client = ssh.connect(node.name, node.ssh)
+        client = opened if opened is not None and opened.alive() else \
+            ssh.connect(node.name, node.ssh)
     except PreflightError as exc:
         return NodeFacts(node, error=str(exc)), None
+    if opened is not None and client is not opened:
+        opened.close()
     try:
         return probe(node, client, shared=shared_spec(cluster),
                      addresses=[n.cluster_address for n in cluster.nodes], port=port,
@@ -101,10 +106,12 @@ def _check_node(node: NodeSpec, cluster: Cluster, port: int | None, run_id: str 
 
 def run_preflight(cluster: Cluster, port: int | None = None, strict_port: bool = False,
                   keep_connections: bool = False, nproc_per_node: int | None = None,
-                  run_id: str | None = None, share_gpus: bool = False) -> Report:
+                  run_id: str | None = None, share_gpus: bool = False,
+                  opened: Mapping[str, ssh.Connection] | None = None) -> Report:
     """Probe every node in parallel and judge the result (does not raise). With RUN_ID
     (a launch), the master port found on node 0 is claimed for that run. With
-    SHARE_GPUS, nodes in use by others are a warning, not a problem.
+    SHARE_GPUS, nodes in use by others are a warning, not a problem. OPENED: connections
+    made already (while the run waited for Slurm), used where they are still alive.
 
     Two rounds at most: every node is probed at once (node 0 also writes a token on the
     share and listens on the master port); then every other node reads the token and
@@ -114,7 +121,8 @@ def run_preflight(cluster: Cluster, port: int | None = None, strict_port: bool =
     rendezvous = Rendezvous.new(len(nodes)) if len(nodes) > 1 else None
     results = list(each(
         nodes, lambda n: _check_node(n, cluster, port if n is nodes[0] else None, run_id,
-                                     strict_port, rendezvous if n is nodes[0] else None),
+                                     strict_port, rendezvous if n is nodes[0] else None,
+                                     (opened or {}).get(n.name)),
         lambda n: n.name).values_or_raise().values())
     report = Report(cluster, [f for f, _ in results],
                     {f.node.name: c for f, c in results if c is not None},
@@ -202,6 +210,13 @@ SHARED_FIX = {
 }
 
 
+def _env_create_command(report: Report, name: str) -> str:
+    """What makes (or puts back) a user's own environment NAME on the nodes."""
+    inventory = report.cluster.inventory or defaults.INVENTORY
+    return (f"python -m orchestrator env create -f ENVIRONMENT_FILE --name {name} "
+            f"-i {inventory} (the file it was made from; a changed file makes a new one)")
+
+
 def _realign_command(report: Report, nodes: list[str]) -> str:
     command: str = fingerprint.realign_command(report.cluster.inventory or defaults.INVENTORY,
                                                      nodes)
@@ -215,13 +230,20 @@ def _judge(report: Report, port: int, strict_port: bool) -> None:
         if f.error:
             p.append(f.error if f.error.startswith(name) else f"{name}: {f.error}")
             continue
-        if f.python_env_error:
+        own = f.node.python_env
+        if f.python_env_error and own:
+            p.append(f"{name}: {f.user}'s environment {own} is not there "
+                     f"({f.python_env_error}); make it on the nodes: "
+                     f"{_env_create_command(report, own)}")
+        elif f.python_env_error:
             p.append(f"{name}: {f.python_env_error}; provision the node "
                      f"({_realign_command(report, [name])}) so that the python_env role "
                      "writes it")
         elif f.fingerprint_error:
-            p.append(f"{name}: {f.fingerprint_error}; provision the node again "
-                     f"({_realign_command(report, [name])})")
+            p.append(f"{name}: {f.fingerprint_error}; "
+                     + (f"make {f.user}'s environment {own} again: "
+                        f"{_env_create_command(report, own)}" if own else
+                        f"provision the node again ({_realign_command(report, [name])})"))
         elif f.torch.get("skipped"):
             pass  # drift, reported below
         elif not f.torch.get("ok"):
@@ -290,6 +312,15 @@ def _judge_drift(report: Report) -> None:
     if not found["lines"]:
         return
     report.drifted = found["realign"]
+    own = report.cluster.nodes[0].python_env
+    if own:   # a user's own environment: env create puts it back, not site.yml
+        user = report.facts[0].user
+        report.problems.append(
+            f"environment drift in {user}'s environment {own} (read from each node's "
+            "environment now):\n    " + "\n    ".join(found["lines"])
+            + f"\n  put it back on {', '.join(found['realign'])}: "
+            + _env_create_command(report, own))
+        return
     report.problems.append(fingerprint.message(
         found, report.cluster.inventory or defaults.INVENTORY))
 

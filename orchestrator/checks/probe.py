@@ -49,6 +49,7 @@ class NodeFacts:
     provisioned_error: str | None = None
     python_env: dict[str, Any] | None = None
     python_env_error: str | None = None
+    env_dir: str | None = None       # a user's own environment: its NAME-KEY directory
     cluster_env: dict[str, str] = field(default_factory=dict)
     torch: dict[str, Any] = field(default_factory=dict)
     gpu_count: int | None = None     # GPUs the driver shows (no torch), None: not read
@@ -106,7 +107,8 @@ def probe(node: NodeSpec, conn: ssh.Connection, *, shared: dict[str, Any],
     spec = dict(shared)
     request: dict[str, Any] = {"shared": spec, "addresses": addresses, "port": port,
                                "run": run_id, "strict": strict_port,
-                               "state_dir": node.env_state_dir}
+                               "state_dir": node.env_state_dir,
+                               "user_env": node.python_env}
     if rendezvous is not None:
         spec["token"] = {"name": rendezvous.token_name, "value": rendezvous.token_value}
         request["listen"] = {"nonce": rendezvous.nonce, "expect": rendezvous.expect,

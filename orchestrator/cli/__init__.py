@@ -30,6 +30,7 @@ COMMANDS = (
     "orchestrator.cli.cmd_runs",
     "orchestrator.cli.cmd_provision",
     "orchestrator.cli.cmd_wheelhouse",
+    "orchestrator.cli.cmd_env",
 )
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from .. import defaults
 from ..checks.doctor import DoctorReport, DoctorRequest, render, run_doctor, thresholds
-from ..cluster.inventory import Cluster, load_cluster
+from ..cluster.inventory import Cluster
 from ..run.lifecycle import run_training
-from .cmd_preflight import add_selection_args
+from .cmd_preflight import add_python_env_arg, add_selection_args, selected
 
 
 def add_measure_args(p: argparse.ArgumentParser) -> None:
@@ -52,6 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        f"doctor.json). Suspect when: {thresholds()['rule']}. Exit 1 when "
                        "a node is named.")
     add_selection_args(p)
+    add_python_env_arg(p)
     add_measure_args(p)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--share-gpus", action="store_true",
@@ -64,5 +65,5 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _main(args: argparse.Namespace) -> int:
     request = parse_request(args)
-    cluster = load_cluster(args.inventory).select(args.nodes, args.hosts)
+    cluster = selected(args)
     return 1 if diagnose_cluster(cluster, request, args.json).suspects else 0

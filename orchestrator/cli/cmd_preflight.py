@@ -7,7 +7,7 @@ import argparse
 
 from .. import defaults
 from ..checks.preflight import print_report, run_preflight
-from ..cluster.inventory import load_cluster
+from ..cluster.inventory import Cluster, load_cluster
 
 
 def add_selection_args(p: argparse.ArgumentParser) -> None:
@@ -18,6 +18,18 @@ def add_selection_args(p: argparse.ArgumentParser) -> None:
     group.add_argument("--hosts", help="use these nodes, by inventory name: a,b")
 
 
+def add_python_env_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--python-env", metavar="NAME",
+                   help="check your own environment NAME (env create) instead of the "
+                   "cluster's")
+
+
+def selected(args: argparse.Namespace) -> Cluster:
+    """The nodes add_selection_args chose, with the environment add_python_env_arg named."""
+    cluster = load_cluster(args.inventory).select(args.nodes, args.hosts)
+    return cluster.with_user_env(getattr(args, "python_env", None))
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("preflight", help="check that the nodes are ready to train together",
                        description="SSH, identical environments, torch, GPUs, shared path, "
@@ -25,6 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "nodes (another run, any user's; a process on a GPU), on every node "
                        "at once.")
     add_selection_args(p)
+    add_python_env_arg(p)
     p.add_argument("--master-port", type=int, help="port to check on node 0 "
                    f"(default: cluster_rendezvous_port, else {defaults.RENDEZVOUS_PORT})")
     p.add_argument("--share-gpus", action="store_true",
@@ -34,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
-    cluster = load_cluster(args.inventory).select(args.nodes, args.hosts)
+    cluster = selected(args)
     report = run_preflight(cluster, args.master_port, share_gpus=args.share_gpus)
     print_report(report)
     return 1 if report.problems else 0

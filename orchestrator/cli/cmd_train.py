@@ -23,7 +23,7 @@ FILE_KEYS = {
     "ignore_suspects": "ignore_suspects", "link_seconds": "link_seconds",
     "allreduce_mb": "allreduce_mb", "module": "module", "no_clean_exit": "no_clean_exit",
     "share_gpus": "share_gpus", "queue": "queue", "gpus_per_node": "gpus_per_node",
-    "partition": "partition", "time": "time", "qos": "qos",
+    "partition": "partition", "time": "time", "qos": "qos", "python_env": "python_env",
 }
 
 
@@ -135,6 +135,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--on-hang", choices=[str(o) for o in OnHang],
                    help="after the diagnosis of a hang: stop the run (status hung, exit 1) "
                    f"or wait (keep it, keep watching) (default: {defaults.ON_HANG})")
+    p.add_argument("--python-env", metavar="NAME",
+                   help="run torchrun and the workers from your own environment NAME (made "
+                   "with `env create --name NAME`) on every node, instead of the cluster's; "
+                   "preflight checks it for drift as it checks the cluster's")
     p.add_argument("--share-gpus", action="store_true",
                    help="run even on nodes in use by another run (any user's, yours too) "
                    "or by a process on a GPU; without it, such a node is refused, naming "

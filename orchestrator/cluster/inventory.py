@@ -10,7 +10,9 @@ variables, with Ansible's precedence), so the orchestrator connects exactly as
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -19,6 +21,7 @@ from typing import Any
 
 from .. import defaults
 from ..errors import InventoryError
+from ..node.protocol import ENV_NAME_PATTERN, ENVS_DIR
 from . import contract
 from .ssh import SshTarget
 
@@ -45,6 +48,7 @@ class NodeSpec:
     # them: python_env.json and fingerprint.json (python_env), cluster.env (common).
     env_state_dir: str = field(default_factory=lambda: _role_path("python_env_state_dir"))
     cluster_env_file: str = field(default_factory=lambda: _role_path("common_cluster_env_file"))
+    python_env: str | None = None   # a user's own environment (env create), else the cluster's
 
     @property
     def host(self) -> str:
@@ -108,6 +112,27 @@ class Cluster:
         return Cluster(self.inventory, tuple(chosen), self.shared_path,
                        self.rendezvous_port, self.variables)
 
+    def with_user_env(self, name: str | None) -> Cluster:
+        """These nodes with the user's own environment NAME (`env create`) instead of the
+        cluster's: its files are read from ~/.clustertrain/envs/NAME on every node (None:
+        the cluster's environment)."""
+        if name is None:
+            return self
+        check_env_name(name, "--python-env")
+        return dataclasses.replace(self, nodes=tuple(
+            dataclasses.replace(n, env_state_dir=f"~/{ENVS_DIR}/{name}", python_env=name)
+            for n in self.nodes))
+
+
+def check_env_name(name: str, label: str) -> str:
+    """NAME, when it can name a user's own environment (env create --name, train
+    --python-env); InventoryError naming LABEL otherwise."""
+    if not re.match(ENV_NAME_PATTERN, name):
+        raise InventoryError(f"{label} {name!r}: an environment's name is letters, digits, "
+                             "'_', '.' and '-', starting with a letter or digit (64 at most), "
+                             "e.g. myproject")
+    return name
+
 
 # Host variables the orchestrator reads; each is rendered by Ansible's templating, and
 # one that cannot be rendered (it needs facts, say) is an error naming it and the host.
@@ -115,7 +140,7 @@ _CONNECTION_OPTIONS = ("host", "remote_user", "port", "private_key_file",
                        "host_key_checking", "ssh_executable", "ssh_args",
                        "ssh_common_args", "ssh_extra_args", "timeout")
 _OWN_VARS = ("cluster_address", "cluster_shared_path", "cluster_rendezvous_port",
-             "cluster_scheduler",
+             "cluster_scheduler", "python_env_backend",
              "ansible_python_interpreter",
              # node paths the roles make configurable (NodeSpec, _ROLE_PATHS)
              "python_env_state_dir", "common_cluster_env_file",

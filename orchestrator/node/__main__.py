@@ -12,6 +12,7 @@
   release    drop the master-port claim of a run (probe.py)
   allocate   hold a Slurm allocation while the controller's connection lives (allocate.py)
   busy       this node's live runs (any user's) and GPU processes, as JSON (busy.py)
+  envs       the user's own environments here, as JSON; --rm and --prune remove (envs.py)
   states     the run's node states and hang dumps on the share (states.py)
   torch      import torch in this Python and say what it sees (fingerprint.py)
   carry      what a job wrote in its working directory, into the next run's (carry.py)
@@ -74,6 +75,12 @@ def _parser() -> argparse.ArgumentParser:
                      help="first wait until PORT is bound (at most BOUND_WAIT seconds)")
     b = sub.add_parser("busy", allow_abbrev=False)
     b.add_argument("--exclude", metavar="RUN", help="leave this run out (the one launched)")
+    ev = sub.add_parser("envs", allow_abbrev=False)
+    ev.add_argument("--name", help="only this environment's states")
+    ev.add_argument("--rm", action="store_true", help="remove them (none while in use)")
+    ev.add_argument("--key", help="with --rm: only this state")
+    ev.add_argument("--prune", type=int, metavar="KEEP",
+                    help="remove the states of --name beyond the KEEP newest (unused ones)")
     al = sub.add_parser("allocate", allow_abbrev=False)
     al.add_argument("--name", required=True, help="the Slurm job's name")
     al.add_argument("--gpus-per-node", default="all", help="G, or all (the default)")
@@ -128,6 +135,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.verb == "busy":
         from .busy import scan
         print(json.dumps(scan(exclude=args.exclude).to_json()))
+        return 0
+    if args.verb == "envs":
+        from . import envs
+        if args.name and args.prune is not None:
+            print(json.dumps(envs.prune(args.name, args.prune)))
+        else:
+            print(json.dumps(envs.remove(args.name, args.key) if args.rm and args.name
+                             else envs.list_envs(args.name)))
         return 0
     if args.verb == "allocate":
         from .allocate import main as allocate

@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from . import busy, fingerprint as fp
-from .protocol import BOUND_WAIT, EXIT_FILE, JOBS_DIR, PORT_CLAIMS_DIR
+from .protocol import BOUND_WAIT, EXIT_FILE, JOBS_DIR, LAST_USED, PORT_CLAIMS_DIR
 from .util import read_json_or_why, write_json
 
 # Master-port claims on node 0, shared by every user of the node (see claim()).
@@ -390,6 +390,14 @@ def listen(port: int, spec: dict, token_path: str | None,
     return info
 
 
+def _touch(path: str) -> None:
+    try:
+        with open(path, "a"):
+            os.utime(path)
+    except OSError:
+        pass   # a read-only home: the environment still runs
+
+
 def _unlink(path: str | None) -> None:
     if path:
         try:
@@ -420,12 +428,17 @@ def machine() -> dict[str, str]:
 
 def probe(req: dict) -> dict[str, Any]:
     """Round 1 (see the module's docstring). REQ: shared, addresses, port, run, strict,
-    state_dir (else STATE_DIR: where the python_env role wrote its files), and on node 0
-    listen."""
+    state_dir (where the python_env role wrote its files; user_env: a user's own
+    environment there), and on node 0 listen."""
     started = time.time()
     out: dict[str, Any] = {"user": getpass.getuser(), "uid": os.getuid(),
                            "home": os.path.expanduser("~"), "machine": machine()}
-    state = req.get("state_dir") or ""   # where the python_env role wrote its files
+    # Where the python_env role wrote its files: the cluster's, or a user's own environment
+    # (~/.clustertrain/envs/NAME: the newest of that name, pinned here for the run).
+    state = os.path.realpath(os.path.expanduser(req["state_dir"])) if req.get("state_dir") else ""
+    if req.get("user_env") and os.path.isdir(state):
+        out["env_dir"] = state
+        _touch(os.path.join(state, LAST_USED))   # `env list` shows when it was last used
     out["provisioned"], out["provisioned_error"] = read_json_or_why(state + "/fingerprint.json")
     env, out["python_env_error"] = read_json_or_why(state + "/python_env.json")
     out["python_env"] = env

@@ -13,6 +13,11 @@ NODE_STATE_DIR = ".clustertrain"
 CODE_SUBDIR = "code"    # code snapshots: code/<run>/, code/latest
 JOBS_SUBDIR = "jobs"    # a run's job directory on this node: jobs/<run>/
 LIB_SUBDIR = "lib"      # this package, one directory per version: lib/<version>/
+ENVS_SUBDIR = "envs"    # a user's own environments: envs/NAME-KEY/, envs/NAME (the newest)
+ENVS_DIR = f"{NODE_STATE_DIR}/{ENVS_SUBDIR}"   # relative to the user's home
+# An environment's name (env create --name, train --python-env): also a file name there.
+ENV_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+LAST_USED = "last-used"  # in an environment's directory: touched when a run checks it
 JOBS_DIR = f"{NODE_STATE_DIR}/{JOBS_SUBDIR}"
 PORT_CLAIMS_DIR = "/tmp/clustertrain-ports"   # master-port claims on node 0, any user's
 
@@ -51,6 +56,7 @@ PEER_START = 120.0    # a peer that never wrote its state within this long is lo
 GRACE = 5.0           # seconds between SIGTERM and SIGKILL when a job is stopped
 LEASE_TIMEOUT = 30.0  # an attached run whose controller is silent this long is stopped
 KEEP_RUNS = 20        # snapshots and job directories kept per user and node
+KEEP_ENVS = 3         # states of one environment kept per user and node (env create)
 HANG_GATHER = 45.0    # seconds a node that dumped for a hang waits for its peers' dumps
 HANG_SAMPLES = 3      # stack samples of every rank taken for a hang, a second apart
 HANG_INTERVAL = 1.0

@@ -55,6 +55,7 @@ class PlaybookResult:
 
 def run_playbook(private_data_dir: str, playbook: Path, inventory: Path, *,
                  limit: str | None = None, cmdline: str | None = None, quiet: bool = True,
+                 extravars: dict | None = None,
                  event_handler: Callable[[dict], bool] | None = None) -> PlaybookResult:
     """Run PLAYBOOK; Ctrl-C (or SIGTERM, SIGHUP) stops ansible-playbook and raises
     KeyboardInterrupt here once it has ended (a second Ctrl-C: at once)."""
@@ -66,7 +67,7 @@ def run_playbook(private_data_dir: str, playbook: Path, inventory: Path, *,
         result = ansible_runner.run(
             private_data_dir=private_data_dir, project_dir=str(shipped.root),
             playbook=str(playbook), inventory=str(inventory.resolve()), limit=limit,
-            cmdline=cmdline, quiet=quiet, event_handler=event_handler,
+            cmdline=cmdline, quiet=quiet, extravars=extravars, event_handler=event_handler,
             cancel_callback=lambda: bool(interrupted),
             envvars={"ANSIBLE_CONFIG": str(shipped.ansible_cfg),
                      "ANSIBLE_ROLES_PATH": str(shipped.roles),

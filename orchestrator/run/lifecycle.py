@@ -31,7 +31,7 @@ from .drain import drain_lost
 from .follow import Job
 from .record import RunDir, code_revision, new_run_id, open_run, run_state_dir
 from .scheduler import Scheduler, SshScheduler
-from .session import Session
+from .session import Session, connected_ahead
 from .settle import settle
 from .spec import RunSpec
 from .status import RunStatus, conclude, cut_short, make_summary
@@ -108,6 +108,8 @@ class Plan:
             "commands": {s.name: c.torchrun_argv() for s, c in self.nodes},
             "code_revision": code_revision(spec.workdir) if spec.workdir else None,
             "fingerprint": session.report.fingerprint, "detached": spec.detach,
+            "python_env": {"name": spec.python_env, "dir": session.report.facts[0].env_dir}
+            if spec.python_env else None,
             "hang_timeout": spec.hang_timeout, "on_hang": str(spec.on_hang),
             "node_commands": {c.node: c.to_record() for c in self.commands},
             "spec": spec.to_file(),
@@ -119,9 +121,10 @@ def run_training(spec: RunSpec, dry_run: bool = False, cluster: Cluster | None =
     """`train`: the run's phases, from its check to its conclusion (or, detached, until
     it runs on every node); the run's exit status. Every exit path leaves a summary and
     no claim on node 0's master port. CLUSTER: the spec's nodes, already read."""
-    whole = cluster or load_cluster(spec.inventory)
-    cluster = cluster or whole.select(
+    whole = (cluster or load_cluster(spec.inventory)).with_user_env(spec.python_env)
+    cluster = (cluster or whole.select(
         spec.nodes, ",".join(spec.hosts) if spec.hosts is not None else None)
+        ).with_user_env(spec.python_env)
     if spec.queue and whole.scheduler != "slurm":
         raise LaunchError(
             f"--queue: the inventory {whole.inventory} says cluster_scheduler: "
@@ -130,40 +133,53 @@ def run_training(spec: RunSpec, dry_run: bool = False, cluster: Cluster | None =
     if spec.doctor:
         _doctor_first(spec, cluster, dry_run)
     run_id = spec.run_id or new_run_id()
-    allocation = None
-    if spec.queue and dry_run:
-        print(f"# dry run: --queue would ask Slurm (from {whole.names[0]}) for "
-              f"{len(cluster.nodes)} node(s), "
-              f"{'every' if spec.gpus_per_node is None else spec.gpus_per_node} GPU(s) per "
-              "node; Slurm chooses the nodes: the plan below is for "
-              f"{', '.join(cluster.names)}; nothing was asked")
-    elif spec.queue:
-        allocation = queue_for(spec, whole, len(cluster.nodes), run_id)
-    try:
-        if allocation is not None:
-            cluster = whole.select(hosts=",".join(allocation.nodes))
-            print(f"run {run_id}: Slurm job {allocation.job_id} granted after "
-                  f"{allocation.waited_s:.1f} s: {allocation.describe()}", flush=True)
-        nproc = spec.nproc_per_node or (allocation.gpus_per_node if allocation else None)
-        # Through the queue, Slurm shares out the nodes: another run on them is no refusal.
-        with Session.check(cluster, master_port=spec.master_port, nproc_per_node=nproc,
-                           share_gpus=spec.share_gpus or spec.queue,
-                           run_id=None if dry_run else run_id) as session:
-            print_report(session.report, comment=dry_run)
-            raise_if_blocked(session.report)
-            plan = Plan.make(spec, session, run_id, allocation)
-            if dry_run:
-                print(plan.describe(), end="")
-                return 0
-            code = _run(plan, session, SshScheduler(session.clients))
-            if spec.detach:   # running on the nodes: they hold what the run needs now
-                session.release_once_bound(plan.commands[0].master_port)
-                if allocation is not None:
-                    allocation.keep()   # the nodes give it back when the run ends
-            return code
-    finally:
-        if allocation is not None:
-            allocation.release()
+    with connected_ahead(_nodes_ahead(spec, whole, cluster) if not dry_run else None) as take:
+        allocation = None
+        if spec.queue and dry_run:
+            print(f"# dry run: --queue would ask Slurm (from {whole.names[0]}) for "
+                  f"{len(cluster.nodes)} node(s), "
+                  f"{'every' if spec.gpus_per_node is None else spec.gpus_per_node} GPU(s) "
+                  "per node; Slurm chooses the nodes: the plan below is for "
+                  f"{', '.join(cluster.names)}; nothing was asked")
+        elif spec.queue:
+            allocation = queue_for(spec, whole, len(cluster.nodes), run_id)
+        try:
+            if allocation is not None:
+                cluster = whole.select(hosts=",".join(allocation.nodes))
+                print(f"run {run_id}: Slurm job {allocation.job_id} granted after "
+                      f"{allocation.waited_s:.1f} s: {allocation.describe()}", flush=True)
+            nproc = spec.nproc_per_node or (allocation.gpus_per_node if allocation else None)
+            # Through the queue, Slurm shares out the nodes: another run on them is no refusal.
+            with Session.check(cluster, master_port=spec.master_port, nproc_per_node=nproc,
+                               share_gpus=spec.share_gpus or spec.queue,
+                               run_id=None if dry_run else run_id,
+                               opened=take(cluster)) as session:
+                print_report(session.report, comment=dry_run)
+                raise_if_blocked(session.report)
+                plan = Plan.make(spec, session, run_id, allocation)
+                if dry_run:
+                    print(plan.describe(), end="")
+                    return 0
+                code = _run(plan, session, SshScheduler(session.clients))
+                if spec.detach:   # running on the nodes: they hold what the run needs now
+                    session.release_once_bound(plan.commands[0].master_port)
+                    if allocation is not None:
+                        allocation.keep()   # the nodes give it back when the run ends
+                return code
+        finally:
+            if allocation is not None:
+                allocation.release()
+
+
+def _nodes_ahead(spec: RunSpec, whole: Cluster, cluster: Cluster) -> Cluster | None:
+    """The nodes a --queue run connects to while Slurm grants its allocation (the check
+    after the grant then finds them open): those Slurm may choose, when they are not more
+    than twice the nodes asked for; None otherwise, and for a run that does not queue."""
+    if not spec.queue:
+        return None
+    if spec.hosts is not None or len(whole.nodes) <= 2 * len(cluster.nodes):
+        return cluster if spec.hosts is not None else whole
+    return None
 
 
 def _run(plan: Plan, session: Session, scheduler: Scheduler) -> int:

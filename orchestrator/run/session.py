@@ -4,11 +4,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ..checks.preflight import Report, run_preflight
 from ..checks.probe import release_port
 from ..cluster import ssh
+from ..cluster.fanout import each
 from ..cluster.inventory import Cluster
 
 
@@ -22,13 +26,14 @@ class Session:
 
     @classmethod
     def check(cls, cluster: Cluster, *, master_port: int | None, nproc_per_node: int | None,
-              run_id: str | None, share_gpus: bool = False) -> Session:
-        """The check phase: preflight every node, keeping the connections it opened;
-        with RUN_ID (a launch), node 0's master port is claimed for it; with SHARE_GPUS,
-        nodes in use by others are not refused."""
+              run_id: str | None, share_gpus: bool = False,
+              opened: Mapping[str, ssh.Connection] | None = None) -> Session:
+        """The check phase: preflight every node, keeping the connections it opened (or
+        was given: OPENED); with RUN_ID (a launch), node 0's master port is claimed for it;
+        with SHARE_GPUS, nodes in use by others are not refused."""
         report = run_preflight(cluster, master_port, strict_port=master_port is not None,
                                keep_connections=True, nproc_per_node=nproc_per_node,
-                               run_id=run_id, share_gpus=share_gpus)
+                               run_id=run_id, share_gpus=share_gpus, opened=opened)
         clients, report.clients = report.clients, {}   # the session owns them now
         return cls(cluster, report, clients, run_id)
 
@@ -54,3 +59,38 @@ class Session:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+Take = Callable[[Cluster], dict[str, ssh.Connection]]
+
+
+@contextmanager
+def connected_ahead(nodes: Cluster | None) -> Iterator[Take]:
+    """SSH connections to NODES, opened in the background while the block runs (a run
+    waiting for Slurm's grant: the check that follows it need not open them then).
+    `take(chosen)` hands over those of CHOSEN's nodes that opened (the caller owns them
+    now) and closes the others; what was not handed over is closed at the end. NODES None:
+    nothing is opened, `take` gives nothing."""
+    if nodes is None:
+        yield lambda chosen: {}
+        return
+    pool = ThreadPoolExecutor(max_workers=1)
+    future = pool.submit(each, nodes.nodes, lambda n: ssh.connect(n.name, n.ssh),
+                         lambda n: n.name)
+    handed: set[str] = set()
+
+    def take(chosen: Cluster) -> dict[str, ssh.Connection]:
+        got = {n: r.value for n, r in future.result().items() if r.value is not None}
+        handed.update(got)
+        for name, conn in got.items():
+            if name not in chosen.names:
+                conn.close()
+        return {n: c for n, c in got.items() if n in chosen.names}
+
+    try:
+        yield take
+    finally:
+        pool.shutdown(wait=True)
+        for name, r in future.result().items():
+            if r.value is not None and name not in handed:
+                r.value.close()

@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from .. import defaults
+from ..cluster.inventory import check_env_name
 from ..errors import LaunchError
 from ..resources import project
 from .command import (
@@ -91,6 +92,7 @@ class RunSpec:
     partition: str | None = None            # --queue: passed to Slurm
     time: str | None = None
     qos: str | None = None
+    python_env: str | None = None           # the user's own environment (env create)
     run_id: str | None = None               # its record's name (None: a new one)
 
     @property
@@ -121,7 +123,7 @@ class RunSpec:
                 "link_seconds": self.link_seconds, "allreduce_mb": self.allreduce_mb,
                 "share_gpus": self.share_gpus, "queue": self.queue,
                 "gpus_per_node": self.gpus_per_node, "partition": self.partition,
-                "time": self.time, "qos": self.qos}
+                "time": self.time, "qos": self.qos, "python_env": self.python_env}
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_file(), sort_keys=False, default_flow_style=False)
@@ -151,6 +153,7 @@ KEYS: dict[str, tuple[tuple[type, ...], str]] = {
     "queue": ((bool,), "true or false"), "gpus_per_node": ((int,), "a whole number"),
     "partition": ((str,), "a Slurm partition"), "time": ((str, int), "a Slurm time limit"),
     "qos": ((str,), "a Slurm QOS"),
+    "python_env": ((str,), "the name of one of your environments (env create --name)"),
 }
 PATH_KEYS = ("inventory", "workdir", "runs_dir")
 
@@ -279,6 +282,9 @@ def from_sources(given: Mapping[str, Given]) -> RunSpec:
     runs_dir = Path(str(get("runs_dir", defaults.RUNS_DIR)))
     check_writable(runs_dir, label("runs_dir"))
     queue = _queue(get, label)
+    python_env = get("python_env")
+    if python_env is not None:
+        check_env_name(str(python_env), label("python_env"))
     hosts = get("hosts")
     if isinstance(hosts, str):  # as given: the inventory names an empty one (Cluster.select)
         hosts = [h.strip() for h in hosts.split(",")]
@@ -292,7 +298,8 @@ def from_sources(given: Mapping[str, Given]) -> RunSpec:
         detach=bool(get("detach", False)), lease_timeout=lease, keep_runs=keep_runs,
         hang_timeout=hang, on_hang=OnHang(on_hang), doctor=bool(get("doctor", False)),
         ignore_suspects=bool(get("ignore_suspects", False)), link_seconds=link_seconds,
-        allreduce_mb=allreduce_mb, share_gpus=bool(get("share_gpus", False)), **queue)
+        allreduce_mb=allreduce_mb, share_gpus=bool(get("share_gpus", False)),
+        python_env=python_env, **queue)
 
 
 SLURM_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")

@@ -299,3 +299,36 @@ def test_gpus_that_cannot_be_read_and_hidden_processes_are_warned_about() -> Non
         "pid,gpu_uuid,used_memory: NVIDIA-SMI has failed",
         "node0: other users' processes are hidden from alice (/proc is mounted with "
         "hidepid): their runs there cannot be seen"]
+
+
+def own_env(f: NodeFacts, name: str = "proj") -> NodeFacts:
+    """F as read from the user's own environment NAME (train --python-env NAME)."""
+    f.node = Cluster(Path("/site/hosts.yml"), (f.node,)).with_user_env(name).nodes[0]
+    return f
+
+
+def test_drift_in_a_users_own_environment_names_it_and_env_create_puts_it_back() -> None:
+    made = {"python": "3.11.2", "packages": {"torch": "2.13.0"}, "sha256": "p"}
+    live = dict(made, packages={"torch": "2.13.0", "six": "1.17.0"}, sha256="l")
+    r = report(own_env(facts("node0", {}, fingerprint=made, provisioned=made, user="bob")),
+               own_env(facts("node1", {}, fingerprint=live, provisioned=made, user="bob")))
+    [problem] = r.problems
+    assert problem.splitlines()[0] == ("environment drift in bob's environment proj (read "
+                                       "from each node's environment now):")
+    assert "    node1 since provisioning: package six: absent when provisioned, 1.17.0 now" \
+        in problem.splitlines()
+    assert problem.splitlines()[-1].startswith(
+        "  put it back on node1: python -m orchestrator env create -f ENVIRONMENT_FILE "
+        "--name proj -i /site/hosts.yml")
+    assert "site.yml" not in problem
+
+
+def test_a_users_environment_missing_on_a_node_says_how_to_make_it() -> None:
+    r = report(own_env(facts("node0", {"torch": "2.13.0"}, user="bob")),
+               own_env(facts("node1", {}, fingerprint=None, python_env=None, user="bob",
+                             python_env_error="/home/bob/.clustertrain/envs/proj/"
+                             "python_env.json: no such file")))
+    [problem] = r.problems
+    assert problem.startswith("node1: bob's environment proj is not there (")
+    assert "env create -f ENVIRONMENT_FILE --name proj" in problem
+    assert r.cluster.nodes[0].env_state_dir == "~/.clustertrain/envs/proj"

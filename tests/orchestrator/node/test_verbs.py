@@ -238,6 +238,28 @@ def test_verb_busy_finds_a_live_run_by_its_supervisor(node: Node, running: Path)
     assert pids("--exclude", "verbs-r1") == []
 
 
+@covers("envs")
+def test_verb_envs_lists_prunes_and_removes_the_users_environments(node: Node) -> None:
+    """From the installed node package, without site-packages (envs.py is standard library
+    only); the listing itself is tested in test_envs.py."""
+    root = node.home / ".clustertrain" / "envs"
+    for made, key in enumerate(("aaaaaaaaaaaa", "bbbbbbbbbbbb")):
+        (root / f"proj-{key}").mkdir(parents=True)
+        (root / f"proj-{key}" / "env.json").write_text(json.dumps({"name": "proj",
+                                                                    "key": key}))
+        os.utime(root / f"proj-{key}" / "env.json", (1000 + made, 1000 + made))
+    (root / "proj").symlink_to("proj-bbbbbbbbbbbb")
+    said = last_json(node.verb("envs"))
+    assert isinstance(said, dict)
+    assert sorted((e["key"], e["current"]) for e in said["envs"]) == [
+        ("aaaaaaaaaaaa", False), ("bbbbbbbbbbbb", True)]
+    pruned = last_json(node.verb("envs", "--name", "proj", "--prune", "1"))
+    assert pruned == {"removed": [str(root / "proj-aaaaaaaaaaaa")], "in_use": {}}
+    removed = last_json(node.verb("envs", "--name", "proj", "--rm"))
+    assert removed == {"removed": [str(root / "proj-bbbbbbbbbbbb")], "in_use": {}}
+    assert not root.joinpath("proj").is_symlink()
+
+
 @covers("allocate")
 def test_verb_allocate_says_when_the_node_has_no_slurm(node: Node, tmp_path: Path) -> None:
     """The allocation itself is Slurm's: tests/orchestrator/run/test_queue_sandbox.py asks

@@ -147,6 +147,8 @@ def test_a_bad_job_file_is_refused_naming_the_key_and_line(place, capsys, text, 
      "job.yaml line 4: partition 'a b': give a Slurm partition"),
     ("workdir: code\nscript: job.py\nqueue: true\n",
      "says cluster_scheduler: none, so the cluster runs no Slurm"),
+    ("workdir: code\nscript: job.py\npython_env: ../x\n",
+     "job.yaml line 3: python_env '../x': an environment's name is letters, digits"),
 ])
 def test_a_job_files_values_are_checked_as_the_options_are(place, capsys, text, words) -> None:
     code, out = run(["train", "-f", str(job(place, text)), "-i", str(place / "hosts.ini")],
@@ -164,6 +166,13 @@ def test_the_queue_options_reach_the_spec_and_its_job_file(place) -> None:
     again = from_sources(read_job_file(job(place, spec.to_yaml())))
     assert (again.queue, again.gpus_per_node, again.partition, again.time, again.qos) == (
         True, 1, "gpu", "1-00:00:00", "high")
+
+
+def test_a_users_own_environment_reaches_the_spec_and_its_job_file(place) -> None:
+    spec = parse_request(parse(["train", "--python-env", "proj-2", "--workdir",
+                                str(place / "code"), "job.py"]))
+    assert spec.python_env == "proj-2"
+    assert from_sources(read_job_file(job(place, spec.to_yaml()))).python_env == "proj-2"
 
 
 def test_a_missing_job_file_is_named(place, capsys) -> None:

@@ -1,0 +1,284 @@
+"""A user's own environments (`env create`, `env list`, `env rm`): the python_env role run
+as the user, without sudo, into ~/.clustertrain/envs/NAME-KEY on every chosen node
+(playbooks/user_env.yml); listed and removed through the node package (node/envs.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..cluster import nodelib, ssh
+from ..cluster.fanout import each
+from ..cluster.inventory import Cluster, check_env_name
+from ..defaults import KEEP_ENVS
+from ..errors import ClusterError
+from ..node import fingerprint
+from ..resources import project
+from .playbook import run_playbook
+
+PLAYBOOK = "playbooks/user_env.yml"
+REPORT_TASK = "Report the environment"   # the playbook's last task: each node's result
+# What a venv can honour of a file's conda dependencies (the role's venv.yml says the same).
+VENV_CONDA_DEPS = re.compile(r"^\s*(python|pip)\s*([=<>!~ ].*)?$")
+
+
+class EnvError(ClusterError):
+    """An environment file or name that cannot be realised, or nodes that disagree."""
+
+
+@dataclass(frozen=True)
+class EnvFile:
+    """An environment file (conda format), read and checked on the controller."""
+
+    path: Path
+    name: str                       # its `name:`
+    conda: tuple[str, ...]          # its conda dependencies
+    pip: tuple[str, ...]            # its pip: section
+
+    @classmethod
+    def read(cls, path: Path) -> EnvFile:
+        try:
+            data = yaml.safe_load(path.read_text())
+        except OSError as exc:
+            raise EnvError(f"-f {path}: {exc.strerror}; give the environment file "
+                           "(conda format, like the project's environment.yml)") from None
+        except yaml.YAMLError as exc:
+            raise EnvError(f"-f {path} is not YAML ({exc}); fix the file") from None
+        deps = data.get("dependencies") if isinstance(data, dict) else None
+        if not isinstance(data, dict) or not isinstance(data.get("name"), str) \
+                or not isinstance(deps, list):
+            raise EnvError(f"-f {path} is not a conda environment file: it needs 'name:' and "
+                           "a 'dependencies:' list (with a '- pip:' list for pip packages)")
+        conda = tuple(str(d) for d in deps if isinstance(d, str))
+        pip = tuple(str(p) for d in deps if isinstance(d, dict)
+                    for p in (d.get("pip") or []))
+        return cls(path.resolve(), data["name"], conda, pip)
+
+    def refuse_for(self, backend: str) -> None:
+        """EnvError naming the conda packages a venv cannot honour (backend venv: the
+        cluster has no conda), before any node is touched."""
+        if backend != "venv":
+            return
+        unsupported = [d for d in self.conda if not VENV_CONDA_DEPS.match(d)]
+        if unsupported:
+            raise EnvError(
+                f"{self.path} asks conda for {', '.join(unsupported)}, but this cluster has "
+                "no conda (its inventory sets python_env_backend: venv): a venv can install "
+                "only the pip: section. Move these to the pip: section (as pip packages), "
+                "or ask the admin for conda (python_env_backend: conda); no node was touched")
+
+
+@dataclass
+class Created:
+    """What `env create` did on each node: {node: the playbook's report}."""
+
+    name: str
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    seconds: float = 0.0
+    pruned: dict[str, list[str]] = field(default_factory=dict)   # node: directories
+
+    @property
+    def keys(self) -> set[str]:
+        return {str(r["key"]) for r in self.nodes.values()}
+
+    @property
+    def made(self) -> list[str]:
+        return [n for n, r in self.nodes.items() if r.get("made")]
+
+
+def _progress(say: Callable[[str], None]) -> Callable[[dict], bool]:
+    """Per node, as the playbook goes: what changed, what failed, and the result."""
+    def handler(event: dict) -> bool:
+        kind, data = event.get("event"), event.get("event_data", {})
+        host, task = data.get("host"), data.get("task")
+        res = data.get("res") or {}
+        if kind == "runner_on_ok" and task == REPORT_TASK:
+            got = res.get("msg") or {}
+            how = ("made" if got.get("made") else
+                   f"the one {got['shared_with']} made (a home they share)"
+                   if got.get("shared_with") else "already there")
+            say(f"  {host}: {how} "
+                f"{got.get('dir')} ({len((got.get('fingerprint') or {}).get('packages') or {})} "
+                "packages)")
+        elif kind == "runner_on_ok" and res.get("changed"):
+            say(f"  {host}: {task}")
+        elif kind in ("runner_on_failed", "runner_on_unreachable") \
+                and not data.get("ignore_errors"):
+            say(f"  {host}: FAILED {task}: {res.get('msg') or ''}".rstrip())
+        return True
+    return handler
+
+
+def create(cluster: Cluster, env_file: EnvFile, name: str, wheelhouse: str | None,
+           keep: int = KEEP_ENVS, say: Callable[[str], None] = print) -> Created:
+    """Realise ENV_FILE as NAME on every node of CLUSTER, all at once, as the inventory's
+    user; EnvError when a node fails or when the nodes' environments differ. Then the
+    states of NAME beyond the KEEP newest are removed where no run uses them."""
+    check_env_name(name, "environment name")
+    if keep < 1:
+        raise EnvError(f"--keep {keep}: keep at least the newest state (1 or more)")
+    env_file.refuse_for(str(cluster.variables.get("python_env_backend") or "conda"))
+    if wheelhouse and not wheelhouse.startswith("/"):
+        raise EnvError(f"--wheelhouse {wheelhouse}: give the directory as the nodes see it, "
+                       "an absolute path (e.g. on the share: /mnt/cluster/wheelhouse-mine)")
+    extra = {"user_env_file": str(env_file.path), "user_env_name": name,
+             "user_env_wheelhouse": wheelhouse or "", "user_env_nonce": secrets.token_hex(8)}
+    created = Created(name)
+    started = time.monotonic()
+    reports: dict[str, dict[str, Any]] = {}
+
+    def record(event: dict) -> bool:
+        data = event.get("event_data", {})
+        if event.get("event") == "runner_on_ok" and data.get("task") == REPORT_TASK:
+            reports[str(data.get("host"))] = (data.get("res") or {}).get("msg") or {}
+        return progress(event)
+
+    progress = _progress(say)
+    say(f"env create {name}: {env_file.path} on {', '.join(cluster.names)}"
+        + (f", from the wheelhouse {wheelhouse}" if wheelhouse else ", from the nodes' index"))
+    with tempfile.TemporaryDirectory(prefix="clustertrain-env-") as tmp:
+        result = run_playbook(tmp, project().playbook(PLAYBOOK), cluster.inventory,
+                              limit=",".join(cluster.names), extravars=extra,
+                              event_handler=record)
+    created.seconds = time.monotonic() - started
+    created.nodes = {n: reports[n] for n in cluster.names if n in reports}
+    if result.rc != 0 or len(created.nodes) < len(cluster.names):
+        failed = result.failures or [result.output_tail]
+        raise EnvError(f"env create {name} failed on "
+                       f"{', '.join(n for n in cluster.names if n not in reports) or 'a node'}: "
+                       + "; ".join(failed))
+    found = fingerprint.report({n: r["fingerprint"] for n, r in created.nodes.items()})
+    if found["lines"] or len(created.keys) > 1:
+        raise EnvError(f"env create {name}: the environments differ between nodes:\n    "
+                       + "\n    ".join(found["lines"] or [
+                           f"{n}: key {r['key']}" for n, r in created.nodes.items()])
+                       + "\n  the nodes must see the same file and the same wheelhouse (put "
+                       "it on the share); then run env create again")
+    pruned = _on_nodes(cluster, "--name", name, "--prune", str(keep))
+    created.pruned = {n: r["removed"] for n, r in pruned.items() if r["removed"]}
+    for node, dirs in created.pruned.items():
+        say(f"  {node}: removed the older {', '.join(Path(d).name for d in dirs)} (unused; "
+            f"the {keep} newest states of {name} are kept)")
+    return created
+
+
+# -- env list, env rm: through the node package --------------------------------------------
+def _on_nodes(cluster: Cluster, *argv: str) -> dict[str, dict[str, Any]]:
+    """`node.py envs ARGV` on every node at once: {node: its JSON}; ClusterError naming
+    the first node that failed."""
+    def one(node: Any) -> dict[str, Any]:
+        conn = ssh.connect(node.name, node.ssh)
+        try:
+            result = nodelib.call(conn, node.python, "envs", *argv, timeout=120)
+        finally:
+            conn.close()
+        if result.exit_code != 0:
+            raise ClusterError(f"{node.name}: envs failed: "
+                               f"{result.stderr.strip()[-300:] or result.exit_code}")
+        value: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+        return value
+    return each(cluster.nodes, one, lambda n: n.name).values_or_raise()
+
+
+@dataclass
+class EnvState:
+    """One state (NAME-KEY) of an environment, as the nodes have it."""
+
+    name: str
+    key: str
+    nodes: list[str] = field(default_factory=list)
+    current: list[str] = field(default_factory=list)   # nodes where NAME names this one
+    size: int = 0                                       # bytes, the largest node's
+    last_used: float | None = None
+    in_use: dict[str, list[int]] = field(default_factory=dict)   # node: PIDs
+    fingerprints: set[str] = field(default_factory=set)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "key": self.key, "nodes": self.nodes,
+                "current": self.current, "size": self.size, "last_used": self.last_used,
+                "in_use": self.in_use, "fingerprints": sorted(self.fingerprints)}
+
+
+def list_envs(cluster: Cluster, name: str | None = None) -> list[EnvState]:
+    """Every environment of the user's on the nodes, by name and key."""
+    return merge(_on_nodes(cluster, *(["--name", name] if name else [])))
+
+
+def merge(listed_by_node: dict[str, dict[str, Any]]) -> list[EnvState]:
+    """Each node's `node.py envs` answer, as one list of states by name and key."""
+    states: dict[tuple[str, str], EnvState] = {}
+    for node, listed in listed_by_node.items():
+        for env in listed["envs"]:
+            st = states.setdefault((env["name"], env["key"]),
+                                   EnvState(env["name"], env["key"]))
+            st.nodes.append(node)
+            if env["current"]:
+                st.current.append(node)
+            st.size = max(st.size, int(env["size"]))
+            if env["last_used"] and (st.last_used or 0) < env["last_used"]:
+                st.last_used = env["last_used"]
+            if env["in_use"]:
+                st.in_use[node] = env["in_use"]
+            st.fingerprints.add(env["fingerprint"])
+    return sorted(states.values(), key=lambda s: (s.name, not s.current, s.key))
+
+
+def _ago(stamp: float | None) -> str:
+    if stamp is None:
+        return "never"
+    s = max(0.0, time.time() - stamp)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if s >= size:
+            return f"{s / size:.0f} {unit} ago"
+    return f"{s:.0f} s ago"
+
+
+def render(states: list[EnvState], nodes: list[str]) -> str:
+    if not states:
+        return ("no environments of yours on " + ", ".join(nodes) + "; make one: python -m "
+                "orchestrator env create -f environment.yml --name NAME")
+    rows = [("NAME", "KEY", "NODES", "SIZE", "LAST USED", "IN USE")]
+    for s in states:
+        where = f"{len(s.nodes)}/{len(nodes)}" + ("" if len(s.nodes) == len(nodes)
+                                                   else " (" + ",".join(s.nodes) + ")")
+        newest = (" *" if sorted(s.current) == sorted(s.nodes) else
+                  f" (* on {','.join(s.current)})" if s.current else "")
+        rows.append((s.name + newest, s.key, where,
+                     f"{s.size / 2**20:.0f} MiB", _ago(s.last_used),
+                     ", ".join(f"{n}: {len(p)} process(es)" for n, p in s.in_use.items())
+                     or "-"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+             for r in rows]
+    return "\n".join(lines) + "\n* the newest of its name: what train --python-env NAME runs"
+
+
+def remove(cluster: Cluster, name: str, key: str | None = None) -> dict[str, list[str]]:
+    """Remove NAME (only its state KEY, when given) from every node; EnvError, removing
+    nothing, while a process on any node uses it. {node: directories removed}."""
+    check_env_name(name, "environment name")
+    states = [s for s in list_envs(cluster, name) if key is None or s.key == key]
+    if not states:
+        raise EnvError(f"env rm {name}{' --key ' + key if key else ''}: you have no such "
+                       f"environment on {', '.join(cluster.names)} (see `env list`)")
+    busy = [f"{s.name}-{s.key} on {node} (process {', '.join(map(str, pids))})"
+            for s in states for node, pids in s.in_use.items()]
+    if busy:
+        raise EnvError(f"env rm {name}: in use by a live run: {'; '.join(busy)}; stop the "
+                       "run first (python -m orchestrator stop RUN), or wait for its end. "
+                       "Nothing was removed")
+    done = _on_nodes(cluster, "--name", name, "--rm", *(["--key", key] if key else []))
+    late = {n: r["in_use"] for n, r in done.items() if r["in_use"]}
+    if late:
+        raise EnvError(f"env rm {name}: a run started using it meanwhile on "
+                       f"{', '.join(late)}; it was kept there")
+    return {n: r["removed"] for n, r in done.items()}

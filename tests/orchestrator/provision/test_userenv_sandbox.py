@@ -1,0 +1,181 @@
+"""A user's own environment on the real-site sandbox: bob (no sudo) makes one from his own
+wheelhouse on every node with `env create`, runs in it with `train --python-env` while alice
+runs in the cluster's environment on the same nodes, and preflight names a package he
+installed by hand. One test: each step needs the one before (an environment takes a minute
+to make on three nodes)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ...cluster import ENV, REPO, ProvisionedCluster, orchestrator, run
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.timeout(1500)]
+NODES = ("node0", "node1", "node2")
+SMALL = ["--width", "8", "--batch-size", "32", "--log-every", "10"]   # the example job's
+JOB = """\
+import sys, time
+try:
+    import tabulate
+    have = tabulate.__version__
+except ImportError:
+    have = "absent"
+import torch.distributed as dist
+dist.init_process_group("gloo")
+print("prefix", sys.prefix, "tabulate", have, flush=True)
+time.sleep(8)   # the two users' runs overlap
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def env_file(path: Path) -> Path:
+    """The project's environment.yml with one more pip package, tabulate (not in the
+    cluster's environment), named bobenv."""
+    text = (REPO / "environment.yml").read_text().replace("name: clustertrain",
+                                                          "name: bobenv")
+    path.write_text(text.replace("      - pyyaml==", "      - tabulate==0.10.0\n      - pyyaml=="))
+    return path
+
+
+def listed(inventory: Path) -> list[dict]:
+    out = orchestrator("env", "list", "--json", "-i", str(inventory), timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    states: list[dict] = json.loads(out.stdout)
+    return states
+
+
+def start(inventory: Path, runs: Path, work: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "train", "-i", str(inventory), "--nodes", "3",
+         "--share-gpus", "--workdir", str(work), "--runs-dir", str(runs), *args, "job.py"],
+        cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_bob_makes_his_own_environment_and_runs_in_it_beside_alice(
+        sandbox_cluster: ProvisionedCluster, tmp_path: Path) -> None:
+    bob = sandbox_cluster.inventories["bob"]
+    # Conda packages on a cluster without conda: refused before any node is touched.
+    conda = tmp_path / "conda.yml"
+    conda.write_text("name: c\ndependencies:\n  - python=3.11\n  - numpy\n  - pip\n")
+    refused = orchestrator("env", "create", "-f", str(conda), "-i", str(bob))
+    assert refused.returncode != 0 and "asks conda for numpy" in refused.stderr, \
+        refused.stdout + refused.stderr
+    assert sandbox_cluster.exec("node0", "sh", "-c", "ls -d /home/bob/.clustertrain/envs/c*",
+                                check=False).returncode != 0   # no environment c, not begun
+
+    # bob's wheelhouse, on the share, built from his file.
+    spec = env_file(tmp_path / "bobenv.yml")
+    wheelhouse = sandbox_cluster.share / "wheelhouse-bob"
+    tools_wheels = sandbox_cluster.share / "wheelhouse-tools"
+    shutil.rmtree(wheelhouse, ignore_errors=True)
+    built = orchestrator("wheelhouse", "--env", str(spec), "--dest", str(wheelhouse))
+    assert built.returncode == 0, built.stdout + built.stderr
+    try:
+        made = orchestrator("env", "create", "-f", str(spec), "--wheelhouse",
+                            "/mnt/cluster/wheelhouse-bob", "-i", str(bob))
+        assert made.returncode == 0, made.stdout + made.stderr
+        assert "(made on 3, already there on 0)" in made.stdout, made.stdout
+        [state] = listed(bob)
+        assert state["name"] == "bobenv" and sorted(state["nodes"]) == list(NODES)
+        assert len(state["fingerprints"]) == 1 and sorted(state["current"]) == list(NODES)
+
+        # At the same time on the same nodes: bob in his environment, alice in the cluster's.
+        work = tmp_path / "work"
+        work.mkdir()
+        (work / "job.py").write_text(JOB)
+        bob_run = start(bob, tmp_path / "bob-runs", work, "--python-env", "bobenv")
+        alice_run = start(sandbox_cluster.inventory, tmp_path / "alice-runs", work)
+        bob_out, _ = bob_run.communicate(timeout=600)
+        alice_out, _ = alice_run.communicate(timeout=600)
+        assert bob_run.returncode == 0, bob_out[-4000:]
+        assert alice_run.returncode == 0, alice_out[-4000:]
+        key = state["key"]
+        mine = f"prefix /home/bob/.clustertrain/envs/bobenv-{key}/venv tabulate 0.10.0"
+        for rank, node in enumerate(NODES):
+            assert f"{node}/rank{rank} | {mine}" in bob_out, bob_out
+        for rank, node in enumerate(NODES):
+            assert f"{node}/rank{rank} | prefix /opt/clustertrain/venv tabulate absent" \
+                in alice_out, alice_out
+        [bob_record] = (tmp_path / "bob-runs").glob("*/summary.json")
+        summary = json.loads(bob_record.read_text())
+        assert summary["python_env"] == {
+            "name": "bobenv", "dir": f"/home/bob/.clustertrain/envs/bobenv-{key}"}
+        # The fingerprint of the run is that of bob's environment, with tabulate in it.
+        assert summary["fingerprint"]["sha256"][:12] == state["fingerprints"][0]
+        assert summary["fingerprint"]["packages"]["tabulate"] == "0.10.0"
+
+        # The project's example job runs unchanged in bob's environment.
+        example = orchestrator("train", "-i", str(bob), "--nodes", "3", "--python-env",
+                               "bobenv", "--runs-dir", str(tmp_path / "bob-example"),
+                               "train.py", "--", "--epochs", "1", "--run-name",
+                               "bobenv-example", *SMALL)
+        assert example.returncode == 0, example.stdout[-4000:] + example.stderr[-2000:]
+        assert f"/home/bob/.clustertrain/envs/bobenv-{key}/venv/bin/torchrun" in json.dumps(
+            json.loads(next((tmp_path / "bob-example").glob("*/run.json")).read_text())
+            ["commands"])
+
+        # The same file again: nothing is made.
+        again = orchestrator("env", "create", "-f", str(spec), "--wheelhouse",
+                             "/mnt/cluster/wheelhouse-bob", "-i", str(bob))
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert "(made on 0, already there on 3)" in again.stdout, again.stdout
+
+        # A pip install by hand into bob's environment on node1: refused by preflight.
+        run(sys.executable, "-m", "pip", "download", "--no-deps", "--dest", str(wheelhouse),
+            "six==1.17.0", check=True)
+        pip = sandbox_cluster.exec(
+            "node1", "runuser", "-u", "bob", "--", "/home/bob/.clustertrain/envs/bobenv/venv/"
+            "bin/pip", "install", "--no-index", "--find-links", "/mnt/cluster/wheelhouse-bob",
+            "six==1.17.0", check=False)
+        assert pip.returncode == 0, pip.stdout + pip.stderr
+        dry = orchestrator("train", "-i", str(bob), "--nodes", "3", "--python-env", "bobenv",
+                           "--workdir", str(work), "--runs-dir", str(tmp_path / "bob-runs"),
+                           "--dry-run", "job.py")
+        assert dry.returncode != 0
+        said = dry.stdout + dry.stderr
+        assert "environment drift in bob's environment bobenv" in said, said
+        assert "node1 since provisioning: package six: absent when provisioned, 1.17.0 now" \
+            in said, said
+        # env create puts it back, on node1 alone.
+        fixed = orchestrator("env", "create", "-f", str(spec), "--wheelhouse",
+                             "/mnt/cluster/wheelhouse-bob", "-i", str(bob))
+        assert "(made on 1, already there on 2)" in fixed.stdout, fixed.stdout + fixed.stderr
+        gone = sandbox_cluster.exec("node1", "runuser", "-u", "bob", "--",
+                                    "/home/bob/.clustertrain/envs/bobenv/venv/bin/python",
+                                    "-c", "import six", check=False)
+        assert gone.returncode != 0
+
+        # One line changed: a new environment beside the old one. Shown on node0 with a small
+        # file of its own (its own wheelhouse: a lock is built for one pip section), where
+        # making an environment takes seconds, not a minute of torch.
+        small = tmp_path / "tools.yml"
+        small.write_text("name: tools\ndependencies:\n  - python=3.11\n  - pip\n  - pip:\n"
+                         "      - tabulate==0.10.0\n")
+        built = orchestrator("wheelhouse", "--env", str(small), "--dest", str(tools_wheels))
+        assert built.returncode == 0, built.stdout + built.stderr
+        keys = []
+        for text in (small.read_text(), small.read_text() + "# one more line\n"):
+            small.write_text(text)
+            made = orchestrator("env", "create", "-f", str(small), "--wheelhouse",
+                                "/mnt/cluster/wheelhouse-tools", "--hosts", "node0",
+                                "-i", str(bob))
+            assert "(made on 1, already there on 0)" in made.stdout, made.stdout + made.stderr
+            keys.append(made.stdout.split("env create tools: tools-")[1][:12])
+        states = {s["key"]: s for s in listed(bob) if s["name"] == "tools"}
+        assert set(states) == set(keys) and len(keys) == 2, states
+        assert states[keys[1]]["current"] == ["node0"]   # the newest is named
+        assert states[keys[0]]["nodes"] == ["node0"]     # the old one is kept
+        assert states[keys[0]]["current"] == []
+    finally:
+        for name in ("bobenv", "tools"):
+            orchestrator("env", "rm", name, "-i", str(bob))
+        shutil.rmtree(wheelhouse, ignore_errors=True)
+        shutil.rmtree(tools_wheels, ignore_errors=True)
+    assert listed(bob) == []
