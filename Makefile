@@ -83,7 +83,7 @@ molecule-all: deps venv
 e2e: deps venv
 	$(BIN)/pytest -m e2e -q
 
-# All benchmarks, one after another (about three hours on 2 cores, a third of it the 2x50
+# All benchmarks, one after another (about three and a half hours on 2 cores, a third of it the 2x50
 # runs of teardown_abort.py); results in bench/results/.
 bench: deps venv
 	$(PY) bench/ddp_overhead.py
@@ -95,6 +95,8 @@ bench: deps venv
 	$(PY) bench/provision.py --nodes 2
 	$(PY) bench/provision.py --nodes 8
 	$(PY) bench/teardown_abort.py
+	$(PY) bench/queue_overhead.py
+	$(PY) bench/env_create.py
 
 # Everything CI runs (.ci/run calls this). Stops at the first failing stage, but molecule's
 # scenarios run beside the sandbox tests: once the shared cluster is provisioned (the
