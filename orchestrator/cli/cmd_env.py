@@ -53,8 +53,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.set_defaults(func=_rm)
 
 
-
-
 def _create(args: argparse.Namespace) -> int:
     env_file = userenv.EnvFile.read(Path(args.file))
     name = check_env_name(args.name or env_file.name, "--name" if args.name else
