@@ -11,8 +11,10 @@ the same files: the repository keeps one copy.
 from __future__ import annotations
 
 import functools
+import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 from .errors import ClusterError
 
@@ -46,13 +48,14 @@ class Project:
         return self.root / "collections" / "ansible_collections" / "clustertrain" / "cluster"
 
     @property
-    def contract_py(self) -> Path:
-        """The node contract's rules (the collection's module_utils)."""
-        return self.collection / "plugins" / "module_utils" / "cluster_contract.py"
-
-    @property
     def containers_conf(self) -> Path:
         return self.root / "sandbox" / "containers.conf"
+
+    def plugin(self, kind: str, name: str) -> ModuleType:
+        """The collection's plugins/KIND/NAME.py (a filter, a module_utils) as a module: the
+        roles' own rules, read by the orchestrator from the one file that holds them."""
+        return _load(self.collection / "plugins" / kind / f"{name}.py",
+                     f"clustertrain_cluster_{kind}_{name}")
 
     @property
     def sandbox_vars(self) -> Path:
@@ -83,6 +86,15 @@ def locate(package_dir: Path = PACKAGE_DIR) -> Project:
         f"clustertrain's playbooks and roles are neither in {package_dir / SHIPPED_DIR} "
         f"(an installed wheel) nor in {package_dir.parent} (a git checkout); reinstall "
         "it with `pip install .` from a checkout, or from its wheel")
+
+
+@functools.cache
+def _load(path: Path, module_name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    assert spec is not None and spec.loader is not None  # a .py file always has both
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @functools.cache

@@ -2,7 +2,7 @@
 
 The rules (a member's address, what an IP address is) live once, in the collection's
 plugins/module_utils/cluster_contract.py, which the roles use too; the orchestrator loads
-that file by path (resources.Project.contract_py, in a checkout or the wheel) rather than
+that file by path (resources.Project.plugin, in a checkout or the wheel) rather than
 keeping a copy. Node paths the roles make configurable are read
 the way the roles read them: the inventory variable, else the role's default
 (roles/<role>/defaults/main.yml), never a second literal here.
@@ -11,7 +11,6 @@ the way the roles read them: the inventory variable, else the role's default
 from __future__ import annotations
 
 import functools
-import importlib.util
 from types import ModuleType
 from typing import Any
 
@@ -21,15 +20,9 @@ from ..errors import InventoryError
 from ..resources import project
 
 
-@functools.cache
 def rules() -> ModuleType:
     """The collection's plugins/module_utils/cluster_contract.py as a module."""
-    spec = importlib.util.spec_from_file_location("clustertrain_cluster_contract",
-                                                  project().contract_py)
-    assert spec is not None and spec.loader is not None  # a .py file always has both
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return project().plugin("module_utils", "cluster_contract")
 
 
 def member_address(host: str, host_vars: dict[str, Any]) -> str:

@@ -1,17 +1,23 @@
 """A user's own environments on this node (standard library only): ~/.clustertrain/envs,
 where `env create` (playbooks/user_env.yml) makes NAME-KEY/ for each state of an
 environment file and points NAME at the newest. Listed with their size, last use and the
-processes that use them; removed only when none does."""
+processes that use them; removed only when none does. A NAME-KEY/ without env.json is an
+`env create` that did not finish (interrupted, or failed on this node): listed as
+incomplete, so that `env rm` can remove it and the user sees why it is not usable."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from typing import Any
 
-from .protocol import ENVS_DIR, LAST_USED
+from .protocol import ENV_NAME_PATTERN, ENVS_DIR, LAST_USED
 from .util import read_json
+
+# NAME-KEY, as playbooks/user_env.yml names a state: KEY is 12 hex digits of its digest.
+STATE_DIR = re.compile(ENV_NAME_PATTERN.rstrip("$") + r"-(?P<key>[0-9a-f]{12})$")
 
 
 def root() -> str:
@@ -53,13 +59,19 @@ def users_of(prefix: str) -> list[int]:
 
 
 def describe(path: str, current: bool) -> dict[str, Any]:
-    env = read_json(os.path.join(path, "env.json")) or {}
+    env = read_json(os.path.join(path, "env.json"))
+    if env is None:   # not finished: its name and key from the directory's
+        match = STATE_DIR.match(os.path.basename(path))
+        assert match is not None   # list_envs passes only such directories
+        env = {"name": os.path.basename(path)[:match.start("key") - 1],
+               "key": match.group("key")}
     made = read_json(os.path.join(path, "python_env.json")) or {}
     fp = read_json(os.path.join(path, "fingerprint.json")) or {}
     used = os.path.join(path, LAST_USED)
     stamp = os.path.getmtime(used) if os.path.exists(used) else None
     prefix = made.get("prefix") or path
     return {"name": env.get("name"), "key": env.get("key"), "dir": path, "current": current,
+            "complete": os.path.isfile(os.path.join(path, "env.json")),
             "backend": made.get("backend"), "fingerprint": (fp.get("sha256") or "")[:12],
             "packages": len(fp.get("packages") or {}), "size": _size(path),
             "last_used": stamp, "in_use": users_of(prefix)}
@@ -77,7 +89,8 @@ def list_envs(name: str | None = None) -> dict[str, Any]:
     envs = []
     for entry in entries:
         path = os.path.join(top, entry)
-        if os.path.islink(path) or not os.path.isfile(os.path.join(path, "env.json")):
+        if os.path.islink(path) or not os.path.isdir(path) or not (
+                os.path.isfile(os.path.join(path, "env.json")) or STATE_DIR.match(entry)):
             continue
         env = describe(path, os.path.realpath(path) in currents)
         if name is None or env["name"] == name:
@@ -102,8 +115,9 @@ def remove(name: str, key: str | None = None) -> dict[str, Any]:
 
 def prune(name: str, keep: int) -> dict[str, Any]:
     """Remove the states of NAME beyond the KEEP newest (by when they were made), as old
-    run snapshots are pruned: never the one NAME points at, never one in use."""
-    envs = list_envs(name)["envs"]
+    run snapshots are pruned: never the one NAME points at, never one in use, never one
+    not finished (another `env create` may be making it now: `env rm` removes it)."""
+    envs = [e for e in list_envs(name)["envs"] if e["complete"]]
     made = sorted(envs, key=lambda e: os.path.getmtime(os.path.join(e["dir"], "env.json")),
                   reverse=True)
     old = [e for e in made[keep:] if not e["current"] and not e["in_use"]]

@@ -5,7 +5,6 @@ as the user, without sudo, into ~/.clustertrain/envs/NAME-KEY on every chosen no
 from __future__ import annotations
 
 import json
-import re
 import secrets
 import tempfile
 import time
@@ -27,8 +26,6 @@ from .playbook import run_playbook
 
 PLAYBOOK = "playbooks/user_env.yml"
 REPORT_TASK = "Report the environment"   # the playbook's last task: each node's result
-# What a venv can honour of a file's conda dependencies (the role's venv.yml says the same).
-VENV_CONDA_DEPS = re.compile(r"^\s*(python|pip)\s*([=<>!~ ].*)?$")
 
 
 class EnvError(ClusterError):
@@ -68,7 +65,9 @@ class EnvFile:
         cluster has no conda), before any node is touched."""
         if backend != "venv":
             return
-        unsupported = [d for d in self.conda if not VENV_CONDA_DEPS.match(d)]
+        # The role's own rule (its venv.yml refuses the same on every node).
+        unsupported = project().plugin("filter", "python_env_filters").venv_unsupported(
+            self.conda)
         if unsupported:
             raise EnvError(
                 f"{self.path} asks conda for {', '.join(unsupported)}, but this cluster has "
@@ -201,11 +200,13 @@ class EnvState:
     last_used: float | None = None
     in_use: dict[str, list[int]] = field(default_factory=dict)   # node: PIDs
     fingerprints: set[str] = field(default_factory=set)
+    incomplete: list[str] = field(default_factory=list)  # nodes where env create did not end
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "key": self.key, "nodes": self.nodes,
                 "current": self.current, "size": self.size, "last_used": self.last_used,
-                "in_use": self.in_use, "fingerprints": sorted(self.fingerprints)}
+                "in_use": self.in_use, "fingerprints": sorted(self.fingerprints),
+                "incomplete": self.incomplete}
 
 
 def list_envs(cluster: Cluster, name: str | None = None) -> list[EnvState]:
@@ -228,7 +229,10 @@ def merge(listed_by_node: dict[str, dict[str, Any]]) -> list[EnvState]:
                 st.last_used = env["last_used"]
             if env["in_use"]:
                 st.in_use[node] = env["in_use"]
-            st.fingerprints.add(env["fingerprint"])
+            if env.get("complete", True):
+                st.fingerprints.add(env["fingerprint"])
+            else:
+                st.incomplete.append(node)
     return sorted(states.values(), key=lambda s: (s.name, not s.current, s.key))
 
 
@@ -252,6 +256,8 @@ def render(states: list[EnvState], nodes: list[str]) -> str:
                                                    else " (" + ",".join(s.nodes) + ")")
         newest = (" *" if sorted(s.current) == sorted(s.nodes) else
                   f" (* on {','.join(s.current)})" if s.current else "")
+        if s.incomplete:
+            where += " (unfinished on " + ",".join(s.incomplete) + ")"
         rows.append((s.name + newest, s.key, where,
                      f"{s.size / 2**20:.0f} MiB", _ago(s.last_used),
                      ", ".join(f"{n}: {len(p)} process(es)" for n, p in s.in_use.items())
@@ -259,7 +265,12 @@ def render(states: list[EnvState], nodes: list[str]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
              for r in rows]
-    return "\n".join(lines) + "\n* the newest of its name: what train --python-env NAME runs"
+    notes = ["* the newest of its name: what train --python-env NAME runs"]
+    if any(s.incomplete for s in states):
+        notes.append("unfinished: an env create that did not end there (interrupted, or it "
+                     "failed); env create with the same file finishes it, env rm NAME "
+                     "--key KEY removes it")
+    return "\n".join(lines + notes)
 
 
 def remove(cluster: Cluster, name: str, key: str | None = None) -> dict[str, list[str]]:

@@ -117,3 +117,23 @@ def test_old_states_are_pruned_but_never_the_newest_one_or_one_in_use(home: Path
     assert [p.exists() for p in paths] == [True, True, False, True]
     assert (home / ENVS_DIR / "other-eeeeeeeeeeee").is_dir()   # another name: untouched
     assert envs.prune("proj", 1)["removed"] == [str(paths[1])]
+
+
+def test_an_unfinished_create_is_listed_and_removed_but_never_pruned(home: Path) -> None:
+    """A state without env.json (env create interrupted after making the venv): listed
+    under its directory's name and key as not complete, removed by `rm`, left by `prune`
+    (another env create may be making it); an unrelated directory is not listed."""
+    done = make_env(home, "proj", "aaaaaaaaaaaa")
+    point(home, "proj", "aaaaaaaaaaaa")
+    half = home / ENVS_DIR / "my.proj-0123456789ab"
+    (half / "venv" / "bin").mkdir(parents=True)
+    (home / ENVS_DIR / "notes").mkdir()
+    listed = {e["key"]: e for e in envs.list_envs()["envs"]}
+    assert set(listed) == {"aaaaaaaaaaaa", "0123456789ab"}
+    assert listed["0123456789ab"]["name"] == "my.proj"
+    assert not listed["0123456789ab"]["complete"] and listed["aaaaaaaaaaaa"]["complete"]
+    half_of_proj = home / ENVS_DIR / "proj-0123456789ab"
+    half.rename(half_of_proj)
+    assert envs.prune("proj", 1)["removed"] == []
+    assert envs.remove("proj", "0123456789ab")["removed"] == [str(half_of_proj)]
+    assert done.is_dir() and not half_of_proj.exists()

@@ -56,6 +56,8 @@ def test_a_create_refused_on_the_controller_touches_no_node(tmp_path: Path) -> N
         userenv.create(cluster, ok, "x", "wh", say=lambda _: None)
     with pytest.raises(InventoryError, match="environment name .a b.: an environment.s name"):
         userenv.create(cluster, ok, "a b", None, say=lambda _: None)
+    with pytest.raises(EnvError, match="--keep 0: keep at least the newest state"):
+        userenv.create(cluster, ok, "x", None, keep=0, say=lambda _: None)
 
 
 @pytest.mark.parametrize("text, said", [
@@ -93,3 +95,17 @@ def test_the_nodes_answers_are_merged_by_name_and_key() -> None:
     assert text[2].split()[:3] == ["proj", "aaa", "1/2"] and "(node0)" in text[2]
     assert "2 h ago" in text[2]
     assert "no environments of yours" in userenv.render([], ["node0"])
+
+
+def test_an_unfinished_create_is_listed_as_such_with_what_to_do() -> None:
+    """An env create interrupted on node1: the state is there on node0 whole, on node1
+    unfinished; the list says so and how to finish or remove it."""
+    whole = {"name": "proj", "key": "ccc", "current": True, "size": 10, "last_used": None,
+             "in_use": [], "fingerprint": "fff", "complete": True}
+    states = userenv.merge({"node0": {"envs": [whole]},
+                            "node1": {"envs": [dict(whole, current=False, fingerprint="",
+                                                    complete=False)]}})
+    assert states[0].incomplete == ["node1"] and states[0].fingerprints == {"fff"}
+    text = userenv.render(states, ["node0", "node1"])
+    assert "2/2 (unfinished on node1)" in text.splitlines()[1]
+    assert "env create with the same file finishes it, env rm NAME --key KEY" in text
