@@ -93,6 +93,17 @@ class Created:
     def made(self) -> list[str]:
         return [n for n, r in self.nodes.items() if r.get("made")]
 
+    def check_identical(self) -> None:
+        """EnvError naming the nodes and packages where the environments differ (another
+        file or wheelhouse on one node, a package the index gave another version of)."""
+        found = fingerprint.report({n: r["fingerprint"] for n, r in self.nodes.items()})
+        if found["lines"] or len(self.keys) > 1:
+            raise EnvError(f"env create {self.name}: the environments differ between nodes:"
+                           "\n    " + "\n    ".join(found["lines"] or [
+                               f"{n}: key {r['key']}" for n, r in self.nodes.items()])
+                           + "\n  the nodes must see the same file and the same wheelhouse "
+                           "(put it on the share); then run env create again")
+
 
 def _progress(say: Callable[[str], None]) -> Callable[[dict], bool]:
     """Per node, as the playbook goes: what changed, what failed, and the result."""
@@ -155,13 +166,7 @@ def create(cluster: Cluster, env_file: EnvFile, name: str, wheelhouse: str | Non
         raise EnvError(f"env create {name} failed on "
                        f"{', '.join(n for n in cluster.names if n not in reports) or 'a node'}: "
                        + "; ".join(failed))
-    found = fingerprint.report({n: r["fingerprint"] for n, r in created.nodes.items()})
-    if found["lines"] or len(created.keys) > 1:
-        raise EnvError(f"env create {name}: the environments differ between nodes:\n    "
-                       + "\n    ".join(found["lines"] or [
-                           f"{n}: key {r['key']}" for n, r in created.nodes.items()])
-                       + "\n  the nodes must see the same file and the same wheelhouse (put "
-                       "it on the share); then run env create again")
+    created.check_identical()
     pruned = _on_nodes(cluster, "--name", name, "--prune", str(keep))
     created.pruned = {n: r["removed"] for n, r in pruned.items() if r["removed"]}
     for node, dirs in created.pruned.items():

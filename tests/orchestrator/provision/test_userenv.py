@@ -109,3 +109,21 @@ def test_an_unfinished_create_is_listed_as_such_with_what_to_do() -> None:
     text = userenv.render(states, ["node0", "node1"])
     assert "2/2 (unfinished on node1)" in text.splitlines()[1]
     assert "env create with the same file finishes it, env rm NAME --key KEY" in text
+
+
+def test_nodes_whose_environments_differ_fail_the_create_naming_node_and_package() -> None:
+    """A package another version on node1 (its index gave another one): env create fails,
+    naming node1 and the package."""
+    def report(tabulate: str) -> dict:
+        packages = {"torch": "2.13.0", "tabulate": tabulate}
+        return {"key": "abcabcabcabc", "made": True, "fingerprint": {
+            "python": "3.11.2", "packages": packages, "sha256": tabulate}}
+    same = userenv.Created("proj", {"node0": report("0.10.0"), "node1": report("0.10.0")})
+    same.check_identical()
+    differ = userenv.Created("proj", {"node0": report("0.10.0"), "node1": report("0.9.0")})
+    with pytest.raises(EnvError) as err:
+        differ.check_identical()
+    said = str(err.value)
+    assert "env create proj: the environments differ between nodes" in said
+    assert "tabulate" in said and "node1" in said and "0.9.0" in said, said
+    assert "the same file and the same wheelhouse (put it on the share)" in said
