@@ -98,22 +98,37 @@ bench: deps venv
 	$(PY) bench/queue_overhead.py
 	$(PY) bench/env_create.py
 
-# Everything CI runs (.ci/run calls this). Stops at the first failing stage, but molecule's
-# scenarios run beside the sandbox tests: once the shared cluster is provisioned (the
-# fixture writes READY), one at a time at nice 19, their output kept until the sandbox tests
-# end. They mostly wait on containers and SSH; beside the provisioning itself they would slow
-# it down threefold (site.yml is CPU-bound), so they wait for it. The sandbox tests run in
-# the foreground: a command put in the background by a script ignores SIGINT, and the tests
-# send Ctrl-C to the trains they start.
+# Everything CI runs (.ci/run calls this). Stops at the first failing stage. The sandbox
+# tests' shared cluster (tests/shared_cluster.py: sandbox up, then site.yml) is made in the
+# background while lint and the unit tests run: site.yml keeps about one core busy and the
+# unit tests mostly wait on processes, so each takes little from the other (in a session of
+# its own, so that a failing lint or unit stage stops it; the cluster is removed on every
+# exit). Molecule's scenarios run beside the sandbox tests, one at a time at nice 19, their
+# output kept until the sandbox tests end: they mostly wait on containers and SSH, but beside
+# the provisioning they would slow it threefold. The sandbox tests run in the foreground: a
+# command put in the background by a script ignores SIGINT, and the tests send Ctrl-C to the
+# trains they start.
 READY := .cache/sandbox-ready
+SHARED := .cache/shared-cluster
 test: deps venv
-	$(MAKE) lint
-	$(PYTEST_UNIT) -m "not sandbox and not e2e" --durations=10
-	@mkdir -p .cache/molecule-logs; rm -f $(READY) $(READY).gone .cache/molecule-logs/all.log; \
+	@mkdir -p .cache/molecule-logs; \
+	rm -f $(READY) $(READY).gone $(SHARED).* .cache/molecule-logs/all.log; \
+	name=$${CLUSTERTRAIN_TEST_SANDBOX_PREFIX:-}cl-$$(od -An -N3 -tx1 /dev/urandom | tr -d ' \n'); \
+	trap '$(PY) -m tests.shared_cluster down '"$$name"' >/dev/null 2>&1' EXIT; \
+	echo "making the shared cluster $$name beside lint and the unit tests ($(SHARED).log)"; \
+	setsid sh -c '$(PY) -m tests.shared_cluster up "$$1" >$(SHARED).json 2>$(SHARED).log; \
+	  echo $$? >$(SHARED).rc' sh "$$name" & prov=$$!; started=$$(date +%s); \
+	$(MAKE) --no-print-directory lint && $(PYTEST_UNIT) -m "not sandbox and not e2e" --durations=10; \
+	rc=$$?; \
+	if [ $$rc -ne 0 ]; then kill -TERM -- -$$prov 2>/dev/null; wait $$prov; exit $$rc; fi; \
+	wait $$prov; cat $(SHARED).log; \
+	echo "the shared cluster was ready $$(( $$(date +%s) - started )) s after it was begun"; \
+	[ "$$(cat $(SHARED).rc 2>/dev/null)" = 0 ] || exit 1; \
 	( while [ ! -e $(READY) ]; do [ -e $(READY).gone ] && exit 1; sleep 5; done; \
 	  nice -n 19 $(MAKE) --no-print-directory molecule-all MOLECULE_JOBS=1 \
 	    >.cache/molecule-logs/all.log 2>&1 ) & molecule=$$!; \
-	CLUSTERTRAIN_TEST_READY_FILE=$(READY) $(MAKE) sandbox-tests; rc=$$?; \
+	CLUSTERTRAIN_TEST_SANDBOX=$$name CLUSTERTRAIN_TEST_READY_FILE=$(READY) \
+	  $(MAKE) --no-print-directory sandbox-tests; rc=$$?; \
 	touch $(READY).gone; wait $$molecule; mol=$$?; \
 	[ -e .cache/molecule-logs/all.log ] && cat .cache/molecule-logs/all.log; \
 	rm -f $(READY) $(READY).gone; \
