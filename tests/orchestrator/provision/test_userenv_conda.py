@@ -95,8 +95,10 @@ def site(tmp_path: Path) -> dict[str, Path]:
             "tmp": tmp_path}
 
 
-def env_create(site: dict[str, Path]) -> subprocess.CompletedProcess[str]:
-    """playbooks/user_env.yml as `env create -f tools.yml --wheelhouse W` runs it."""
+def env_create(site: dict[str, Path],
+               hosts: str = "localhost,") -> subprocess.CompletedProcess[str]:
+    """playbooks/user_env.yml as `env create -f tools.yml --wheelhouse W` runs it, on HOSTS
+    (each one this machine, through a local connection)."""
     tmp = site["tmp"]
     variables = {"user_env_hosts": "all", "user_env_file": str(site["spec"]),
                  "user_env_name": "tools", "user_env_wheelhouse": str(site["wheels"]),
@@ -106,7 +108,7 @@ def env_create(site: dict[str, Path]) -> subprocess.CompletedProcess[str]:
                ANSIBLE_CACHE_PLUGIN="memory", ANSIBLE_NOCOLOR="1",
                ANSIBLE_LOCAL_TEMP=str(tmp / "ansible-tmp"),
                ANSIBLE_REMOTE_TEMP=str(tmp / "ansible-tmp"))
-    argv = [str(Path(sys.executable).with_name("ansible-playbook")), "-i", "localhost,",
+    argv = [str(Path(sys.executable).with_name("ansible-playbook")), "-i", hosts,
             "-c", "local", "-e", f"ansible_python_interpreter={sys.executable}",
             "-e", json.dumps(variables), str(REPO / "playbooks" / "user_env.yml")]
     return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
@@ -159,3 +161,15 @@ def test_a_users_conda_environment_is_made_once_and_put_back_when_it_drifts(
     assert not (prefix / "conda-meta" / "scipy-1.14.1-0.json").exists()
     assert '"made": true' in repaired.stdout, repaired.stdout[-3000:]
     assert "scipy" not in json.loads((state / "fingerprint.json").read_text())["conda"]
+
+
+def test_nodes_that_share_a_home_make_the_environment_once(site: dict[str, Path]) -> None:
+    """Two nodes with one home between them (NFS homes; here two inventory names of this
+    machine): the first by name makes the environment, the other uses it, conda runs once."""
+    both = env_create(site, hosts="nodeA,nodeB,")
+    assert both.returncode == 0, both.stdout[-4000:] + both.stderr[-2000:]
+    assert [c[:2] for c in calls(site)] == [["env", "create"]], calls(site)
+    recap = both.stdout[both.stdout.rindex("PLAY RECAP"):]
+    assert "nodeA" in recap and "nodeB" in recap and "failed=0" in recap, recap
+    assert '"shared_with": "nodeA"' in both.stdout, both.stdout[-4000:]
+    assert not list((site["home"] / ENVS_DIR).glob(".mark-*"))   # the marks are cleared
