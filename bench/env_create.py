@@ -7,9 +7,14 @@ as the login user, nothing more); each size makes its own environment (its own n
 first N nodes and removes it after its re-run. The environment is a venv (the sandbox's
 inventory: python_env_backend venv) with torch and the rest from the wheelhouse.
 
-    python bench/env_create.py [--sizes 1,3,8]
+    python bench/env_create.py [--sizes 1,3,8] [--small]
 
-Writes bench/results/env_create.json and prints a markdown table.
+--small makes an environment of one small package (tabulate, a 40 kB wheel) instead: the
+nodes' own work is then a venv and one wheel, and what grows with the nodes is the tool's
+(the playbook's fan-out, SSH, the fingerprints read and compared).
+
+Writes bench/results/env_create.json (--small: env_create_small.json) and prints a
+markdown table.
 """
 
 from __future__ import annotations
@@ -26,13 +31,20 @@ from typing import Any
 from sandbox_bench import ENV, REPO, sandbox_down, sandbox_up, sh, write_results
 
 WHEELHOUSE = REPO / ".cache" / "wheelhouse"
-OUT = REPO / "bench" / "results" / "env_create.json"
+RESULTS = REPO / "bench" / "results"
+SMALL = """name: small
+dependencies:
+  - python=3.11
+  - pip
+  - pip:
+      - tabulate==0.10.0
+"""
 
 
-def create(inventory: str, name: str, nodes: int) -> tuple[float, str]:
+def create(inventory: str, name: str, nodes: int, spec: Path) -> tuple[float, str]:
     started = time.monotonic()
     p = subprocess.run([sys.executable, "-m", "orchestrator", "env", "create", "-f",
-                        str(REPO / "environment.yml"), "--name", name, "--wheelhouse",
+                        str(spec), "--name", name, "--wheelhouse",
                         "/mnt/cluster/wheelhouse", "--nodes", str(nodes), "-i", inventory],
                        cwd=REPO, env=ENV, capture_output=True, text=True, timeout=3600)
     seconds = time.monotonic() - started
@@ -45,20 +57,27 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="1,3,8")
     ap.add_argument("--name", default="bench-env")
+    ap.add_argument("--small", action="store_true",
+                    help="one small package instead of environment.yml (the tool's own cost)")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
+    spec, wheels = REPO / "environment.yml", WHEELHOUSE
+    if args.small:
+        spec = Path(f"/tmp/{args.name}-small.yml")
+        spec.write_text(SMALL)
+        wheels = Path(f"/tmp/{args.name}-small-wheels")
+        shutil.rmtree(wheels, ignore_errors=True)
     sandbox_down(args.name)
     info = sandbox_up(args.name, max(sizes))
     results: list[dict[str, Any]] = []
     try:
-        sh(sys.executable, "-m", "orchestrator", "wheelhouse", "--env",
-           str(REPO / "environment.yml"), "--dest", str(WHEELHOUSE))
-        shutil.copytree(WHEELHOUSE, Path(info["share"]) / "wheelhouse",
-                        copy_function=os.link)
+        sh(sys.executable, "-m", "orchestrator", "wheelhouse", "--env", str(spec),
+           "--dest", str(wheels))
+        shutil.copytree(wheels, Path(info["share"]) / "wheelhouse", copy_function=os.link)
         for n in sizes:
             name = f"bench{n}"
-            first, said = create(info["inventory"], name, n)
-            again, said_again = create(info["inventory"], name, n)
+            first, said = create(info["inventory"], name, n, spec)
+            again, said_again = create(info["inventory"], name, n, spec)
             print(f"{n} node(s): {first:.1f} s, re-run {again:.1f} s", flush=True)
             results.append({"nodes": n, "create_s": round(first, 2),
                             "rerun_s": round(again, 2), "said": said,
@@ -70,7 +89,9 @@ def main() -> None:
     one = next((r["create_s"] for r in results if r["nodes"] == 1), None)
     for r in results:
         r["vs_one"] = round(r["create_s"] / one, 2) if one else None
-    write_results(str(OUT), "seconds of `env create` of environment.yml (venv, from the "
+    out = RESULTS / ("env_create_small.json" if args.small else "env_create.json")
+    what = "one small package (tabulate)" if args.small else "environment.yml"
+    write_results(str(out), f"seconds of `env create` of {what} (venv, from the "
                   "wheelhouse on the share) on N nodes at once, and of its re-run",
                   "sandbox containers (Debian 12, python 3.11)", results)
     print("| nodes | env create | re-run | vs 1 node |\n|---|---|---|---|")
