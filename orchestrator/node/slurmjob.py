@@ -26,6 +26,11 @@ _OVER = frozenset({"COMPLETING", "COMPLETED", "CANCELLED", "TIMEOUT", "FAILED", 
                    "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY", "REVOKED"})
 
 
+def ended_why(job: str) -> str:
+    """Why a run whose job Slurm ended stopped, in its record."""
+    return f"its Slurm job {job} ended (scancel, or its time limit)"
+
+
 def job_id() -> str | None:
     return os.environ.get(JOB_ENV) or None
 
@@ -62,6 +67,12 @@ class Watch:
                 return
             if self._done.wait(self._look):
                 return
+
+    def look_now(self) -> bool:
+        """Whether the job is over, looking once more now (the thread looks every LOOK s)."""
+        if not self.over.is_set() and self._is_over(self.job):
+            self.over.set()
+        return self.over.is_set()
 
     def close(self) -> None:
         self._done.set()

@@ -345,8 +345,7 @@ def _supervise(args: argparse.Namespace) -> int:
             elif args.attached and _lease_gone(job, args.lease_timeout):
                 reason = End.CONTROLLER_LOST
             elif watch is not None and watch.over.is_set():
-                reason, why = End.STOPPED, (f"its Slurm job {slurm} ended (scancel, or its "
-                                            "time limit)")
+                reason, why = End.STOPPED, slurmjob.ended_why(watch.job)
             if reason and (reason != End.STOPPED or why):  # `stop` stops the tree itself
                 threading.Thread(target=stop_tree, args=(job, args.run, args.grace),
                                  daemon=True).start()
@@ -360,6 +359,10 @@ def _supervise(args: argparse.Namespace) -> int:
     if reason is None and dumped_at is not None and args.on_hang == "stop":
         # Hung and dumped: a peer stopped first, and this node's ranks ended with it.
         reason, why = End.HUNG, f"no rank made progress (--hang-timeout {args.hang_timeout:g})"
+    if reason is None and code != 0 and watch is not None and watch.look_now():
+        # Slurm ended the job, and a peer that saw it first stopped its ranks: this node's
+        # ranks failed with them before this node's own look at the job (every LOOK s).
+        reason, why = End.STOPPED, slurmjob.ended_why(watch.job)
     final = {**state, "state": "ended", "code": code, "reason": (reason or End.EXITED).value,
              "why": why, "beat": beat + 1, "ended": time.time()}
     if reason is None and code != 0 and _timed_out(job):

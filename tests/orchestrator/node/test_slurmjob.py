@@ -74,3 +74,16 @@ def test_release_does_not_wait_for_a_peer_that_never_ends(
     slurmjob.release("9", lambda: False, wait=1.5)
     assert time.monotonic() - started < 5
     assert log.read_text() == "9\n"
+
+
+def test_a_look_now_sees_a_job_that_ended_between_two_looks() -> None:
+    """A supervisor whose ranks failed looks at the job once more before it names the end:
+    a job cancelled since the watch's last look is seen now (the run stopped; it did not
+    fail)."""
+    over = [False]
+    watch = slurmjob.Watch("8", look=3600, is_over=lambda job: over[0])
+    time.sleep(0.1)   # the watch's first look: not over
+    assert not watch.over.is_set()
+    over[0] = True    # scancel, between two looks
+    assert watch.look_now() and watch.over.is_set()
+    watch.close()
