@@ -60,18 +60,19 @@ def users_of(prefix: str) -> list[int]:
 
 def describe(path: str, current: bool) -> dict[str, Any]:
     env = read_json(os.path.join(path, "env.json"))
-    if env is None:   # not finished: its name and key from the directory's
-        match = STATE_DIR.match(os.path.basename(path))
-        assert match is not None   # list_envs passes only such directories
-        env = {"name": os.path.basename(path)[:match.start("key") - 1],
-               "key": match.group("key")}
+    complete = env is not None
+    if env is None:   # not finished (or its env.json unreadable): name and key from the directory's
+        base = os.path.basename(path)
+        match = STATE_DIR.match(base)
+        env = ({"name": base[:match.start("key") - 1], "key": match.group("key")} if match
+               else {"name": base, "key": ""})
     made = read_json(os.path.join(path, "python_env.json")) or {}
     fp = read_json(os.path.join(path, "fingerprint.json")) or {}
     used = os.path.join(path, LAST_USED)
     stamp = os.path.getmtime(used) if os.path.exists(used) else None
     prefix = made.get("prefix") or path
     return {"name": env.get("name"), "key": env.get("key"), "dir": path, "current": current,
-            "complete": os.path.isfile(os.path.join(path, "env.json")),
+            "complete": complete,
             "backend": made.get("backend"), "fingerprint": (fp.get("sha256") or "")[:12],
             "packages": len(fp.get("packages") or {}), "size": _size(path),
             "last_used": stamp, "in_use": users_of(prefix)}
