@@ -165,10 +165,12 @@ def _train(trainer: Trainer) -> int:
              f"{len(data.test_y)} test images, {len(data.classes)} classes; model "
              f"{parameter_count(trainer.core) / 1e6:.2f} M parameters")
     if not args.no_resume:
+        t0 = time.perf_counter()
         resumed = checkpointer.restore(trainer)  # one checkpoint, read once by each rank
         if resumed is not None:
             pos = trainer.position
-            log(env, f"resumed from {resumed}: epoch {pos.epoch}, step {pos.step}")
+            log(env, f"resumed from {resumed} in {time.perf_counter() - t0:.2f} s: epoch "
+                     f"{pos.epoch}, step {pos.step} (global step {trainer.global_step})")
     stop = trainer.stop
     stop.install()  # from here on a stop request is answered with a checkpoint
     while trainer.position.epoch < args.epochs:

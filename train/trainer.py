@@ -77,13 +77,14 @@ class StepBeat:
         self.times: list[float] = []
         self.samples = 0
 
-    def step(self, own_s: float, samples: int) -> None:
+    def step(self, own_s: float, samples: int, step: int | None = None) -> None:
         self.times.append(own_s)
         self.samples += samples
         now = self.clock()
         if now - self.last >= self.INTERVAL:
             print(f"##clustertrain beat step_s={statistics.median(self.times):.6f} "
-                  f"samples={round(self.samples / len(self.times))}", flush=True)
+                  f"samples={round(self.samples / len(self.times))}"
+                  + (f" step={step}" if step is not None else ""), flush=True)
             self.last, self.times, self.samples = now, [], 0
 
 
@@ -256,7 +257,8 @@ class Trainer:
         with self._autocast():
             out = self.model(x)
             loss = nn.functional.cross_entropy(out.float(), y)
-        self.beat.step(prepared - t0 + time.perf_counter() - self._forward_at, len(idx))
+        self.beat.step(prepared - t0 + time.perf_counter() - self._forward_at, len(idx),
+                       self.global_step + 1)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
@@ -268,6 +270,11 @@ class Trainer:
         out = self.args.debug_record_indices
         out.mkdir(parents=True, exist_ok=True)
         (out / f"rank{self.env.rank}-epoch{epoch}.json").write_text(json.dumps(indices))
+
+    @property
+    def global_step(self) -> int:
+        """Steps done since the start of training (every epoch's)."""
+        return self.position.epoch * self.steps_per_epoch + self.position.step
 
     def train_epoch(self, stop_requested: Callable[[], bool]) -> dict[str, Any] | None:
         """Run the current epoch from its current step; its metrics, or None when a stop

@@ -29,7 +29,7 @@ from .. import defaults
 from ..cluster.inventory import Cluster
 from ..errors import ClusterError, LaunchError
 from ..node import doctor as node_doctor
-from ..run.drain import drain
+from ..run.drain import clear_cordons, keep_out
 from ..run.record import RunDir, new_run_id
 from ..run.spec import RunSpec, check_measures
 
@@ -131,12 +131,15 @@ class DoctorReport:
     nodes: list[NodeReport]
     allreduce: dict
     suspects: list[Suspect]
+    cordoned: dict[str, str] = field(default_factory=dict)  # the share's record: {node: why}
     drained: dict[str, str] = field(default_factory=dict)   # in Slurm: {node: reason}
+    uncordoned: list[str] = field(default_factory=list)     # cordoned before, clean now
 
     def to_json(self) -> dict:
         return {"run_id": self.run_id, "links": [asdict(lk) for lk in self.links],
                 "nodes": [asdict(n) for n in self.nodes], "allreduce": self.allreduce,
-                "suspects": [asdict(s) for s in self.suspects], "drained": self.drained,
+                "suspects": [asdict(s) for s in self.suspects], "cordoned": self.cordoned,
+                "drained": self.drained, "uncordoned": self.uncordoned,
                 "thresholds": thresholds()}
 
 
@@ -166,7 +169,7 @@ def run_doctor(cluster: Cluster, request: DoctorRequest,
                    script_args=request.script_args([n.cluster_address for n in cluster.nodes]),
                    master_port=request.master_port, runs_dir=request.runs_dir,
                    hang_timeout=defaults.DOCTOR_HANG_TIMEOUT, run_id=run_id,
-                   share_gpus=request.share_gpus)
+                   share_gpus=request.share_gpus, cordoned_ok=True)
     code = run_training(spec, cluster=cluster)  # raises on failure
     run = RunDir(request.runs_dir, run_id)
     if code == 130:   # Ctrl-C: the run was stopped on every node and recorded
@@ -178,8 +181,12 @@ def run_doctor(cluster: Cluster, request: DoctorRequest,
     whys: dict[str, list[str]] = {}
     for suspect in report.suspects:
         whys.setdefault(suspect.node, []).append(suspect.why)
-    report.drained = drain(cluster, {node: f"{node} named by doctor (run {run_id}): "
-                                     + "; ".join(why) for node, why in whys.items()}, run_id)
+    kept = keep_out(cluster, {node: f"{node} named by doctor (run {run_id}): "
+                              + "; ".join(why) for node, why in whys.items()}, run_id)
+    report.cordoned, report.drained = kept.cordoned, kept.drained
+    # A clean doctor on a cordoned node returns it (on Slurm, only an admin can).
+    report.uncordoned = clear_cordons(cluster, [n for n in cluster.names if n not in whys],
+                                      f"clean doctor run {run_id}")
     run.write_json("doctor.json", report.to_json())
     return report
 

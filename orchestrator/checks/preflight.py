@@ -43,6 +43,7 @@ class Report:
     nproc_per_node: int | None = None  # None: auto
     drifted: list[str] = field(default_factory=list)  # nodes to provision again
     share_gpus: bool = False   # a node another run or GPU process uses: a warning only
+    cordoned_ok: bool = False  # a cordoned node: a warning only (doctor's own run)
 
     def nproc(self, facts: NodeFacts) -> int:
         """Processes on a node: the --nproc-per-node given, else one per GPU, or 1 (gloo)."""
@@ -107,7 +108,8 @@ def _check_node(node: NodeSpec, cluster: Cluster, port: int | None, run_id: str 
 def run_preflight(cluster: Cluster, port: int | None = None, strict_port: bool = False,
                   keep_connections: bool = False, nproc_per_node: int | None = None,
                   run_id: str | None = None, share_gpus: bool = False,
-                  opened: Mapping[str, ssh.Connection] | None = None) -> Report:
+                  opened: Mapping[str, ssh.Connection] | None = None,
+                  cordoned_ok: bool = False) -> Report:
     """Probe every node in parallel and judge the result (does not raise). With RUN_ID
     (a launch), the master port found on node 0 is claimed for that run. With
     SHARE_GPUS, nodes in use by others are a warning, not a problem. OPENED: connections
@@ -126,7 +128,8 @@ def run_preflight(cluster: Cluster, port: int | None = None, strict_port: bool =
         lambda n: n.name).values_or_raise().values())
     report = Report(cluster, [f for f, _ in results],
                     {f.node.name: c for f, c in results if c is not None},
-                    nproc_per_node=nproc_per_node, share_gpus=share_gpus)
+                    nproc_per_node=nproc_per_node, share_gpus=share_gpus,
+                    cordoned_ok=cordoned_ok)
     _judge(report, port, strict_port)
     if rendezvous is not None:
         _second_round(report, rendezvous)
@@ -256,6 +259,7 @@ def _judge(report: Report, port: int, strict_port: bool) -> None:
                 p.append(f"{name}: torchrun {(f.python_env or {}).get('torchrun')} "
                          "is not executable")
         _judge_busy(report, f)
+        _judge_cordon(report, f)
         if f.provisioned_error and not f.python_env_error:
             w.append(f"{name}: {f.provisioned_error}; the environment cannot be compared with "
                      "the one provisioned (only between nodes)")
@@ -339,6 +343,22 @@ def _judge_gpus(report: Report, f: NodeFacts) -> None:
         report.problems.append(f"{name}: torch sees {torch.get('gpus')} of the "
                                f"{f.gpu_count} GPUs{how}; check nvidia-smi and "
                                "CUDA_VISIBLE_DEVICES")
+
+
+def _judge_cordon(report: Report, f: NodeFacts) -> None:
+    """A node in the share's cordon record (a run lost it, doctor named it) is kept out."""
+    if not f.cordon:
+        return
+    name = f.node.name
+    said = (f"{name}: cordoned since {f.cordon.get('since')} by {f.cordon.get('by')}: "
+            f"{f.cordon.get('why') or 'no reason given'}")
+    if report.cordoned_ok:
+        report.warnings.append(said)
+    else:
+        report.problems.append(
+            f"{said}; leave it out (--hosts), or once it is fixed return it with "
+            f"`python -m orchestrator uncordon {name}` (or run `doctor` on it: a clean "
+            "doctor returns it)")
 
 
 def _judge_busy(report: Report, f: NodeFacts) -> None:

@@ -55,6 +55,7 @@ class NodeFacts:
     gpu_count: int | None = None     # GPUs the driver shows (no torch), None: not read
     gpu_source: str | None = None
     busy: dict[str, Any] | None = None          # node/busy.py: other runs, GPU processes
+    cordon: dict[str, Any] | None = None        # node/cordon.py: this node's cordon, if any
     shared: dict[str, Any] = field(default_factory=dict)
     port_free: bool | None = None
     free_port: int | None = None
@@ -108,7 +109,7 @@ def probe(node: NodeSpec, conn: ssh.Connection, *, shared: dict[str, Any],
     request: dict[str, Any] = {"shared": spec, "addresses": addresses, "port": port,
                                "run": run_id, "strict": strict_port,
                                "state_dir": node.env_state_dir,
-                               "user_env": node.python_env}
+                               "user_env": node.python_env, "node": node.name}
     if rendezvous is not None:
         spec["token"] = {"name": rendezvous.token_name, "value": rendezvous.token_value}
         request["listen"] = {"nonce": rendezvous.nonce, "expect": rendezvous.expect,

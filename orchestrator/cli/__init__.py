@@ -24,7 +24,7 @@ COMMANDS = (
     "orchestrator.cli.cmd_attach",
     "orchestrator.cli.cmd_stop",
     "orchestrator.cli.cmd_queue",
-    "orchestrator.cli.cmd_undrain",
+    "orchestrator.cli.cmd_cordon",
     "orchestrator.cli.cmd_diagnose",
     "orchestrator.cli.cmd_doctor",
     "orchestrator.cli.cmd_runs",

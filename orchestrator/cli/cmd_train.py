@@ -24,6 +24,8 @@ FILE_KEYS = {
     "allreduce_mb": "allreduce_mb", "module": "module", "no_clean_exit": "no_clean_exit",
     "share_gpus": "share_gpus", "queue": "queue", "gpus_per_node": "gpus_per_node",
     "partition": "partition", "time": "time", "qos": "qos", "python_env": "python_env",
+    "max_recoveries": "max_recoveries", "spares": "spares", "spare_hosts": "spare_hosts",
+    "min_nodes": "min_nodes",
 }
 
 
@@ -154,6 +156,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--partition", help="Slurm partition (default: the cluster's default)")
     q.add_argument("--time", help="Slurm time limit, e.g. 2:00:00 or 1-00:00:00")
     q.add_argument("--qos", help="Slurm QOS")
+    r = p.add_argument_group("recovery from a failed node")
+    r.add_argument("--max-recoveries", type=int, metavar="N",
+                   help="when a node fails (lost, its torchrun or supervisor killed, a rank "
+                   "killed by a signal), start the run again from its newest checkpoint, "
+                   "at most N times, on the healthy nodes and a spare; the node is "
+                   "cordoned. A failure of the script itself is not retried (default: 0)")
+    r.add_argument("--spares", type=int, metavar="K",
+                   help="the K inventory nodes after the run's own, held ready for a recovery")
+    r.add_argument("--spare-hosts", metavar="a,b",
+                   help="these nodes held ready for a recovery (inventory names)")
+    r.add_argument("--min-nodes", type=int, metavar="M",
+                   help="with no spare left, recover on the healthy nodes alone if they are "
+                   "at least M (the script must accept another world size)")
     p.add_argument("--dry-run", action="store_true", default=False,
                    help="check the nodes and print the exact per-node commands and the run "
                    "as a job file; start nothing")

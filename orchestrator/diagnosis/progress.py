@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import statistics
 import threading
+import time
 from collections import defaultdict, deque
 from dataclasses import dataclass
 
@@ -38,6 +39,7 @@ RECENT = 20             # step times per rank behind the summary's step_s and sa
 class Beat:
     step_s: float | None = None
     samples: int | None = None
+    step: int | None = None     # the training step it reached (optional: step=N)
 
 
 def parse_beat(text: str) -> Beat | None:
@@ -60,7 +62,11 @@ def parse_beat(text: str) -> Beat | None:
         samples = int(fields["samples"])
     except (KeyError, ValueError):
         pass
-    return Beat(step_s, samples)
+    try:
+        step: int | None = int(fields["step"])
+    except (KeyError, ValueError):
+        step = None
+    return Beat(step_s, samples, step)
 
 
 @dataclass(frozen=True)
@@ -152,6 +158,8 @@ class Progress:
             lambda: defaultdict(list))
         self._judged: dict[int, dict[str, Judged]] = {}
         self._named: dict[str, Straggler] = {}
+        self.first_beat: float | None = None   # wall-clock time of the run's first beat
+        self.last_step: int | None = None      # the highest step a beat said
 
     def output(self, now: float) -> None:
         """Some output of the run arrived, whole lines or not (a progress bar that
@@ -166,6 +174,10 @@ class Progress:
             self._last = max(self._last, now)
             if beat is None:
                 return False
+            if self.first_beat is None:
+                self.first_beat = time.time()
+            if beat.step is not None:
+                self.last_step = max(beat.step, self.last_step or 0)
             if beat.step_s is not None:
                 self._steps[(node, rank)].append(beat.step_s)
                 self._windows[self._window(now)][(node, rank)].append(beat.step_s)
@@ -216,4 +228,5 @@ class Progress:
         for (node, _), rate in rates.items():
             nodes[node]["samples_per_s"] = round(nodes[node].get("samples_per_s", 0.0) + rate, 3)
         return {"nodes": dict(sorted(nodes.items())),
-                "stragglers": [s.to_json() for s in self.stragglers()]}
+                "stragglers": [s.to_json() for s in self.stragglers()],
+                "first_beat": self.first_beat, "last_step": self.last_step}

@@ -14,6 +14,7 @@
   busy       this node's live runs (any user's) and GPU processes, as JSON (busy.py)
   envs       the user's own environments here, as JSON; --rm and --prune remove (envs.py)
   states     the run's node states and hang dumps on the share (states.py)
+  cordon     add a node's cordon or uncordon to the share's record, or list (cordon.py)
   torch      import torch in this Python and say what it sees (fingerprint.py)
   carry      what a job wrote in its working directory, into the next run's (carry.py)
   worker     run one training worker to a clean end (worker.py; torchrun starts it)
@@ -87,6 +88,7 @@ def _parser() -> argparse.ArgumentParser:
     al.add_argument("salloc", nargs=argparse.REMAINDER, help="-- salloc's options")
     st = sub.add_parser("states", allow_abbrev=False)
     st.add_argument("state_dir")
+    sub.add_parser("cordon", allow_abbrev=False)
     sub.add_parser("torch", allow_abbrev=False)
     c = sub.add_parser("carry", allow_abbrev=False)
     c.add_argument("code_root")   # ~/.clustertrain/code
@@ -151,6 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.verb == "carry":
         from .carry import main as carry
         return carry(args.code_root, args.run, args.key)
+    if args.verb == "cordon":
+        from .cordon import main as cordon
+        print(json.dumps(cordon(json.load(sys.stdin))))
+        return 0
     if args.verb == "states":
         from .states import read_states
         print(json.dumps(read_states(args.state_dir)))

@@ -25,7 +25,7 @@ import sys
 import time
 from typing import Any
 
-from . import busy, fingerprint as fp
+from . import busy, cordon, fingerprint as fp
 from .protocol import BOUND_WAIT, EXIT_FILE, JOBS_DIR, LAST_USED, PORT_CLAIMS_DIR
 from .util import read_json_or_why, write_json
 
@@ -454,6 +454,8 @@ def probe(req: dict) -> dict[str, Any]:
         else out.get("fingerprint_error"))
     out["busy"] = busy.scan(exclude=req.get("run")).to_json()  # after torch's import
     out["shared"] = check_shared(req["shared"], out["user"], out["uid"])
+    if out["shared"]["ok"] and req.get("node"):
+        out["cordon"] = cordon.current(req["shared"]["path"], req["node"])
     if req.get("port"):
         out.update(find_port(req["port"], out["user"], req.get("run")))
     out["resolve"] = resolve(req.get("addresses", []))

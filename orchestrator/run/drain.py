@@ -1,19 +1,36 @@
-"""On a Slurm cluster, a node a run lost, or a node doctor names, is drained with the
-reason, so that the next allocations avoid it until an admin returns it (`undrain`). The
-slurm role installs `clustertrain-drain` and lets the cluster's users run it with sudo,
-and nothing else."""
+"""Keeping a bad node out: a node a run lost, or a node doctor names, is cordoned in the
+share's record that every user's preflight reads (node/cordon.py), and on a Slurm cluster
+also drained with the same reason, so that the next allocations avoid it. It stays out
+until `uncordon NODE` (on Slurm an admin's: it returns the node to Slurm too) or a clean
+`doctor` on it. The slurm role installs `clustertrain-drain` and lets the cluster's users
+run it with sudo, and nothing else."""
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from ..cluster import ssh
-from ..cluster.inventory import Cluster
+from ..cluster import nodelib, ssh
+from ..cluster.inventory import Cluster, NodeSpec
 from ..errors import ClusterError
+from ..node.cordon import CORDON, UNCORDON
 
 DRAIN = "/usr/local/sbin/clustertrain-drain"   # roles/slurm's slurm_drain_command
+
+
+@dataclass(frozen=True)
+class KeptOut:
+    """The nodes kept out, each with why: in the share's record, and in Slurm."""
+    cordoned: dict[str, str] = field(default_factory=dict)
+    drained: dict[str, str] = field(default_factory=dict)
+
+    def record(self) -> dict[str, Any]:
+        """What summary.json and doctor.json keep of it."""
+        return {**({"cordoned": self.cordoned} if self.cordoned else {}),
+                **({"drained": self.drained} if self.drained else {})}
 
 
 def lost_nodes(summary: Mapping[str, Any]) -> dict[str, str]:
@@ -22,72 +39,153 @@ def lost_nodes(summary: Mapping[str, Any]) -> dict[str, str]:
             for n in summary.get("nodes") or [] if n.get("end_reason") == "lost"}
 
 
-def drain_lost(summary: Mapping[str, Any], cluster: Cluster,
-               clients: Mapping[str, ssh.Connection],
-               say: Callable[[str], None] = print) -> dict[str, str]:
-    """Drain each node the run lost, asked from a node it did not lose; {node: reason}
-    of those drained. Nothing happens on a cluster without Slurm."""
+def keep_out_lost(summary: Mapping[str, Any], cluster: Cluster,
+                  clients: Mapping[str, ssh.Connection],
+                  say: Callable[[str], None] = print) -> KeptOut:
+    """Keep out each node the run lost, asked from a node it did not lose."""
     lost = lost_nodes(summary)
-    asker = next((c for n, c in clients.items() if n not in lost and c.alive()), None)
-    return drain(cluster, {node: f"{node} lost mid-run {summary.get('run_id')} ({why})"
-                           for node, why in lost.items()}, str(summary.get("run_id")),
-                 asker, say)
+    asker = next(((n, c) for n, c in clients.items() if n not in lost and c.alive()), None)
+    return keep_out(cluster, {node: f"{node} lost mid-run {summary.get('run_id')} ({why})"
+                              for node, why in lost.items()}, str(summary.get("run_id")),
+                    asker, say)
 
 
-def drain(cluster: Cluster, reasons: Mapping[str, str], run_id: str,
-          asker: ssh.Connection | None = None,
-          say: Callable[[str], None] = print) -> dict[str, str]:
-    """Drain each node of REASONS ({node: why}) in Slurm, asked from ASKER (else from a
-    node of CLUSTER that is not to be drained); {node: reason} of those drained. Nothing
-    happens on a cluster without Slurm."""
-    if cluster.scheduler != "slurm" or not reasons:
-        return {}
+def keep_out(cluster: Cluster, reasons: Mapping[str, str], run_id: str | None,
+             asker: tuple[str, ssh.Connection] | None = None,
+             say: Callable[[str], None] = print) -> KeptOut:
+    """Cordon each node of REASONS ({node: why}) and, on a Slurm cluster, drain it, asked
+    from ASKER (a node's name and connection; else a node of CLUSTER not to be kept out).
+    RUN_ID: the run that found the nodes bad (None: a person's `cordon`)."""
+    if not reasons:
+        return KeptOut()
+    pre = f"run {run_id}: " if run_id else ""
     own = None
     if asker is None:
         healthy = [n for n in cluster.nodes if n.name not in reasons]
         try:
-            asker = own = ssh.connect(healthy[0].name, healthy[0].ssh) if healthy else None
+            own = ssh.connect(healthy[0].name, healthy[0].ssh) if healthy else None
         except ClusterError:
-            asker = None
+            own = None
+        asker = (healthy[0].name, own) if own is not None else None
     if asker is None:
-        say(f"run {run_id}: could not drain {', '.join(reasons)} in Slurm: no other node "
-            "answers; an admin can: scontrol update NodeName=NODE State=DRAIN Reason=...")
-        return {}
-    drained = {}
+        say(f"{pre}could not cordon {', '.join(reasons)}: no other node answers; "
+            f"once one does: python -m orchestrator cordon NODE --why TEXT")
+        return KeptOut()
+    name, conn = asker
     try:
-        for node, reason in reasons.items():
-            result = asker.run(shlex.join(["sudo", "-n", DRAIN, node, reason]), timeout=30)
-            if result.exit_code == 0:
-                drained[node] = reason
-                say(f"run {run_id}: {node} is drained in Slurm ({reason}): the next "
-                    "allocations avoid it; once it is fixed an admin returns it with "
-                    f"`python -m orchestrator undrain {node}`")
+        spec = next(n for n in cluster.nodes if n.name == name) if name in cluster.names \
+            else cluster.nodes[0]
+        cordoned = {}
+        for node, why in reasons.items():
+            said = cordon_event(cluster, spec, conn, node, CORDON, why, run_id)
+            if "error" in said:
+                say(f"{pre}could not cordon {node}: {said['error']}")
             else:
-                say(f"run {run_id}: could not drain {node} in Slurm "
-                    f"({result.stderr.strip()[-200:] or result.exit_code}); is this user in "
-                    "cluster_users (site.yml gives them clustertrain-drain)?")
+                cordoned[node] = why
+        drained = _drain(cluster, reasons, pre, conn, say)
     finally:
         if own is not None:
             own.close()
+    for node in cordoned:
+        say(f"{pre}{node} is cordoned ({cordoned[node]}): every user's runs "
+            f"keep it out until `python -m orchestrator uncordon {node}` once it is fixed "
+            "(or a clean `doctor` on it)")
+    return KeptOut(cordoned, drained)
+
+
+def cordon_event(cluster: Cluster, spec: NodeSpec, conn: nodelib.Runs, node: str,
+                 action: str, why: str, run_id: str | None) -> dict[str, Any]:
+    """Add NODE's ACTION (CORDON, UNCORDON) to the share's record through SPEC's node;
+    {"event": ...} or {"error": why not}."""
+    result = nodelib.call(conn, spec.python, "cordon", timeout=30, stdin=json.dumps(
+        {"share": cluster.shared_path, "node": node, "action": action, "why": why,
+         "run": run_id}))
+    if result.exit_code != 0:
+        return {"error": (result.stderr.strip().splitlines() or [f"exit {result.exit_code}"])[-1]}
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _drain(cluster: Cluster, reasons: Mapping[str, str], pre: str, asker: ssh.Connection,
+           say: Callable[[str], None]) -> dict[str, str]:
+    """Drain each node of REASONS in Slurm (nothing without Slurm); those drained."""
+    if cluster.scheduler != "slurm":
+        return {}
+    drained = {}
+    for node, reason in reasons.items():
+        result = asker.run(shlex.join(["sudo", "-n", DRAIN, node, reason]), timeout=30)
+        if result.exit_code == 0:
+            drained[node] = reason
+            say(f"{pre}{node} is drained in Slurm ({reason}): the next "
+                "allocations avoid it")
+        else:
+            say(f"{pre}could not drain {node} in Slurm "
+                f"({result.stderr.strip()[-200:] or result.exit_code}); is this user in "
+                "cluster_users (site.yml gives them clustertrain-drain)?")
     return drained
 
 
-def undrain(cluster: Cluster, node: str) -> str:
-    """Return NODE to service (an admin: sudo on the node); what Slurm says of it now."""
+def uncordon(cluster: Cluster, node: str, why: str = "") -> str:
+    """Return NODE to service: on a Slurm cluster first to Slurm (an admin: sudo on the
+    nodes), then in the share's record; what Slurm says of it now ('' without Slurm)."""
     if node not in cluster.names:
-        raise ClusterError(f"undrain {node}: not a node of {cluster.inventory} "
+        raise ClusterError(f"uncordon {node}: not a node of {cluster.inventory} "
                            f"({', '.join(cluster.names)})")
     first = next((n for n in cluster.nodes if n.name != node), cluster.nodes[0])
     conn = ssh.connect(first.name, first.ssh)
     try:
-        result = conn.run(shlex.join(["sudo", "-n", "scontrol", "update", f"NodeName={node}",
-                                      "State=RESUME"]), timeout=30)
-        if result.exit_code != 0:
-            said = result.stderr.strip()[-300:]
-            hint = ("only an admin (a user with sudo on the nodes) can return a node"
-                    if "password" in said or "sudo" in said else said)
-            raise ClusterError(f"undrain {node}: {hint}")
-        state = conn.run(shlex.join(["sinfo", "-h", "-n", node, "-o", "%t %E"]), timeout=30)
+        state = ""
+        if cluster.scheduler == "slurm":
+            state = _sinfo(conn, node)
+            if state.split()[:1] and state.split()[0].rstrip("*~#$@").startswith(
+                    ("drain", "drng")):
+                result = conn.run(shlex.join(["sudo", "-n", "scontrol", "update",
+                                              f"NodeName={node}", "State=RESUME"]), timeout=30)
+                if result.exit_code != 0:
+                    err = result.stderr.strip()[-300:]
+                    hint = ("only an admin (a user with sudo on the nodes) can return a "
+                            "node to Slurm" if "password" in err or "sudo" in err else err)
+                    raise ClusterError(f"uncordon {node}: {hint}")
+                state = _sinfo(conn, node)
+        said = cordon_event(cluster, first, conn, node, UNCORDON,
+                            why or "returned to service", None)
+        if "error" in said:
+            raise ClusterError(f"uncordon {node}: {said['error']}")
     finally:
         conn.close()
-    return state.stdout.strip()
+    return state
+
+
+def _sinfo(conn: ssh.Connection, node: str) -> str:
+    return conn.run(shlex.join(["sinfo", "-h", "-n", node, "-o", "%t %E"]),
+                    timeout=30).stdout.strip()
+
+
+def cordons(cluster: Cluster) -> dict[str, dict[str, Any]]:
+    """Every node of the share's record cordoned now: {node: its cordon event}."""
+    first = cluster.nodes[0]
+    conn = ssh.connect(first.name, first.ssh)
+    try:
+        result = nodelib.call(conn, first.python, "cordon", timeout=30,
+                              stdin=json.dumps({"share": cluster.shared_path}))
+    finally:
+        conn.close()
+    if result.exit_code != 0:
+        raise ClusterError(f"{first.name}: cannot read the cordon record: "
+                           f"{(result.stderr.strip().splitlines() or ['?'])[-1]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])["cordoned"]
+
+
+def clear_cordons(cluster: Cluster, names: list[str], why: str,
+                  say: Callable[[str], None] = print) -> list[str]:
+    """Uncordon each of NAMES that is cordoned (a clean doctor found it well); those
+    returned. One that only an admin can return (drained in Slurm) is said, and kept."""
+    returned = []
+    for node in [n for n in cordons(cluster) if n in names]:
+        try:
+            uncordon(cluster, node, why)
+        except ClusterError as exc:
+            say(f"{node} stays cordoned: {exc}")
+            continue
+        say(f"{node} is uncordoned ({why}): runs may use it again")
+        returned.append(node)
+    return returned

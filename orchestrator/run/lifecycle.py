@@ -14,8 +14,9 @@
 
 from __future__ import annotations
 
+import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +28,19 @@ from ..errors import ClusterError, LaunchError
 from ..node.protocol import GO
 from .allocation import Allocation, queue_for
 from .command import NodeCommand
-from .drain import drain_lost
+from .drain import keep_out_lost
 from .follow import Job
 from .record import RunDir, code_revision, new_run_id, open_run, run_state_dir
+from .recovery import (
+    RECOVERY_ENV,
+    Failure,
+    Recovery,
+    attempt_id,
+    exhausted,
+    next_nodes,
+    node_failure,
+    spares_of,
+)
 from .scheduler import Scheduler, SshScheduler
 from .session import Session, connected_ahead
 from .settle import settle
@@ -49,11 +60,16 @@ class Plan:
     users: dict[str, str]
     allocation: Allocation | None = None     # --queue: what Slurm gave the run
 
+    recovery: Recovery | None = None          # the recovery that started this attempt
+
     @classmethod
     def make(cls, spec: RunSpec, session: Session, run_id: str,
-             allocation: Allocation | None = None) -> Plan:
+             allocation: Allocation | None = None, recovery: Recovery | None = None) -> Plan:
         report, cluster = session.report, session.cluster
         given = allocation.env if allocation else (lambda node: {})
+        # A run that may recover: every attempt knows its number (0 the first).
+        attempt = ({RECOVERY_ENV: str(recovery.attempt if recovery else 0)}
+                   if spec.max_recoveries else {})
         commands = [
             NodeCommand(run_id=run_id, node_rank=i, synced=spec.workdir is not None,
                         nnodes=len(cluster.nodes), nproc=report.nproc(facts),
@@ -62,7 +78,7 @@ class Plan:
                         torchrun=_torchrun(facts), home=str(facts.home),
                         script=spec.script, script_args=spec.script_args,
                         env={"CLUSTERTRAIN_BACKEND": report.backend, **spec.env,
-                             **given(facts.node.name)},
+                             **given(facts.node.name), **attempt},
                         options=spec.options, node=facts.node.name,
                         nodes=tuple(cluster.names), python=facts.node.python,
                         run_state=run_state_dir(cluster.shared_path, str(facts.user), run_id),
@@ -72,7 +88,7 @@ class Plan:
                         on_hang=str(spec.on_hang), cluster_env=facts.node.cluster_env_file)
             for i, facts in enumerate(report.facts)]
         return cls(spec, run_id, list(zip(cluster.nodes, commands, strict=True)),
-                   {f.node.name: str(f.user) for f in report.facts}, allocation)
+                   {f.node.name: str(f.user) for f in report.facts}, allocation, recovery)
 
     @property
     def commands(self) -> list[NodeCommand]:
@@ -114,6 +130,7 @@ class Plan:
             "node_commands": {c.node: c.to_record() for c in self.commands},
             "spec": spec.to_file(),
             "slurm": self.allocation.record() if self.allocation else None,
+            **({"recovery": self.recovery.to_json()} if self.recovery else {}),
         }
 
 
@@ -130,9 +147,95 @@ def run_training(spec: RunSpec, dry_run: bool = False, cluster: Cluster | None =
             f"--queue: the inventory {whole.inventory} says cluster_scheduler: "
             f"{whole.scheduler}, so the cluster runs no Slurm; set cluster_scheduler: slurm "
             "and run site.yml (roles/slurm), or leave out --queue")
+    spares = spares_of(whole.names, cluster.names, spec.spares, spec.spare_hosts,
+                       whole.inventory) if spec.max_recoveries else []
     if spec.doctor:
         _doctor_first(spec, cluster, dry_run)
     run_id = spec.run_id or new_run_id()
+    if spec.max_recoveries and not dry_run:
+        return _recovering(spec, whole, cluster, spares, run_id)
+    return _attempt(spec, whole, cluster, run_id, dry_run)
+
+
+def _recovering(spec: RunSpec, whole: Cluster, cluster: Cluster, spares: list[str],
+                run_id: str) -> int:
+    """A run that may recover (--max-recoveries): attempts, each a run of its own
+    (recovery.py), until one ends other than by a node's fault or the recoveries are
+    used up. The failed node is left out (cordoned when lost) and a spare takes its place."""
+    failures: list[Failure] = []
+    done: list[Recovery] = []
+    recovery: Recovery | None = None
+    names = cluster.names
+    for attempt in range(spec.max_recoveries + 1):
+        rid = attempt_id(run_id, attempt)
+        try:
+            code = _attempt(replace(spec, run_id=rid), whole,
+                            whole.select(hosts=",".join(names)), rid, False, recovery)
+        except LaunchError as exc:
+            summary = _summary(spec.runs_dir, rid)
+            failure = node_failure(summary) if summary else None
+            _finish_recovery(spec.runs_dir, run_id, rid, recovery, done, summary)
+            if failure is None:
+                raise
+            failures.append(failure)
+            print(exc, file=sys.stderr, flush=True)   # this attempt's failure, in full
+            if attempt == spec.max_recoveries:
+                raise exhausted(run_id, failures, spec.max_recoveries) from None
+            names, spare = next_nodes(names, failure.node, spares, spec.min_nodes)
+            recovery = Recovery(attempt + 1, rid, failure.node, failure.why, failure.at,
+                                attempt_id(run_id, attempt + 1), names, spare,
+                                failure.node in (summary or {}).get("cordoned", {}))
+            _mark_recovered(spec.runs_dir, rid, recovery.run_id)
+            print(f"run {rid}: {failure.node} {failure.why}; recovery {attempt + 1} of "
+                  f"{spec.max_recoveries}: starting again from the newest checkpoint as "
+                  f"{recovery.run_id} on {', '.join(names)}"
+                  + (f" ({spare}, a spare, in {failure.node}'s place)" if spare else
+                     " (fewer nodes: --min-nodes)"), flush=True)
+            continue
+        _finish_recovery(spec.runs_dir, run_id, rid, recovery, done,
+                         _summary(spec.runs_dir, rid))
+        for told in done:
+            print(f"run {rid}: {told.line()}", flush=True)
+        return code
+    raise AssertionError("not reached: the last attempt returns or raises")
+
+
+def _summary(runs_dir: Path, run_id: str) -> dict[str, Any] | None:
+    try:
+        return RunDir(runs_dir, run_id).summary()
+    except ClusterError:
+        return None
+
+
+def _finish_recovery(runs_dir: Path, first: str, run_id: str, recovery: Recovery | None,
+                     done: list[Recovery], summary: dict[str, Any] | None) -> None:
+    """The attempt RUN_ID (started by RECOVERY) of the run FIRST ended: complete that
+    recovery from what its end tells, and write every recovery so far into its summary."""
+    if recovery is None or summary is None:
+        return
+    run = RunDir(runs_dir, run_id)
+    previous = _summary(runs_dir, recovery.failed_run) or {}
+    log = ""
+    try:
+        log = run.log(recovery.nodes[0]).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        pass
+    recovery.complete(summary, log, previous.get("last_step"))
+    done.append(recovery)
+    run.write_summary({**summary, "recovery_of": first,
+                       "recoveries": [r.to_json() for r in done]})
+
+
+def _mark_recovered(runs_dir: Path, run_id: str, next_id: str) -> None:
+    """A failed attempt's summary names the attempt that followed it."""
+    summary = _summary(runs_dir, run_id)
+    if summary is not None:
+        RunDir(runs_dir, run_id).write_summary({**summary, "recovered_in": next_id})
+
+
+def _attempt(spec: RunSpec, whole: Cluster, cluster: Cluster, run_id: str, dry_run: bool,
+             recovery: Recovery | None = None) -> int:
+    """One run on CLUSTER: its check, its launch and its end (or, dry, its plan)."""
     with connected_ahead(_nodes_ahead(spec, whole, cluster) if not dry_run else None) as take:
         allocation = None
         if spec.queue and dry_run:
@@ -152,11 +255,12 @@ def run_training(spec: RunSpec, dry_run: bool = False, cluster: Cluster | None =
             # Through the queue, Slurm shares out the nodes: another run on them is no refusal.
             with Session.check(cluster, master_port=spec.master_port, nproc_per_node=nproc,
                                share_gpus=spec.share_gpus or spec.queue,
+                               cordoned_ok=spec.cordoned_ok,
                                run_id=None if dry_run else run_id,
                                opened=take(cluster)) as session:
                 print_report(session.report, comment=dry_run)
                 raise_if_blocked(session.report)
-                plan = Plan.make(spec, session, run_id, allocation)
+                plan = Plan.make(spec, session, run_id, allocation, recovery)
                 if dry_run:
                     print(plan.describe(), end="")
                     return 0
@@ -239,9 +343,7 @@ def _run(plan: Plan, session: Session, scheduler: Scheduler) -> int:
         raise
     summary = make_summary(info, plan.commands, cluster.names, result,
                            submitted.meanwhile.seconds, run)
-    drained = drain_lost(summary, cluster, session.clients)
-    if drained:
-        summary["drained"] = drained
+    summary.update(keep_out_lost(summary, cluster, session.clients).record())
     run.write_summary(summary)
     return conclude(run, result, summary)
 

@@ -26,14 +26,15 @@ class Session:
 
     @classmethod
     def check(cls, cluster: Cluster, *, master_port: int | None, nproc_per_node: int | None,
-              run_id: str | None, share_gpus: bool = False,
+              run_id: str | None, share_gpus: bool = False, cordoned_ok: bool = False,
               opened: Mapping[str, ssh.Connection] | None = None) -> Session:
         """The check phase: preflight every node, keeping the connections it opened (or
         was given: OPENED); with RUN_ID (a launch), node 0's master port is claimed for it;
         with SHARE_GPUS, nodes in use by others are not refused."""
         report = run_preflight(cluster, master_port, strict_port=master_port is not None,
                                keep_connections=True, nproc_per_node=nproc_per_node,
-                               run_id=run_id, share_gpus=share_gpus, opened=opened)
+                               run_id=run_id, share_gpus=share_gpus, opened=opened,
+                               cordoned_ok=cordoned_ok)
         clients, report.clients = report.clients, {}   # the session owns them now
         return cls(cluster, report, clients, run_id)
 

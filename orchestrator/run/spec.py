@@ -93,7 +93,12 @@ class RunSpec:
     time: str | None = None
     qos: str | None = None
     python_env: str | None = None           # the user's own environment (env create)
+    max_recoveries: int = 0                 # restarts from the checkpoint after a node failed
+    spares: int = 0                         # nodes held ready for a recovery: the next K...
+    spare_hosts: tuple[str, ...] | None = None   # ...or these
+    min_nodes: int | None = None            # a recovery without a spare: at least this many
     run_id: str | None = None               # its record's name (None: a new one)
+    cordoned_ok: bool = False               # doctor's own run: a cordoned node is no refusal
 
     @property
     def watch(self) -> HangWatch:
@@ -123,7 +128,10 @@ class RunSpec:
                 "link_seconds": self.link_seconds, "allreduce_mb": self.allreduce_mb,
                 "share_gpus": self.share_gpus, "queue": self.queue,
                 "gpus_per_node": self.gpus_per_node, "partition": self.partition,
-                "time": self.time, "qos": self.qos, "python_env": self.python_env}
+                "time": self.time, "qos": self.qos, "python_env": self.python_env,
+                "max_recoveries": self.max_recoveries, "spares": self.spares,
+                "spare_hosts": list(self.spare_hosts) if self.spare_hosts else None,
+                "min_nodes": self.min_nodes}
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_file(), sort_keys=False, default_flow_style=False)
@@ -154,6 +162,9 @@ KEYS: dict[str, tuple[tuple[type, ...], str]] = {
     "partition": ((str,), "a Slurm partition"), "time": ((str, int), "a Slurm time limit"),
     "qos": ((str,), "a Slurm QOS"),
     "python_env": ((str,), "the name of one of your environments (env create --name)"),
+    "max_recoveries": ((int,), "a whole number"), "spares": ((int,), "a whole number"),
+    "spare_hosts": ((list, str), "a list of inventory names"),
+    "min_nodes": ((int,), "a whole number"),
 }
 PATH_KEYS = ("inventory", "workdir", "runs_dir")
 
@@ -299,7 +310,40 @@ def from_sources(given: Mapping[str, Given]) -> RunSpec:
         hang_timeout=hang, on_hang=OnHang(on_hang), doctor=bool(get("doctor", False)),
         ignore_suspects=bool(get("ignore_suspects", False)), link_seconds=link_seconds,
         allreduce_mb=allreduce_mb, share_gpus=bool(get("share_gpus", False)),
-        python_env=python_env, **queue)
+        python_env=python_env, **queue, **_recovery(get, label, queue["queue"]))
+
+
+def _recovery(get: Callable[..., Any], label: Callable[[str], str],
+              queue: bool) -> dict[str, Any]:
+    """--max-recoveries and its spares, checked: they go together."""
+    most = get("max_recoveries", 0)
+    spares, hosts, least = get("spares", 0), get("spare_hosts"), get("min_nodes")
+    if isinstance(hosts, str):
+        hosts = [h.strip() for h in hosts.split(",") if h.strip()]
+    for key, value in (("max_recoveries", most), ("spares", spares)):
+        if value < 0:
+            raise LaunchError(f"{label(key)} {value}: give 0 or more")
+    if least is not None and least < 1:
+        raise LaunchError(f"{label('min_nodes')} {least}: give 1 or more nodes")
+    given = [k for k, v in (("spares", spares), ("spare_hosts", hosts), ("min_nodes", least))
+             if v]
+    if given and not most:
+        raise LaunchError(f"{label(given[0])} goes with --max-recoveries N (how many times a "
+                          "run whose node failed starts again from its checkpoint); add it, "
+                          "or leave it out")
+    if spares and hosts:
+        raise LaunchError(f"{label('spares')} and {label('spare_hosts')}: give one of them "
+                          "(K spare nodes from the inventory's order, or these nodes)")
+    if most and queue:
+        raise LaunchError(f"{label('max_recoveries')} with --queue: a run through Slurm's "
+                          "queue does not recover yet (Slurm would have to grant the "
+                          "spares); run without --queue, or without --max-recoveries")
+    if most and get("detach"):
+        raise LaunchError(f"{label('max_recoveries')} with --detach: a detached run does not "
+                          "recover yet (nobody would start the next attempt); stay attached, "
+                          "or leave out --max-recoveries")
+    return {"max_recoveries": most, "spares": spares,
+            "spare_hosts": tuple(hosts) if hosts else None, "min_nodes": least}
 
 
 SLURM_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")

@@ -295,6 +295,8 @@ def make_summary(info: dict, commands: list[NodeCommand], names: list[str],
                       interrupted=result.interrupted, hung=result.hung,
                       first_seen=result.first_failed)
     progress = result.progress
+    from .record import iso
+    first_beat, last_step = progress.get("first_beat"), progress.get("last_step")
     info = {**info, "commands": {n: c.torchrun_argv()
                                  for n, c in zip(names, commands, strict=True)}}
     return write(info, nodes, decision, start=result.started, end=result.ended, run=run,
@@ -303,7 +305,9 @@ def make_summary(info: dict, commands: list[NodeCommand], names: list[str],
                      **({"hang": result.hang} if result.hang else {}),
                      **({"step_times": progress["nodes"]} if progress.get("nodes") else {}),
                      **({"stragglers": progress["stragglers"]}
-                        if progress.get("stragglers") else {})})
+                        if progress.get("stragglers") else {}),
+                     **({"first_step_at": iso(first_beat)} if first_beat else {}),
+                     **({"last_step": last_step} if last_step is not None else {})})
 
 
 def summarize(info: dict[str, Any], states: dict[str, dict], now: float,

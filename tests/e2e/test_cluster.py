@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -195,48 +196,80 @@ def slurm_state(cluster: ProvisionedCluster, node: str) -> str:
     return cluster.exec("node0", "sinfo", "-h", "-n", node, "-o", "%t %E").stdout.strip()
 
 
-def test_killed_node_then_provision_again_and_resume(sandbox_cluster, tmp_path):
-    """A node vanishes mid-training (its container is killed, as a power cut would):
-    the run ends naming it, node0 is cleaned up, and (the cluster runs Slurm) the node is
-    drained with the run's reason, so that the next allocation goes elsewhere; the node
-    comes back, site.yml on that node alone brings it in line again
-    (docs/troubleshooting.md's `--limit NODE`), an admin returns it to Slurm (`undrain`;
-    bob may not), and the next run resumes from the newest whole checkpoint."""
-    ckpts = fresh_checkpoints(sandbox_cluster, "e2e-killed")
-    first = tmp_path / "first"
+def test_a_killed_node_is_replaced_by_a_spare_and_the_run_resumes(sandbox_cluster, tmp_path):
+    """Issue 29's first acceptance item: 2 nodes and a spare, --max-recoveries 1. A node
+    vanishes mid-training (its container is killed, as a power cut would): the run starts
+    again from its newest whole checkpoint on node0 and the spare, and succeeds; the dead
+    node is named, cordoned (every user's preflight refuses it, naming why) and, the
+    cluster running Slurm, drained, so that the next allocation goes elsewhere; the record
+    tells the story. The node comes back, site.yml on that node alone brings it in line
+    again (docs/troubleshooting.md's `--limit NODE`), and an admin returns it (`uncordon`;
+    bob may not: on Slurm it is an admin's)."""
+    ckpts = fresh_checkpoints(sandbox_cluster, "e2e-killed")   # so no --no-resume: a
+    first = tmp_path / "first"                                 # recovery must resume
     first.mkdir()
-    # Resuming needs the same settings (--epochs included); 4 epochs leave 3 to resume.
-    proc = train(sandbox_cluster, first, "--epochs", "4", "--run-name", "e2e-killed",
-                 "--no-resume", *SMALL, background=True)
+    proc = train(sandbox_cluster, first, "--epochs", "3", "--run-name", "e2e-killed",
+                 "--metrics-json", "/mnt/cluster/checkpoints/alice/results/e2e-killed.json",
+                 *SMALL, background=True,
+                 opts=("--max-recoveries", "1", "--spares", "1"))
     try:
         wait_for(lambda: list(ckpts.glob("*.pt")), 300, "the first epoch's checkpoint")
+        killed_at = time.time()
         sandbox_cluster.kill("node1")
-        proc.wait(timeout=120)
+        proc.wait(timeout=600)
     finally:
         proc.kill()
         sandbox_cluster.start("node1")  # back at its address, SSH answering
     out = (first / "orchestrator.out").read_text()
-    assert proc.returncode != 0, out[-3000:]
+    assert proc.returncode == 0, out[-4000:]
     assert "node1 lost its connection" in out, out[-3000:]
-    s = summary(first)
-    assert s["status"] == "failed" and s["first_failed"] == "node1", s
-    assert s["nodes"][0]["end_reason"] == "stopped", s["nodes"]
+    assert "node1 is cordoned (node1 lost mid-run" in out, out[-3000:]
     assert "node1 is drained in Slurm" in out, out[-3000:]
+    (failed,) = [json.loads(p.read_text()) for p in first.glob("*/summary.json")
+                 if "recovered_in" in json.loads(p.read_text())]
+    assert failed["status"] == "failed" and failed["first_failed"] == "node1", failed
+    assert list(failed["cordoned"]) == ["node1"] and list(failed["drained"]) == ["node1"]
+    done = json.loads((first / failed["recovered_in"] / "summary.json").read_text())
+    assert done["status"] == "succeeded" and done["recovery_of"] == failed["run_id"], done
+    assert done["nodes"][0]["name"] == "node0" and done["nodes"][1]["name"] == "node2"
+    (recovery,) = done["recoveries"]
+    assert (recovery["node"], recovery["spare"], recovery["cordoned"]) == ("node1", "node2",
+                                                                           True), recovery
+    assert recovery["why"].startswith("lost"), recovery
+    # The time from the kill to training again, and its parts.
+    assert killed_at < datetime.fromisoformat(recovery["training_again_at"]).timestamp()
+    assert recovery["down_s"] > 0 and recovery["restart_s"] > 0 and recovery["load_s"] >= 0
+    assert recovery["resumed_from"]["epoch"] >= 1, recovery
+    # Every attempt's logs are kept, each in its own record.
+    assert "resumed from" in (first / done["run_id"] / "node0.log").read_text()
+    assert (first / failed["run_id"] / "node1.log").exists()
+    # The final metrics are those of a run that resumed from that checkpoint.
+    final = json.loads(
+        (sandbox_cluster.checkpoints("results") / "e2e-killed.json").read_text())["final"]
+    assert final["epochs"] == 3 and final["resumed_from"]["epoch"] == \
+        recovery["resumed_from"]["epoch"], final
+    assert f"run {done['run_id']}: recovery 1: node1 lost" in out, out[-3000:]
+    assert_checkpoints_whole(ckpts)
+    assert not [f for f in checkpoints(ckpts) if f.name.startswith(".")], "temporaries left"
+    wait_for(lambda: no_training_left(sandbox_cluster, ("node0", "node2")), 10,
+             "no training process on node0 and node2")
     assert re.match(r"drain\*? clustertrain \(alice\): node1 lost mid-run",
                     slurm_state(sandbox_cluster, "node1")), slurm_state(sandbox_cluster, "node1")
-    assert list(s["drained"]) == ["node1"], s
-    wait_for(lambda: no_training_left(sandbox_cluster, ("node0",)), 10,
-             "no training process on node0")
-    assert_checkpoints_whole(ckpts)
-    match = re.match(r"ckpt-(\d{6})", checkpoints(ckpts)[-1].name)
-    assert match, checkpoints(ckpts)
-    newest = int(match.group(1))
 
     # The node is back; provisioning it again puts right what the restart changed (the
     # whole cluster's re-run is tests/packaging/test_installed_sandbox.py's).
     changed = site_yml(sandbox_cluster, "node1")
     assert set(changed) == {"node1"}, changed
 
+    # Cordoned: bob's run on node1 (without Slurm's queue) is refused, naming why.
+    refused = run(sys.executable, "-m", "orchestrator", "train", "-i",
+                  str(sandbox_cluster.inventories["bob"]), "--hosts", "node0,node1",
+                  "--dry-run", "--runs-dir", str(tmp_path / "bob"), "train.py")
+    assert refused.returncode != 0, refused.stdout[-3000:]
+    assert re.search(rf"node1: cordoned since \S+ by alice: node1 lost mid-run "
+                     rf"{failed['run_id']} \(.*\); leave it out \(--hosts\), or once it is "
+                     r"fixed return it with `python -m orchestrator uncordon node1`",
+                     refused.stdout + refused.stderr), refused.stdout + refused.stderr
     # Still drained: the next run through Slurm's queue gets two other nodes.
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -246,24 +279,18 @@ def test_killed_node_then_provision_again_and_resume(sandbox_cluster, tmp_path):
     (info,) = [json.loads(p.read_text()) for p in elsewhere.glob("*/run.json")]
     assert info["slurm"]["nodes"] == ["node0", "node2"], info["slurm"]
 
-    bob = run(sys.executable, "-m", "orchestrator", "undrain", "node1", "-i",
+    bob = run(sys.executable, "-m", "orchestrator", "uncordon", "node1", "-i",
               str(sandbox_cluster.inventories["bob"]))
     assert bob.returncode != 0 and "only an admin" in bob.stderr, bob.stdout + bob.stderr
-    back = run(sys.executable, "-m", "orchestrator", "undrain", "node1", "-i",
+    back = run(sys.executable, "-m", "orchestrator", "uncordon", "node1", "-i",
                str(sandbox_cluster.inventory))
     assert back.returncode == 0, back.stdout + back.stderr
     wait_for(lambda: slurm_state(sandbox_cluster, "node1").startswith("idle"), 150,
              "node1 idle in Slurm again")
-
-    second = tmp_path / "second"
-    second.mkdir()
-    result = train(sandbox_cluster, second, "--epochs", "4", "--run-name",
-                   "e2e-killed", "--metrics-json",
-                   "/mnt/cluster/checkpoints/alice/results/e2e-killed.json",
-                   *SMALL)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert re.search(rf"resumed from \S*ckpt-{newest:06d}-", result.stdout), result.stdout[-3000:]
-    final = json.loads(
-        (sandbox_cluster.checkpoints("results") / "e2e-killed.json").read_text())["final"]
-    assert final["epochs"] == 4 and final["resumed_from"]["epoch"] == newest, final
-    assert not [f for f in checkpoints(ckpts) if f.name.startswith(".")], "temporaries left"
+    listed = run(sys.executable, "-m", "orchestrator", "cordon", "-i",
+                 str(sandbox_cluster.inventory))
+    assert listed.stdout.strip() == "no node is cordoned", listed.stdout + listed.stderr
+    again = run(sys.executable, "-m", "orchestrator", "train", "-i",
+                str(sandbox_cluster.inventories["bob"]), "--hosts", "node0,node1",
+                "--dry-run", "--runs-dir", str(tmp_path / "bob"), "train.py")
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]

@@ -75,13 +75,14 @@ def test_export_options_follow_the_other_settings():
         filters.nfs_server_export_options("squash_everything")
 
 
-def test_data_is_roots_and_checkpoints_is_sticky_and_world_writable():
+def test_data_is_roots_and_checkpoints_and_cordons_are_sticky_and_world_writable():
     specs = filters.nfs_server_subdirectory_specs(
         DEFAULTS["nfs_server_subdirectories"], DEFAULTS["nfs_server_export_owner"],
         DEFAULTS["nfs_server_export_group"], DEFAULTS["nfs_server_export_mode"])
     assert specs == [
         {"path": "data", "owner": "root", "group": "root", "mode": "0755"},
         {"path": "checkpoints", "owner": "root", "group": "root", "mode": "1777"},
+        {"path": "cordons", "owner": "root", "group": "root", "mode": "1777"},
     ]
     assert filters.nfs_server_subdirectory_problems(DEFAULTS["nfs_server_subdirectories"]) == []
 

@@ -332,3 +332,27 @@ def test_a_users_environment_missing_on_a_node_says_how_to_make_it() -> None:
     assert problem.startswith("node1: bob's environment proj is not there (")
     assert "env create -f ENVIRONMENT_FILE --name proj" in problem
     assert r.cluster.nodes[0].env_state_dir == "~/.clustertrain/envs/proj"
+
+
+CORDON = {"node": "node1", "action": "cordon", "why": "node1 lost mid-run r1 (heartbeat "
+          "silent 15 s)", "by": "bob", "since": "2026-11-26T03:12:00+00:00", "time": 1.0}
+
+
+def test_a_cordoned_node_is_refused_naming_why_since_when_and_the_way_back() -> None:
+    r = judged(facts("node0", {}), facts("node1", {}, cordon=CORDON))
+    assert r.problems == [
+        "node1: cordoned since 2026-11-26T03:12:00+00:00 by bob: node1 lost mid-run r1 "
+        "(heartbeat silent 15 s); leave it out (--hosts), or once it is fixed return it "
+        "with `python -m orchestrator uncordon node1` (or run `doctor` on it: a clean "
+        "doctor returns it)"]
+
+
+def test_doctors_own_run_measures_a_cordoned_node_with_a_warning() -> None:
+    r = Report(Cluster(inventory=Path("/site/hosts.yml"), nodes=(spec("node0"), spec("node1"))),
+               [facts("node0", {}), facts("node1", {}, cordon=CORDON)], cordoned_ok=True)
+    for x in r.facts:
+        x.resolve = {n.cluster_address: n.cluster_address for n in r.cluster.nodes}
+    _judge(r, 29500, strict_port=False)
+    assert r.problems == [] and r.warnings == [
+        "node1: cordoned since 2026-11-26T03:12:00+00:00 by bob: node1 lost mid-run r1 "
+        "(heartbeat silent 15 s)"]

@@ -1,7 +1,10 @@
-"""Test job: every rank joins the process group; the ranks on node --fail-node then exit
-with code 3, the others keep running (not in a collective) until they are stopped."""
+"""Test job: every rank joins the process group (and says which attempt it is, from
+CLUSTERTRAIN_RECOVERY); the ranks on node --fail-node (-1: every node) then fail --how:
+exit with code 3, raise an exception, or die of SIGKILL (as the OOM killer kills). The
+others keep running (not in a collective) until they are stopped."""
 import argparse
 import os
+import signal
 import sys
 import time
 
@@ -10,14 +13,20 @@ import torch.distributed as dist
 parser = argparse.ArgumentParser()
 parser.add_argument("--fail-node", type=int, default=1)
 parser.add_argument("--after", type=float, default=2.0)
+parser.add_argument("--how", choices=("exit", "raise", "kill"), default="exit")
 args = parser.parse_args()
 
 dist.init_process_group(os.environ.get("CLUSTERTRAIN_BACKEND", "gloo"))
 node = int(os.environ["CLUSTERTRAIN_NODE_RANK"])
-print(f"rank {dist.get_rank()} on node {node} joined", flush=True)
+print(f"rank {dist.get_rank()} on node {node} joined (recovery "
+      f"{os.environ.get('CLUSTERTRAIN_RECOVERY', '-')})", flush=True)
 time.sleep(args.after)
-if node == args.fail_node:
-    print(f"rank {dist.get_rank()}: simulated failure on node {node}", flush=True)
+if args.fail_node in (node, -1):
+    print(f"rank {dist.get_rank()}: simulated failure on node {node} ({args.how})", flush=True)
+    if args.how == "raise":
+        raise RuntimeError("the script's own error")
+    if args.how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
     sys.exit(3)
 while True:
     time.sleep(0.5)

@@ -286,6 +286,18 @@ def test_verb_states_reads_the_nodes_states_and_hang_dumps(node: Node, tmp_path:
     assert said["hang"] == {"n0": {"node": "n0", "ranks": []}}
 
 
+@covers("cordon")
+def test_verb_cordon_adds_an_event_and_lists_the_cordoned_nodes(node: Node,
+                                                                tmp_path: Path) -> None:
+    (tmp_path / "cordons").mkdir()
+    request = {"share": str(tmp_path), "node": "n1", "action": "cordon", "why": "lost",
+               "run": "r1"}
+    said = last_json(node.verb("cordon", stdin=json.dumps(request)))
+    assert isinstance(said, dict) and said["event"]["why"] == "lost"
+    listed = last_json(node.verb("cordon", stdin=json.dumps({"share": str(tmp_path)})))
+    assert isinstance(listed, dict) and list(listed["cordoned"]) == ["n1"]
+
+
 @covers("torch")
 def test_verb_torch_says_what_this_python_sees(node: Node) -> None:
     said = last_json(node.verb("torch", bare=False))

@@ -1,5 +1,5 @@
-"""Which nodes a run drains in Slurm (orchestrator/run/drain.py): the ones it lost, and
-only on a Slurm cluster. Draining itself runs on the sandbox
+"""Which nodes a run keeps out (orchestrator/run/drain.py): the ones it lost, with why.
+Cordoning and draining themselves run on the sandbox
 (tests/e2e/test_cluster.py::test_killed_node_then_provision_again_and_resume)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from orchestrator.cluster.inventory import Cluster
-from orchestrator.run.drain import drain_lost, lost_nodes
+from orchestrator.run.drain import KeptOut, keep_out_lost, lost_nodes
 
 SUMMARY = {"run_id": "r1", "nodes": [
     {"name": "node0", "end_reason": "stopped", "why": "peer-lost node1"},
@@ -21,8 +21,17 @@ def test_only_the_lost_nodes_with_why() -> None:
         "n": "no word from it"}
 
 
-def test_nothing_is_drained_without_slurm() -> None:
+def test_a_run_that_lost_no_node_keeps_nothing_out() -> None:
+    said: list[str] = []
+    cluster = Cluster(Path("hosts.yml"), (), variables={"cluster_scheduler": "slurm"})
+    summary = {**SUMMARY, "nodes": SUMMARY["nodes"][:1]}
+    assert keep_out_lost(summary, cluster, {}, said.append) == KeptOut()
+    assert said == [] and KeptOut().record() == {}
+
+
+def test_lost_nodes_with_no_other_node_to_ask_are_named_with_the_fix() -> None:
     said: list[str] = []
     cluster = Cluster(Path("hosts.yml"), (), variables={"cluster_scheduler": "none"})
-    assert drain_lost(SUMMARY, cluster, {}, said.append) == {}
-    assert said == []
+    assert keep_out_lost(SUMMARY, cluster, {}, said.append) == KeptOut()
+    assert said == ["run r1: could not cordon node1: no other node answers; once one "
+                    "does: python -m orchestrator cordon NODE --why TEXT"]

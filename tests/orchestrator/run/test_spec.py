@@ -149,6 +149,21 @@ def test_a_bad_job_file_is_refused_naming_the_key_and_line(place, capsys, text, 
      "says cluster_scheduler: none, so the cluster runs no Slurm"),
     ("workdir: code\nscript: job.py\npython_env: ../x\n",
      "job.yaml line 3: python_env '../x': an environment's name is letters, digits"),
+    ("workdir: code\nscript: job.py\nspares: 1\n",
+     "job.yaml line 3: spares goes with --max-recoveries N"),
+    ("workdir: code\nscript: job.py\nmax_recoveries: -1\n",
+     "job.yaml line 3: max_recoveries -1: give 0 or more"),
+    ("workdir: code\nscript: job.py\nmax_recoveries: 1\nspares: 1\nspare_hosts: [node1]\n",
+     "job.yaml line 5: spare_hosts: give one of them"),
+    ("workdir: code\nscript: job.py\nmax_recoveries: 1\nqueue: true\n",
+     "job.yaml line 3: max_recoveries with --queue: a run through Slurm's queue does not "
+     "recover yet"),
+    ("workdir: code\nscript: job.py\nmax_recoveries: 1\ndetach: true\n",
+     "job.yaml line 3: max_recoveries with --detach: a detached run does not recover yet"),
+    ("workdir: code\nscript: job.py\nnodes: 1\nmax_recoveries: 1\nspare_hosts: [node0]\n",
+     "--spare-hosts: node0 is one of the run's own nodes"),
+    ("workdir: code\nscript: job.py\nnodes: 2\nmax_recoveries: 1\nspares: 1\n",
+     "--spares 1: "),
 ])
 def test_a_job_files_values_are_checked_as_the_options_are(place, capsys, text, words) -> None:
     code, out = run(["train", "-f", str(job(place, text)), "-i", str(place / "hosts.ini")],
@@ -173,6 +188,16 @@ def test_a_users_own_environment_reaches_the_spec_and_its_job_file(place) -> Non
                                 str(place / "code"), "job.py"]))
     assert spec.python_env == "proj-2"
     assert from_sources(read_job_file(job(place, spec.to_yaml()))).python_env == "proj-2"
+
+
+def test_the_recovery_options_reach_the_spec_and_its_job_file(place) -> None:
+    spec = parse_request(parse(["train", "--max-recoveries", "2", "--spare-hosts", "n2,n3",
+                                "--min-nodes", "1", "--workdir", str(place / "code"),
+                                "job.py"]))
+    assert (spec.max_recoveries, spec.spares, spec.spare_hosts, spec.min_nodes) == (
+        2, 0, ("n2", "n3"), 1)
+    again = from_sources(read_job_file(job(place, spec.to_yaml())))
+    assert (again.max_recoveries, again.spare_hosts, again.min_nodes) == (2, ("n2", "n3"), 1)
 
 
 def test_a_missing_job_file_is_named(place, capsys) -> None:

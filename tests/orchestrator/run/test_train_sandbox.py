@@ -5,6 +5,7 @@ node it killed so that the session's sandbox stays usable."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -164,6 +165,47 @@ def test_failure_on_node1_stops_node0(sandbox_cluster: Sandbox, tmp_path: Path) 
     assert_no_job_processes(sandbox_cluster)
 
 
+def test_a_script_that_raises_on_every_rank_fails_at_once_without_recovery(
+        sandbox_cluster: Sandbox, tmp_path: Path) -> None:
+    """Issue 29: the script's own failure is not a node's: no recovery is attempted,
+    however many are allowed."""
+    t = Train(sandbox_cluster, tmp_path, "--nodes", "2", "--max-recoveries", "2", "--spares",
+              "1", "fail_on_node.py", "--", "--fail-node", "-1", "--how", "raise",
+              "--after", "0")
+    code = t.finish(timeout=120)
+    assert code != 0, t.text
+    assert "recovery" not in t.text.replace("(recovery 0)", ""), t.text
+    assert "RuntimeError: the script's own error" in t.stderr, t.stderr[-3000:]
+    assert t.summary()["status"] == "failed"   # one record: nothing started again
+    assert_no_job_processes(sandbox_cluster, nodes=("node0", "node1", "node2"), within=10)
+
+
+def test_recoveries_used_up_fail_the_run_naming_each_failure(sandbox_cluster: Sandbox,
+                                                             tmp_path: Path) -> None:
+    """Issue 29: a rank killed by SIGKILL is a node's fault: the run starts again on
+    node0 and the spare node2 (CLUSTERTRAIN_RECOVERY=1), where the rank on node rank 1
+    dies again; with --max-recoveries 1 the run then fails, naming both failures."""
+    t = Train(sandbox_cluster, tmp_path, "--nodes", "2", "--max-recoveries", "1", "--spares",
+              "1", "fail_on_node.py", "--", "--fail-node", "1", "--how", "kill")
+    code = t.finish(timeout=240)
+    assert code != 0, t.text
+    assert "joined (recovery 0)" in t.text and "joined (recovery 1)" in t.text, t.text
+    assert re.search(r"run (\S+): node1 rank 1 killed \(SIGKILL\); recovery 1 of 1: "
+                     r"starting again from the newest checkpoint as \1\.r1 on node0, node2 "
+                     r"\(node2, a spare, in node1's place\)", t.text), t.text
+    said = re.search(r"error: run (\S+) failed: its node failed 2 time\(s\) and "
+                     r"--max-recoveries 1 allowed 1 recovery: \1: node1 rank 1 killed "
+                     r"\(SIGKILL\) at \S+; \1\.r1: node2 rank 1 killed \(SIGKILL\) at ",
+                     t.stderr)
+    assert said, t.stderr[-3000:]
+    first = json.loads((tmp_path / said[1] / "summary.json").read_text())
+    last = json.loads((tmp_path / f"{said[1]}.r1" / "summary.json").read_text())
+    assert first["recovered_in"] == f"{said[1]}.r1" and "cordoned" not in first, first
+    assert last["status"] == "failed" and last["first_failed"] == "node2", last
+    assert [r["node"] for r in last["recoveries"]] == ["node1"], last["recoveries"]
+    assert_no_job_processes(sandbox_cluster, nodes=("node0", "node1", "node2"), within=10)
+
+
 def test_ctrl_c_leaves_no_process(sandbox_cluster: Sandbox, tmp_path: Path) -> None:
     t = Train(sandbox_cluster, tmp_path, "--nodes", "2", "ddp_allreduce.py", "--",
               "--sleep", "600")
@@ -318,10 +360,10 @@ def test_killed_node_is_noticed(sandbox_cluster: Sandbox, tmp_path: Path) -> Non
         assert_no_job_processes(sandbox_cluster, nodes=("node0",))
     finally:
         sandbox_cluster.start("node1")  # back for later tests, SSH answering
-        # The cluster runs Slurm: the run drained node1 (tests/e2e/test_cluster.py shows
+        # The run cordoned node1 and drained it in Slurm (tests/e2e/test_cluster.py shows
         # it); an admin returns it, so that later tests find every node idle.
-        undrain = subprocess.run([sys.executable, "-m", "orchestrator", "undrain", "node1",
-                                  "-i", str(sandbox_cluster.inventory)], cwd=REPO,
-                                 env=PODMAN_ENV, capture_output=True, text=True, timeout=60)
-    assert undrain.returncode == 0, undrain.stdout + undrain.stderr
+        back = subprocess.run([sys.executable, "-m", "orchestrator", "uncordon", "node1",
+                               "-i", str(sandbox_cluster.inventory)], cwd=REPO,
+                              env=PODMAN_ENV, capture_output=True, text=True, timeout=60)
+    assert back.returncode == 0, back.stdout + back.stderr
     assert "node1 is drained in Slurm" in t.text + t.stderr

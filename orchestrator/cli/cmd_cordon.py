@@ -1,0 +1,58 @@
+"""`cordon [NODE --why TEXT]`, `uncordon NODE`: the nodes every user's runs keep out (the
+share's record, and on Slurm the node's drain)."""
+
+from __future__ import annotations
+
+import argparse
+
+from .. import defaults
+from ..cluster.inventory import load_cluster
+from ..errors import ClusterError
+from ..run.drain import cordons, keep_out, uncordon
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    c = sub.add_parser("cordon", help="keep a node out of every user's runs, or list those",
+                       description="Without NODE: the nodes cordoned now, with why, by whom "
+                       "and since when. With NODE: cordon it (every user's preflight refuses "
+                       "it; on Slurm it is drained too) until `uncordon NODE`. Runs that "
+                       "lose a node, and doctor, cordon it themselves.")
+    c.add_argument("node", nargs="?", help="the node's inventory name")
+    c.add_argument("--why", help="the reason every refusal will name (with NODE: required)")
+    c.add_argument("-i", "--inventory", default=str(defaults.INVENTORY))
+    c.set_defaults(func=_cordon)
+    u = sub.add_parser("uncordon", aliases=["undrain"],
+                       help="return a cordoned (and drained) node to service",
+                       description="Return NODE to service once it is fixed: the share's "
+                       "record says so, and on a Slurm cluster Slurm takes it back (that "
+                       "part needs sudo on the nodes: an admin). A clean `doctor` on the "
+                       "node does the same.")
+    u.add_argument("node", help="the node's inventory name (also its Slurm name)")
+    u.add_argument("-i", "--inventory", default=str(defaults.INVENTORY))
+    u.set_defaults(func=_uncordon)
+
+
+def _cordon(args: argparse.Namespace) -> int:
+    cluster = load_cluster(args.inventory)
+    if args.node is None:
+        found = cordons(cluster)
+        if not found:
+            print("no node is cordoned")
+        for node, event in sorted(found.items()):
+            print(f"{node:<12} since {event.get('since')} by {event.get('by')}: "
+                  f"{event.get('why') or '-'}")
+        return 0
+    if args.node not in cluster.names:
+        raise ClusterError(f"cordon {args.node}: not a node of {cluster.inventory} "
+                           f"({', '.join(cluster.names)})")
+    if not args.why:
+        raise ClusterError(f"cordon {args.node}: say why with --why TEXT (every run it "
+                           "refuses names it)")
+    kept = keep_out(cluster, {args.node: args.why}, None)
+    return 0 if args.node in kept.cordoned else 1
+
+
+def _uncordon(args: argparse.Namespace) -> int:
+    state = uncordon(load_cluster(args.inventory), args.node)
+    print(f"{args.node} is back in service" + (f" (Slurm: {state})" if state else ""))
+    return 0
