@@ -49,17 +49,8 @@ def at(iso: str) -> float:
 def wait_ssh(inventory: str, node: str, timeout: float = 120) -> None:
     from orchestrator.cluster import ssh
     from orchestrator.cluster.inventory import load_cluster
-    from orchestrator.errors import PreflightError
     spec = next(n for n in load_cluster(inventory).nodes if n.name == node)
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            ssh.connect(spec.name, spec.ssh).close()
-            return
-        except PreflightError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(1)
+    ssh.wait_until_it_answers(spec.name, spec.ssh, timeout)
 
 
 def trial(i: int, info: dict, share: Path) -> dict:

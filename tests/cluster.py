@@ -6,7 +6,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,20 +63,11 @@ class ProvisionedCluster:
         """Start NODE's container again and wait until its SSH answers (same address)."""
         from orchestrator.cluster import ssh
         from orchestrator.cluster.inventory import load_cluster
-        from orchestrator.errors import PreflightError
 
         subprocess.run(["podman", "start", self.containers[node]], env=ENV, check=False,
                        capture_output=True, timeout=60)
         spec = next(n for n in load_cluster(self.inventory).nodes if n.name == node)
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                ssh.connect(spec.name, spec.ssh).close()
-                return
-            except PreflightError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(1)
+        ssh.wait_until_it_answers(spec.name, spec.ssh, timeout)
 
 
 def run(*argv: str, timeout: int = 1800, **kw) -> subprocess.CompletedProcess:

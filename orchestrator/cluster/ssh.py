@@ -285,6 +285,19 @@ def connect(name: str, target: SshTarget) -> Connection:
     return Connection(name, target).open()
 
 
+def wait_until_it_answers(name: str, target: SshTarget, timeout: float) -> None:
+    """Until the node's SSH answers (a node starting again); PreflightError after TIMEOUT."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            connect(name, target).close()
+            return
+        except PreflightError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+
+
 def connect_all(specs: list[Any]) -> dict[str, Connection]:
     """An open connection to each node (anything with .name and .ssh), made at once; the
     first node's error (in order) if any failed, with the others closed again."""

@@ -8,6 +8,9 @@
     supervise  follow every node's log to the end (attached), or leave it to the nodes
     conclude   the run's summary: the one status rule (status.py), written on every exit
                path, and said
+    recover    with --max-recoveries, an end that was a node's fault: the failed node kept
+               out, the whole run again (check to conclude) as RUN.r1 on the healthy nodes
+               and a spare, from the job's newest checkpoint (recovery.py)
 
     python -m orchestrator train --nodes 2 ddp.py -- --epochs 3
 """

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import LaunchError
 from ..node.protocol import PEER_TIMEOUT, STOP_REQUESTED, End, read_end
 from .ends import NodeEnds, how_it_ended, scan_log
+from .recovery import Recovery
 
 if TYPE_CHECKING:
     from .command import NodeCommand
@@ -417,6 +418,11 @@ def row(summary: dict | None) -> tuple[str, str]:
     status = str(summary["status"])
     if summary.get("first_failed"):
         status += f" ({summary['first_failed']})"
+    if summary.get("recovered_in"):
+        status += f", recovered in {summary['recovered_in']}"
+    elif summary.get("recoveries"):
+        status += f" after {len(summary['recoveries'])} recover" + (
+            "y" if len(summary["recoveries"]) == 1 else "ies")
     return status, f"{summary['duration_s']:.1f}s"
 
 
@@ -448,4 +454,9 @@ def show(run_id: str, summary: dict, what: str) -> list[str]:
         lines.append(f"    every rank's stack: {hang['dumps']}/")
     if summary.get("error"):
         lines.append(f"  why: {summary['error']}")
+    if summary.get("recovered_in"):
+        lines.append(f"  a node failed: the run started again as {summary['recovered_in']} "
+                     f"(`runs show {summary['recovered_in']}`)")
+    for recovery in summary.get("recoveries") or []:
+        lines.append("  " + Recovery(**recovery).line())
     return lines

@@ -56,6 +56,33 @@ def test_runs_show_gives_each_nodes_end_step_time_stragglers_and_hang(tmp_path: 
     assert f"say `runs show {run.run_id}`" in capsys.readouterr().err
 
 
+def test_runs_and_runs_show_tell_each_recovery(tmp_path: Path, capsys) -> None:
+    first = make_run(tmp_path, finished=False)
+    first.write_summary({"status": "failed", "duration_s": 30.0, "first_failed": "node1",
+                         "recovered_in": f"{first.run_id}.r1"})
+    last = RunDir(tmp_path, f"{first.run_id}.r1")
+    last.create({"run_id": last.run_id, "nodes": ["node0", "node2"], "script": "ddp.py",
+                 "script_args": [], "inventory": "inv.yml"})
+    last.write_summary({"status": "succeeded", "duration_s": 40.0, "recoveries": [{
+        "attempt": 1, "failed_run": first.run_id, "node": "node1", "why": "lost (x)",
+        "failed_at": "T", "run_id": last.run_id, "nodes": ["node0", "node2"],
+        "spare": "node2", "cordoned": True, "down_s": 13.3, "restart_s": 5.1,
+        "resume_s": 6.8, "load_s": 0.02, "resumed_from": {"checkpoint": "c.pt", "epoch": 1,
+                                                          "step": 16}, "steps_lost": 1}]})
+    assert main(["runs", "--runs-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"failed (node1), recovered in {last.run_id}" in out, out
+    assert "succeeded after 1 recovery" in out, out
+    assert main(["runs", "show", first.run_id, "--runs-dir", str(tmp_path)]) == 0
+    assert (f"  a node failed: the run started again as {last.run_id} (`runs show "
+            f"{last.run_id}`)") in capsys.readouterr().out
+    assert main(["runs", "show", last.run_id, "--runs-dir", str(tmp_path)]) == 0
+    assert (f"  recovery 1: node1 lost (x) at T; node2 took its place, as {last.run_id} on "
+            "node0, node2; training again 13.3 s later (torchrun restarted after 5.1 s, "
+            "first step 6.8 s after that, checkpoint loaded in 0.02 s); resumed from c.pt "
+            "(epoch 1, step 16, 1 step(s) done again)") in capsys.readouterr().out
+
+
 def test_logs_all_and_one_node(tmp_path: Path, capsys) -> None:
     run = make_run(tmp_path, finished=True)
     assert main(["logs", run.run_id, "--runs-dir", str(tmp_path)]) == 0
