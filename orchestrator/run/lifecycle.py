@@ -157,6 +157,11 @@ def run_training(spec: RunSpec, dry_run: bool = False, cluster: Cluster | None =
     run_id = spec.run_id or new_run_id()
     if spec.max_recoveries and not dry_run:
         return _recovering(spec, whole, cluster, spares, run_id)
+    if spec.max_recoveries:
+        print(f"# dry run: a node's failure would start the run again from its newest "
+              f"checkpoint, at most {spec.max_recoveries} time(s), as {run_id}.r1, ... on "
+              f"the healthy nodes and a spare ({', '.join(spares) or 'none held'})"
+              + (f", or on {spec.min_nodes} node(s) or more" if spec.min_nodes else ""))
     return _attempt(spec, whole, cluster, run_id, dry_run)
 
 

@@ -200,6 +200,18 @@ def test_the_recovery_options_reach_the_spec_and_its_job_file(place) -> None:
     assert (again.max_recoveries, again.spare_hosts, again.min_nodes) == (2, ("n2", "n3"), 1)
 
 
+def test_a_dry_run_says_what_a_recovery_would_do(place, capsys) -> None:
+    (place / "hosts.ini").write_text("[train_nodes]\n" + "".join(
+        f"node{i} ansible_host=127.0.0.{i + 1} ansible_port=1\n" for i in range(3)))
+    code, out = run(["train", "-i", str(place / "hosts.ini"), "--nodes", "2",
+                     "--max-recoveries", "1", "--spares", "1", "--min-nodes", "1",
+                     "--workdir", str(place / "code"), "--dry-run", "job.py"], capsys)
+    assert code != 0   # nobody answers on port 1: after the plan's first line
+    assert "# dry run: a node's failure would start the run again from its newest " \
+           "checkpoint, at most 1 time(s), as " in out, out
+    assert "on the healthy nodes and a spare (node2), or on 1 node(s) or more" in out, out
+
+
 def test_a_missing_job_file_is_named(place, capsys) -> None:
     code, out = run(["train", "-f", str(place / "nope.yaml")], capsys)
     assert code != 0 and f"-f {place / 'nope.yaml'}: No such file or directory" in out
