@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 
 from .. import defaults
-from ..run.stop import stop_run
+from ..run.record import latest_attempt, open_run
+from ..run.stop import RUN_ID, stop_run
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,6 +24,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
+    if RUN_ID.match(args.run):   # a run whose node failed and that recovered: its attempt now
+        attempt = latest_attempt(open_run(Path(args.runs_dir), args.run)).run_id
+        if attempt != args.run:
+            print(f"run {args.run} recovered from a failed node and runs as {attempt} now")
+            args.run = attempt
     results = stop_run(Path(args.runs_dir), args.run, args.grace, args.inventory)
     if not results:
         print(f"run {args.run} was waiting in Slurm's queue: its job was cancelled; nothing "

@@ -33,7 +33,14 @@ from .allocation import Allocation, queue_for
 from .command import NodeCommand
 from .drain import keep_out_lost
 from .follow import Job
-from .record import RunDir, code_revision, new_run_id, open_run, run_state_dir
+from .record import (
+    RunDir,
+    code_revision,
+    latest_attempt,
+    new_run_id,
+    open_run,
+    run_state_dir,
+)
 from .recovery import (
     RECOVERY_ENV,
     Failure,
@@ -378,8 +385,12 @@ def _doctor_first(spec: RunSpec, cluster: Cluster, dry_run: bool) -> None:
 
 def attach_run(runs_dir: Path, run_id: str, tail: int | None = None) -> int:
     """`attach`: follow a running run's logs (from the start, or each node's last TAIL
-    lines) until it ends, and conclude as train does; Ctrl-C only stops following (130)."""
-    run = open_run(runs_dir, run_id)
+    lines) until it ends, and conclude as train does; Ctrl-C only stops following (130).
+    A run that recovered from a failed node: its latest attempt."""
+    run = latest_attempt(open_run(runs_dir, run_id))
+    if run.run_id != run_id:
+        print(f"run {run_id} recovered from a failed node as {run.run_id}; following that")
+        run_id = run.run_id
     info = run.info()
     records = info.get("node_commands")
     if not records:

@@ -173,6 +173,22 @@ def open_run(root: Path, run_id: str) -> RunDir:
     return run
 
 
+def latest_attempt(run: RunDir) -> RunDir:
+    """The attempt of RUN that is running now, or ran last: a run whose node failed and
+    that recovered names the attempt that followed it (`recovered_in`, run/recovery.py)."""
+    seen = {run.run_id}
+    while True:
+        try:
+            summary = run.summary()
+        except RecordUnreadable:
+            return run
+        following = (summary or {}).get("recovered_in")
+        if not following or following in seen or not RunDir(run.root, following).run_json.exists():
+            return run
+        seen.add(following)
+        run = RunDir(run.root, following)
+
+
 def list_runs(root: Path) -> list[RunDir]:
     if not root.is_dir():
         return []

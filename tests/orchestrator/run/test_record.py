@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from orchestrator.cli import main
-from orchestrator.run.record import RunDir, new_run_id
+from orchestrator.run.record import RunDir, latest_attempt, new_run_id
 
 
 def make_run(root: Path, finished: bool) -> RunDir:
@@ -81,6 +81,26 @@ def test_runs_and_runs_show_tell_each_recovery(tmp_path: Path, capsys) -> None:
             "node0, node2; training again 13.3 s later (torchrun restarted after 5.1 s, "
             "first step 6.8 s after that, checkpoint loaded in 0.02 s); resumed from c.pt "
             "(epoch 1, step 16, 1 step(s) done again)") in capsys.readouterr().out
+
+
+def test_attach_and_stop_find_a_recovered_runs_latest_attempt(tmp_path: Path,
+                                                               capsys) -> None:
+    first = make_run(tmp_path, finished=False)
+    assert latest_attempt(first) == first    # running: no summary yet
+    first.write_summary({"status": "failed", "duration_s": 1.0,
+                         "recovered_in": f"{first.run_id}.r1"})
+    assert latest_attempt(first) == first    # the next attempt's record is not there yet
+    last = RunDir(tmp_path, f"{first.run_id}.r1")
+    last.create({"run_id": last.run_id, "nodes": ["node0"], "inventory": "inv.yml",
+                 "node_commands": {"node0": {}}})
+    assert latest_attempt(first) == last
+    last.write_summary({"status": "failed", "duration_s": 1.0, "recovered_in": first.run_id})
+    assert latest_attempt(first) == last     # a loop (an edited record) ends the walk
+    last.write_summary({"status": "succeeded", "duration_s": 1.0})
+    assert main(["attach", first.run_id, "--runs-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"run {first.run_id} recovered from a failed node as {last.run_id}" in out, out
+    assert f"run {last.run_id} has ended (succeeded)" in out, out
 
 
 def test_logs_all_and_one_node(tmp_path: Path, capsys) -> None:
