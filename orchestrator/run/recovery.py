@@ -47,14 +47,18 @@ class Failure:
     at: str    # ISO time: the failed node's end (its last word, for a lost node)
 
 
-def _killed(code: Any) -> str | None:
-    """'SIGKILL' for a code that says a signal (not a stop) ended the process."""
-    if not isinstance(code, int) or code >= 0:
+def _killed(code: Any, shell_form: bool = False) -> str | None:
+    """'SIGKILL' for a code that says a signal (not a stop) ended the process: -N, or
+    with SHELL_FORM also 128+N (how a node's supervisor writes its torchrun's end)."""
+    if not isinstance(code, int):
+        return None
+    number = -code if code < 0 else code - 128 if shell_form and 128 < code < 160 else 0
+    if not number:
         return None
     try:
-        sig = signal.Signals(-code)
+        sig = signal.Signals(number)
     except ValueError:
-        return f"signal {-code}"
+        return f"signal {number}"
     return None if sig in STOPS else sig.name
 
 
@@ -73,7 +77,7 @@ def node_failure(summary: Mapping[str, Any]) -> Failure | None:
     if reason == "supervisor-failed":
         return Failure(summary["run_id"], name, f"its supervisor failed ({why})".replace(
             " ()", ""), False, at)
-    killed = _killed(node.get("exit_code"))
+    killed = _killed(node.get("exit_code"), shell_form=True)
     if killed:
         return Failure(summary["run_id"], name, f"its torchrun was killed ({killed})", False,
                        at)

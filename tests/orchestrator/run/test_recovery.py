@@ -35,6 +35,8 @@ def summary(node1: dict, status: str = "failed", ranks: dict | None = None) -> d
     ({"exit_code": None, "end_reason": "supervisor-failed"}, None,
      "its supervisor failed"),
     ({"exit_code": -9, "end_reason": "exited"}, None, "its torchrun was killed (SIGKILL)"),
+    # The supervisor writes a torchrun killed by signal N as 128+N.
+    ({"exit_code": 137, "end_reason": "exited"}, None, "its torchrun was killed (SIGKILL)"),
     ({"exit_code": 1, "end_reason": "exited"}, {"2": -9, "3": -15},
      "rank 2 killed (SIGKILL)"),
     ({"exit_code": 1, "end_reason": "exited"}, {"2": -7}, "rank 2 killed (SIGBUS)"),
@@ -52,6 +54,9 @@ def test_a_nodes_fault_is_recovered(node1: dict, ranks: dict | None, why: str) -
     ({"exit_code": 1, "end_reason": "exited"}, {"2": 3, "3": -9}, "failed"),
     # A stop (SIGTERM) is nobody's fault; nor are a hang, a stop or a success.
     ({"exit_code": -15, "end_reason": "exited"}, {"2": -15}, "failed"),
+    ({"exit_code": 143, "end_reason": "exited"}, None, "failed"),
+    # A script's own sys.exit(137) is its code, not a signal: torchrun ends with 1.
+    ({"exit_code": 1, "end_reason": "exited"}, {"2": 137}, "failed"),
     ({"exit_code": None, "end_reason": "lost"}, None, "hung"),
     ({"exit_code": None, "end_reason": "lost"}, None, "stopped"),
     ({"exit_code": 0, "end_reason": "exited"}, None, "succeeded"),
