@@ -36,6 +36,7 @@ from .follow import Job
 from .record import (
     RunDir,
     code_revision,
+    iso,
     latest_attempt,
     new_run_id,
     open_run,
@@ -199,7 +200,8 @@ def _recovering(spec: RunSpec, whole: Cluster, cluster: Cluster, spares: list[st
             names, spare = next_nodes(names, failure.node, spares, spec.min_nodes)
             recovery = Recovery(attempt + 1, rid, failure.node, failure.why, failure.at,
                                 attempt_id(run_id, attempt + 1), names, spare,
-                                failure.node in (summary or {}).get("cordoned", {}))
+                                failure.node in (summary or {}).get("cordoned", {}),
+                                _last_heard(summary or {}, failure, names))
             _mark_recovered(spec.runs_dir, rid, recovery.run_id)
             print(f"run {rid}: {failure.node} {failure.why}; recovery {attempt + 1} of "
                   f"{spec.max_recoveries}: starting again from the newest checkpoint as "
@@ -213,6 +215,20 @@ def _recovering(spec: RunSpec, whole: Cluster, cluster: Cluster, spares: list[st
             print(f"run {rid}: {told.line()}", flush=True)
         return code
     raise AssertionError("not reached: the last attempt returns or raises")
+
+
+def _last_heard(summary: dict[str, Any], failure: Failure, healthy: list[str]) -> str | None:
+    """A lost node's last heartbeat on the share (ISO), read through a node that is well:
+    nearer its death than when the loss was seen. None when it cannot be read."""
+    if not failure.lost:
+        return None
+    from .settle import fetch_states
+    try:
+        nodes = [n["name"] for n in summary["nodes"] if n["name"] in healthy]
+        states, _, _ = fetch_states({**summary, "nodes": nodes})
+        return iso(float(states[failure.node]["time"]))
+    except Exception:  # noqa: BLE001 - the record goes without it
+        return None
 
 
 def _summary(runs_dir: Path, run_id: str) -> dict[str, Any] | None:

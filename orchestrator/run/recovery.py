@@ -141,9 +141,11 @@ class Recovery:
     nodes: list[str]
     spare: str | None
     cordoned: bool
+    last_heard_at: str | None = None      # a lost node's last heartbeat on the share (ISO)
     started_at: str | None = None         # the new attempt's launch (ISO)
     training_again_at: str | None = None  # its first training step (a beat)
     down_s: float | None = None           # failed_at -> training again
+    silent_s: float | None = None         # last_heard_at -> training again (a lost node)
     restart_s: float | None = None        # failed_at -> torchrun started again
     resume_s: float | None = None         # torchrun started -> first step (load included)
     load_s: float | None = None           # the checkpoint's load (the project's job)
@@ -167,6 +169,9 @@ class Recovery:
             self.down_s = round(again - failed, 3)
         if started is not None and again is not None:
             self.resume_s = round(again - started, 3)
+        heard = _time(self.last_heard_at)
+        if heard is not None and again is not None:
+            self.silent_s = round(again - heard, 3)
         found = RESUMED.search(log_text)
         if found:
             self.load_s = float(found["load_s"])
@@ -182,7 +187,9 @@ class Recovery:
         told = [f"recovery {self.attempt}: {self.node} {self.why} at {self.failed_at}; "
                 f"{where}, as {self.run_id} on {', '.join(self.nodes)}"]
         if self.down_s is not None:
-            told.append(f"training again {self.down_s:.1f} s later (torchrun restarted "
+            told.append(f"training again {self.down_s:.1f} s later" + (
+                f", {self.silent_s:.1f} s after its last heartbeat"
+                if self.silent_s is not None else "") + " (torchrun restarted "
                         f"after {self.restart_s:.1f} s, first step {self.resume_s:.1f} s "
                         "after that" + (f", checkpoint loaded in {self.load_s:.2f} s"
                                         if self.load_s is not None else "") + ")")

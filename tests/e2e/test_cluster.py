@@ -238,6 +238,10 @@ def test_a_killed_node_is_replaced_by_a_spare_and_the_run_resumes(sandbox_cluste
     assert recovery["why"].startswith("lost"), recovery
     # The time from the kill to training again, and its parts.
     assert killed_at < datetime.fromisoformat(recovery["training_again_at"]).timestamp()
+    # The node's last heartbeat on the share (one a second): just before the kill.
+    heard = datetime.fromisoformat(recovery["last_heard_at"]).timestamp()
+    assert killed_at - 5 < heard < killed_at + 2, (killed_at, recovery)
+    assert recovery["silent_s"] > recovery["down_s"], recovery
     assert recovery["down_s"] > 0 and recovery["restart_s"] > 0 and recovery["load_s"] >= 0
     assert recovery["resumed_from"]["epoch"] >= 1, recovery
     # Every attempt's logs are kept, each in its own record.

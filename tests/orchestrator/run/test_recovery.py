@@ -95,15 +95,18 @@ def test_a_recovery_is_timed_from_the_failure_to_the_first_step_again() -> None:
                  ["node0", "node2"], "node2", True)
     log = ("node0/rank0 | resumed from /mnt/cluster/checkpoints/alice/j/ckpt-000001-0000000.pt "
            "in 0.42 s: epoch 1, step 0 (global step 40)\n")
+    r.last_heard_at = "2026-11-26T03:00:08+00:00"
     r.complete({"start": "2026-11-26T03:00:14+00:00",
                 "first_step_at": "2026-11-26T03:00:31.500+00:00"}, log, last_step=57)
     assert (r.run_id, r.restart_s, r.resume_s, r.down_s, r.load_s, r.steps_lost) == (
         "r.r1", 4.0, 17.5, 21.5, 0.42, 17)
+    assert r.silent_s == 23.5   # from the lost node's last heartbeat
     assert r.resumed_from == {"checkpoint": "/mnt/cluster/checkpoints/alice/j/ckpt-000001-"
                               "0000000.pt", "epoch": 1, "step": 40}
     assert r.line() == (
         "recovery 1: node1 lost (x) at 2026-11-26T03:00:10+00:00; node2 took its place, as "
-        "r.r1 on node0, node2; training again 21.5 s later (torchrun restarted after 4.0 s, "
+        "r.r1 on node0, node2; training again 21.5 s later, 23.5 s after its last heartbeat "
+        "(torchrun restarted after 4.0 s, "
         "first step 17.5 s after that, checkpoint loaded in 0.42 s); resumed from "
         "/mnt/cluster/checkpoints/alice/j/ckpt-000001-0000000.pt (epoch 1, step 40, 17 "
         "step(s) done again)")
