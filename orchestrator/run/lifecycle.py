@@ -167,7 +167,8 @@ def run_training(spec: RunSpec, dry_run: bool = False, cluster: Cluster | None =
         return _recovering(spec, whole, cluster, spares, run_id)
     if spec.max_recoveries:
         print(f"# dry run: a node's failure would start the run again from its newest "
-              f"checkpoint, at most {spec.max_recoveries} time(s), as {run_id}.r1, ... on "
+              f"checkpoint, at most {spec.max_recoveries} time(s), as "
+              f"{attempt_id(run_id, 1)}, ... on "
               f"the healthy nodes and a spare ({', '.join(spares) or 'none held'})"
               + (f", or on {spec.min_nodes} node(s) or more" if spec.min_nodes else ""))
     return _attempt(spec, whole, cluster, run_id, dry_run)
@@ -191,7 +192,7 @@ def _recovering(spec: RunSpec, whole: Cluster, cluster: Cluster, spares: list[st
             summary = _summary(spec.runs_dir, rid)
             failure = node_failure(summary) if summary else None
             _finish_recovery(spec.runs_dir, run_id, rid, recovery, done, summary)
-            if failure is None:
+            if failure is None or summary is None:
                 raise
             failures.append(failure)
             print(exc, file=sys.stderr, flush=True)   # this attempt's failure, in full
@@ -200,8 +201,8 @@ def _recovering(spec: RunSpec, whole: Cluster, cluster: Cluster, spares: list[st
             names, spare = next_nodes(names, failure.node, spares, spec.min_nodes)
             recovery = Recovery(attempt + 1, rid, failure.node, failure.why, failure.at,
                                 attempt_id(run_id, attempt + 1), names, spare,
-                                failure.node in (summary or {}).get("cordoned", {}),
-                                _last_heard(summary or {}, failure, names))
+                                failure.node in summary.get("cordoned", {}),
+                                _last_heard(summary, failure, names))
             _mark_recovered(spec.runs_dir, rid, recovery.run_id)
             print(f"run {rid}: {failure.node} {failure.why}; recovery {attempt + 1} of "
                   f"{spec.max_recoveries}: starting again from the newest checkpoint as "
