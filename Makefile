@@ -10,7 +10,8 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 # molecule and ansible-lint call ansible-config, ansible-galaxy... by name.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 SCENARIO ?= common
-SYSTEM_PACKAGES := podman runc debootstrap rsync openssh-client libnfs-utils python3-venv
+SYSTEM_PACKAGES := podman runc debootstrap rsync openssh-client libnfs-utils python3-venv \
+  unionfs-fuse fuse3
 
 .PHONY: help deps venv lint unit molecule molecule-all sandbox-tests e2e bench test demo clean
 

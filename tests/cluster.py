@@ -59,6 +59,13 @@ class ProvisionedCluster:
         subprocess.run(["podman", "kill", self.containers[node]], env=ENV, check=True,
                        capture_output=True, timeout=60)
 
+    def stall_share(self, seconds: float, nodes: list[str] | None = None) -> None:
+        """Every access to the share blocks on NODES (all by default) for SECONDS, as on
+        an NFS mount whose server stalls (`sandbox share-stall`)."""
+        from orchestrator.sandbox import cluster, share
+
+        share.stall(cluster.load(self.name), seconds, nodes)
+
     def start(self, node: str, timeout: float = 90) -> None:
         """Start NODE's container again and wait until its SSH answers (same address)."""
         from orchestrator.cluster import ssh

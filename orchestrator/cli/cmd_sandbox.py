@@ -1,11 +1,11 @@
-"""`python -m orchestrator sandbox up|status|down|list`."""
+"""`python -m orchestrator sandbox up|status|down|list|share-stall`."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
-from ..sandbox import cluster
+from ..sandbox import cluster, share
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -40,6 +40,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--name", default="sandbox")
     v.set_defaults(func=_down)
 
+    v = verbs.add_parser("share-stall", help="block every access to the share for a while, "
+                         "as an NFS mount does when its server stalls",
+                         description="Stop the FUSE daemons that serve the sandbox's share "
+                         "to its nodes for SECONDS: every access to the share on those "
+                         "nodes blocks meanwhile. Returns once the share answers again.")
+    v.add_argument("--name", default="sandbox")
+    v.add_argument("--seconds", type=float, required=True)
+    v.add_argument("--nodes", help="comma-separated nodes (default: every training node)")
+    v.set_defaults(func=_share_stall)
+
     v = verbs.add_parser("list", help="names of the sandboxes on this machine")
     v.set_defaults(func=lambda a: print("\n".join(cluster.list_names())) or 0)
 
@@ -62,6 +72,16 @@ def _print_status(info: dict) -> None:
     for n in rows:
         name = n["name"] + (" (outsider)" if n["outsider"] else "")
         print(f"  {name:<12} {n['address']:<16} {n['state']:<10} {n['container']}")
+
+
+def _share_stall(args) -> int:
+    if args.seconds <= 0:
+        raise SystemExit(f"--seconds {args.seconds:g}: give a number of seconds above 0")
+    nodes = [n for n in (args.nodes or "").split(",") if n]
+    stalled = share.stall(cluster.load(args.name), args.seconds, nodes or None)
+    print(f"sandbox {args.name}: the share stalled {args.seconds:g} s on "
+          f"{', '.join(stalled)}; it answers again")
+    return 0
 
 
 def _up(args) -> int:

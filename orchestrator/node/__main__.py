@@ -39,6 +39,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--run", required=True)
     r.add_argument("--node", required=True)
     r.add_argument("--nodes", required=True)
+    r.add_argument("--addresses", help="each node's cluster address, in --nodes' order "
+                   "(the ring's beats go there; default: the nodes' names)")
     r.add_argument("--grace", type=float, default=GRACE)
     r.add_argument("--lease-timeout", type=float, default=LEASE_TIMEOUT)
     r.add_argument("--attached", action="store_true")

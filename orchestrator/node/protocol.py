@@ -50,9 +50,11 @@ RUN_ID_ENV = "CLUSTERTRAIN_RUN_ID"   # every process of a run carries it
 
 # -- node-side defaults (the controller's options default to these) -------------------------
 BEAT = 1.0            # seconds between heartbeats and checks
-PEER_TIMEOUT = 15.0   # a peer whose heartbeat has not moved for this long is lost
+PEER_TIMEOUT = 15.0   # a peer not heard from over the network for this long is lost
 BOUND_WAIT = 60.0     # a detached launch's port claim waits this long at most for torchrun
-PEER_START = 120.0    # a peer that never wrote its state within this long is lost
+PEER_START = 120.0    # a peer never heard from within this long is lost
+STATE_REFRESH = 10.0  # a running node's state file on the share is rewritten this often
+STATE_STALE = 120.0   # `runs`: a running node's state file older than this: the node is lost
 GRACE = 5.0           # seconds between SIGTERM and SIGKILL when a job is stopped
 LEASE_TIMEOUT = 30.0  # an attached run whose controller is silent this long is stopped
 KEEP_RUNS = 20        # snapshots and job directories kept per user and node

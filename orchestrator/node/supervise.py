@@ -3,10 +3,13 @@ when the run must end.
 
 - torchrun runs in a session of its own; its output goes to JOB/output.log, its exit
   status to JOB/exit;
-- the node's state is kept on the shared filesystem (STATE/<node>.json, a heartbeat every
-  second) where the loss of one node cannot lose it and every node and any later command
+- the nodes hear of each other over the network, in a ring of UDP beats (ring.py): one
+  beat a second in and out per node at any size, and a share that stalls is not taken for
+  dead nodes;
+- the node's state is kept on the shared filesystem (STATE/<node>.json, written when it
+  changes: statefile.py) where the loss of one node cannot lose it and any later command
   can read it without the controller;
-- it stops the job when a peer's torchrun failed, when a peer stopped beating (node lost),
+- it stops the job when a peer's torchrun failed, when a peer went silent (node lost),
   when a stop was requested, when the run is hung (no node printed anything for
   --hang-timeout: each node dumps its workers onto the share first), or (attached runs)
   when the controller's lease ran out, or when the run's Slurm job ended (slurmjob.py);
@@ -19,6 +22,7 @@ import argparse
 import getpass
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -44,7 +48,6 @@ from .protocol import (
     LEASE_FILE,
     LEASE_LOST,
     OUTPUT_LOG,
-    PEER_START,
     PEER_TIMEOUT,
     PGID_FILE,
     READY,
@@ -55,55 +58,44 @@ from .protocol import (
     TIMEOUT_DUMP_WAIT,
     End,
 )
+from .ring import Counters, Ring, read_state, resolve, ring_socket
+from .statefile import StateFile
 from .stop import stop_tree
 from .util import read_json, read_pid, write_json
 
 TAIL_BYTES = 64 * 1024  # of torchrun's output, read for the words of a collective timeout
+HELD_UP = 5 * BEAT      # a loop slower than this: this supervisor itself was held up
 
 
 class Peers:
-    """What this node knows of the other nodes, from their state files on the share.
-    A heartbeat counts as alive when it changes, timed by this node's own clock."""
+    """What this node knows of the other nodes of the run: their word over the ring
+    (ring.py), never their files on the share read every second."""
 
-    def __init__(self, state_dir: str, names: list[str], me: str) -> None:
-        self.state_dir, self.names, self.me = state_dir, [n for n in names if n != me], me
-        self.last: dict[str, tuple[object, float]] = {}
-        self.states: dict[str, dict] = {}   # each peer's state at the last verdict()
-        self.started = time.monotonic()
+    def __init__(self, ring: Ring) -> None:
+        self.ring = ring
 
     def verdict(self) -> tuple[End, str] | None:
-        """('peer-lost'|'peer-failed'|'peer-stopped', node) when the run must stop here:
-        a peer went silent, a peer's torchrun failed, or a peer was stopped (for any
-        reason: a node cut off from the others ends too). None while all is well. Of
-        several seen at once, the earliest cause comes first: a peer found lost has been
-        silent for PEER_TIMEOUT, longer than a failure seen since the last look; a peer
-        stopped because another failed names that other, whichever this node reads first."""
-        now = time.monotonic()
+        """('peer-lost'|'peer-failed'|'peer-stopped'|'hung', node) when the run must stop
+        here: a peer went silent on the network, a peer's torchrun failed, a peer found the
+        run hung, or a peer was stopped (for any reason: a node cut off from the others ends
+        too). None while all is well. Of several known at once, a lost peer comes first
+        (silent for PEER_TIMEOUT, longer than any failure since), then a failure: a peer
+        stopped because another failed names that other."""
+        self.ring.look()
         found: dict[End, str] = {}
-        for name in self.names:
-            state = read_json(os.path.join(self.state_dir, f"{name}.json"))
-            seen = self.last.get(name)
-            if state is None:  # not written yet, or unreadable for a moment (NFS: ESTALE)
-                since = seen[1] if seen else self.started
-                if now - since > (PEER_TIMEOUT if seen else PEER_START):
-                    found.setdefault(End.PEER_LOST, name)
+        for name in self.ring.lost_peers():
+            found.setdefault(End.PEER_LOST, name)
+        for name, state in self.ring.peers_status().items():
+            if state.get("state") != "ended":
                 continue
-            self.states[name] = state
-            if state.get("state") == "ended":
-                reason = state.get("reason")
-                if reason == End.SUPERVISOR_FAILED or (
-                        reason == End.EXITED and state.get("code") != 0):
-                    found.setdefault(End.PEER_FAILED, name)
-                elif reason == End.HUNG:  # a peer found the run hung: so is it here
-                    found.setdefault(End.HUNG, name)
-                elif reason != End.EXITED:
-                    found.setdefault(End.PEER_STOPPED, name)
-                continue
-            beat = state.get("beat")
-            if seen is None or seen[0] != beat:
-                self.last[name] = (beat, now)
-            elif now - seen[1] > PEER_TIMEOUT:
-                found.setdefault(End.PEER_LOST, name)
+            reason = state.get("reason")
+            if reason == End.SUPERVISOR_FAILED or (
+                    reason == End.EXITED and state.get("code") != 0):
+                found.setdefault(End.PEER_FAILED, name)
+            elif reason == End.HUNG:  # a peer found the run hung: so is it here
+                found.setdefault(End.HUNG, name)
+            elif reason != End.EXITED:
+                found.setdefault(End.PEER_STOPPED, name)
         for kind in (End.PEER_LOST, End.PEER_FAILED, End.HUNG, End.PEER_STOPPED):
             if kind in found:
                 return kind, found[kind]
@@ -111,28 +103,29 @@ class Peers:
 
     def timed_out(self, name: str) -> bool:
         """Peer NAME's torchrun failed after a collective timed out (see _timed_out)."""
-        return bool((self.states.get(name) or {}).get("timed_out"))
+        return bool(self.ring.peers_status().get(name, {}).get("timed_out"))
 
     def any_dumped(self) -> bool:
         """A peer found the run hung and dumped its workers (see _supervise)."""
-        return any(s.get("hang") == "dumped" for s in self.states.values())
+        return any(s.get("hang") == "dumped" for s in self.ring.peers_status().values())
 
     def all_dumped(self) -> bool:
         """Every peer has dumped its workers for this hang, or has ended."""
-        return all((self.states.get(n) or {}).get("hang") == "dumped"
-                   or (self.states.get(n) or {}).get("state") == "ended" for n in self.names)
-
-    def all_ended(self) -> bool:
-        """Every peer's state, read now, says its part has ended."""
-        return all((read_json(os.path.join(self.state_dir, f"{n}.json")) or {}).get("state")
-                   == "ended" for n in self.names)
+        known = self.ring.peers_status()
+        return all((known.get(n) or {}).get("hang") == "dumped"
+                   or (known.get(n) or {}).get("state") == "ended"
+                   for n in self.ring.names if n != self.ring.me)
 
     def quiet(self) -> float | None:
-        """The shortest time without progress any running peer reported at its last
-        beat (each by its own clock); None if one has not reported it."""
-        times = [(self.states.get(n) or {}).get("quiet_s") for n in self.names]
-        known = [float(t) for t in times if isinstance(t, (int, float))]
-        return min(known, default=float("inf")) if len(known) == len(times) else None
+        """How long the whole run has made no progress, as the ring knows it (None until
+        a peer was heard)."""
+        return self.ring.quiet()
+
+
+def all_ended(state_dir: str, names: list[str]) -> bool:
+    """Every node's state file, read now, says its part has ended."""
+    return all((read_json(os.path.join(state_dir, f"{n}.json")) or {}).get("state")
+               == "ended" for n in names)
 
 
 def _live(job: str) -> bool:
@@ -185,29 +178,43 @@ def run(args: argparse.Namespace) -> int:
     """Supervise the run (see _supervise); whatever goes wrong, the run ends with an exit
     status: a supervisor that died silently would leave its followers waiting forever.
     With --wait-go, first the launch's handshake (await_go)."""
+    names = args.nodes.split(",")
+    addresses = resolve(names, (args.addresses or "").split(","))
+    sock = ring_socket(addresses)   # before READY: its port goes to the peers with GO
+    ports: dict[str, int] = {}
     if args.wait_go:
-        if not await_go(args.job, args.cwd):
+        given = await_go(args.job, args.cwd, sock.getsockname()[1])
+        if given is None:
             return 0
+        ports = given
     elif args.cwd:
         os.chdir(args.cwd)
+    held: dict[str, Ring] = {}
     try:
-        return _supervise(args)
+        return _supervise(args, held, sock, ports)
     except Exception as exc:  # noqa: BLE001 - any failure of ours ends this node's part
-        _failed(args, f"{type(exc).__name__}: {exc}")
+        _failed(args, f"{type(exc).__name__}: {exc}", held.get("ring"))
         return 1
 
 
-def await_go(job: str, cwd: str | None) -> bool:
+def await_go(job: str, cwd: str | None, ring_port: int) -> dict[str, int] | None:
     """The launch's two phases, so that torchrun starts on every node at once: loaded
-    (Python's start and imports are most of what a launch costs a node), say READY on
-    standard output and wait for GO on standard input; then go to CWD (the code snapshot,
-    synced meanwhile) and detach: the PID goes to JOB/supervisor.pid, STARTED and the PID
-    to the launch, and this process goes on in a session of its own with its output in
-    JOB/supervisor.log. False if the launch was called off first (end of input): nothing
-    was started."""
-    print(READY, flush=True)
-    if sys.stdin.readline().strip() != GO:
-        return False
+    (Python's start and imports are most of what a launch costs a node), say READY and
+    this node's ring port on standard output and wait for GO on standard input, which
+    brings every node's ring port (`go node0=P0,node1=P1,...`: the peers' beats need no
+    share to find each other); then go to CWD (the code snapshot, synced meanwhile) and
+    detach: the PID goes to JOB/supervisor.pid, STARTED and the PID to the launch, and this
+    process goes on in a session of its own with its output in JOB/supervisor.log. None
+    if the launch was called off first (end of input): nothing was started."""
+    print(f"{READY} {ring_port}", flush=True)
+    words = sys.stdin.readline().split()
+    if not words or words[0] != GO:
+        return None
+    ports = {}
+    for pair in (words[1].split(",") if len(words) > 1 else []):
+        name, _, port = pair.partition("=")
+        if port.isdigit():
+            ports[name] = int(port)
     if cwd:
         os.chdir(cwd)  # a snapshot that is not there fails the launch, with its path
     sys.stdout.flush()
@@ -226,10 +233,10 @@ def await_go(job: str, cwd: str | None) -> bool:
     os.close(null)
     os.close(log)
     os.setsid()
-    return True
+    return ports
 
 
-def _failed(args: argparse.Namespace, why: str) -> None:
+def _failed(args: argparse.Namespace, why: str, ring: Ring | None) -> None:
     traceback.print_exc()  # into supervisor.log
     job = args.job
     if os.path.exists(os.path.join(job, PGID_FILE)):  # torchrun must not outlive us
@@ -241,6 +248,8 @@ def _failed(args: argparse.Namespace, why: str) -> None:
     final = {"node": args.node, "user": getpass.getuser(), "state": "ended", "code": 1,
              "reason": End.SUPERVISOR_FAILED.value, "why": why, "ended": time.time(),
              "time": time.time()}
+    if ring is not None:   # the peers stop too: told over the ring first, then the share
+        ring.last_word(state="ended", code=1, reason=End.SUPERVISOR_FAILED.value, why=why)
     writes = [lambda: _append(os.path.join(job, OUTPUT_LOG), message),
               lambda: write_json(os.path.join(job, EXIT_FILE), final)]
     if args.state_dir:  # the peers stop too
@@ -261,10 +270,12 @@ def _append(path: str, text: str) -> None:
         fh.write(text)
 
 
-def _supervise(args: argparse.Namespace) -> int:
+def _supervise(args: argparse.Namespace, held: dict[str, Ring], sock: socket.socket,
+               ports: dict[str, int]) -> int:
     job, state_dir = args.job, args.state_dir
     os.makedirs(state_dir, exist_ok=True)
     mine = os.path.join(state_dir, f"{args.node}.json")
+    names = args.nodes.split(",")
     lease = os.path.join(job, LEASE_FILE)
     if args.attached:
         open(lease, "w").close()
@@ -285,7 +296,12 @@ def _supervise(args: argparse.Namespace) -> int:
     if args.keep:  # old runs' files go while torchrun starts, not before
         threading.Thread(target=prune, args=(os.path.dirname(os.path.dirname(job)),
                                               args.keep, args.run), daemon=True).start()
-    peers = Peers(state_dir, args.nodes.split(","), args.node)
+    counters = Counters()
+    ring = held["ring"] = Ring(args.run, args.node, names,
+                               resolve(names, (args.addresses or "").split(",")),
+                               lambda name: read_state(state_dir, name), counters,
+                               sock=sock, ports=ports)
+    peers = Peers(ring)
     slurm = slurmjob.job_id()
     watch = slurmjob.Watch(slurm) if slurm else None
     beat, why = 0, ""
@@ -294,15 +310,21 @@ def _supervise(args: argparse.Namespace) -> int:
     dumped_at: float | None = None  # this hang's stacks are on the share (once a hang)
     dumping: threading.Thread | None = None  # the dump in progress: the beat goes on
     state = {"node": args.node, "user": getpass.getuser(), "state": "running",
-             "pid": proc.pid, "started": time.time()}
+             "pid": proc.pid, "started": time.time(), "ring_port": ring.port}
+    statefile = StateFile(mine, counters)
+    statefile.put(state)
+    ring.start()
+    looked = time.monotonic()
     while proc.poll() is None:
         beat += 1
         quiet = _quiet_for(job)
-        try:
-            write_json(mine, {**state, "beat": beat, "time": time.time(),
-                              "quiet_s": round(quiet, 1)})
-        except OSError as exc:  # the share, for a moment; for long, the peers stop
-            print(f"{time.strftime('%H:%M:%S')} heartbeat not written: {exc}", flush=True)
+        ring.progress(quiet)
+        if time.monotonic() - looked > HELD_UP:   # this process was held up, not its peers
+            print(f"{time.strftime('%H:%M:%S')} this supervisor was held up for "
+                  f"{time.monotonic() - looked:.0f} s: its peers get a fresh "
+                  f"{PEER_TIMEOUT:g} s", flush=True)
+            ring.forgive()
+        looked = time.monotonic()
         if reason is None:
             found = peers.verdict()
             if found and found[0] == End.PEER_FAILED and args.attached \
@@ -324,6 +346,8 @@ def _supervise(args: argparse.Namespace) -> int:
             if not hung and quiet < args.hang_timeout and dumped_at is not None:
                 dumped_at = dumping = None  # progress again (--on-hang wait): a later hang is new
                 state.pop("hang", None)
+                statefile.put(state)
+                ring.say(state="running", hang=None)
                 _unlink(os.path.join(job, HANG_DUMPED))
             if hung and dumping is None:
                 dumping = threading.Thread(target=_dump_hang, args=(args, quiet), daemon=True)
@@ -331,6 +355,8 @@ def _supervise(args: argparse.Namespace) -> int:
             if hung and dumped_at is None and dumping is not None and not dumping.is_alive():
                 dumped_at = time.monotonic()
                 state["hang"] = "dumped"
+                statefile.put(state)
+                ring.say(state="running", hang="dumped")
                 _touch(os.path.join(job, HANG_DUMPED))  # `follow` tells the controller
             if hung and stopping and dumped_at is not None and (
                     peers.all_dumped() or time.monotonic() - dumped_at > HANG_GATHER):
@@ -364,15 +390,21 @@ def _supervise(args: argparse.Namespace) -> int:
         # ranks failed with them before this node's own look at the job (every LOOK s).
         reason, why = End.STOPPED, slurmjob.ended_why(watch.job)
     final = {**state, "state": "ended", "code": code, "reason": (reason or End.EXITED).value,
-             "why": why, "beat": beat + 1, "ended": time.time()}
+             "why": why, "ended": time.time()}
     if reason is None and code != 0 and _timed_out(job):
         final["timed_out"] = True
-    write_json(mine, final)
+    if reason == End.PEER_LOST:   # when the lost node was last heard (recovery.py's record)
+        final["lost"] = ring.lost_peers().get(why, {})
+    # The peers learn the end over the ring first: the share may be stalled.
+    ring.last_word(**{k: final[k] for k in ("state", "code", "reason", "why")},
+                   timed_out=bool(final.get("timed_out")))
+    final["supervision"] = counters.to_json()
     write_json(os.path.join(job, EXIT_FILE), final)
+    statefile.close(final)
     if slurm:
         if watch is not None:
             watch.close()
-        slurmjob.release(slurm, peers.all_ended)
+        slurmjob.release(slurm, lambda: all_ended(state_dir, names))
     return 0
 
 

@@ -165,6 +165,7 @@ class NodeCommand:
     options: TorchrunOptions = field(default_factory=TorchrunOptions)
     node: str = ""                      # this node's inventory name
     nodes: tuple[str, ...] = ()         # every node of the run, in rank order
+    addresses: tuple[str, ...] = ()     # their cluster addresses (the supervisors' ring)
     python: str = "/usr/bin/python3"    # the node's system python (runs the supervisor)
     run_state: str = ""                 # the run's state directory on the shared filesystem
     attached: bool = True               # stop the job when the controller's lease runs out
@@ -205,6 +206,7 @@ class NodeCommand:
         """What run.json keeps of this command (`attach` and `runs` rebuild it)."""
         record = dataclasses.asdict(self)
         record["script_args"], record["nodes"] = list(self.script_args), list(self.nodes)
+        record["addresses"] = list(self.addresses)
         return record
 
     @classmethod
@@ -213,7 +215,8 @@ class NodeCommand:
                                      "extra": tuple(record["options"].get("extra", ()))})
         return cls(**{**record, "options": options,
                       "script_args": tuple(record.get("script_args", ())),
-                      "nodes": tuple(record.get("nodes", ()))})
+                      "nodes": tuple(record.get("nodes", ())),
+                      "addresses": tuple(record.get("addresses", ()))})
 
     def torchrun_argv(self) -> list[str]:
         argv = [self.torchrun, "--nnodes", str(self.nnodes), "--node-rank", str(self.node_rank),
@@ -280,7 +283,9 @@ class NodeCommand:
         argv = [self.python, nodelib.entry(self.home), "supervise", "--wait-go",
                 "--cwd", self.cwd, "--job", self.job_dir,
                 "--state-dir", self.run_state, "--run", self.run_id, "--node", self.node,
-                "--nodes", ",".join(self.nodes), "--grace", str(self.grace),
+                "--nodes", ",".join(self.nodes),
+                *(["--addresses", ",".join(self.addresses)] if self.addresses else []),
+                "--grace", str(self.grace),
                 "--lease-timeout", str(self.lease_timeout), "--keep", str(self.keep_runs),
                 *(["--attached"] if self.attached else []),
                 "--hang-timeout", f"{self.hang_timeout:g}", "--on-hang", self.on_hang,

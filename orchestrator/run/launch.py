@@ -87,6 +87,7 @@ class Launch:
         self._sessions = sessions
         self.started: dict[str, int] = {}   # node: its supervisor's PID, once started
         self._ready: dict[str, str] | None = None   # ready() once waited: its failures
+        self.ring_ports: dict[str, int] = {}   # node: its supervisor's ring port (READY)
 
     @classmethod
     def start(cls, nodes: list[tuple[NodeSpec, NodeCommand]],
@@ -103,8 +104,12 @@ class Launch:
         launch is then called off everywhere)."""
         if self._ready is None:
             deadline = time.monotonic() + LAUNCH_TIMEOUT
-            result = each(list(self._sessions.values()),
-                          lambda s: s.await_word(READY, deadline), lambda s: s.node)
+            def ready(s: _Session) -> None:
+                words = s.await_word(READY, deadline).split()
+                if len(words) > 1 and words[1].isdigit():
+                    self.ring_ports[s.node] = int(words[1])
+
+            result = each(list(self._sessions.values()), ready, lambda s: s.node)
             self._ready = {n: f"could not start the job: {e}"
                            for n, e in result.failed.items()}
             if self._ready:
@@ -117,10 +122,13 @@ class Launch:
         failed = self.ready()
         if failed:
             return failed
+        # GO brings every node's ring port: the supervisors' beats find each other
+        # without the share (node/ring.py).
+        ports = ",".join(f"{n}={p}" for n, p in self.ring_ports.items())
         for session in self._sessions.values():
             assert session.proc.stdin is not None
             try:
-                session.proc.stdin.write(f"{GO}\n".encode())
+                session.proc.stdin.write(f"{GO} {ports}\n".encode())
                 session.proc.stdin.flush()
             except OSError:
                 pass  # reported below, with the session's last words

@@ -92,6 +92,7 @@ class Plan:
                              **given(facts.node.name), **attempt},
                         options=spec.options, node=facts.node.name,
                         nodes=tuple(cluster.names), python=facts.node.python,
+                        addresses=tuple(n.cluster_address for n in cluster.nodes),
                         run_state=run_state_dir(cluster.shared_path, str(facts.user), run_id),
                         attached=not spec.detach, lease_timeout=spec.lease_timeout,
                         grace=spec.grace, keep_runs=spec.keep_runs, module=spec.module,
@@ -219,15 +220,19 @@ def _recovering(spec: RunSpec, whole: Cluster, cluster: Cluster, spares: list[st
 
 
 def _last_heard(summary: dict[str, Any], failure: Failure, healthy: list[str]) -> str | None:
-    """A lost node's last heartbeat on the share (ISO), read through a node that is well:
-    nearer its death than when the loss was seen. None when it cannot be read."""
+    """When a lost node was last heard over the network (ISO), as the node that found it
+    lost recorded in its end on the share, read through a node that is well: nearer its
+    death than when the loss was seen. Else the lost node's last state on the share; None
+    when neither can be read."""
     if not failure.lost:
         return None
     from .settle import fetch_states
     try:
         nodes = [n["name"] for n in summary["nodes"] if n["name"] in healthy]
         states, _, _ = fetch_states({**summary, "nodes": nodes})
-        return iso(float(states[failure.node]["time"]))
+        heard = [float(s["lost"]["heard_at"]) for s in states.values()
+                 if s.get("why") == failure.node and (s.get("lost") or {}).get("heard_at")]
+        return iso(max(heard) if heard else float(states[failure.node]["time"]))
     except Exception:  # noqa: BLE001 - the record goes without it
         return None
 

@@ -141,7 +141,7 @@ class Recovery:
     nodes: list[str]
     spare: str | None
     cordoned: bool
-    last_heard_at: str | None = None      # a lost node's last heartbeat on the share (ISO)
+    last_heard_at: str | None = None      # when a lost node was last heard (ISO)
     started_at: str | None = None         # the new attempt's launch (ISO)
     training_again_at: str | None = None  # its first training step (a beat)
     down_s: float | None = None           # failed_at -> training again

@@ -24,7 +24,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from ..errors import LaunchError
-from ..node.protocol import PEER_TIMEOUT, STOP_REQUESTED, End, read_end
+from ..node.protocol import STATE_STALE, STOP_REQUESTED, End, read_end
 from .ends import NodeEnds, how_it_ended, scan_log
 from .recovery import Recovery
 
@@ -315,14 +315,15 @@ def summarize(info: dict[str, Any], states: dict[str, dict], now: float,
               run: RunDir | None = None) -> dict | None:
     """The summary of a run from its nodes' states on the share (no controller followed
     it to its end), or None while it still runs. A node that never wrote its state, or
-    whose heartbeat stopped (older than 2 x PEER_TIMEOUT by the clock of the node that
-    read it), or that a peer named lost, is lost: its end is its last heartbeat."""
+    that a peer named lost (silent on the network), or whose state file went stale (not
+    rewritten for STATE_STALE by the clock of the node that read it: every node of the run
+    is gone, none is left to name it) is lost: its end is its state's last writing."""
     names = info["nodes"]
     ended = {n: s for n, s in states.items() if s.get("state") == "ended"}
     blamed = {s.get("why") for s in ended.values() if read_end(s.get("reason")) == End.PEER_LOST}
     lost = [n for n in names if n not in ended and (
         n in blamed or n not in states
-        or now - float(states[n].get("time", 0)) > 2 * PEER_TIMEOUT)]
+        or now - float(states[n].get("time", 0)) > STATE_STALE)]
     if len(ended) + len(lost) < len(names):
         return None
     commands = info.get("node_commands") or {}

@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ..errors import SandboxError
+from . import share
 from .image import ensure_image
 from .limits import check_host
 from .podman import podman, podman_json
@@ -85,9 +86,11 @@ def _run_container(spec: SandboxSpec, node: Node, image: str) -> None:
         # nftables in the node's own network namespace; nfs-ganesha's file handles.
         args += ["--cap-add", "NET_ADMIN", "--cap-add", "DAC_READ_SEARCH"]
     if node in spec.members() and not node.outsider:
-        # The kernel here has no NFS client: the sandbox provides the shared
-        # directory at the mount point itself, and at the export path for the server.
-        args += ["-v", f"{spec.share_dir}:{EXPORT_PATH}", "-v", f"{spec.share_dir}:{SHARED_PATH}"]
+        # The kernel here has no NFS client: the sandbox provides the shared directory at
+        # the export path for the server, and at the mount point through a FUSE daemon of
+        # the node's own (share.py: it can stall as an NFS mount does).
+        args += ["-v", f"{spec.share_dir}:{EXPORT_PATH}",
+                 "-v", f"{share.mount(spec, node.name)}:{SHARED_PATH}"]
     podman([*args, image, "/sbin/init"])
 
 
@@ -189,6 +192,7 @@ def up(name: str, nodes: int, outsiders: int = 0, log=print, bastion: bool = Fal
             f"Remove it with `python -m orchestrator sandbox down --name {name}` "
             "or choose another --name.")
     check_host(nodes + outsiders + (1 if bastion else 0))
+    share.check_tools()
     spec = SandboxSpec(name=name, nodes=nodes, outsiders=outsiders, bastion=bastion,
                        slurm=slurm)
     image = ensure_image(state_root().parent / "images", log=log)
@@ -283,6 +287,8 @@ def down(name: str, log=print) -> list[str]:
         removed.append(f"network {name}")
     state_dir = state_root() / name
     if state_dir.exists():
+        if share.unmount(state_dir):
+            removed.append("the share's FUSE mounts")
         shutil.rmtree(state_dir)
         removed.append(f"state directory {state_dir}")
     log(f"sandbox {name}: removed {', '.join(removed)}" if removed

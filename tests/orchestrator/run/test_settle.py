@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator.node.protocol import PEER_TIMEOUT
+from orchestrator.node.protocol import STATE_REFRESH, STATE_STALE
 from orchestrator.run.settle import summarize
 
 INFO = {"run_id": "r1", "nodes": ["node0", "node1", "node2"]}
@@ -61,8 +61,12 @@ def test_a_node_that_went_silent_is_lost_and_named() -> None:
     s = settled(states)
     assert (s["status"], s["first_failed"]) == ("failed", "node1")
     assert s["nodes"][1]["end_reason"] == "lost"
-    # Silence alone, long enough, also means lost.
-    states = {"node0": ended(0), "node1": ended(0), "node2": running(age=3 * PEER_TIMEOUT)}
+    # A state file not rewritten for a while is not lost: it is rewritten every
+    # STATE_REFRESH, and the share may have stalled meanwhile (half a minute, say).
+    states = {"node0": ended(0), "node1": ended(0), "node2": running(age=3 * STATE_REFRESH + 30)}
+    assert summarize(INFO, states, NOW) is None
+    # Silence alone, long enough (every node of the run gone), also means lost.
+    states = {"node0": ended(0), "node1": ended(0), "node2": running(age=STATE_STALE + 1)}
     assert settled(states)["first_failed"] == "node2"
 
 
@@ -89,7 +93,7 @@ def test_the_summary_reads_the_same_in_json_and_in_messages() -> None:
 def test_a_lost_node_is_named_over_a_peer_whose_ranks_failed_after_it() -> None:
     """node1 died (no heartbeat since); node2's ranks then failed in gloo and its torchrun
     exited 1 by itself before anyone called node1 lost: node1 went wrong first."""
-    silent = 2 * PEER_TIMEOUT + 10
+    silent = STATE_STALE + 10
     states = {"node0": ended(143, "peer-lost", "node1", at=NOW - silent + 8),
               "node1": running(age=silent),
               "node2": ended(1, at=NOW - silent + 2)}

@@ -7,6 +7,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -185,5 +186,58 @@ def test_a_node_that_dies_while_detached_stops_the_others(sandbox_cluster, tmp_p
     stopped = wait_for(lambda: not left(sandbox_cluster, tmp_path), 60,
                        f"the others stopped (left: {left(sandbox_cluster, tmp_path)})")
     print(f"node1 died: the others stopped after {stopped - died:.1f} s")
+    out = cli(sandbox_cluster, tmp_path, "runs").stdout
+    assert "failed (node1)" in out, out
+
+
+def test_a_run_survives_its_share_stalling(sandbox_cluster, tmp_path) -> None:
+    """Every access to the share blocks, as on an NFS mount whose server stalls: 30 s on
+    every node; 30 s again, but over on node0 10 s before the others; then 30 s on node1
+    alone. The nodes' supervisors hear each other over the network meanwhile, not through
+    the share: nobody is taken for lost, and the run finishes and is reported succeeded."""
+    train = start(sandbox_cluster, tmp_path, "--nodes", "3", "ddp_allreduce.py", "--",
+                  "--steps", "2", "--sleep", "105")
+    try:
+        wait_for(lambda: text(tmp_path).count(" ok") >= 3, 180, "every rank's first line",
+                 train, tmp_path)
+        sandbox_cluster.stall_share(30)
+        early = threading.Thread(target=sandbox_cluster.stall_share, args=(20, ["node0"]))
+        early.start()
+        sandbox_cluster.stall_share(30, ["node1", "node2"])
+        early.join()
+        sandbox_cluster.stall_share(30, ["node1"])
+        assert train.poll() is None, text(tmp_path)[-3000:]
+        assert train.wait(timeout=180) == 0, text(tmp_path)[-3000:]
+    finally:
+        if train.poll() is None:
+            train.send_signal(signal.SIGINT)
+            train.wait(timeout=60)
+    assert "succeeded" in text(tmp_path), text(tmp_path)[-3000:]
+    assert not left(sandbox_cluster, tmp_path)
+
+
+def test_a_node_whose_supervisor_is_stopped_is_named_lost(sandbox_cluster, tmp_path) -> None:
+    """node1's supervisor is stopped (SIGSTOP) while its ranks run on: its silence on the
+    network names it lost within 20 s, and the others stop; resumed, it stops too."""
+    p = cli(sandbox_cluster, tmp_path, "train", "-i", str(sandbox_cluster.inventory),
+            "--workdir", str(JOBS), "--detach", *LONG)
+    assert p.returncode == 0, p.stdout + p.stderr
+    wait_for(lambda: set(left(sandbox_cluster, tmp_path)) == set(NODES), 120,
+             "the job on all nodes")
+    run = next(d.name for d in tmp_path.iterdir() if (d / "run.json").exists())
+    sup = sandbox_cluster.exec("node1", "cat", f"/home/alice/.clustertrain/jobs/{run}/"
+                               "supervisor.pid").stdout.strip()
+    sandbox_cluster.exec("node1", "kill", "-STOP", sup)
+    stopped_at = time.monotonic()
+    try:
+        others = wait_for(lambda: not any(n in left(sandbox_cluster, tmp_path)
+                                          for n in ("node0", "node2")), 40,
+                          "node0 and node2 stopped")
+        print(f"node1's supervisor stopped: the others stopped after "
+              f"{others - stopped_at:.1f} s")
+        assert others - stopped_at < 20 + 5   # named lost at 15 s; stopped within the grace
+    finally:
+        sandbox_cluster.exec("node1", "kill", "-CONT", sup, check=False)
+    wait_for(lambda: not left(sandbox_cluster, tmp_path), 60, "node1 stopped too")
     out = cli(sandbox_cluster, tmp_path, "runs").stdout
     assert "failed (node1)" in out, out

@@ -1,0 +1,340 @@
+"""How a run's supervisors know that the others are alive: a ring of UDP beats over the
+cluster's network, not files on the share (a share that stalls must not look like dead
+nodes, and N nodes reading N files a second is a load that grows with N squared).
+
+- Node i sends one small datagram a second to the next live node of the ring (i+1, or
+  past it the ones known to have ended) and hears one from the previous one: every node
+  sends and receives one beat a second, whatever the size of the cluster.
+- Each beat carries the news: the nodes whose part has ended (how and why), the nodes
+  found hung and dumped, the nodes found lost and by whom. News a node did not know is
+  passed on at once (but a node that finished well: on the next beat), so it goes round
+  the ring in milliseconds, not a beat a hop; it also rides on every later beat, so a
+  lost datagram costs one beat.
+- A node's predecessor that stays silent for PEER_TIMEOUT is looked up once on the share:
+  ended there (its last word was lost), it ended; otherwise it is lost, and the news goes
+  round. A supervisor that was itself held up (stopped, starved, its clock jumped) gives
+  its predecessor a fresh PEER_TIMEOUT first: its own stall is not the network's word.
+- Each beat also carries how long ago the freshest progress the sender knows of was made
+  (its own, or what its predecessor told it), so every node knows how long the whole
+  run has been quiet (hang detection) without reading anyone's file.
+
+Standard library only: it runs on the nodes (the node package).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .protocol import BEAT, PEER_START, PEER_TIMEOUT
+
+MAX_DATAGRAM = 65507
+FINAL_REPEATS = 3        # a node's last word is sent this many times, BEAT/10 apart
+
+
+@dataclass
+class Counters:
+    """What one node's supervision cost: share operations and datagrams."""
+    share_reads: int = 0
+    share_writes: int = 0
+    sent: int = 0
+    received: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    def to_json(self) -> dict:
+        seconds = max(time.monotonic() - self.started, 1e-9)
+        return {"seconds": round(seconds, 1), "share_reads": self.share_reads,
+                "share_writes": self.share_writes, "sent": self.sent,
+                "received": self.received}
+
+
+class Ring:
+    """This node's place in the ring of run RUN. NAMES and ADDRESSES are every node of the
+    run in rank order; LOOKUP(name) reads that node's state on the share (its ring port,
+    or its end), and may block while the share stalls: only the caller of `look()` waits
+    for it, never the beats."""
+
+    def __init__(self, run: str, me: str, names: list[str], addresses: list[str],
+                 lookup: Callable[[str], dict | None], counters: Counters,
+                 sock: socket.socket | None = None, ports: dict[str, int] | None = None
+                 ) -> None:
+        self.run, self.me, self.names = run, me, list(names)
+        self.addresses = dict(zip(names, addresses, strict=True))
+        self.lookup, self.counters = lookup, counters
+        self.sock = sock or ring_socket(addresses)
+        self.family = self.sock.family
+        self.port: int = self.sock.getsockname()[1]
+        # Every node's ring port, as the launch's GO brought them; a node missing here
+        # (a supervisor started without the launch) is looked up in its state file.
+        self.ports = dict(ports or {})
+        self.targets: dict[str, tuple] = {}     # node: its socket address (ring port known)
+        self.senders: dict[str, tuple] = {}     # node: the address its beats came from
+        self.next_read = 0.0    # a predecessor not heard yet: its file, every few seconds
+        self.started_ok: set[str] = set()   # ... and found running there
+        self.lock = threading.Lock()
+        # The news: each node's own word of itself (a version each), and who found whom lost.
+        self.status: dict[str, dict] = {}
+        self.lost: dict[str, dict] = {}
+        self.heard: dict[str, tuple[float, float]] = {}   # node: (monotonic, wall) last heard
+        self.progress_at: float | None = None   # monotonic: the freshest progress known
+        self.watching: tuple[str, float] | None = None    # (predecessor, watched since)
+        self.started = time.monotonic()
+        self.closed = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    # -- what the supervisor tells the ring ---------------------------------------------
+    def start(self) -> None:
+        if len(self.names) > 1:
+            self.thread.start()
+
+    def say(self, **word: object) -> None:
+        """This node's own state changed (ended, hung and dumped, dump cleared): tell the
+        ring now."""
+        with self.lock:
+            old = self.status.get(self.me, {})
+            self.status[self.me] = {**word, "v": int(old.get("v", 0)) + 1}
+        self._send()
+
+    def progress(self, quiet: float) -> None:
+        """This node's ranks last made progress QUIET seconds ago."""
+        at = time.monotonic() - quiet
+        with self.lock:
+            self.progress_at = max(self.progress_at or at, at)
+
+    def last_word(self, **word: object) -> None:
+        """This node's part ended: say so a few times (datagrams can be lost), to the next
+        node and to the one before, which then sends past this node at once; then stop."""
+        self.say(**word)
+        for i in range(FINAL_REPEATS):
+            if i:
+                time.sleep(BEAT / 10)
+                self._send()
+            self._send(back=True)
+        self.close()
+
+    def close(self) -> None:
+        self.closed.set()
+        if self.thread.is_alive():
+            self.thread.join(timeout=2 * BEAT)
+        self.sock.close()
+
+    def forgive(self) -> None:
+        """This node was held up (see the module's doc): the predecessor it watches gets a
+        fresh PEER_TIMEOUT from now."""
+        with self.lock:
+            if self.watching:
+                self.watching = (self.watching[0], time.monotonic())
+
+    # -- what the ring tells the supervisor ---------------------------------------------
+    def look(self) -> None:
+        """What needs the share, done by the caller (the supervisor's loop): the ports of
+        the nodes this one sends to, and the word of a predecessor that went silent."""
+        if len(self.names) < 2:
+            return
+        target = self._next(+1)
+        if target is not None and target not in self.targets:
+            port = self.ports.get(target)
+            if port is None:
+                state = self._read(target)
+                if state and state.get("state") == "ended":
+                    self._adopt(target, state)
+                elif state and isinstance(state.get("ring_port"), int):
+                    port = state["ring_port"]
+            if port is not None:
+                try:
+                    self.targets[target] = socket.getaddrinfo(
+                        self.addresses[target], port, self.family, socket.SOCK_DGRAM)[0][4]
+                    _say(f"beats go to {target} at {self.targets[target]}")
+                except OSError as exc:   # not resolved for now: tried again at the next look
+                    _say(f"{target} ({self.addresses[target]}) not resolved: {exc}")
+        pred = self._next(-1)
+        now = time.monotonic()
+        with self.lock:
+            if pred is None:
+                self.watching = None
+                return
+            if self.watching is None or self.watching[0] != pred:
+                self.watching = (pred, now)
+            since = max(self.heard.get(pred, (0.0, 0.0))[0], self.watching[1])
+            never = pred not in self.heard
+        if never and pred not in self.started_ok and now - since > 3 * BEAT \
+                and now >= self.next_read:
+            # Not heard yet: its file says whether it started (then PEER_TIMEOUT holds, not
+            # PEER_START) or already ended (before this node started).
+            self.next_read = now + 5 * BEAT
+            state = self._read(pred)
+            if state and state.get("state") == "ended":
+                self._adopt(pred, state)
+                return
+            if state and state.get("state") == "running":
+                self.started_ok.add(pred)
+        limit = PEER_START if never and pred not in self.started_ok else PEER_TIMEOUT
+        if now - since > limit:
+            state = self._read(pred)
+            if state and state.get("state") == "ended":
+                self._adopt(pred, state)
+                return
+            with self.lock:
+                heard = self.heard.get(pred)
+                self.lost.setdefault(pred, {"by": self.me, "silent_s": round(now - since, 1),
+                                            "heard_at": heard[1] if heard else None})
+            _say(f"{pred} lost: silent on the network for {now - since:.0f} s" if heard else
+                 f"{pred} lost: never heard from over UDP (at {self.addresses[pred]}): if it "
+                 "runs, is UDP open between the cluster's nodes?")
+            self._send()
+
+    def quiet(self) -> float | None:
+        """Seconds since the freshest progress any node reported, as this node knows it;
+        None until a peer has been heard (inf with no peers)."""
+        if len(self.names) < 2:
+            return float("inf")
+        with self.lock:
+            if not self.heard or self.progress_at is None:
+                return None
+            return max(0.0, time.monotonic() - self.progress_at)
+
+    def peers_status(self) -> dict[str, dict]:
+        with self.lock:
+            return {n: dict(s) for n, s in self.status.items() if n != self.me}
+
+    def lost_peers(self) -> dict[str, dict]:
+        with self.lock:
+            return {n: dict(c) for n, c in self.lost.items() if n != self.me}
+
+    # -- the beats ----------------------------------------------------------------------
+    def _loop(self) -> None:
+        due = time.monotonic()
+        while not self.closed.is_set():
+            wait = max(0.0, due - time.monotonic())
+            try:
+                self.sock.settimeout(wait or 0.001)
+                data, sender = self.sock.recvfrom(MAX_DATAGRAM)
+            except TimeoutError:
+                data = None
+            except OSError:
+                if self.closed.is_set():
+                    return
+                data = None
+            if data is not None and self._receive(data, sender):
+                self._send()   # news: on at once
+            if time.monotonic() >= due:
+                self._send()
+                due = time.monotonic() + BEAT
+
+    def _receive(self, data: bytes, sender: tuple) -> bool:
+        """Take in a beat; True if it brought news this node did not have and the others
+        must have now (a node that finished well rides on the next beats instead: at the
+        end of a run of N nodes, N such words would cost every node N datagrams)."""
+        try:
+            beat = json.loads(data)
+        except ValueError:
+            return False
+        if not isinstance(beat, dict) or beat.get("r") != self.run or \
+                beat.get("n") not in self.addresses:
+            return False
+        now = time.monotonic()
+        news = False
+        with self.lock:
+            self.counters.received += 1
+            self.heard[beat["n"]] = (now, time.time())
+            self.senders[beat["n"]] = sender
+            q = beat.get("q")
+            if isinstance(q, (int, float)):
+                at = now - q
+                self.progress_at = max(self.progress_at or at, at)
+            for name, word in (beat.get("s") or {}).items():
+                if name in self.addresses and name != self.me and isinstance(word, dict) \
+                        and int(word.get("v", 0)) > int(self.status.get(name, {}).get("v", 0)):
+                    self.status[name] = word
+                    news = news or _urgent(word)
+            for name, claim in (beat.get("l") or {}).items():
+                if name in self.addresses and name not in self.lost and isinstance(claim, dict):
+                    self.lost[name] = claim
+                    news = True
+        return news
+
+    def _send(self, back: bool = False) -> None:
+        """A beat to the next live node (BACK: to the previous one, where its beats came
+        from)."""
+        if back:
+            pred = self._next(-1)
+            address = self.senders.get(pred) if pred else None
+        else:
+            target = self._next(+1)
+            address = self.targets.get(target) if target else None
+        if address is None or self.sock.fileno() < 0:
+            return
+        with self.lock:
+            q = None if self.progress_at is None else round(
+                max(0.0, time.monotonic() - self.progress_at), 2)
+            beat = {"r": self.run, "n": self.me, "q": q, "s": self.status, "l": self.lost}
+            data = json.dumps(beat, separators=(",", ":")).encode()
+        try:
+            self.sock.sendto(data, address)
+            with self.lock:
+                self.counters.sent += 1
+        except OSError:
+            pass   # unreachable for now: the next beat tries again
+
+    def _next(self, step: int) -> str | None:
+        """The nearest node after (+1) or before (-1) this one that has not ended and was
+        not found lost; None when every other node has."""
+        i = self.names.index(self.me)
+        with self.lock:
+            for k in range(1, len(self.names)):
+                name = self.names[(i + step * k) % len(self.names)]
+                if name not in self.lost and \
+                        self.status.get(name, {}).get("state") != "ended":
+                    return name
+        return None
+
+    def _read(self, name: str) -> dict | None:
+        self.counters.share_reads += 1
+        state = self.lookup(name)
+        return state if isinstance(state, dict) else None
+
+    def _adopt(self, name: str, state: dict) -> None:
+        """A node's end read on the share: news, as if it had said it."""
+        word = {k: state.get(k) for k in ("state", "reason", "code", "why", "timed_out")
+                if state.get(k) is not None}
+        with self.lock:
+            if self.status.get(name, {}).get("state") == "ended":
+                return
+            self.status[name] = {**word, "v": 1 << 30}
+        self._send()
+
+
+def ring_socket(addresses: list[str]) -> socket.socket:
+    """This node's UDP socket for the ring, on a port of the system's choosing."""
+    family = socket.AF_INET6 if any(":" in a for a in addresses) else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_DGRAM)
+    sock.bind(("", 0))
+    return sock
+
+
+def _say(line: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} {line}", flush=True)   # into supervisor.log
+
+
+def _urgent(word: dict) -> bool:
+    return word.get("hang") == "dumped" or (word.get("state") == "ended" and not (
+        word.get("reason") == "exited" and word.get("code") == 0))
+
+
+def resolve(names: list[str], addresses: list[str] | None) -> list[str]:
+    """Each node's address as a peer reaches it: the controller's (its cluster address),
+    else the node's name."""
+    if addresses and len(addresses) == len(names):
+        return list(addresses)
+    return list(names)
+
+
+def read_state(state_dir: str, name: str) -> dict | None:
+    from .util import read_json
+    data = read_json(os.path.join(state_dir, f"{name}.json"))
+    return data if isinstance(data, dict) else None

@@ -1,0 +1,158 @@
+"""The supervisors' ring (node/ring.py), run for real on this machine: real UDP sockets on
+the loopback, a dictionary standing in for the nodes' state files on the share."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from orchestrator.node import ring as ring_mod
+from orchestrator.node.ring import Counters, Ring
+
+
+def make(names: list[str], files: dict[str, dict],
+         lookup: Callable[[str], dict | None] | None = None) -> dict[str, Ring]:
+    rings = {n: Ring("r1", n, names, ["127.0.0.1"] * len(names),
+                     lookup or files.get, Counters()) for n in names}
+    for name, r in rings.items():
+        files[name] = {"state": "running", "ring_port": r.port}
+    for r in rings.values():
+        r.start()
+    return rings
+
+
+def until(check: Callable[[], object], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "not within the time"
+        time.sleep(0.02)
+
+
+def all_heard(rings: dict[str, Ring]) -> bool:
+    for r in rings.values():
+        r.look()   # the supervisor's loop does this every beat
+    return all(r.heard for r in rings.values())
+
+
+@pytest.fixture
+def closing():
+    made: list[Ring] = []
+    yield made
+    for r in made:
+        r.close()
+
+
+def test_a_failure_goes_round_the_ring_at_once(closing) -> None:
+    files: dict[str, dict] = {}
+    rings = make([f"n{i}" for i in range(5)], files)
+    closing.extend(rings.values())
+    until(lambda: all_heard(rings))
+    t0 = time.monotonic()
+    rings["n2"].say(state="ended", reason="exited", code=1, why="")
+    # n1 is the last to hear (four hops on): well before the next beat.
+    until(lambda: rings["n1"].peers_status().get("n2", {}).get("code") == 1, timeout=0.9)
+    assert time.monotonic() - t0 < 0.9
+
+
+def test_a_silent_predecessor_is_lost_unless_its_file_says_it_ended(
+        closing, monkeypatch) -> None:
+    monkeypatch.setattr(ring_mod, "PEER_TIMEOUT", 1.5)
+    files: dict[str, dict] = {}
+    rings = make(["n0", "n1", "n2"], files)
+    closing.extend(rings.values())
+    until(lambda: all_heard(rings))
+    # n0 ends well, its datagrams lost: its file says so, and it is not lost.
+    files["n0"] = {"state": "ended", "reason": "exited", "code": 0}
+    rings["n0"].close()
+    time.sleep(2)
+    rings["n1"].look()
+    assert rings["n1"].lost_peers() == {}
+    assert rings["n1"].peers_status()["n0"]["state"] == "ended"
+    # n1 dies without a word: n2 names it lost, and n0... has ended: n2 is alone.
+    rings["n1"].close()
+    time.sleep(2)
+    rings["n2"].look()
+    assert set(rings["n2"].lost_peers()) == {"n1"}
+    assert rings["n2"].lost_peers()["n1"]["by"] == "n2"
+
+
+def test_a_stalled_share_holds_up_the_look_not_the_beats(closing, monkeypatch) -> None:
+    """The share blocks (every read waits): the supervisor's look waits with it, and the
+    beats go on, so no peer takes this node for lost."""
+    monkeypatch.setattr(ring_mod, "PEER_TIMEOUT", 1.5)
+    files: dict[str, dict] = {}
+    stalled = threading.Event()
+    released = threading.Event()
+
+    def lookup(name: str) -> dict | None:
+        if stalled.is_set():
+            released.wait()
+        return files.get(name)
+
+    rings = make(["n0", "n1"], files, lookup)
+    closing.extend(rings.values())
+    until(lambda: all_heard(rings))
+    stalled.set()
+    n0 = rings["n0"]
+    looking = threading.Thread(target=n0._read, args=("n1",), daemon=True)
+    looking.start()   # n0's supervisor, blocked in the share
+    sent = n0.counters.sent
+    time.sleep(3)
+    assert looking.is_alive()
+    assert n0.counters.sent >= sent + 2   # n0 went on beating meanwhile
+    rings["n1"].look()
+    assert rings["n1"].lost_peers() == {}
+    released.set()
+    looking.join(timeout=5)
+
+
+def test_a_node_held_up_itself_gives_its_peers_a_fresh_timeout(closing, monkeypatch) -> None:
+    monkeypatch.setattr(ring_mod, "PEER_TIMEOUT", 1.0)
+    files: dict[str, dict] = {}
+    rings = make(["n0", "n1"], files)
+    closing.extend(rings.values())
+    until(lambda: all_heard(rings))
+    n0 = rings["n0"]
+    n0.heard["n1"] = (time.monotonic() - 10, time.time() - 10)
+    n0.watching = ("n1", time.monotonic() - 10)
+    n0.closed.set()   # n0's own beats and receipts stop: it was held up
+    n0.thread.join()
+    n0.heard["n1"] = (time.monotonic() - 10, time.time() - 10)
+    n0.forgive()
+    n0.look()
+    assert n0.lost_peers() == {}
+    time.sleep(1.2)
+    n0.look()
+    assert set(n0.lost_peers()) == {"n1"}
+
+
+def test_the_runs_quiet_is_the_freshest_progress_anywhere(closing) -> None:
+    files: dict[str, dict] = {}
+    rings = make(["n0", "n1", "n2"], files)
+    closing.extend(rings.values())
+    assert rings["n0"].quiet() is None   # nothing heard yet
+    rings["n0"].progress(100.0)
+    rings["n1"].progress(100.0)
+    rings["n2"].progress(2.0)            # n2's ranks printed 2 s ago
+    until(lambda: all_heard(rings) and all((r.quiet() or 99) < 10 for r in rings.values()),
+          timeout=8)
+    assert (rings["n0"].quiet() or 99) < 10   # n0's own ranks: quiet for 100 s
+
+
+def test_a_node_that_finished_is_passed_at_once_by_the_one_before(closing) -> None:
+    """n1 finished well: it tells n2 and n0 alike, so n0 sends past it to n2 at once
+    (not once the word went round the ring, which takes a beat a node: longer than
+    PEER_TIMEOUT at 64 nodes, and n2 would take n0 for lost)."""
+    files: dict[str, dict] = {}
+    rings = make([f"n{i}" for i in range(4)], files)
+    closing.extend(rings.values())
+    until(lambda: all_heard(rings))
+    rings["n1"].last_word(state="ended", reason="exited", code=0, why="")
+    until(lambda: rings["n0"].peers_status().get("n1", {}).get("state") == "ended",
+          timeout=0.5)
+    n2 = rings["n2"]
+    until(lambda: all_heard({n: r for n, r in rings.items() if n != "n1"})
+          and "n0" in n2.heard and time.monotonic() - n2.heard["n0"][0] < 0.5, timeout=3)
