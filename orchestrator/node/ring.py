@@ -7,7 +7,8 @@ nodes, and N nodes reading N files a second is a load that grows with N squared)
   sends and receives one beat a second, whatever the size of the cluster.
 - Each beat carries the news: the nodes whose part has ended (how and why), the nodes
   found hung and dumped, the nodes found lost and by whom. News a node did not know is
-  passed on at once (but a node that finished well: on the next beat), so it goes round
+  passed on at once (but a node that finished well, or stopped for another's cause: on
+  the next beat), so it goes round
   the ring in milliseconds, not a beat a hop; it also rides on every later beat, so a
   lost datagram costs one beat.
 - A node's predecessor that stays silent for PEER_TIMEOUT is looked up once on the share:
@@ -228,8 +229,7 @@ class Ring:
 
     def _receive(self, data: bytes, sender: tuple) -> bool:
         """Take in a beat; True if it brought news this node did not have and the others
-        must have now (a node that finished well rides on the next beats instead: at the
-        end of a run of N nodes, N such words would cost every node N datagrams)."""
+        must have now (_urgent)."""
         try:
             beat = json.loads(data)
         except ValueError:
@@ -322,8 +322,17 @@ def _say(line: str) -> None:
 
 
 def _urgent(word: dict) -> bool:
-    return word.get("hang") == "dumped" or (word.get("state") == "ended" and not (
-        word.get("reason") == "exited" and word.get("code") == 0))
+    """Whether a node's word must go on at once: it found the run hung, or its part ended
+    for a cause of its own. A node that finished well, or that stopped because of another
+    node (whose own word went round first), rides on the next beats: at the end of a run
+    of N nodes, N such words passed on at once would cost every node N datagrams."""
+    if word.get("hang") == "dumped":
+        return True
+    if word.get("state") != "ended":
+        return False
+    reason = word.get("reason")
+    return not ((reason == "exited" and word.get("code") == 0)
+                or reason in ("peer-failed", "peer-stopped", "peer-lost"))
 
 
 def resolve(names: list[str], addresses: list[str] | None) -> list[str]:
