@@ -203,6 +203,11 @@ class Ring:
         with self.lock:
             return {n: dict(s) for n, s in self.status.items() if n != self.me}
 
+    def heard_at(self) -> dict[str, float]:
+        """When each node this one heard from was last heard (wall clock)."""
+        with self.lock:
+            return {n: round(wall, 3) for n, (_, wall) in self.heard.items()}
+
     def lost_peers(self) -> dict[str, dict]:
         with self.lock:
             return {n: dict(c) for n, c in self.lost.items() if n != self.me}

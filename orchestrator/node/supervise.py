@@ -399,6 +399,7 @@ def _supervise(args: argparse.Namespace, held: dict[str, Ring], sock: socket.soc
     ring.last_word(**{k: final[k] for k in ("state", "code", "reason", "why")},
                    timed_out=bool(final.get("timed_out")))
     final["supervision"] = counters.to_json()
+    final["heard"] = ring.heard_at()   # when a node lost later was last heard (recovery)
     write_json(os.path.join(job, EXIT_FILE), final)
     statefile.close(final)
     if slurm:

@@ -238,7 +238,8 @@ def test_a_killed_node_is_replaced_by_a_spare_and_the_run_resumes(sandbox_cluste
     assert recovery["why"].startswith("lost"), recovery
     # The time from the kill to training again, and its parts.
     assert killed_at < datetime.fromisoformat(recovery["training_again_at"]).timestamp()
-    # The node's last heartbeat on the share (one a second): just before the kill.
+    # When the node was last heard (its beats reach its ring successor every second): just
+    # before the kill.
     heard = datetime.fromisoformat(recovery["last_heard_at"]).timestamp()
     assert killed_at - 5 < heard < killed_at + 2, (killed_at, recovery)
     assert recovery["silent_s"] > recovery["down_s"], recovery

@@ -324,6 +324,8 @@ def test_supervision_costs_the_same_per_node_at_3_and_16_nodes(tmp_path: Path) -
         ends = [wait_file(tmp_path / str(n) / f"n{i}" / "job" / "exit") for i in range(n)]
         assert {e["reason"] for e in ends} == {"exited"}, ends
         costs = [e["supervision"] for e in ends]
+        # Each end says when it last heard its predecessor (a lost node's last sign).
+        assert all(f"n{(i - 1) % n}" in e["heard"] for i, e in enumerate(ends)), ends
         per_s = {k: max(c[k] / c["seconds"] for c in costs)
                  for k in ("sent", "received", "share_reads", "share_writes")}
         rates[n] = per_s
