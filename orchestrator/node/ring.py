@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .protocol import BEAT, PEER_START, PEER_TIMEOUT
+from .util import read_json
 
 MAX_DATAGRAM = 65507
 FINAL_REPEATS = 3        # a node's last word is sent this many times, BEAT/10 apart
@@ -349,6 +350,5 @@ def resolve(names: list[str], addresses: list[str] | None) -> list[str]:
 
 
 def read_state(state_dir: str, name: str) -> dict | None:
-    from .util import read_json
     data = read_json(os.path.join(state_dir, f"{name}.json"))
     return data if isinstance(data, dict) else None

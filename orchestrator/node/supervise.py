@@ -22,7 +22,6 @@ import argparse
 import getpass
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -189,11 +188,13 @@ def run(args: argparse.Namespace) -> int:
         ports = given
     elif args.cwd:
         os.chdir(args.cwd)
-    held: dict[str, Ring] = {}
+    ring = Ring(args.run, args.node, names, addresses,
+                lambda name: read_state(args.state_dir, name), Counters(),
+                sock=sock, ports=ports)
     try:
-        return _supervise(args, held, sock, ports)
+        return _supervise(args, ring)
     except Exception as exc:  # noqa: BLE001 - any failure of ours ends this node's part
-        _failed(args, f"{type(exc).__name__}: {exc}", held.get("ring"))
+        _failed(args, f"{type(exc).__name__}: {exc}", ring)
         return 1
 
 
@@ -236,7 +237,7 @@ def await_go(job: str, cwd: str | None, ring_port: int) -> dict[str, int] | None
     return ports
 
 
-def _failed(args: argparse.Namespace, why: str, ring: Ring | None) -> None:
+def _failed(args: argparse.Namespace, why: str, ring: Ring) -> None:
     traceback.print_exc()  # into supervisor.log
     job = args.job
     if os.path.exists(os.path.join(job, PGID_FILE)):  # torchrun must not outlive us
@@ -248,8 +249,8 @@ def _failed(args: argparse.Namespace, why: str, ring: Ring | None) -> None:
     final = {"node": args.node, "user": getpass.getuser(), "state": "ended", "code": 1,
              "reason": End.SUPERVISOR_FAILED.value, "why": why, "ended": time.time(),
              "time": time.time()}
-    if ring is not None:   # the peers stop too: told over the ring first, then the share
-        ring.last_word(state="ended", code=1, reason=End.SUPERVISOR_FAILED.value, why=why)
+    # The peers stop too: told over the ring first, then the share.
+    ring.last_word(state="ended", code=1, reason=End.SUPERVISOR_FAILED.value, why=why)
     writes = [lambda: _append(os.path.join(job, OUTPUT_LOG), message),
               lambda: write_json(os.path.join(job, EXIT_FILE), final)]
     if args.state_dir:  # the peers stop too
@@ -270,12 +271,10 @@ def _append(path: str, text: str) -> None:
         fh.write(text)
 
 
-def _supervise(args: argparse.Namespace, held: dict[str, Ring], sock: socket.socket,
-               ports: dict[str, int]) -> int:
+def _supervise(args: argparse.Namespace, ring: Ring) -> int:
     job, state_dir = args.job, args.state_dir
     os.makedirs(state_dir, exist_ok=True)
     mine = os.path.join(state_dir, f"{args.node}.json")
-    names = args.nodes.split(",")
     lease = os.path.join(job, LEASE_FILE)
     if args.attached:
         open(lease, "w").close()
@@ -296,27 +295,26 @@ def _supervise(args: argparse.Namespace, held: dict[str, Ring], sock: socket.soc
     if args.keep:  # old runs' files go while torchrun starts, not before
         threading.Thread(target=prune, args=(os.path.dirname(os.path.dirname(job)),
                                               args.keep, args.run), daemon=True).start()
-    counters = Counters()
-    ring = held["ring"] = Ring(args.run, args.node, names,
-                               resolve(names, (args.addresses or "").split(",")),
-                               lambda name: read_state(state_dir, name), counters,
-                               sock=sock, ports=ports)
     peers = Peers(ring)
     slurm = slurmjob.job_id()
     watch = slurmjob.Watch(slurm) if slurm else None
-    beat, why = 0, ""
+    why = ""
     reason: End | None = None
     left_to_controller: float | None = None  # since when (see TIMEOUT_DUMP_WAIT)
     dumped_at: float | None = None  # this hang's stacks are on the share (once a hang)
     dumping: threading.Thread | None = None  # the dump in progress: the beat goes on
     state = {"node": args.node, "user": getpass.getuser(), "state": "running",
              "pid": proc.pid, "started": time.time(), "ring_port": ring.port}
-    statefile = StateFile(mine, counters)
+    statefile = StateFile(mine, ring.counters)
     statefile.put(state)
     ring.start()
+
+    def tell() -> None:   # this node's state changed: the share and the ring
+        statefile.put(state)
+        ring.say(state="running", hang=state.get("hang"))
+
     looked = time.monotonic()
     while proc.poll() is None:
-        beat += 1
         quiet = _quiet_for(job)
         ring.progress(quiet)
         if time.monotonic() - looked > HELD_UP:   # this process was held up, not its peers
@@ -346,8 +344,7 @@ def _supervise(args: argparse.Namespace, held: dict[str, Ring], sock: socket.soc
             if not hung and quiet < args.hang_timeout and dumped_at is not None:
                 dumped_at = dumping = None  # progress again (--on-hang wait): a later hang is new
                 state.pop("hang", None)
-                statefile.put(state)
-                ring.say(state="running", hang=None)
+                tell()
                 _unlink(os.path.join(job, HANG_DUMPED))
             if hung and dumping is None:
                 dumping = threading.Thread(target=_dump_hang, args=(args, quiet), daemon=True)
@@ -355,8 +352,7 @@ def _supervise(args: argparse.Namespace, held: dict[str, Ring], sock: socket.soc
             if hung and dumped_at is None and dumping is not None and not dumping.is_alive():
                 dumped_at = time.monotonic()
                 state["hang"] = "dumped"
-                statefile.put(state)
-                ring.say(state="running", hang="dumped")
+                tell()
                 _touch(os.path.join(job, HANG_DUMPED))  # `follow` tells the controller
             if hung and stopping and dumped_at is not None and (
                     peers.all_dumped() or time.monotonic() - dumped_at > HANG_GATHER):
@@ -393,19 +389,17 @@ def _supervise(args: argparse.Namespace, held: dict[str, Ring], sock: socket.soc
              "why": why, "ended": time.time()}
     if reason is None and code != 0 and _timed_out(job):
         final["timed_out"] = True
-    if reason == End.PEER_LOST:   # when the lost node was last heard (recovery.py's record)
-        final["lost"] = ring.lost_peers().get(why, {})
     # The peers learn the end over the ring first: the share may be stalled.
     ring.last_word(**{k: final[k] for k in ("state", "code", "reason", "why")},
                    timed_out=bool(final.get("timed_out")))
-    final["supervision"] = counters.to_json()
+    final["supervision"] = ring.counters.to_json()
     final["heard"] = ring.heard_at()   # when a node lost later was last heard (recovery)
     write_json(os.path.join(job, EXIT_FILE), final)
     statefile.close(final)
     if slurm:
         if watch is not None:
             watch.close()
-        slurmjob.release(slurm, lambda: all_ended(state_dir, names))
+        slurmjob.release(slurm, lambda: all_ended(state_dir, ring.names))
     return 0
 
 

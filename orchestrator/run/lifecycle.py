@@ -221,20 +221,17 @@ def _recovering(spec: RunSpec, whole: Cluster, cluster: Cluster, spares: list[st
 
 def _last_heard(summary: dict[str, Any], failure: Failure, healthy: list[str]) -> str | None:
     """When a lost node was last heard over the network (ISO), as the nodes that heard its
-    beats recorded in their ends on the share (`heard`; `lost.heard_at` of the one that
-    found it lost), read through a node that is well: nearer its death than when the loss
-    was seen. Else the lost node's last state on the share; None when neither can be
-    read."""
+    beats recorded in their ends on the share (`heard`), read through a node that is well:
+    nearer its death than when the loss was seen. Else the lost node's last state on the
+    share; None when neither can be read."""
     if not failure.lost:
         return None
     from .settle import fetch_states
     try:
         nodes = [n["name"] for n in summary["nodes"] if n["name"] in healthy]
         states, _, _ = fetch_states({**summary, "nodes": nodes})
-        heard = [float(s["lost"]["heard_at"]) for s in states.values()
-                 if s.get("why") == failure.node and (s.get("lost") or {}).get("heard_at")]
-        heard += [float(s["heard"][failure.node]) for s in states.values()
-                  if isinstance((s.get("heard") or {}).get(failure.node), (int, float))]
+        heard = [float(s["heard"][failure.node]) for s in states.values()
+                 if isinstance((s.get("heard") or {}).get(failure.node), (int, float))]
         return iso(max(heard) if heard else float(states[failure.node]["time"]))
     except Exception:  # noqa: BLE001 - the record goes without it
         return None
