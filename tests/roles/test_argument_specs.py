@@ -78,3 +78,45 @@ def test_ansible_doc_shows_the_role_variables(role):
         assert name in shown, f"ansible-doc does not show {name}"
         if not templated(value) and not shown[name].get("required"):
             assert shown[name]["default"] == value, name
+
+
+# Keys whose value Ansible evaluates as a bare Jinja expression.
+BARE_KEYS = {"when", "that", "changed_when", "failed_when", "until"}
+JINJA = re.compile(r"\{\{.*?\}\}|\{%.*?%\}", re.S)
+
+
+def expressions(node: object, bare: bool = False):
+    """Every Jinja expression in a role file's YAML: the bare ones (when, that, ...) and
+    those inside {{ }} and {% %} of any other string."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from expressions(value, key in BARE_KEYS)
+    elif isinstance(node, list):
+        for value in node:
+            yield from expressions(value, bare)
+    elif isinstance(node, str):
+        yield from [node] if bare else JINJA.findall(node)
+
+
+def role_expressions(role: str):
+    """(file, expression) for every task, handler, vars and defaults file and template."""
+    base = REPO / "roles" / role
+    for path in sorted(base.glob("*/*.yml")) + sorted(base.glob("*/*.yaml")):
+        if path.parent.name in ("tasks", "handlers", "vars", "defaults"):
+            for expr in expressions(yaml.safe_load(path.read_text())):
+                yield path.relative_to(base), expr
+    for path in sorted(base.glob("templates/**/*.j2")):
+        for expr in JINJA.findall(path.read_text()):
+            yield path.relative_to(base), expr
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_boolean_options_are_read_through_the_bool_filter(role):
+    """A boolean given on the command line (`-e nvidia_driver_persistenced=false`) reaches
+    the role as the string "false", which Jinja takes for true; the argument spec checks
+    it but does not convert it. So every use of a bool option goes through `| bool`."""
+    booleans = [name for name, spec in options(role).items() if spec.get("type") == "bool"]
+    bare = [f"{path}: {name} in {expr.strip()[:90]!r}"
+            for path, expr in role_expressions(role) for name in booleans
+            if re.search(rf"\b{name}\b(?!\s*\|\s*bool)", expr)]
+    assert not bare, f"{role}: bool options read without | bool:\n" + "\n".join(bare)

@@ -150,6 +150,20 @@ def test_nvidia_smis_health_fields_name_each_unwell_gpu() -> None:
         []]
 
 
+# The same query as doctor's job ran it on an H200 under load (bench/gpu_checks.py,
+# 2026-11-27): clocks event 0x4 is the software power cap, which a busy GPU hits.
+NVIDIA_SMI_H200 = ("0, 00000000:00:06.0, NVIDIA H200, 0, 0x0000000000000004, "
+                   "1965, 1980, 16, 16, 45\n")
+
+
+def test_a_real_h200_at_work_is_well() -> None:
+    [gpu], error = doctor.parse_gpus(NVIDIA_SMI_H200)
+    assert error is None
+    assert (gpu.name, gpu.ecc_uncorrected, gpu.clock_events, gpu.sm_clock_mhz,
+            gpu.pcie_width, gpu.temperature_c) == ("NVIDIA H200", 0, 4, 1965, 16, 45)
+    assert gpu.problems() == []
+
+
 def test_an_unwell_gpu_makes_its_node_a_suspect_and_a_failed_nvidia_smi_is_shown() -> None:
     res = result(3)
     res["gpus"] = {"1": NVIDIA_SMI, "2": "error: NVIDIA-SMI has failed because it couldn't "

@@ -226,7 +226,7 @@ def test_the_shared_mount_the_inventory_describes() -> None:
 # --- nodes in use by others (node/busy.py) ------------------------------------------------
 
 RUN = "20260101-120000-a1b2c3"
-DOUBLES = Path(__file__).resolve().parents[1] / "node" / "nvidia_smi_doubles"
+DOUBLES = Path(__file__).resolve().parents[1] / "node" / "nvidia_smi"
 
 
 def judged(*f: NodeFacts, share_gpus: bool = False) -> Report:

@@ -1,5 +1,5 @@
 """Who else uses a node (orchestrator/node/busy.py): nvidia-smi's answers read from test
-doubles in its format (nvidia_smi_doubles/: no GPU here), and this machine's /proc with
+doubles in its format (nvidia_smi/: no GPU here), and this machine's /proc with
 a real supervisor started by the test, as the launch starts one."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from orchestrator.node.stop import stop_tree
 
 from ..local_node import installed
 
-DOUBLES = Path(__file__).resolve().parent / "nvidia_smi_doubles"
+DOUBLES = Path(__file__).resolve().parent / "nvidia_smi"
 UUIDS = [line.split(", ")[1] for line in
          (DOUBLES / "query-gpu.4gpu.csv").read_text().splitlines()]
 
@@ -56,6 +56,14 @@ def test_the_gpus_and_their_processes_as_nvidia_smi_prints_them() -> None:
     # A GPU nvidia-smi's list does not have (a MIG instance, say): its UUID, no index.
     [odd] = busy.parse_apps("77, MIG-1d2e3f, 100\n", gpus)
     assert (odd.gpu, odd.uuid) == (None, "MIG-1d2e3f")
+
+
+def test_what_a_real_nvidia_smi_printed_for_a_process_on_its_gpu() -> None:
+    """Captured on an H200 (bench/gpu_checks.py): a process holding 1 GiB of GPU 0."""
+    gpus = busy.parse_gpus((DOUBLES / "query-gpu.h200.csv").read_text())
+    assert gpus == {"GPU-91b0e7a6-07ac-eff8-f2e7-117f99db2d6d": 0}
+    [row] = busy.parse_apps((DOUBLES / "query-compute-apps.h200.csv").read_text(), gpus)
+    assert (row.pid, row.gpu, row.used_mib) == (669, 0, 1542)
 
 
 def test_no_nvidia_smi_is_a_node_without_gpu_processes(tmp_path: Path) -> None:
