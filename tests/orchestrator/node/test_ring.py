@@ -156,3 +156,31 @@ def test_a_node_that_finished_is_passed_at_once_by_the_one_before(closing) -> No
     n2 = rings["n2"]
     until(lambda: all_heard({n: r for n, r in rings.items() if n != "n1"})
           and "n0" in n2.heard and time.monotonic() - n2.heard["n0"][0] < 0.5, timeout=3)
+
+
+def test_two_runs_on_the_same_nodes_do_not_hear_each_other(closing) -> None:
+    """Two users' runs on the same two nodes, the second's beats sent to the first's ports
+    (a port the first run holds, taken for the second's by a stale state file): the first
+    run neither hears the second's nodes nor takes in its failure."""
+    names = ["n0", "n1"]
+    files: dict[str, dict] = {}
+    first = make(names, files)
+    closing.extend(first.values())
+    other = {n: Ring("r2", n, names, ["127.0.0.1"] * 2, lambda _: None, Counters(),
+                     ports={m: first[m].port for m in names}) for n in names}
+    closing.extend(other.values())
+    for r in other.values():
+        r.start()
+    until(lambda: all_heard(first))
+    for r in other.values():
+        r.look()   # the other run's beats now go to the first run's ports
+    assert all(r.targets for r in other.values())
+    received = {n: r.counters.received for n, r in first.items()}
+    other["n0"].say(state="ended", reason="exited", code=1, why="")
+    time.sleep(2.5)   # two beats of the other run, and its failure, sent to the first's ports
+    for r in first.values():
+        r.look()
+        assert r.peers_status() == {} and r.lost_peers() == {}
+    # the first run's own beats still count, the other's were dropped unread
+    assert all(first[n].counters.received - received[n] <= 4 for n in names)
+    assert all(r.counters.received == 0 for r in other.values())
