@@ -163,7 +163,7 @@ def _second_round(report: Report, rendezvous: Rendezvous) -> None:
             stop_listener(node0.node, report.clients[node0.node.name], listener["port"],
                           rendezvous.nonce)
         except (OSError, TimeoutError):
-            pass  # it ends by itself within LISTEN_SECONDS
+            pass  # it ends by itself (LISTEN_SECONDS and LISTEN_PER_NODE)
 
 
 def _judge_reach(report: Report, port: int) -> None:

@@ -30,7 +30,13 @@ from ..cluster.inventory import NodeSpec
 from ..node.protocol import BOUND_WAIT
 
 CONNECT_TIMEOUT = 3.0    # seconds for a node to open a TCP connection to node 0's port
-LISTEN_SECONDS = 30.0    # the listener on node 0 gives up after this long
+# The listener on node 0 gives up after LISTEN_SECONDS + LISTEN_PER_NODE x the nodes: it
+# starts in round 1, and the others connect in round 2, after every node's round 1, which
+# on a slow controller (or a sandbox of 32 nodes on two cores) grows with their number.
+# Once every node connected it ends at once; a node that cannot connect is reported from
+# its own side (CONNECT_TIMEOUT), so a longer window costs nothing.
+LISTEN_SECONDS = 30.0
+LISTEN_PER_NODE = 2.0
 
 
 @dataclass
@@ -114,7 +120,7 @@ def probe(node: NodeSpec, conn: ssh.Connection, *, shared: dict[str, Any],
         spec["token"] = {"name": rendezvous.token_name, "value": rendezvous.token_value}
         request["listen"] = {"nonce": rendezvous.nonce, "expect": rendezvous.expect,
                              "address": master_address, "timeout": CONNECT_TIMEOUT,
-                             "seconds": LISTEN_SECONDS}
+                             "seconds": LISTEN_SECONDS + LISTEN_PER_NODE * rendezvous.expect}
     result = nodelib.call(conn, node.python, "probe", timeout=150, stdin=json.dumps(request))
     received = time.time()
     if result.exit_code != 0:
