@@ -8,6 +8,7 @@ from __future__ import annotations
 import jinja2
 import pytest
 import yaml
+from ansible.plugins.filter.core import to_bool
 
 from .sources import REPO, load
 
@@ -26,6 +27,7 @@ def render(template: str, **overrides) -> str:
     # The role calls its filters by FQCN, as the collection clustertrain.cluster has them.
     env.filters.update({f"clustertrain.cluster.{name}": f
                         for name, f in filters.FilterModule().filters().items()})
+    env.filters["bool"] = to_bool   # Ansible's own `bool` filter
     variables = {k: v for k, v in DEFAULTS.items() if not str(v).startswith("{{")}
     variables.update(ansible_managed="managed", nfs_server_export_path="/srv/nfs/cluster",
                      nfs_server_clients=["10.89.0.10", "10.89.0.11"], **overrides)
@@ -104,3 +106,10 @@ def test_bad_subdirectories_are_named(entry, words):
     assert len(problems) == 1
     for word in words:
         assert word in problems[0], problems
+
+
+def test_a_boolean_given_as_a_string_on_the_command_line_is_read_as_meant():
+    """`-e nfs_server_read_write=false` reaches the templates as the string "false",
+    which a bare `if` would take for true."""
+    assert "Access_Type = RO;" in render("ganesha.conf.j2", nfs_server_read_write="false")
+    assert "Access_Type = RW;" in render("ganesha.conf.j2", nfs_server_read_write="true")
