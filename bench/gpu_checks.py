@@ -201,10 +201,8 @@ def main() -> int:
 
     @check(results, out, "nvidia_smi", only)
     def _() -> dict:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
-                              "--format=csv,noheader"], capture_output=True, text=True,
-                             check=True).stdout.strip()
-        return {"gpus": out.splitlines()}
+        return {"gpus": smi(["--query-gpu=name,driver_version,memory.total",
+                             "--format=csv,noheader"]).strip().splitlines()}
 
     @check(results, out, "role_detection", only)
     def _() -> dict:
