@@ -8,8 +8,9 @@ node that `ansible-playbook` reaches is reached here the same way, bastions incl
 
 One master connection per node (ControlMaster, in a private socket directory) carries
 every later command: a session over it starts in milliseconds. The master sends
-ServerAlive probes; a node that stops answering them ends its master, which is how a
-lost node is noticed.
+ServerAlive probes; a node that stops answering them ends its master and every session
+over it, which is how a lost node is noticed (run/follow.py then takes a second look: a
+new connection, before the node is named lost).
 """
 
 from __future__ import annotations
@@ -120,23 +121,32 @@ class Connection:
         return [self.target.ssh_executable, "-o", f"ControlPath={self.control_path}",
                 "-o", "BatchMode=yes", *ours, *self.target.options(), *rest]
 
-    def open(self) -> Connection:
+    def open(self, within: float | None = None) -> Connection:
+        """Connect (the master); with WITHIN, give up after that many seconds in all."""
         argv = self._argv(["-o", "ControlMaster=yes", "-o", f"ControlPersist={MASTER_PERSIST}",
                            "-o", f"ServerAliveInterval={ALIVE_INTERVAL}",
                            "-o", f"ServerAliveCountMax={ALIVE_COUNT}", "-f", "-N"],
                           self.target.host)
+        each = self.target.timeout * 3 + 10   # seconds an attempt may take
+        deadline = None if within is None else time.monotonic() + within
+
+        def limit() -> float:
+            return each if deadline is None else max(0.1, min(each, deadline - time.monotonic()))
+
         try:
             for attempt in range(DROPPED_RETRIES + 1):
                 proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
-                                      text=True, timeout=self.target.timeout * 3 + 10)
+                                      text=True, timeout=limit())
                 stderr = proc.stderr
                 if proc.returncode == 255 and attempt == 0:
-                    stderr += self._proxy_said()
+                    stderr += self._proxy_said(limit())
                 if proc.returncode != 255 or not DROPPED.search(stderr) or refused(stderr):
                     break
                 # Dropped before the login: again after a pause that grows, spread so
                 # that the nodes do not all come back at once. (Any other failure, a
                 # refused key or a node down, is reported at once.)
+                if deadline is not None and time.monotonic() > deadline:
+                    break
                 time.sleep(random.uniform(0.2, 1.0) * 2 ** attempt)
         except FileNotFoundError:
             self.close()
@@ -157,7 +167,7 @@ class Connection:
         self.master_pid = int(found.group(1)) if found else None
         return self
 
-    def _proxy_said(self) -> str:
+    def _proxy_said(self, timeout: float) -> str:
         """What a ProxyJump/ProxyCommand said when the master failed: a master with
         ControlPersist sends the proxy's messages to /dev/null, so that a key the bastion
         refused shows only as a closed connection. Asked again without a master."""
@@ -166,7 +176,7 @@ class Connection:
                 self.target.host, "--", "exit"]
         try:
             return subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
-                                  text=True, timeout=self.target.timeout * 3 + 10).stderr
+                                  text=True, timeout=timeout).stderr
         except (OSError, subprocess.TimeoutExpired):
             return ""
 
@@ -280,9 +290,10 @@ def explain(name: str, target: SshTarget, stderr: str) -> str:
             "ansible_port and the SSH options (ProxyJump, ~/.ssh/config) right?")
 
 
-def connect(name: str, target: SshTarget) -> Connection:
-    """An open connection to the node; PreflightError naming the node and the fix if not."""
-    return Connection(name, target).open()
+def connect(name: str, target: SshTarget, within: float | None = None) -> Connection:
+    """An open connection to the node; PreflightError naming the node and the fix if not
+    (with WITHIN: if none within that many seconds)."""
+    return Connection(name, target).open(within)
 
 
 def wait_until_it_answers(name: str, target: SshTarget, timeout: float) -> None:

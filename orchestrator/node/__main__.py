@@ -56,7 +56,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("argv", nargs=argparse.REMAINDER)
     f = sub.add_parser("follow", allow_abbrev=False)
     f.add_argument("--job", required=True)
-    f.add_argument("--tail", type=int)
+    start = f.add_mutually_exclusive_group()
+    start.add_argument("--tail", type=int)
+    start.add_argument("--from-line", type=int, default=0)
     f.add_argument("--lease", action="store_true")
     s = sub.add_parser("stop", allow_abbrev=False)
     s.add_argument("jobs")      # the jobs directory, relative to the user's home

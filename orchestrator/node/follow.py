@@ -2,9 +2,10 @@
 from the start (or its last N lines) as it grows, ending with the exit marker once the
 node's part is over, and with a line HANG_MARKER when this node found the run hung and
 dumped its workers (the controller then reads every node's dumps from the share). With
---lease, each byte read on standard input renews the attached
-controller's lease, and end-of-input (the controller killed, its terminal closed, the
-connection cut) gives it up at once.
+--from-line K, from line K+1 of the log on (a controller whose connection dropped follows
+on where it broke). With --lease, each byte read on standard input renews the attached
+controller's lease; end-of-input (the controller killed, the connection cut) gives it up
+unless a new follower renews it within RECONNECT_GRACE (supervise.py reads it).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import sys
 import threading
 import time
+from typing import BinaryIO
 
 from .protocol import (
     EXIT_FILE,
@@ -47,6 +49,8 @@ def follow(args: argparse.Namespace) -> int:
             if args.tail is not None:
                 lines = fh.read().splitlines(keepends=True)
                 out.write(b"".join(lines[-args.tail:]) if args.tail else b"")
+            elif args.from_line:
+                _skip_lines(fh, args.from_line)
             checked = time.monotonic()
             while True:
                 ended = os.path.exists(exit_path)  # before reading: no loss
@@ -87,6 +91,17 @@ def follow(args: argparse.Namespace) -> int:
     return code
 
 
+def _skip_lines(fh: BinaryIO, count: int) -> None:
+    """Past the first COUNT whole lines of FH (fewer if it has fewer yet: the lines the
+    controller saw are all written, so it has them)."""
+    for _ in range(count):
+        at = fh.tell()
+        line = fh.readline()
+        if not line.endswith(b"\n"):
+            fh.seek(at)
+            return
+
+
 def _supervisor_vanished(job: str) -> bool:
     """The supervisor (its pid in JOB/supervisor.pid, written at launch) is gone without
     an exit status. Unknown (no pid file yet) counts as not gone."""
@@ -109,7 +124,9 @@ def _hold_lease(job: str) -> None:
         data = sys.stdin.buffer.read1(64)  # type: ignore[union-attr]  # a BufferedReader: has read1
         if not data:  # the controller went away (killed, terminal closed, connection cut)
             if not os.path.exists(os.path.join(job, EXIT_FILE)):
-                open(os.path.join(job, LEASE_LOST), "w").close()
+                lost = os.path.join(job, LEASE_LOST)
+                with open(lost, "a"):
+                    os.utime(lost)   # when: the grace for a new follower counts from it
             return
         # Renew (create: the follower may start before the supervisor made the file).
         with open(lease, "a"):

@@ -57,6 +57,13 @@ STATE_REFRESH = 10.0  # a running node's state file on the share is rewritten th
 STATE_STALE = 120.0   # `runs`: a running node's state file older than this: the node is lost
 GRACE = 5.0           # seconds between SIGTERM and SIGKILL when a job is stopped
 LEASE_TIMEOUT = 30.0  # an attached run whose controller is silent this long is stopped
+# A node's connection that drops (no answer to SSH keepalives: a network blip, an sshd
+# starved of CPU) gets a second look: the controller connects again for up to RECONNECT
+# seconds and follows the node's log on from where it broke. The node keeps the lease that
+# long after its follower's input ended (RECONNECT_GRACE): a controller that is really gone
+# (killed with SIGKILL) is given up then.
+RECONNECT = 10.0
+RECONNECT_GRACE = RECONNECT + 5.0
 KEEP_RUNS = 20        # snapshots and job directories kept per user and node
 KEEP_ENVS = 3         # states of one environment kept per user and node (env create)
 HANG_GATHER = 45.0    # seconds a node that dumped for a hang waits for its peers' dumps

@@ -50,6 +50,7 @@ from .protocol import (
     PEER_TIMEOUT,
     PGID_FILE,
     READY,
+    RECONNECT_GRACE,
     STARTED,
     STOP_REQUESTED,
     SUPERVISOR_LOG,
@@ -456,10 +457,19 @@ def _unlink(path: str) -> None:
         pass
 
 
-def _lease_gone(job: str, timeout: float) -> bool:
-    if os.path.exists(os.path.join(job, LEASE_LOST)):
-        return True
+def _lease_gone(job: str, timeout: float, now: float | None = None) -> bool:
+    """The attached controller is gone: silent for TIMEOUT, or its follower's input ended
+    RECONNECT_GRACE ago and no follower renewed the lease since (a controller whose
+    connection dropped connects again and renews it)."""
+    now = time.time() if now is None else now
     try:
-        return time.time() - os.stat(os.path.join(job, LEASE_FILE)).st_mtime > timeout
+        renewed = os.stat(os.path.join(job, LEASE_FILE)).st_mtime
     except OSError:
         return True
+    try:
+        ended = os.stat(os.path.join(job, LEASE_LOST)).st_mtime
+    except OSError:
+        ended = None
+    if ended is not None and ended >= renewed and now - ended > RECONNECT_GRACE:
+        return True
+    return now - renewed > timeout

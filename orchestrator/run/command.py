@@ -295,12 +295,15 @@ class NodeCommand:
                 f"if [ -r {env_file} ]; then set -a; . {env_file}; set +a; fi; "
                 f"export {exports}; exec {shlex.join(argv)}")
 
-    def follow(self, lease: bool = False, tail: int | None = None) -> str:
-        """The command line that prints this node's output as it grows and ends with
-        EXIT_MARKER; with LEASE, its standard input carries the controller's heartbeat."""
+    def follow(self, lease: bool = False, tail: int | None = None, from_line: int = 0) -> str:
+        """The command line that prints this node's output as it grows (its last TAIL
+        lines first, or from line FROM_LINE + 1) and ends with EXIT_MARKER; with LEASE,
+        its standard input carries the controller's heartbeat."""
         argv = [self.python, nodelib.entry(self.home), "follow", "--job", self.job_dir]
         if lease:
             argv.append("--lease")
         if tail is not None:
             argv += ["--tail", str(tail)]
+        elif from_line:
+            argv += ["--from-line", str(from_line)]
         return shlex.join(argv)

@@ -19,11 +19,10 @@ import time
 from typing import IO, Any, cast
 
 from .. import defaults
-from ..cluster import ssh
 from ..cluster.inventory import NodeSpec
 from ..diagnosis.diagnose import analyse, read_node_dumps
 from ..diagnosis.progress import Progress
-from ..node.protocol import COLLECTIVE_TIMEOUT, HANG_GATHER, HANG_MARKER, End
+from ..node.protocol import COLLECTIVE_TIMEOUT, HANG_GATHER, HANG_MARKER, RECONNECT, End
 from .command import EXIT_MARKER, NodeCommand
 from .ends import PEER_GONE
 from .logstream import LineSplitter, is_record
@@ -32,7 +31,7 @@ from .scheduler import Scheduler
 from .spec import HangWatch, OnHang
 from .status import JobResult, NodeOutcome
 
-WATCH_INTERVAL = 0.5     # seconds between checks that each node's master connection lives
+STEADY = 5.0             # a stream followed again that breaks sooner is not a blip
 HEARTBEAT = 1.0          # seconds between the lease renewals sent to every node
 PROGRESS_INTERVAL = 1.0  # seconds between looks at the run's progress (stragglers)
 FOUND_BY = "the nodes"   # who found an attached run hung, in its summary
@@ -66,36 +65,58 @@ class Job:
 
     # -- per-node threads -------------------------------------------------------------
     def _pump(self, spec: NodeSpec, cmd: NodeCommand, lease: bool) -> None:
+        """Stream NODE's log until its exit marker. A stream that breaks without it (the
+        connection dropped) gets a second look: a new connection, following the log on
+        from the line where it broke; the node is lost only if that fails too."""
         outcome = self.outcomes[spec.name]
         splitter = LineSplitter(spec.name)
-        try:
-            proc = self.scheduler.log_iter(spec, cmd, lease, self.tail)
-        except Exception as exc:  # noqa: BLE001 - any failure to follow is this node's
-            self.events.put(("lost", spec.name, f"could not follow the job: {exc}"))
-            return
-        self._followers[spec.name] = proc
-        end: tuple[int, End, str] | None = None
-        assert proc.stdout is not None
+        tail, seen = self.tail, 0   # lines of the node's log received (from the start
+        end: tuple[int, End, str] | None = None   # when TAIL is None)
+        again = False               # followed again after a drop
         with open(self.rundir.log(spec.name), "a", encoding="utf-8") as log:
             while True:
-                chunk = proc.stdout.read1(65536)  # type: ignore[attr-defined]
-                if not chunk:
+                try:
+                    proc = self.scheduler.log_iter(spec, cmd, lease, tail, seen)
+                except Exception as exc:  # noqa: BLE001 - any failure to follow is this node's
+                    self.events.put(("lost", spec.name, f"could not follow the job: {exc}"))
+                    return
+                self._followers[spec.name] = proc
+                assert proc.stdout is not None
+                opened = time.monotonic()
+                while chunk := proc.stdout.read1(65536):  # type: ignore[attr-defined]
+                    lines = splitter.feed(chunk)
+                    seen += sum(1 for line in lines
+                                if EXIT_MARKER not in line and HANG_MARKER not in line)
+                    lines, end = take_exit_marker(lines, end)
+                    lines = self._take_hang_marker(spec.name, lines)
+                    if lines:  # the node's own words (a hang's marker is not progress)
+                        self.progress.output(time.monotonic())
+                    self._emit(log, outcome, lines)
+                proc.wait()
+                if end is not None or self._done.is_set():
                     break
-                lines, end = take_exit_marker(splitter.feed(chunk), end)
-                lines = self._take_hang_marker(spec.name, lines)
-                if lines:  # the node's own words (a hang's marker is not progress)
-                    self.progress.output(time.monotonic())
-                self._emit(log, outcome, lines)
+                # The session ended without torchrun's exit status: the connection broke
+                # (no answer to keepalives, node down, rebooted, sshd killed).
+                if again and time.monotonic() - opened < STEADY:  # not the network: the
+                    self.events.put(("lost", spec.name, "its log stream keeps ending "  # node
+                                     "without an exit status"))  # cannot follow its log
+                    break
+                dropped = time.monotonic()
+                why = self.scheduler.reconnect(spec, RECONNECT)
+                if why is not None:
+                    self.events.put(("lost", spec.name, "its SSH connection dropped and "
+                                     f"a new one failed for {RECONNECT:g} s ({why})"))
+                    break
+                again = True
+                splitter.drop_partial()
+                if tail is not None:   # attach --tail: where the log was is not known
+                    tail, seen = 0, 0
+                self._say(f"{spec.name}: its SSH connection dropped; connected again after "
+                          f"{time.monotonic() - dropped:.1f} s, following its log on")
             lines, end = take_exit_marker(splitter.flush(), end)
             self._emit(log, outcome, self._take_hang_marker(spec.name, lines))
-        proc.wait()
         if end is not None:
             self.events.put(("exit", spec.name, end))
-        else:
-            # The session ended without torchrun's exit status: the connection broke
-            # (node down, rebooted, sshd killed, or the network dropped).
-            self.events.put(("lost", spec.name, "SSH connection closed without an exit "
-                             "status (node down, rebooted, or sshd killed)"))
 
     def _take_hang_marker(self, node: str, lines: list[str]) -> list[str]:
         """Lines without the node's HANG_MARKER: it found the run hung and dumped its
@@ -150,19 +171,6 @@ class Job:
                 except OSError:
                     pass
 
-    def _watch(self) -> None:
-        """A node that no longer answers (over SSH: its master connection ended, as it
-        stopped answering the ServerAlive probes) is lost, whatever its session shows."""
-        reported: set[str] = set()
-        while not self._done.wait(WATCH_INTERVAL):
-            for name in self.outcomes:
-                if name in reported or self.outcomes[name].reason != End.RUNNING:
-                    continue
-                if not self.scheduler.reachable(name):
-                    reported.add(name)
-                    self.events.put(("lost", name, "no answer to SSH keepalive for "
-                                     f"{ssh.ALIVE_INTERVAL * ssh.ALIVE_COUNT} s"))
-
     # -- teardown ----------------------------------------------------------------------
     def _stop(self, names: list[str], why: str) -> None:
         todo = [n for n in names if n not in self._stopping
@@ -210,7 +218,6 @@ class Job:
         for spec, cmd in self.nodes:
             threading.Thread(target=self._pump, args=(spec, cmd, attached), daemon=True,
                              name=f"pump-{spec.name}").start()
-        threading.Thread(target=self._watch, daemon=True).start()
         if attached:
             threading.Thread(target=self._heartbeat, daemon=True).start()
         give_up_at: float | None = None
@@ -288,7 +295,7 @@ class Job:
                         if running and any(COLLECTIVE_TIMEOUT.search(x) for x in lines):
                             self._diagnose_timeout(sorted(running), name)
                 else:
-                    self._finish(name, None, End.LOST)
+                    self._finish(name, None, End.LOST, str(value))
                     self._say(f"{name}: {value}")
                     if first_failed is None and not interrupted and name not in self._stopping:
                         first_failed = name

@@ -45,6 +45,11 @@ class LineSplitter:
         *lines, self._partial = data.split(b"\n")
         return [out for line in lines for out in self._join(self._decode(line))]
 
+    def drop_partial(self) -> None:
+        """Forget the half line received: the stream broke mid-line, and a new one from
+        that line on brings it again whole."""
+        self._partial = b""
+
     def flush(self) -> list[str]:
         line, self._partial = self._partial, b""
         out = self._join(self._decode(line)) if line else []

@@ -2,7 +2,7 @@
 between the run (lifecycle.py, follow.py, settle.py, stop.py) and the way the nodes are
 reached. torchx's Scheduler is the model: submit, describe, cancel, log_iter; SSH is the
 first implementation (the nodes are reached as Ansible reaches them); a queue (Slurm) is
-another way to start the same supervisors, behind the same four verbs.
+another way to start the same supervisors, behind the same verbs.
 
 Whatever the scheduler, each node runs the node package's supervisor (node/supervise.py):
 it owns torchrun, keeps the node's state on the share, watches its peers and the hang,
@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Generic, Protocol, TypeVar
 
 from ..cluster import nodelib, ssh
 from ..cluster.fanout import each
 from ..cluster.inventory import NodeSpec
 from ..diagnosis.diagnose import NodeDumps, collect, targets_of
+from ..errors import PreflightError
 from ..node.protocol import JOBS_DIR
 from .command import NodeCommand
 from .launch import Launch
@@ -73,13 +75,15 @@ class Scheduler(Protocol):
         ...
 
     def log_iter(self, node: NodeSpec, cmd: NodeCommand, lease: bool,
-                 tail: int | None) -> subprocess.Popen:
-        """NODE's log of the run as it grows, ending with the exit marker; with LEASE,
-        its standard input carries the controller's heartbeat."""
+                 tail: int | None, from_line: int = 0) -> subprocess.Popen:
+        """NODE's log of the run as it grows (its last TAIL lines first, or from line
+        FROM_LINE + 1), ending with the exit marker; with LEASE, its standard input
+        carries the controller's heartbeat."""
         ...
 
-    def reachable(self, node: str) -> bool:
-        """Whether NODE still answers (a node that does not is lost)."""
+    def reconnect(self, node: NodeSpec, within: float) -> str | None:
+        """A second look at NODE, whose connection dropped: None once it answers again
+        (later calls use the new connection), else why not, after WITHIN seconds."""
         ...
 
     def dump(self, nodes: list[tuple[NodeSpec, NodeCommand]], run_id: str) -> list[NodeDumps]:
@@ -149,12 +153,23 @@ class SshScheduler:
         return each(nodes, one, lambda s: s.name).values_or_raise()
 
     def log_iter(self, node: NodeSpec, cmd: NodeCommand, lease: bool,
-                 tail: int | None) -> subprocess.Popen:
-        return self.clients[node.name].popen(cmd.follow(lease=lease, tail=tail), stdin=lease)
+                 tail: int | None, from_line: int = 0) -> subprocess.Popen:
+        return self.clients[node.name].popen(cmd.follow(lease, tail, from_line), stdin=lease)
 
-    def reachable(self, node: str) -> bool:
-        conn = self.clients.get(node)
-        return conn is None or conn.alive()
+    def reconnect(self, node: NodeSpec, within: float) -> str | None:
+        old = self.clients.get(node.name)
+        if old is not None:
+            old.close()   # its master ended, or no longer answers
+        deadline, why = time.monotonic() + within, "no attempt"
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                self.clients[node.name] = ssh.connect(
+                    node.name, replace(node.ssh, timeout=max(1, round(left))), within=left)
+                return None
+            except PreflightError as exc:
+                why = str(exc)
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+        return why
 
     def dump(self, nodes: list[tuple[NodeSpec, NodeCommand]], run_id: str) -> list[NodeDumps]:
         return collect(targets_of(nodes, self.clients), run_id)

@@ -1,6 +1,7 @@
 """Test job: a real DDP step on every rank, then an all_reduce whose result is checked.
 
-Prints one line per rank: `rank R/W host H sum S ok`.
+Prints one line per rank: `rank R/W host H sum S ok`; with --tick, `tick N` each second
+of --sleep too.
 """
 import argparse
 import os
@@ -14,6 +15,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=2)
 parser.add_argument("--sleep", type=float, default=0.0, help="seconds to keep running")
+parser.add_argument("--tick", action="store_true", help="a numbered line each second")
 args = parser.parse_args()
 
 dist.init_process_group(os.environ.get("CLUSTERTRAIN_BACKEND", "gloo"))
@@ -30,8 +32,12 @@ dist.all_reduce(t)
 expected = world * (world + 1) / 2
 print(f"rank {rank}/{world} host {socket.gethostname()} sum {t.item():.0f} "
       f"{'ok' if t.item() == expected else 'WRONG'}", flush=True)
-deadline = time.monotonic() + args.sleep
-while time.monotonic() < deadline:
+start = time.monotonic()
+ticks = 0
+while time.monotonic() < start + args.sleep:
+    if args.tick and time.monotonic() >= start + ticks:
+        print(f"tick {ticks}", flush=True)
+        ticks += 1
     time.sleep(0.2)
 dist.barrier()
 dist.destroy_process_group()

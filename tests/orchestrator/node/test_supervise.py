@@ -169,7 +169,8 @@ def test_a_silent_peer_is_lost(tmp_path: Path, monkeypatch) -> None:
 
 def test_an_attached_run_stops_when_the_controller_leaves(tmp_path: Path) -> None:
     """The follower holds the lease on its stdin; end-of-input (the controller was killed)
-    gives the lease up at once and the supervisor stops the job."""
+    gives the lease up once no new follower renewed it for RECONNECT_GRACE, and the
+    supervisor stops the job."""
     sup = start(tmp_path, "n0", attached=True, nodes="n0")
     job = tmp_path / "n0" / "job"
     try:
@@ -184,14 +185,67 @@ def test_an_attached_run_stops_when_the_controller_leaves(tmp_path: Path) -> Non
         assert not (job / "exit").exists()
         follower.stdin.close()  # as when the controller dies
         t0 = time.monotonic()
-        state = wait_file(job / "exit", timeout=20)
-        assert state["reason"] == "controller-lost" and time.monotonic() - t0 < 10
+        state = wait_file(job / "exit", timeout=protocol.RECONNECT_GRACE + 20)
+        took = time.monotonic() - t0
+        assert state["reason"] == "controller-lost", state
+        assert protocol.RECONNECT_GRACE <= took < protocol.RECONNECT_GRACE + 5, took
         out = follower.stdout.read().decode()
         follower.wait(timeout=30)
         assert "job started" in out and f"{protocol.EXIT_MARKER} " in out
         assert not group_alive(job)
     finally:
         sup.kill()
+
+
+def test_a_controller_that_connects_again_keeps_the_run(tmp_path: Path) -> None:
+    """The controller's connection drops (its follower's input ends) and a new follower
+    renews the lease within the grace: the job runs on, past the grace; the new follower
+    streams from the line where the first broke off."""
+    sup = start(tmp_path, "n0", attached=True, nodes="n0")
+    job = tmp_path / "n0" / "job"
+    argv = [*NODE, "follow", "--job", str(job), "--lease"]
+    try:
+        wait_file(job / "pgid")
+        first = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert first.stdin is not None
+        first.stdin.write(b".")
+        first.stdin.flush()
+        first.stdin.close()   # the connection dropped
+        time.sleep(2)
+        second = subprocess.Popen([*argv, "--from-line", "1"], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE)
+        assert second.stdin is not None and second.stdout is not None
+        for _ in range(int(protocol.RECONNECT_GRACE) + 5):
+            second.stdin.write(b".")
+            second.stdin.flush()
+            time.sleep(1)
+        assert not (job / "exit").exists(), (job / "exit").read_text()
+        second.stdin.close()
+        state = wait_file(job / "exit", timeout=protocol.RECONNECT_GRACE + 20)
+        assert state["reason"] == "controller-lost", state
+        out = second.stdout.read().decode()
+        second.wait(timeout=30)
+        assert "job started" not in out and f"{protocol.EXIT_MARKER} " in out, out
+        first.kill()
+    finally:
+        sup.kill()
+
+
+def test_the_lease_after_end_of_input(tmp_path: Path) -> None:
+    """Given up RECONNECT_GRACE after the follower's input ended, unless renewed since;
+    silence beyond the timeout gives it up whatever."""
+    lease, lost = tmp_path / protocol.LEASE_FILE, tmp_path / protocol.LEASE_LOST
+    lease.touch()
+    os.utime(lease, (1000, 1000))
+    gone = lambda now: supervise._lease_gone(str(tmp_path), 30, now)  # noqa: E731
+    assert not gone(1010) and gone(1031)          # no end of input: the timeout
+    lost.touch()
+    os.utime(lost, (1001, 1001))                  # input ended after the last renewal
+    assert not gone(1001 + protocol.RECONNECT_GRACE - 1)
+    assert gone(1001 + protocol.RECONNECT_GRACE + 1)
+    os.utime(lease, (1002, 1002))                 # a new follower renewed it
+    assert not gone(1001 + protocol.RECONNECT_GRACE + 1)
+    assert gone(1033)
 
 
 def test_a_silent_controller_loses_its_lease_after_the_timeout(tmp_path: Path) -> None:
@@ -203,15 +257,19 @@ def test_a_silent_controller_loses_its_lease_after_the_timeout(tmp_path: Path) -
         sup.kill()
 
 
-@pytest.mark.parametrize("tail, expected", [(None, ["a", "b", "c"]), (1, ["c"])])
-def test_follow_prints_the_log_then_the_exit_marker(tmp_path: Path, tail, expected) -> None:
+@pytest.mark.parametrize("start, expected", [([], ["a", "b", "c"]), (["--tail", "1"], ["c"]),
+                                             (["--from-line", "1"], ["b", "c", "d"]),
+                                             (["--from-line", "2"], ["c", "d"]),
+                                             (["--from-line", "9"], ["d"])])
+def test_follow_prints_the_log_then_the_exit_marker(tmp_path: Path, start, expected) -> None:
+    """From the start, its last lines, or on from a line (a half-written last line comes
+    whole)."""
     job = tmp_path / "job"
     job.mkdir()
-    (job / "output.log").write_text("a\nb\nc\n")
+    (job / "output.log").write_text("a\nb\nc\n" + ("d" if "--from-line" in start else ""))
     util.write_json(str(job / "exit"), {"code": 0, "reason": "exited"})
     argv = [*NODE, "follow", "--job", str(job)]
-    out = subprocess.run(argv + (["--tail", str(tail)] if tail else []), capture_output=True,
-                         text=True, timeout=30)
+    out = subprocess.run(argv + start, capture_output=True, text=True, timeout=30)
     assert out.returncode == 0
     assert out.stdout.splitlines() == [*expected, f"{protocol.EXIT_MARKER} 0 exited -"]
 

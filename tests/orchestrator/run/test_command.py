@@ -88,6 +88,8 @@ def test_follow_reads_the_node_log_and_holds_the_lease() -> None:
     assert shlex.split(cmd().follow(lease=True)) == [
         "/usr/bin/python3", f"{lib}/node.py", "follow", "--job", job, "--lease"]
     assert shlex.split(cmd().follow(tail=5))[-2:] == ["--tail", "5"]
+    assert shlex.split(cmd().follow(from_line=7))[-2:] == ["--from-line", "7"]
+    assert "--from-line" not in cmd().follow(from_line=0)
 
 
 def test_a_command_survives_its_record() -> None:

@@ -4,6 +4,7 @@ bastion, real torchrun (gloo) on three containers, real signals to the real CLI.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -83,7 +84,9 @@ def test_kill_9_of_train_stops_every_node(sandbox_cluster, tmp_path) -> None:
                  proc, tmp_path)
         proc.kill()
         killed = time.monotonic()
-        gone = wait_for(lambda: not left(sandbox_cluster, tmp_path), 30,
+        # The nodes keep the lease RECONNECT_GRACE (15 s) for a controller that connects
+        # again, then stop the job (SIGTERM, SIGKILL after 5 s).
+        gone = wait_for(lambda: not left(sandbox_cluster, tmp_path), 45,
                         f"no process left after kill -9 (left: {left(sandbox_cluster, tmp_path)})")
     finally:
         proc.kill()
@@ -213,6 +216,38 @@ def test_a_run_survives_its_share_stalling(sandbox_cluster, tmp_path) -> None:
             train.send_signal(signal.SIGINT)
             train.wait(timeout=60)
     assert "succeeded" in text(tmp_path), text(tmp_path)[-3000:]
+    assert not left(sandbox_cluster, tmp_path)
+
+
+BLIP = ("nft add table inet blip; nft add chain inet blip input '{ type filter hook input "
+        "priority -10; policy accept; }'; nft add rule inet blip input tcp dport 22 drop")
+
+
+def test_a_run_survives_a_dropped_ssh_connection(sandbox_cluster, tmp_path) -> None:
+    """A network blip: node1 drops every SSH packet for 12 s, so the controller's
+    keepalives go unanswered and its connection to node1 ends. train connects again and
+    follows node1's log on from the line where it broke: the run succeeds, nobody is taken
+    for lost, and every line node1 printed is shown once, in order."""
+    train = start(sandbox_cluster, tmp_path, "--nodes", "3", "ddp_allreduce.py", "--",
+                  "--steps", "2", "--sleep", "40", "--tick")
+    try:
+        wait_for(lambda: "node1/rank1 | tick 3" in text(tmp_path), 240, "node1's ticks",
+                 train, tmp_path)
+        sandbox_cluster.exec("node1", "sh", "-c", BLIP)
+        time.sleep(12)
+        sandbox_cluster.exec("node1", "nft", "delete", "table", "inet", "blip")
+        assert train.wait(timeout=180) == 0, text(tmp_path)[-3000:]
+    finally:
+        sandbox_cluster.exec("node1", "nft", "delete", "table", "inet", "blip", check=False)
+        if train.poll() is None:
+            train.send_signal(signal.SIGINT)
+            train.wait(timeout=60)
+    out = text(tmp_path)
+    assert re.search(r"node1: its SSH connection dropped; connected again after [\d.]+ s",
+                     out), out[-3000:]
+    ticks = [int(n) for n in re.findall(r"^node1/rank1 \| tick (\d+)$", out, re.M)]
+    assert ticks == list(range(len(ticks))) and len(ticks) >= 38, ticks
+    assert "succeeded" in out and "lost" not in out, out[-3000:]
     assert not left(sandbox_cluster, tmp_path)
 
 
