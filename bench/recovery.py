@@ -3,11 +3,13 @@ kill of a node's container (`podman kill`, as a power cut) until every rank of t
 recovered run trains again (its first beat), over N trials at 3 nodes (2 and a spare),
 with its parts apart: noticing the death, restarting torchrun (preflight, sync, launch on
 the healthy node and the spare) and the first step after it (the checkpoint's load
-reported alone). The project's job (train/train.py) on synthetic data. On a sandbox set
+reported alone). With --detach, the run is detached and nobody is attached: the nodes
+recover it (node/recover.py); `attach` afterwards records it. The project's job
+(train/train.py) on synthetic data. On a sandbox set
 up for `train` without site.yml (sandbox_bench.bench_sandbox), removed afterwards, or on
 --sandbox NAME (3 nodes or more, with cordons/ on its share):
 
-    python bench/recovery.py [--sandbox NAME] [--trials 10]
+    python bench/recovery.py [--sandbox NAME] [--trials 10] [--detach]
 
 After each trial the killed node is started again and uncordoned.
 """
@@ -53,7 +55,17 @@ def wait_ssh(inventory: str, node: str, timeout: float = 120) -> None:
     ssh.wait_until_it_answers(spec.name, spec.ssh, timeout)
 
 
-def trial(i: int, info: dict, share: Path) -> dict:
+def ended(share: Path, attempt: str, nodes: tuple[str, ...]) -> bool:
+    """Every node of ATTEMPT says on the share that its part ended."""
+    states = share / "checkpoints" / "alice" / ".clustertrain" / "runs" / attempt
+    try:
+        return all(json.loads((states / f"{n}.json").read_text())["state"] == "ended"
+                   for n in nodes)
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def trial(i: int, info: dict, share: Path, detach: bool) -> dict:
     inventory = info["inventory"]
     victim = next(n for n in info["nodes"] if n["name"] == "node1")
     name = f"bench-recovery-{os.getpid()}-{i}"
@@ -62,7 +74,8 @@ def trial(i: int, info: dict, share: Path) -> dict:
     out = open(runs / "train.out", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "orchestrator", "train", "-i", inventory, "--runs-dir",
-         str(runs), "--nodes", "2", "--max-recoveries", "1", "--spares", "1", "train.py",
+         str(runs), "--nodes", "2", "--max-recoveries", "1", "--spares", "1",
+         *(["--detach"] if detach else []), "train.py",
          "--", "--run-name", name, *JOB], cwd=REPO, env=ENV, stdout=out,
         stderr=subprocess.STDOUT)
     try:
@@ -74,6 +87,13 @@ def trial(i: int, info: dict, share: Path) -> dict:
         killed = time.time()
         sh("podman", "kill", victim["container"])
         code = proc.wait(timeout=600)
+        if detach:   # nobody attached: the nodes recover it; attach afterwards records it
+            (run_id,) = [p.name for p in runs.iterdir() if (p / "run.json").exists()]
+            while not ended(share, f"{run_id}.r1", ("node0", "node2")):
+                if time.monotonic() > deadline + 600:
+                    raise SystemExit(f"trial {i}: {run_id}.r1 never ended on the nodes")
+                time.sleep(0.5)
+            code = orchestrator("attach", run_id, "--runs-dir", str(runs)).returncode
     finally:
         proc.kill()
         subprocess.run(["podman", "start", victim["container"]], env=ENV, capture_output=True)
@@ -98,8 +118,12 @@ def main() -> int:
                     "its share)")
     ap.add_argument("--name", default=f"recovery-bench-{os.getpid()}")
     ap.add_argument("--trials", type=int, default=10)
-    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "recovery.json"))
+    ap.add_argument("--detach", action="store_true",
+                    help="detached, nobody attached: the nodes recover the run")
+    ap.add_argument("--out", help="default: bench/results/recovery[-detached].json")
     args = ap.parse_args()
+    args.out = args.out or str(REPO / "bench" / "results" / (
+        "recovery-detached.json" if args.detach else "recovery.json"))
     if not args.sandbox:
         bench_sandbox(args.name, 3, bastion=False)
     try:
@@ -110,7 +134,7 @@ def main() -> int:
         (share / "cordons").chmod(0o1777)
         if not (share / "data" / "cifar10").exists():
             orchestrator("data", "synthetic", "--dest", str(share / "data" / "cifar10"))
-        rows = [trial(i, info, share) for i in range(args.trials)]
+        rows = [trial(i, info, share, args.detach) for i in range(args.trials)]
     finally:
         if not args.sandbox:
             sandbox_down(args.name)
@@ -121,8 +145,9 @@ def main() -> int:
         "rank of the recovered run (node0 and the spare node2) trains again (its first "
         "beat), with the parts: detect (kill -> the failure seen), restart (-> torchrun "
         "started again: preflight, sync, launch), resume (-> first step; load: the "
-        "checkpoint's read). train --nodes 2 --max-recoveries 1 --spares 1, the project's "
-        f"job ({' '.join(JOB)}) on synthetic data, gloo on CPUs",
+        "checkpoint's read). train --nodes 2 --max-recoveries 1 --spares 1"
+        + (" --detach, nobody attached (the nodes recover it; detect: kill -> the nodes' "
+           "decision)" if args.detach else "") + f", the project's job ({' '.join(JOB)}) on synthetic data, gloo on CPUs",
         "sandbox containers (3 nodes, no bastion); goal: median under 60 s",
         rows, trials=len(rows), median_s=medians, range_s=ranges)
     print(json.dumps({"median_s": medians, "range_s": ranges}))

@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 
 from .. import defaults
-from ..run.record import latest_attempt, open_run
+from ..run.record import open_run
+from ..run.settle import current_attempt
 from ..run.stop import RUN_ID, stop_run
 
 
@@ -25,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _main(args: argparse.Namespace) -> int:
     if RUN_ID.match(args.run):   # a run whose node failed and that recovered: its attempt now
-        attempt = latest_attempt(open_run(Path(args.runs_dir), args.run)).run_id
+        attempt = current_attempt(open_run(Path(args.runs_dir), args.run)).run_id
         if attempt != args.run:
             print(f"run {args.run} recovered from a failed node and runs as {attempt} now")
             args.run = attempt

@@ -21,7 +21,8 @@ import time
 from collections import defaultdict, deque
 from dataclasses import dataclass
 
-BEAT = "##clustertrain beat"
+from ..node.protocol import BEAT_MARKER as BEAT
+
 # Stragglers: a node is named when it was slower than the others in most windows of a
 # minute or more, by more than the run's own spread. One noisy window (shared cores, a
 # checkpoint, the first epoch's warm-up) names nobody.

@@ -13,7 +13,9 @@
   allocate   hold a Slurm allocation while the controller's connection lives (allocate.py)
   busy       this node's live runs (any user's) and GPU processes, as JSON (busy.py)
   envs       the user's own environments here, as JSON; --rm and --prune remove (envs.py)
-  states     the run's node states and hang dumps on the share (states.py)
+  states     the run's node states, hang dumps and recovery decision on the share
+  standby    a spare of a detached run that may recover: waits for its place (recover.py)
+  recovery-plan  write a detached run's recovery plan on the share (JSON on stdin)
   cordon     add a node's cordon or uncordon to the share's record, or list (cordon.py)
   torch      import torch in this Python and say what it sees (fingerprint.py)
   carry      what a job wrote in its working directory, into the next run's (carry.py)
@@ -53,7 +55,18 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--cwd", help="torchrun's working directory (the run's code snapshot)")
     r.add_argument("--wait-go", action="store_true",
                    help=f"say {READY}, start on {GO!r} (on stdin), then detach")
+    r.add_argument("--recovery", action="store_true",
+                   help="a detached run that may recover: a peer's fault starts the next "
+                   "attempt (recover.py; the plan is in STATE/recovery/)")
     r.add_argument("argv", nargs=argparse.REMAINDER)
+    sb = sub.add_parser("standby", allow_abbrev=False)
+    sb.add_argument("--plan", required=True, help="the run's recovery plan on the share")
+    sb.add_argument("--node", required=True, help="this spare's inventory name")
+    sb.add_argument("--torchrun", required=True, help="this node's torchrun")
+    sb.add_argument("--log", required=True, help="the standby's own words")
+    sb.add_argument("--detach", action="store_true", help="go on in a session of its own")
+    pl = sub.add_parser("recovery-plan", allow_abbrev=False)
+    pl.add_argument("path", help="where the plan (JSON on stdin) goes")
     f = sub.add_parser("follow", allow_abbrev=False)
     f.add_argument("--job", required=True)
     start = f.add_mutually_exclusive_group()
@@ -160,6 +173,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.verb == "cordon":
         from .cordon import main as cordon
         print(json.dumps(cordon(json.load(sys.stdin))))
+        return 0
+    if args.verb == "standby":
+        from .recover import standby
+        return standby(args)
+    if args.verb == "recovery-plan":
+        from .util import write_json
+        os.makedirs(os.path.dirname(args.path), exist_ok=True)
+        write_json(args.path, json.load(sys.stdin))
         return 0
     if args.verb == "states":
         from .states import read_states

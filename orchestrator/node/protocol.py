@@ -64,6 +64,22 @@ LEASE_TIMEOUT = 30.0  # an attached run whose controller is silent this long is 
 # (killed with SIGKILL) is given up then.
 RECONNECT = 10.0
 RECONNECT_GRACE = RECONNECT + 5.0
+# A worker's progress line (the job's heartbeat: train/beat.py prints it); the run's
+# first one is its first training step (a detached recovery's nodes record when).
+BEAT_MARKER = "##clustertrain beat"
+# A detached run that may recover (`train --detach --max-recoveries N`): the nodes start
+# the next attempt themselves (recover.py). The controller leaves the plan in the first
+# attempt's state directory; a failed attempt's decision goes into its own.
+RECOVERY_SUBDIR = "recovery"   # STATE/recovery/: plan.json (first attempt), next.json
+PLAN_FILE = "plan.json"
+NEXT_FILE = "next.json"
+STANDBY_IDLE = 60.0   # a spare's standby leaves this long after the run's last end
+DRAIN = "/usr/local/sbin/clustertrain-drain"   # roles/slurm's slurm_drain_command
+# The placeholders of the plan's launch line (a node's shell line, as the controller
+# would send it over SSH); each node fills them in for its part of the next attempt.
+TEMPLATE = {name: f"@ct-{name}@" for name in (
+    "run", "rank", "nnodes", "master", "node", "nodes", "addresses", "state", "home",
+    "torchrun", "python", "attempt")}
 KEEP_RUNS = 20        # snapshots and job directories kept per user and node
 KEEP_ENVS = 3         # states of one environment kept per user and node (env create)
 HANG_GATHER = 45.0    # seconds a node that dumped for a hang waits for its peers' dumps

@@ -33,6 +33,7 @@ from .carry import kept
 from .dump import dump_workers, py_spy_for
 from .protocol import (
     BEAT,
+    BEAT_MARKER,
     CODE_SUBDIR,
     COLLECTIVE_TIMEOUT,
     EXIT_FILE,
@@ -61,7 +62,7 @@ from .protocol import (
 from .ring import Counters, Ring, read_state, resolve, ring_socket
 from .statefile import StateFile
 from .stop import stop_tree
-from .util import read_json, read_pid, write_json
+from .util import detach, read_json, read_pid, write_json
 
 TAIL_BYTES = 64 * 1024  # of torchrun's output, read for the words of a collective timeout
 HELD_UP = 5 * BEAT      # a loop slower than this: this supervisor itself was held up
@@ -219,22 +220,12 @@ def await_go(job: str, cwd: str | None, ring_port: int) -> dict[str, int] | None
             ports[name] = int(port)
     if cwd:
         os.chdir(cwd)  # a snapshot that is not there fails the launch, with its path
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
+    pid = detach(os.path.join(job, SUPERVISOR_LOG))
     if pid:
         with open(os.path.join(job, SUPERVISOR_PID), "w") as fh:
             fh.write(f"{pid}\n")
         print(f"{STARTED} {pid}", flush=True)
         os._exit(0)
-    log = os.open(os.path.join(job, SUPERVISOR_LOG), os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
-                  0o600)
-    null = os.open(os.devnull, os.O_RDONLY)
-    for fd, to in ((null, 0), (log, 1), (log, 2)):
-        os.dup2(fd, to)
-    os.close(null)
-    os.close(log)
-    os.setsid()
     return ports
 
 
@@ -315,8 +306,12 @@ def _supervise(args: argparse.Namespace, ring: Ring) -> int:
         ring.say(state="running", hang=state.get("hang"))
 
     looked = time.monotonic()
+    first_beat = FirstBeat(os.path.join(job, OUTPUT_LOG)) if args.recovery else None
     while proc.poll() is None:
         quiet = _quiet_for(job)
+        if first_beat is not None and first_beat.seen():
+            state["first_beat"], first_beat = time.time(), None   # training again
+            tell()
         ring.progress(quiet)
         if time.monotonic() - looked > HELD_UP:   # this process was held up, not its peers
             print(f"{time.strftime('%H:%M:%S')} this supervisor was held up for "
@@ -379,6 +374,12 @@ def _supervise(args: argparse.Namespace, ring: Ring) -> int:
     code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
     if reason is None and os.path.exists(os.path.join(job, STOP_REQUESTED)):
         reason = End.STOPPED
+    if reason is None and code != 0 and args.recovery:
+        # The ranks here failed by themselves; when a peer died, its sockets broke first,
+        # before its silence names it: a run that may recover waits for that name.
+        lost = _lost_meanwhile(ring)
+        if lost:
+            reason, why = End.PEER_LOST, lost
     if reason is None and dumped_at is not None and args.on_hang == "stop":
         # Hung and dumped: a peer stopped first, and this node's ranks ended with it.
         reason, why = End.HUNG, f"no rank made progress (--hang-timeout {args.hang_timeout:g})"
@@ -401,7 +402,49 @@ def _supervise(args: argparse.Namespace, ring: Ring) -> int:
         if watch is not None:
             watch.close()
         slurmjob.release(slurm, lambda: all_ended(state_dir, ring.names))
+    if args.recovery and reason in (End.PEER_LOST, End.PEER_FAILED):
+        from .recover import after_end  # a detached run that may recover: its next attempt
+        after_end(state_dir, args.run, args.node, ring.names, reason, why,
+                  ring.peers_status().get(why) or {}, final["heard"].get(why), args.argv[0])
     return 0
+
+
+class FirstBeat:
+    """Whether the job's output has shown its first beat yet (read on from where the
+    last look stopped)."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.offset, self.rest = path, 0, b""
+
+    def seen(self) -> bool:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read(1 << 20)
+        except OSError:
+            return False
+        self.offset += len(data)
+        text, self.rest = self.rest + data, data[-len(BEAT_MARKER):]
+        return BEAT_MARKER.encode() in text
+
+
+def _lost_meanwhile(ring: Ring) -> str | None:
+    """The peer the ring names lost within PEER_TIMEOUT (and a few beats), while this node
+    goes on beating and says its torchrun failed; None at once when every peer's failed
+    or ended too (the script failed everywhere: nobody's fault but its own)."""
+    ring.say(state="running", failed=True)
+    deadline = time.monotonic() + PEER_TIMEOUT + 3 * BEAT
+    while time.monotonic() < deadline:
+        ring.look()
+        lost = ring.lost_peers()
+        if lost:
+            return sorted(lost)[0]
+        known = ring.peers_status()
+        if all((known.get(n) or {}).get("failed") or (known.get(n) or {}).get("state")
+               == "ended" for n in ring.names if n != ring.me):
+            return None
+        time.sleep(BEAT)
+    return None
 
 
 def _timed_out(job: str) -> bool:

@@ -5,7 +5,27 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Any
+
+
+def detach(log: str, append: bool = False) -> int:
+    """Fork: the child's PID in the parent; in the child (0), a session of its own, no
+    input, and its output into LOG (truncated, or with APPEND added to)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return pid
+    out = os.open(log, os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC),
+                  0o600)
+    null = os.open(os.devnull, os.O_RDONLY)
+    for fd, to in ((null, 0), (out, 1), (out, 2)):
+        os.dup2(fd, to)
+    os.close(null)
+    os.close(out)
+    os.setsid()
+    return 0
 
 
 def write_atomically(path: str, data: bytes, mode: int = 0o600, sync: bool = False) -> None:

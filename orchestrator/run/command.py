@@ -178,6 +178,8 @@ class NodeCommand:
     # Every run is watched for hangs by its nodes; the controller reads what they found.
     hang_timeout: float = 0.0
     on_hang: str = "stop"
+    # A detached run that may recover: a peer's fault starts the next attempt on the nodes
+    recovery: bool = False
     # the common role's cluster.env on this node (NodeSpec.cluster_env_file)
     cluster_env: str = field(default_factory=lambda: str(
         contract.role_default("common", "common_cluster_env_file")))
@@ -289,6 +291,7 @@ class NodeCommand:
                 "--lease-timeout", str(self.lease_timeout), "--keep", str(self.keep_runs),
                 *(["--attached"] if self.attached else []),
                 "--hang-timeout", f"{self.hang_timeout:g}", "--on-hang", self.on_hang,
+                *(["--recovery"] if self.recovery else []),
                 "--", *self.torchrun_argv()]
         # A job directory that cannot be made fails the launch here, with mkdir's words.
         return (f"umask 077; mkdir -p {job} || exit 1; "

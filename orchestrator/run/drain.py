@@ -17,8 +17,7 @@ from ..cluster import nodelib, ssh
 from ..cluster.inventory import Cluster, NodeSpec
 from ..errors import ClusterError
 from ..node.cordon import CORDON, UNCORDON
-
-DRAIN = "/usr/local/sbin/clustertrain-drain"   # roles/slurm's slurm_drain_command
+from ..node.protocol import DRAIN
 
 
 @dataclass(frozen=True)

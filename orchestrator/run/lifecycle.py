@@ -17,20 +17,24 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ..checks.preflight import print_report, raise_if_blocked
 from ..checks.probe import NodeFacts
+from ..cluster import nodelib
 from ..cluster.inventory import Cluster, NodeSpec, load_cluster
 from ..cluster.ssh import connect_all
 from ..errors import ClusterError, LaunchError
-from ..node.protocol import GO
+from ..node.protocol import GO, JOBS_SUBDIR, PEER_TIMEOUT, STARTED
+from ..node.recover import DECISION_WAIT, plan_path
 from .allocation import Allocation, queue_for
-from .command import NodeCommand
+from .command import NodeCommand, state_dir
 from .drain import keep_out_lost
 from .follow import Job
 from .record import (
@@ -46,7 +50,9 @@ from .recovery import (
     RECOVERY_ENV,
     Failure,
     Recovery,
+    SpareFacts,
     attempt_id,
+    detached_plan,
     exhausted,
     next_nodes,
     node_failure,
@@ -54,7 +60,7 @@ from .recovery import (
 )
 from .scheduler import Scheduler, SshScheduler
 from .session import Session, connected_ahead
-from .settle import settle
+from .settle import next_attempt, recovery_decision, settle, with_recovery
 from .spec import RunSpec
 from .status import RunStatus, conclude, cut_short, make_summary
 from .sync import SyncResult, left_out, sync_code
@@ -72,10 +78,12 @@ class Plan:
     allocation: Allocation | None = None     # --queue: what Slurm gave the run
 
     recovery: Recovery | None = None          # the recovery that started this attempt
+    spares: tuple[str, ...] = ()              # detached, may recover: the spares held ready
 
     @classmethod
     def make(cls, spec: RunSpec, session: Session, run_id: str,
-             allocation: Allocation | None = None, recovery: Recovery | None = None) -> Plan:
+             allocation: Allocation | None = None, recovery: Recovery | None = None,
+             spares: Sequence[str] = ()) -> Plan:
         report, cluster = session.report, session.cluster
         given = allocation.env if allocation else (lambda node: {})
         # A run that may recover: every attempt knows its number (0 the first).
@@ -97,10 +105,12 @@ class Plan:
                         attached=not spec.detach, lease_timeout=spec.lease_timeout,
                         grace=spec.grace, keep_runs=spec.keep_runs, module=spec.module,
                         clean_exit=spec.clean_exit, hang_timeout=spec.hang_timeout,
-                        on_hang=str(spec.on_hang), cluster_env=facts.node.cluster_env_file)
+                        on_hang=str(spec.on_hang), cluster_env=facts.node.cluster_env_file,
+                        recovery=bool(spec.detach and spec.max_recoveries))
             for i, facts in enumerate(report.facts)]
         return cls(spec, run_id, list(zip(cluster.nodes, commands, strict=True)),
-                   {f.node.name: str(f.user) for f in report.facts}, allocation, recovery)
+                   {f.node.name: str(f.user) for f in report.facts}, allocation, recovery,
+                   tuple(spares))
 
     @property
     def commands(self) -> list[NodeCommand]:
@@ -164,15 +174,15 @@ def run_training(spec: RunSpec, dry_run: bool = False, cluster: Cluster | None =
     if spec.doctor:
         _doctor_first(spec, cluster, dry_run)
     run_id = spec.run_id or new_run_id()
-    if spec.max_recoveries and not dry_run:
+    if spec.max_recoveries and not dry_run and not spec.detach:
         return _recovering(spec, whole, cluster, spares, run_id)
-    if spec.max_recoveries:
+    if spec.max_recoveries and dry_run:
         print(f"# dry run: a node's failure would start the run again from its newest "
               f"checkpoint, at most {spec.max_recoveries} time(s), as "
               f"{attempt_id(run_id, 1)}, ... on "
               f"the healthy nodes and a spare ({', '.join(spares) or 'none held'})"
               + (f", or on {spec.min_nodes} node(s) or more" if spec.min_nodes else ""))
-    return _attempt(spec, whole, cluster, run_id, dry_run)
+    return _attempt(spec, whole, cluster, run_id, dry_run, spares=spares)
 
 
 def _recovering(spec: RunSpec, whole: Cluster, cluster: Cluster, spares: list[str],
@@ -229,7 +239,7 @@ def _last_heard(summary: dict[str, Any], failure: Failure, healthy: list[str]) -
     from .settle import fetch_states
     try:
         nodes = [n["name"] for n in summary["nodes"] if n["name"] in healthy]
-        states, _, _ = fetch_states({**summary, "nodes": nodes})
+        states, _, _, _ = fetch_states({**summary, "nodes": nodes})
         heard = [float(s["heard"][failure.node]) for s in states.values()
                  if isinstance((s.get("heard") or {}).get(failure.node), (int, float))]
         return iso(max(heard) if heard else float(states[failure.node]["time"]))
@@ -251,16 +261,8 @@ def _finish_recovery(runs_dir: Path, first: str, run_id: str, recovery: Recovery
     if recovery is None or summary is None:
         return
     run = RunDir(runs_dir, run_id)
-    previous = _summary(runs_dir, recovery.failed_run) or {}
-    log = ""
-    try:
-        log = run.log(recovery.nodes[0]).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        pass
-    recovery.complete(summary, log, previous.get("last_step"))
+    run.write_summary(with_recovery(run, first, recovery, list(done), summary))
     done.append(recovery)
-    run.write_summary({**summary, "recovery_of": first,
-                       "recoveries": [r.to_json() for r in done]})
 
 
 def _mark_recovered(runs_dir: Path, run_id: str, next_id: str) -> None:
@@ -271,7 +273,7 @@ def _mark_recovered(runs_dir: Path, run_id: str, next_id: str) -> None:
 
 
 def _attempt(spec: RunSpec, whole: Cluster, cluster: Cluster, run_id: str, dry_run: bool,
-             recovery: Recovery | None = None) -> int:
+             recovery: Recovery | None = None, spares: Sequence[str] = ()) -> int:
     """One run on CLUSTER: its check, its launch and its end (or, dry, its plan)."""
     with connected_ahead(_nodes_ahead(spec, whole, cluster) if not dry_run else None) as take:
         allocation = None
@@ -297,11 +299,12 @@ def _attempt(spec: RunSpec, whole: Cluster, cluster: Cluster, run_id: str, dry_r
                                opened=take(cluster)) as session:
                 print_report(session.report, comment=dry_run)
                 raise_if_blocked(session.report)
-                plan = Plan.make(spec, session, run_id, allocation, recovery)
+                plan = Plan.make(spec, session, run_id, allocation, recovery,
+                                 spares if spec.detach else ())
                 if dry_run:
                     print(plan.describe(), end="")
                     return 0
-                code = _run(plan, session, SshScheduler(session.clients))
+                code = _run(plan, session, SshScheduler(session.clients), whole)
                 if spec.detach:   # running on the nodes: they hold what the run needs now
                     session.release_once_bound(plan.commands[0].master_port)
                     if allocation is not None:
@@ -323,7 +326,7 @@ def _nodes_ahead(spec: RunSpec, whole: Cluster, cluster: Cluster) -> Cluster | N
     return None
 
 
-def _run(plan: Plan, session: Session, scheduler: Scheduler) -> int:
+def _run(plan: Plan, session: Session, scheduler: Scheduler, whole: Cluster) -> int:
     spec, cluster, run_id = plan.spec, session.cluster, plan.run_id
     run = RunDir(spec.runs_dir, run_id)
     info = plan.record(session)
@@ -331,6 +334,9 @@ def _run(plan: Plan, session: Session, scheduler: Scheduler) -> int:
     started = time.time()
     submitted = None
     try:
+        if plan.commands[0].recovery:   # detached, may recover: the nodes need its plan
+            info["recovery_plan"] = _arm_recovery(plan, session, whole)
+            run.write_json("run.json", info)
         if spec.workdir:
             print(f"run {run_id}: syncing {spec.workdir} to {len(cluster.nodes)} node(s)",
                   flush=True)
@@ -385,6 +391,64 @@ def _run(plan: Plan, session: Session, scheduler: Scheduler) -> int:
     return conclude(run, result, summary)
 
 
+def _arm_recovery(plan: Plan, session: Session, whole: Cluster) -> dict[str, Any]:
+    """A detached run that may recover: its spares checked, the code synced to them and a
+    standby started on each (it waits for its place), and the plan the nodes recover by
+    left on the share (node/recover.py); the plan."""
+    spec, first = plan.spec, plan.commands[0]
+    facts: dict[str, SpareFacts] = {}
+    standbys = []
+    if plan.spares:
+        spares = whole.select(hosts=",".join(plan.spares))
+        checked = Session.check(spares, master_port=None, nproc_per_node=spec.nproc_per_node,
+                                run_id=None, share_gpus=spec.share_gpus)
+        with checked:
+            if checked.report.problems:
+                raise LaunchError("a spare cannot take a failed node's place: "
+                                  + "; ".join(checked.report.problems) + ". Fix it, or "
+                                  "choose other spares (--spare-hosts)")
+            for f in checked.report.facts:
+                facts[f.node.name] = SpareFacts(f.node.cluster_address, f.node.python,
+                                                _torchrun(f), str(f.home))
+            if spec.workdir:
+                sync_code(spares, spec.workdir, plan.run_id, clients=checked.clients,
+                          exclude=left_out(spec.workdir, spec.runs_dir))
+            recovery_plan = detached_plan(plan.commands, facts, spec.max_recoveries,
+                                          spec.min_nodes, whole.shared_path,
+                                          whole.scheduler == "slurm", spec.workdir is not None)
+            _write_plan(session, first, recovery_plan)
+            for node in spares.nodes:
+                job = f"{state_dir(facts[node.name].home)}/{JOBS_SUBDIR}/{plan.run_id}"
+                result = nodelib.call(checked.clients[node.name], node.python, "standby",
+                                      "--plan", plan_path(first.run_state), "--node",
+                                      node.name, "--torchrun", facts[node.name].torchrun,
+                                      "--log", f"{job}/standby.log", "--detach", timeout=60)
+                if STARTED not in result.stdout:
+                    raise LaunchError(f"{node.name}: its standby did not start as a spare: "
+                                      f"{(result.stderr or result.stdout).strip()[-300:]}")
+                standbys.append(node.name)
+    else:
+        recovery_plan = detached_plan(plan.commands, facts, spec.max_recoveries,
+                                      spec.min_nodes, whole.shared_path,
+                                      whole.scheduler == "slurm", spec.workdir is not None)
+        _write_plan(session, first, recovery_plan)
+    print(f"run {plan.run_id}: a node's failure starts it again on the nodes themselves, "
+          f"at most {spec.max_recoveries} time(s)" + (
+              f"; spare(s) standing by: {', '.join(standbys)}" if standbys else
+              f"; no spare: on {spec.min_nodes} node(s) or more"), flush=True)
+    return recovery_plan
+
+
+def _write_plan(session: Session, first: NodeCommand, recovery_plan: dict[str, Any]) -> None:
+    node = session.cluster.nodes[0]
+    result = nodelib.call(session.clients[node.name], node.python, "recovery-plan",
+                          plan_path(first.run_state), stdin=json.dumps(recovery_plan),
+                          timeout=60)
+    if result.exit_code != 0:
+        raise LaunchError(f"{node.name}: the recovery plan could not be written to "
+                          f"{plan_path(first.run_state)}: {result.stderr.strip()[-300:]}")
+
+
 def _doctor_first(spec: RunSpec, cluster: Cluster, dry_run: bool) -> None:
     """`train --doctor`: doctor on the chosen nodes first; nothing starts on a suspect
     (unless --ignore-suspects). Doctor is a run itself: a dry run does not run it."""
@@ -408,21 +472,44 @@ def _doctor_first(spec: RunSpec, cluster: Cluster, dry_run: bool) -> None:
 def attach_run(runs_dir: Path, run_id: str, tail: int | None = None) -> int:
     """`attach`: follow a running run's logs (from the start, or each node's last TAIL
     lines) until it ends, and conclude as train does; Ctrl-C only stops following (130).
-    A run that recovered from a failed node: its latest attempt."""
+    A run that recovered from a failed node: its latest attempt, then each attempt that
+    its nodes started after that one (a detached run), in turn."""
     run = latest_attempt(open_run(runs_dir, run_id))
     if run.run_id != run_id:
         print(f"run {run_id} recovered from a failed node as {run.run_id}; following that")
-        run_id = run.run_id
+    code = None
+    while True:
+        if run.summary() is None and (recovery_decision(run.info()) is None
+                                      or settle(run) is None):
+            code = _follow(run, tail)   # a run recovered from: its lost node may not answer
+            if code == 130:
+                return code
+        following = next_attempt(run, wait=PEER_TIMEOUT + DECISION_WAIT)
+        if following is None:
+            break
+        told = Recovery(**following.info()["recovery"])
+        print(f"run {run.run_id}: {told.node} {told.why}; its nodes started it again as "
+              f"{following.run_id} on {', '.join(told.nodes)}"
+              + (f" ({told.spare}, a spare, in {told.node}'s place)" if told.spare else "")
+              + "; following that", flush=True)
+        run, tail, code = following, None, None
+    summary = run.summary() or {}
+    for told in summary.get("recoveries") or []:
+        print(f"run {run.run_id}: {Recovery(**told).line()}", flush=True)
+    if code is None:
+        print(f"run {run.run_id} has ended ({summary.get('status')}); its logs: "
+              f"python -m orchestrator logs {run.run_id}")
+        return 0 if summary.get("status") == RunStatus.SUCCEEDED else 1
+    return code
+
+
+def _follow(run: RunDir, tail: int | None) -> int:
+    """Follow one attempt RUN to its end; its exit status (130: Ctrl-C)."""
     info = run.info()
     records = info.get("node_commands")
     if not records:
-        raise ClusterError(f"run {run_id} was started by an older version and cannot be "
+        raise ClusterError(f"run {run.run_id} was started by an older version and cannot be "
                            "attached to; see `logs` instead")
-    summary = run.summary()
-    if summary is not None:
-        print(f"run {run_id} has ended ({summary['status']}); its logs: "
-              f"python -m orchestrator logs {run_id}")
-        return 0 if summary["status"] == RunStatus.SUCCEEDED else 1
     cluster = load_cluster(info["inventory"]).select(hosts=",".join(info["nodes"]))
     commands = [NodeCommand.from_record(records[n]) for n in cluster.names]
     clients = connect_all(list(cluster.nodes))

@@ -19,12 +19,16 @@ from __future__ import annotations
 import re
 import signal
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from ..errors import LaunchError
+from ..node.protocol import TEMPLATE
+from ..node.recover import attempt_dir
+from .command import NodeCommand
+from .record import iso
 
 RECOVERY_ENV = "CLUSTERTRAIN_RECOVERY"   # each attempt's number: 0, then 1, 2, ...
 STOPS = {signal.SIGTERM, signal.SIGINT}
@@ -217,3 +221,74 @@ def exhausted(run_id: str, failures: Sequence[Failure], most: int) -> LaunchErro
         f"{most} allowed {most} recover{'y' if most == 1 else 'ies'}: "
         + "; ".join(f"{f.run_id}: {f.node} {f.why} at {f.at}" for f in failures)
         + ". The nodes lost are cordoned; each attempt's logs are in its own record")
+
+
+# -- a detached run: the nodes start the next attempt (node/recover.py) --------------------
+
+def launch_template(command: NodeCommand) -> str:
+    """COMMAND's launch line with what changes from one attempt and node to the next left
+    as placeholders (protocol.TEMPLATE), which a node fills in for its part."""
+    t = TEMPLATE
+    # The placeholders stand where numbers go: the line is text, the node writes numbers.
+    return replace(command, run_id=t["run"], node_rank=t["rank"], nnodes=t["nnodes"],  # type: ignore[arg-type]
+                   master_addr=t["master"], node=t["node"], nodes=(t["nodes"],),
+                   addresses=(t["addresses"],), run_state=t["state"], home=t["home"],
+                   torchrun=t["torchrun"], python=t["python"],
+                   env={**command.env, RECOVERY_ENV: t["attempt"]}).shell()
+
+
+@dataclass(frozen=True)
+class SpareFacts:
+    """What a spare's part of an attempt needs of it (its preflight found them)."""
+    address: str
+    python: str
+    torchrun: str
+    home: str
+
+
+def detached_plan(commands: Sequence[NodeCommand], spares: Mapping[str, SpareFacts],
+                  most: int, min_nodes: int | None, share: str, drain: bool,
+                  synced: bool) -> dict[str, Any]:
+    """The plan the nodes of a detached run recover by, left on the share at launch."""
+    first = commands[0]
+    return {"run_id": first.run_id, "state": first.run_state,
+            "template": launch_template(first), "max_recoveries": most,
+            "min_nodes": min_nodes, "nodes": list(first.nodes), "spares": list(spares),
+            "addresses": {**dict(zip(first.nodes, first.addresses, strict=True)),
+                          **{n: f.address for n, f in spares.items()}},
+            "spare_facts": {n: asdict(f) for n, f in spares.items()},
+            "share": share, "drain": drain, "synced": synced}
+
+
+def recovery_of(decision: Mapping[str, Any]) -> Recovery:
+    """The recovery a detached run's nodes decided (node/recover.py's next.json)."""
+    heard = decision.get("last_heard_at")
+    return Recovery(int(decision["attempt"]), decision["failed_run"], decision["node"],
+                    decision["why"], iso(float(decision["failed_at"])), decision["run_id"],
+                    list(decision["nodes"]), decision.get("spare"),
+                    bool(decision.get("cordoned")), iso(float(heard)) if heard else None)
+
+
+def attempt_info(info: Mapping[str, Any], decision: Mapping[str, Any]) -> dict[str, Any]:
+    """run.json of the attempt a detached run's nodes started (DECISION), from the failed
+    attempt's (INFO): each node's command as the node filled in the plan's template."""
+    plan, records = info["recovery_plan"], info["node_commands"]
+    nodes, run_id = list(decision["nodes"]), str(decision["run_id"])
+    base = records[info["nodes"][0]]
+    commands = {}
+    for rank, name in enumerate(nodes):
+        own = records.get(name) or {**base, **{k: v for k, v in plan["spare_facts"][name]
+                                               .items() if k != "address"}}
+        commands[name] = {**own, "run_id": run_id, "node_rank": rank, "nnodes": len(nodes),
+                          "master_addr": decision["addresses"][0], "node": name,
+                          "nodes": nodes, "addresses": list(decision["addresses"]),
+                          "run_state": attempt_dir(plan["state"], run_id),
+                          "env": {**own["env"], RECOVERY_ENV: str(decision["attempt"])}}
+    first = commands[nodes[0]]
+    user = info["users"][info["nodes"][0]]   # the spares' user: the inventory's, as the run's
+    return {**info, "run_id": run_id, "nodes": nodes, "node_commands": commands,
+            "users": {n: info["users"].get(n, user) for n in nodes},
+            "master": {"addr": first["master_addr"], "port": first["master_port"]},
+            "commands": {n: NodeCommand.from_record(c).torchrun_argv()
+                         for n, c in commands.items()},
+            "recovery": recovery_of(decision).to_json()}

@@ -10,21 +10,27 @@ record says "running" for a run that is gone.
 from __future__ import annotations
 
 import json
+import time
+from pathlib import Path
 from typing import Any
 
 from ..cluster import nodelib, ssh
 from ..cluster.inventory import load_cluster
 from ..diagnosis.diagnose import read_node_dumps
-from .record import RunDir
+from ..errors import ClusterError
+from .record import RunDir, latest_attempt
+from .recovery import Recovery, attempt_info, node_failure
 from .status import summarize
 
 # Who found a detached run hung, in its summary.
 DETACHED = "the nodes (detached run)"
 
 
-def fetch_states(info: dict[str, Any]) -> tuple[dict[str, dict], float, dict[str, dict]]:
-    """The nodes' state files, the time on the node that answered, and the nodes' hang
-    dumps, read through the first node that answers."""
+def fetch_states(info: dict[str, Any]
+                 ) -> tuple[dict[str, dict], float, dict[str, dict], dict | None]:
+    """The nodes' state files, the time on the node that answered, the nodes' hang dumps
+    and (a detached run that may recover) the nodes' decision of its next attempt, read
+    through the first node that answers."""
     cluster = load_cluster(info["inventory"]).select(hosts=",".join(info["nodes"]))
     commands = info.get("node_commands") or {}
     errors = []
@@ -43,7 +49,8 @@ def fetch_states(info: dict[str, Any]) -> tuple[dict[str, dict], float, dict[str
             conn.close()
         if result.exit_code == 0 and result.stdout.strip():
             data = json.loads(result.stdout.strip().splitlines()[-1])
-            return data["states"], float(data["now"]), data.get("hang") or {}
+            return (data["states"], float(data["now"]), data.get("hang") or {},
+                    data.get("next"))
         errors.append(f"{spec.name}: {result.stderr.strip()[-200:]}")
     raise OSError("no node of the run answered: " + "; ".join(errors))
 
@@ -58,13 +65,110 @@ def settle(run: RunDir) -> dict | None:
     if info.get("queued"):   # still waiting in Slurm's queue, or its train is gone
         from .allocation import settle_queued
         return settle_queued(run, info)
-    states, now, dumps = fetch_states(info)
+    states, now, dumps, decision = fetch_states(info)
     summary = summarize(info, states, now, run)
     if summary is not None:
         if dumps:  # the nodes found the run hung (detached): read their dumps here
             summary["hang"] = read_hang_dumps(dumps, run)
+        summary = recorded(run, info, summary, decision)
         run.write_summary(summary)
     return summary
+
+
+def recorded(run: RunDir, info: dict[str, Any], summary: dict[str, Any],
+             decision: dict | None) -> dict[str, Any]:
+    """The summary of an attempt of a detached run that may recover, with what its nodes
+    did: the recovery that started it (completed from its end), and the attempt they
+    started after it failed (DECISION: recorded here as a run of its own, `recovered_in`)."""
+    if not info.get("recovery_plan"):
+        return summary
+    if info.get("recovery") and "recoveries" not in summary:
+        recovery = Recovery(**info["recovery"])
+        earlier = (_summary(run.root, recovery.failed_run) or {}).get("recoveries") or []
+        summary = with_recovery(run, info["recovery_plan"]["run_id"], recovery,
+                                [Recovery(**r) for r in earlier], summary)
+    if decision and decision.get("attempt") and summary.get("status") != "succeeded":
+        following = RunDir(run.root, str(decision["run_id"]))
+        if not following.run_json.exists():
+            following.create(attempt_info(info, decision))
+        summary = {**summary, "recovered_in": following.run_id}
+    return summary
+
+
+def next_attempt(run: RunDir, wait: float = 0.0) -> RunDir | None:
+    """The attempt that followed RUN (ended): the controller's (`recovered_in`), or one a
+    detached run's nodes started, recorded now; None when none did. WAIT: seconds to wait
+    for the nodes' decision on a run that failed by a node's fault (they name a lost node
+    PEER_TIMEOUT after its last word)."""
+    summary = run.summary() or {}
+    if summary.get("recovered_in"):
+        return RunDir(run.root, summary["recovered_in"])
+    info = run.info()
+    if not info.get("recovery_plan") or not summary or node_failure(summary) is None:
+        return None
+    deadline = time.monotonic() + wait
+    while True:
+        decision = recovery_decision(info)
+        if decision is not None or time.monotonic() >= deadline:
+            break
+        time.sleep(1.0)
+    summary = recorded(run, info, summary, decision)
+    if not summary.get("recovered_in"):
+        return None
+    run.write_summary(summary)
+    return RunDir(run.root, summary["recovered_in"])
+
+
+def recovery_decision(info: dict[str, Any]) -> dict | None:
+    """The decision a detached run's nodes wrote when this attempt failed by a node's
+    fault (node/recover.py), or None (none yet, none to be, or no node answers)."""
+    if not info.get("recovery_plan"):
+        return None
+    try:
+        decision = fetch_states(info)[3]
+    except OSError:
+        return None
+    return decision if decision and decision.get("attempt") else None
+
+
+def current_attempt(run: RunDir) -> RunDir:
+    """The attempt of RUN that runs now (or ran last): the controller's recoveries, then
+    those a detached run's nodes started (each ended attempt settled and asked)."""
+    run = latest_attempt(run)
+    while True:
+        try:
+            if settle(run) is None:
+                break
+        except OSError:   # no node answers: the latest attempt known here
+            break
+        following = next_attempt(run)
+        if following is None:
+            break
+        run = following
+    return run
+
+
+def with_recovery(run: RunDir, first: str, recovery: Recovery, earlier: list[Recovery],
+                  summary: dict[str, Any]) -> dict[str, Any]:
+    """The summary of RUN, the attempt RECOVERY started (of the run FIRST, after the
+    recoveries EARLIER), with that recovery completed from what its end tells (when it
+    trained again, from which checkpoint) and every recovery so far."""
+    previous = _summary(run.root, recovery.failed_run) or {}
+    log = ""
+    try:
+        log = run.log(recovery.nodes[0]).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        pass
+    recovery.complete(summary, log, previous.get("last_step"))
+    return {**summary, "recovery_of": first,
+            "recoveries": [r.to_json() for r in [*earlier, recovery]]}
+
+
+def _summary(root: Path, run_id: str) -> dict[str, Any] | None:
+    try:
+        return RunDir(root, run_id).summary()
+    except ClusterError:
+        return None
 
 
 def read_hang_dumps(dumps: dict[str, dict], run: RunDir) -> dict[str, Any]:

@@ -338,10 +338,6 @@ def _recovery(get: Callable[..., Any], label: Callable[[str], str],
         raise LaunchError(f"{label('max_recoveries')} with --queue: a run through Slurm's "
                           "queue does not recover yet (Slurm would have to grant the "
                           "spares); run without --queue, or without --max-recoveries")
-    if most and get("detach"):
-        raise LaunchError(f"{label('max_recoveries')} with --detach: a detached run does not "
-                          "recover yet (nobody would start the next attempt); stay attached, "
-                          "or leave out --max-recoveries")
     return {"max_recoveries": most, "spares": spares,
             "spare_hosts": tuple(hosts) if hosts else None, "min_nodes": least}
 

@@ -345,8 +345,13 @@ def summarize(info: dict[str, Any], states: dict[str, dict], now: float,
                       stop_requested=bool(run and (run.path / STOP_REQUESTED).exists()))
     start = min((float(s.get("started", now)) for s in states.values()), default=now)
     end = max((float(s.get("ended", now)) for s in ended.values()), default=now)
+    # Recorded by nodes that may recover (node/supervise.py): when training ran again.
+    beats = [float(s["first_beat"]) for s in states.values()
+             if isinstance(s.get("first_beat"), (int, float))]
+    from .record import iso
     return write(info, nodes, decision, start=start, end=end, run=run,
-                 extra={"settled_from": "the nodes' state on the shared filesystem"})
+                 extra={"settled_from": "the nodes' state on the shared filesystem",
+                        **({"first_step_at": iso(min(beats))} if beats else {})})
 
 
 # -- how a summary is said ------------------------------------------------------------------

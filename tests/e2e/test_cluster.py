@@ -2,7 +2,7 @@
 something, see it stopped cleanly, provision again and resume. Real containers, real SSH,
 real torchrun across two nodes, the real training job on the generated dataset.
 
-The killed-node test is last in this file: bringing the node back restarts its container,
+The killed-node tests are last in this file: bringing the node back restarts its container,
 and podman rewrites the node's /etc/hosts on a restart, so site.yml runs again there."""
 
 from __future__ import annotations
@@ -194,6 +194,77 @@ def test_node_failure_stops_the_other_node_and_keeps_whole_checkpoints(sandbox_c
 def slurm_state(cluster: ProvisionedCluster, node: str) -> str:
     """sinfo's state and reason of NODE ('drain clustertrain (alice): ...')."""
     return cluster.exec("node0", "sinfo", "-h", "-n", node, "-o", "%t %E").stdout.strip()
+
+
+def test_a_detached_run_recovers_with_nobody_attached(sandbox_cluster, tmp_path):
+    """Issue 29's second acceptance item: the same recovery with the run detached and
+    nobody attached. The nodes name the dead node, cordon and drain it, and start the
+    next attempt themselves, the spare (its standby) in its place; `attach` afterwards
+    shows the recovery, and the record tells the same story as an attached run's."""
+    ckpts = fresh_checkpoints(sandbox_cluster, "e2e-detached")
+    launched = train(sandbox_cluster, tmp_path, "--epochs", "3", "--run-name", "e2e-detached",
+                     "--metrics-json",
+                     "/mnt/cluster/checkpoints/alice/results/e2e-detached.json", *SMALL,
+                     opts=("--detach", "--max-recoveries", "1", "--spares", "1"))
+    assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-2000:]
+    assert "spare(s) standing by: node2" in launched.stdout, launched.stdout[-3000:]
+    (run_id,) = [p.name for p in tmp_path.iterdir() if (p / "run.json").exists()]
+    states = sandbox_cluster.checkpoints(".clustertrain") / "runs"
+
+    def ended(attempt: str, nodes: tuple[str, ...]) -> bool:
+        try:
+            return all(json.loads((states / attempt / f"{n}.json").read_text())["state"]
+                       == "ended" for n in nodes)
+        except (OSError, ValueError, KeyError):
+            return False
+
+    try:
+        wait_for(lambda: list(ckpts.glob("*.pt")), 300, "the first epoch's checkpoint")
+        killed_at = time.time()
+        sandbox_cluster.kill("node1")
+        # Nobody is attached: the recovery runs to its end on the nodes alone.
+        wait_for(lambda: ended(f"{run_id}.r1", ("node0", "node2")), 600,
+                 "the recovery's end on node0 and node2")
+    finally:
+        sandbox_cluster.start("node1")
+    attached = run(sys.executable, "-m", "orchestrator", "attach", run_id, "--runs-dir",
+                   str(tmp_path), timeout=300)
+    out = attached.stdout + attached.stderr
+    assert attached.returncode == 0, out[-4000:]
+    assert (f"run {run_id}: node1 lost (no word from it for 15 s); its nodes started it "
+            f"again as {run_id}.r1 on node0, node2 (node2, a spare, in node1's place)") in out
+    assert f"run {run_id}.r1: recovery 1: node1 lost" in out, out[-3000:]
+    failed = json.loads((tmp_path / run_id / "summary.json").read_text())
+    assert failed["status"] == "failed" and failed["recovered_in"] == f"{run_id}.r1", failed
+    done = json.loads((tmp_path / f"{run_id}.r1" / "summary.json").read_text())
+    assert done["status"] == "succeeded" and done["recovery_of"] == run_id, done
+    (recovery,) = done["recoveries"]
+    assert (recovery["node"], recovery["spare"], recovery["cordoned"]) == ("node1", "node2",
+                                                                           True), recovery
+    assert killed_at < datetime.fromisoformat(recovery["training_again_at"]).timestamp()
+    heard = datetime.fromisoformat(recovery["last_heard_at"]).timestamp()
+    assert killed_at - 5 < heard < killed_at + 2, (killed_at, recovery)
+    assert recovery["down_s"] > 0 and recovery["resumed_from"]["epoch"] >= 1, recovery
+    final = json.loads(
+        (sandbox_cluster.checkpoints("results") / "e2e-detached.json").read_text())["final"]
+    assert final["epochs"] == 3 and final["resumed_from"]["epoch"] == \
+        recovery["resumed_from"]["epoch"], final
+    assert "resumed from" in (tmp_path / done["run_id"] / "node0.log").read_text()
+    assert_checkpoints_whole(ckpts)
+    assert re.match(r"drain\*? clustertrain \(alice\): node1 lost mid-run",
+                    slurm_state(sandbox_cluster, "node1")), slurm_state(sandbox_cluster, "node1")
+    # Nothing is left: no training, and the spare's standby is gone with the run.
+    wait_for(lambda: no_training_left(sandbox_cluster, ("node0", "node2")), 10,
+             "no training process on node0 and node2")
+    assert not sandbox_cluster.exec("node2", "pgrep", "-f", "node.py standby",
+                                    check=False).stdout.strip(), "the standby is left"
+    # node1 back in service for the tests after this one.
+    assert set(site_yml(sandbox_cluster, "node1")) == {"node1"}
+    back = run(sys.executable, "-m", "orchestrator", "uncordon", "node1", "-i",
+               str(sandbox_cluster.inventory))
+    assert back.returncode == 0, back.stdout + back.stderr
+    wait_for(lambda: slurm_state(sandbox_cluster, "node1").startswith("idle"), 150,
+             "node1 idle in Slurm again")
 
 
 def test_a_killed_node_is_replaced_by_a_spare_and_the_run_resumes(sandbox_cluster, tmp_path):

@@ -25,8 +25,13 @@ from orchestrator.node.protocol import (
     EXIT_MARKER,
     FINISHED_MARKER,
     HANG_SUBDIR,
+    NEXT_FILE,
+    PLAN_FILE,
     PORT_CLAIMS_DIR,
+    RECOVERY_SUBDIR,
     RUN_ID_ENV,
+    STANDBY_IDLE,
+    STARTED,
     End,
 )
 from orchestrator.node.stop import Tree
@@ -284,6 +289,39 @@ def test_verb_states_reads_the_nodes_states_and_hang_dumps(node: Node, tmp_path:
     assert isinstance(said, dict)
     assert said["states"] == {"n0": {"code": 1, "reason": "exited"}}
     assert said["hang"] == {"n0": {"node": "n0", "ranks": []}}
+
+
+@covers("recovery-plan", "standby")
+def test_verb_standby_follows_the_plan_a_detached_run_recovers_by(node: Node,
+                                                                  tmp_path: Path) -> None:
+    """recovery-plan writes the plan where the nodes read it; a spare's standby follows
+    the decisions on the share and leaves once an attempt that does not name it is over
+    (the recovery itself: test_recover.py)."""
+    state = tmp_path / "runs" / "R"
+    plan = {"run_id": "R", "state": str(state), "template": "exit 1", "max_recoveries": 2,
+            "min_nodes": None, "nodes": ["n0", "n1"], "spares": ["n2", "n3"],
+            "addresses": {}, "spare_facts": {}, "share": str(tmp_path), "drain": False,
+            "synced": False}
+    path = state / RECOVERY_SUBDIR / PLAN_FILE
+    assert node.verb("recovery-plan", str(path), stdin=json.dumps(plan)).returncode == 0
+    assert json.loads(path.read_text()) == plan
+    (state / RECOVERY_SUBDIR / NEXT_FILE).write_text(json.dumps(
+        {"attempt": 1, "run_id": "R.r1", "nodes": ["n0", "n3"], "addresses": []}))
+    (tmp_path / "runs" / "R.r1").mkdir()
+    for name in ("n0", "n3"):   # attempt 1 ended well, long ago
+        (tmp_path / "runs" / "R.r1" / f"{name}.json").write_text(json.dumps(
+            {"state": "ended", "ended": time.time() - STANDBY_IDLE - 5}))
+    log = tmp_path / "standby.log"
+    out = node.verb("standby", "--plan", str(path), "--node", "n2", "--torchrun", "t",
+                    "--log", str(log), "--detach")
+    assert out.returncode == 0 and STARTED in out.stdout, out.stderr
+    deadline = time.monotonic() + 30
+    while "R.r1 ended without a decision that names n2: leaving" not in (
+            log.read_text() if log.exists() else ""):
+        assert time.monotonic() < deadline, log.read_text() if log.exists() else "no log"
+        time.sleep(0.1)
+    said = last_json(node.verb("states", str(state)))
+    assert isinstance(said, dict) and said["next"]["run_id"] == "R.r1"
 
 
 @covers("cordon")

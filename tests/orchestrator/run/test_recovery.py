@@ -11,9 +11,13 @@ import pytest
 
 from orchestrator.errors import LaunchError
 from orchestrator.run.recovery import (
+    RECOVERY_ENV,
     Failure,
     Recovery,
+    SpareFacts,
     attempt_id,
+    attempt_info,
+    detached_plan,
     exhausted,
     next_nodes,
     node_failure,
@@ -119,3 +123,49 @@ def test_recoveries_used_up_name_each_failure() -> None:
         "run r failed: its node failed 2 time(s) and --max-recoveries 1 allowed 1 recovery: "
         "r: node1 lost (a) at T1; r.r1: node2 rank 3 killed (SIGKILL) at T2. The nodes lost "
         "are cordoned; each attempt's logs are in its own record")
+
+
+# -- a detached run: the nodes start the next attempt (node/recover.py) --------------------
+
+def first_command(**changes):
+    from orchestrator.run.command import NodeCommand
+    base = dict(run_id="R", node_rank=0, nnodes=2, nproc=2, master_addr="10.0.0.10",
+                master_port=29500, torchrun="/home/alice/env/bin/torchrun", home="/home/alice",
+                script="train.py", script_args=("--epochs", "3"),
+                env={"CLUSTERTRAIN_BACKEND": "gloo", "LR": "0.1", RECOVERY_ENV: "0"},
+                node="node0", nodes=("node0", "node1"), addresses=("10.0.0.10", "10.0.0.11"),
+                run_state="/mnt/cluster/runs/alice/R", attached=False, recovery=True)
+    return NodeCommand(**{**base, **changes})
+
+
+def test_a_filled_in_template_is_the_line_the_controller_would_have_sent() -> None:
+    """The spare's part of attempt 1, as the nodes fill in the plan, is the very line a
+    controller would send it over SSH; and run.json's record of that attempt (attach,
+    stop, runs) rebuilds that command."""
+    from orchestrator.node.recover import fill
+    spare = SpareFacts("10.0.0.12", "/usr/bin/python3", "/home/alice/env2/bin/torchrun",
+                       "/home/alice")
+    plan = detached_plan([first_command(), first_command(node_rank=1, node="node1")],
+                         {"node2": spare}, 1, None, "/mnt/cluster", True, True)
+    decision = {"attempt": 1, "run_id": "R.r1", "failed_run": "R", "node": "node1",
+                "why": "lost (x)", "failed_at": 1.0e9, "last_heard_at": None,
+                "nodes": ["node0", "node2"], "addresses": ["10.0.0.10", "10.0.0.12"],
+                "spare": "node2", "cordoned": True}
+    wanted = first_command(run_id="R.r1", node_rank=1, node="node2",
+                           nodes=("node0", "node2"), addresses=("10.0.0.10", "10.0.0.12"),
+                           run_state="/mnt/cluster/runs/alice/R.r1",
+                           torchrun=spare.torchrun, python=spare.python,
+                           env={**first_command().env, RECOVERY_ENV: "1"})
+    assert fill(plan, decision, "node2", spare.python, spare.torchrun,
+                spare.home) == wanted.shell()
+    info = {"nodes": ["node0", "node1"], "recovery_plan": plan,
+            "users": {"node0": "alice", "node1": "alice"},
+            "node_commands": {c.node: c.to_record() for c in (
+                first_command(), first_command(node_rank=1, node="node1"))}}
+    recorded = attempt_info(info, decision)
+    from orchestrator.run.command import NodeCommand
+    assert NodeCommand.from_record(recorded["node_commands"]["node2"]) == wanted
+    assert recorded["nodes"] == ["node0", "node2"] and recorded["run_id"] == "R.r1"
+    assert recorded["users"] == {"node0": "alice", "node2": "alice"}
+    told = Recovery(**recorded["recovery"])
+    assert (told.attempt, told.node, told.spare, told.failed_run) == (1, "node1", "node2", "R")

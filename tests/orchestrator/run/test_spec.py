@@ -158,8 +158,6 @@ def test_a_bad_job_file_is_refused_naming_the_key_and_line(place, capsys, text, 
     ("workdir: code\nscript: job.py\nmax_recoveries: 1\nqueue: true\n",
      "job.yaml line 3: max_recoveries with --queue: a run through Slurm's queue does not "
      "recover yet"),
-    ("workdir: code\nscript: job.py\nmax_recoveries: 1\ndetach: true\n",
-     "job.yaml line 3: max_recoveries with --detach: a detached run does not recover yet"),
     ("workdir: code\nscript: job.py\nnodes: 1\nmax_recoveries: 1\nspare_hosts: [node0]\n",
      "--spare-hosts: node0 is one of the run's own nodes"),
     ("workdir: code\nscript: job.py\nnodes: 2\nmax_recoveries: 1\nspares: 1\n",

@@ -1,0 +1,208 @@
+"""A detached run recovers on its nodes (node/recover.py), run for real on this machine:
+real supervisors and a real standby, a temporary directory standing in for the share,
+a node's death a SIGKILL of its supervisor's whole session."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.node import cordon, protocol, recover
+from orchestrator.node.protocol import End
+
+NODE = [sys.executable, "-m", "orchestrator.node"]
+# The job: says its attempt; the first attempt works until told (a file DEAD in the
+# working directory), then fails, as gloo's ranks fail when a peer's sockets break; a
+# recovery works SECONDS and ends well.
+JOB = ("import os, sys, time\n"
+       "attempt = os.environ.get('CLUSTERTRAIN_RECOVERY')\n"
+       "print('attempt', attempt, 'rank', os.environ['CLUSTERTRAIN_NODE_RANK'], flush=True)\n"
+       "if attempt == '0':\n"
+       "    while not os.path.exists('dead'):\n"
+       "        time.sleep(0.1)\n"
+       "    sys.exit(1)\n"
+       "time.sleep(float(sys.argv[1]))\n")
+
+
+def template(tmp: Path, seconds: float) -> str:
+    """A launch line as NodeCommand.shell() makes one (that the filled-in template is that
+    line is tests/orchestrator/run/test_recovery.py's), with this machine's package."""
+    t = protocol.TEMPLATE
+    argv = [*NODE, "supervise", "--wait-go", "--job", f"{tmp}/{t['node']}/{t['run']}",
+            "--state-dir", t["state"], "--run", t["run"], "--node", t["node"],
+            "--nodes", t["nodes"], "--addresses", t["addresses"], "--grace", "1",
+            "--recovery", "--", sys.executable, "-c", JOB, str(seconds)]
+    return (f"mkdir -p {tmp}/{t['node']}/{t['run']} && cd {tmp} && "
+            f"export CLUSTERTRAIN_RECOVERY={t['attempt']} CLUSTERTRAIN_RUN_ID={t['run']} "
+            f"CLUSTERTRAIN_NODE_RANK={t['rank']} "
+            f"PYTHONPATH={shlex.quote(os.getcwd())} && exec {shlex.join(argv)}")
+
+
+def plan(tmp: Path, spares: list[str], most: int = 1, seconds: float = 2.0,
+         min_nodes: int | None = None) -> dict:
+    share = tmp / "share"
+    (share / cordon.CORDONS_SUBDIR).mkdir(parents=True, exist_ok=True)
+    state = share / "runs" / "R"
+    names = ["n0", "n1", *spares]
+    made = {"run_id": "R", "state": str(state), "template": template(tmp, seconds),
+            "max_recoveries": most, "min_nodes": min_nodes, "nodes": ["n0", "n1"],
+            "spares": spares, "addresses": {n: "127.0.0.1" for n in names},
+            "spare_facts": {}, "share": str(share), "drain": False, "synced": False}
+    (state / protocol.RECOVERY_SUBDIR).mkdir(parents=True)
+    (state / protocol.RECOVERY_SUBDIR / protocol.PLAN_FILE).write_text(json.dumps(made))
+    return made
+
+
+def start(tmp: Path, made: dict, node: str) -> None:
+    """NODE's part of the first attempt, launched as the controller launches it."""
+    line = recover.fill(made, {"attempt": 0, "run_id": "R", "nodes": made["nodes"],
+                               "addresses": ["127.0.0.1"] * 2}, node, "py", "tr", "/h")
+    done = subprocess.run(["sh", "-c", line], input="go\n", capture_output=True, text=True,
+                          timeout=60)
+    assert protocol.STARTED in done.stdout, done.stderr
+
+
+def wait_json(path: Path, timeout: float, want=lambda data: True) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            data = json.loads(path.read_text())
+            if want(data):
+                return data
+        except (OSError, ValueError):
+            pass
+        assert time.monotonic() < deadline, f"{path} never said what was awaited"
+        time.sleep(0.2)
+
+
+def kill_node(tmp: Path, node: str, run: str) -> None:
+    """NODE dies: its supervisor and torchrun, every process, at once."""
+    pid = int((tmp / node / run / protocol.SUPERVISOR_PID).read_text())
+    os.killpg(os.getpgid(pid), signal.SIGKILL)
+    pgid = int((tmp / node / run / protocol.PGID_FILE).read_text())
+    os.killpg(pgid, signal.SIGKILL)
+
+
+def standby(tmp: Path, made: dict, node: str) -> subprocess.Popen:
+    return subprocess.Popen([*NODE, "standby", "--plan", str(
+        Path(made["state"]) / protocol.RECOVERY_SUBDIR / protocol.PLAN_FILE), "--node", node,
+        "--torchrun", "unused", "--log", str(tmp / f"{node}-standby.log")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()})
+
+
+def test_a_lost_node_is_replaced_by_the_spare_on_the_nodes_alone(tmp_path: Path) -> None:
+    """n1 dies with nobody attached: n0 names it lost, cordons it, writes the decision; n0
+    and the spare n2 (its standby) start attempt R.r1, which runs to its end."""
+    made = plan(tmp_path, ["n2"])
+    spare = standby(tmp_path, made, "n2")
+    try:
+        start(tmp_path, made, "n0")
+        start(tmp_path, made, "n1")
+        state = Path(made["state"])
+        wait_json(state / "n1.json", 30)
+        wait_json(state / "n0.json", 30)
+        kill_node(tmp_path, "n1", "R")
+        (tmp_path / "dead").touch()   # n0's ranks fail at once: their peer is gone
+        decision = wait_json(Path(recover.next_path(str(state))), protocol.PEER_TIMEOUT + 20)
+        assert (decision["attempt"], decision["run_id"], decision["node"], decision["spare"],
+                decision["nodes"], decision["decided_by"]) == (
+            1, "R.r1", "n1", "n2", ["n0", "n2"], "n0"), decision
+        assert decision["why"].startswith("lost") and decision["cordoned"], decision
+        assert (cordon.current(made["share"], "n1") or {}).get("run") == "R"
+        second = state.parent / "R.r1"
+        ends = {n: wait_json(second / f"{n}.json", 60, lambda s: s.get("state") == "ended")
+                for n in ("n0", "n2")}
+        assert {n: (e["reason"], e["code"]) for n, e in ends.items()} == {
+            "n0": ("exited", 0), "n2": ("exited", 0)}, ends
+        for node, rank in (("n0", "0"), ("n2", "1")):
+            log = (tmp_path / node / "R.r1" / protocol.OUTPUT_LOG).read_text()
+            assert f"attempt 1 rank {rank}" in log, log
+        spare.wait(timeout=30)
+        assert spare.returncode == 0
+    finally:
+        spare.kill()
+        subprocess.run(["pkill", "-9", "-f", f"{tmp_path}/n"], check=False)
+
+
+def test_a_script_that_fails_on_every_node_is_not_recovered(tmp_path: Path) -> None:
+    """Every node's ranks fail and no node is lost: the script's own failure, ended at
+    once (no wait for a lost node), with no next attempt."""
+    made = plan(tmp_path, [])
+    start(tmp_path, made, "n0")
+    start(tmp_path, made, "n1")
+    state = Path(made["state"])
+    wait_json(state / "n0.json", 30)
+    wait_json(state / "n1.json", 30)
+    told = time.monotonic()
+    (tmp_path / "dead").touch()
+    ends = {n: wait_json(state / f"{n}.json", 30, lambda s: s.get("state") == "ended")
+            for n in ("n0", "n1")}
+    assert time.monotonic() - told < protocol.PEER_TIMEOUT / 2
+    assert {n: (e["reason"], e["code"]) for n, e in ends.items()} == {
+        "n0": ("exited", 1), "n1": ("exited", 1)}, ends
+    time.sleep(2)
+    assert not Path(recover.next_path(made["state"])).exists()
+
+
+def test_recoveries_used_up_end_the_run_with_no_next_attempt(tmp_path: Path) -> None:
+    made = plan(tmp_path, [], most=1)
+    state = tmp_path / "share" / "runs" / "R.r1"
+    state.mkdir(parents=True)
+    assert recover.decide(made, str(state), "R.r1", "n0", ["n0", "n1"], "n1", "lost", None) \
+        is None
+    assert not Path(recover.next_path(str(state))).exists()
+
+
+def test_without_a_spare_the_healthy_nodes_go_on_when_min_nodes_allows(
+        tmp_path: Path) -> None:
+    made = plan(tmp_path, [], min_nodes=1)
+    decision = recover.decide(made, made["state"], "R", "n0", ["n0", "n1"], "n1",
+                              "lost (x)", 1.0)
+    assert decision is not None and (decision["nodes"], decision["spare"]) == (["n0"], None)
+    # Another survivor reads the same decision: the lock was taken.
+    assert recover.decide(made, made["state"], "R", "n1", ["n0", "n1"], "n1", "lost",
+                          None) == decision
+
+
+def test_no_spare_and_too_few_nodes_writes_why_and_starts_nothing(tmp_path: Path) -> None:
+    made = plan(tmp_path, [], min_nodes=2)
+    assert recover.decide(made, made["state"], "R", "n0", ["n0", "n1"], "n1", "lost",
+                          None) is None
+    said = json.loads(Path(recover.next_path(made["state"])).read_text())
+    assert said["attempt"] is None and said["node"] == "n1"
+
+
+def test_a_cordoned_spare_is_passed_over(tmp_path: Path) -> None:
+    made = plan(tmp_path, ["n2", "n3"])
+    cordon.record(made["share"], "n2", cordon.CORDON, "bad fan")
+    assert recover.next_nodes(made, ["n0", "n1"], "n1") == (["n0", "n3"], "n3")
+
+
+@pytest.mark.parametrize(("reason", "peer", "why"), [
+    (End.PEER_LOST, {}, "lost (no word from it for 15 s)"),
+    (End.PEER_FAILED, {"reason": "supervisor-failed", "why": "OSError"},
+     "its supervisor failed (OSError)"),
+    (End.PEER_FAILED, {"reason": "exited", "code": 137}, "its torchrun was killed (SIGKILL)"),
+    (End.PEER_FAILED, {"reason": "exited", "code": 1}, None),      # the script's failure
+    (End.PEER_FAILED, {"reason": "exited", "code": 143}, None),    # a stop
+    (End.STOPPED, {}, None),
+    (End.HUNG, {}, None),
+])
+def test_only_a_nodes_fault_is_recovered(reason, peer, why) -> None:
+    assert recover.fault(reason, "n1", peer) == why
+
+
+def test_a_value_that_needs_quoting_is_refused(tmp_path: Path) -> None:
+    made = plan(tmp_path, [])
+    with pytest.raises(ValueError, match="quoting"):
+        recover.fill(made, {"attempt": 1, "run_id": "R.r1", "nodes": ["n0", "n 1"],
+                            "addresses": ["127.0.0.1", "127.0.0.1"]}, "n0", "", "", "/h")
