@@ -81,7 +81,8 @@ def trial(i: int, info: dict, share: Path, detach: bool) -> dict:
     try:
         deadline = time.monotonic() + 300
         while not list(ckpts.glob("*.pt")):
-            if proc.poll() is not None or time.monotonic() > deadline:
+            gone = proc.poll() is not None and (not detach or proc.returncode != 0)
+            if gone or time.monotonic() > deadline:
                 raise SystemExit(f"no checkpoint:\n{(runs / 'train.out').read_text()[-3000:]}")
             time.sleep(0.2)
         killed = time.time()
@@ -147,7 +148,8 @@ def main() -> int:
         "started again: preflight, sync, launch), resume (-> first step; load: the "
         "checkpoint's read). train --nodes 2 --max-recoveries 1 --spares 1"
         + (" --detach, nobody attached (the nodes recover it; detect: kill -> the nodes' "
-           "decision)" if args.detach else "") + f", the project's job ({' '.join(JOB)}) on synthetic data, gloo on CPUs",
+           "decision)" if args.detach else "")
+        + f", the project's job ({' '.join(JOB)}) on synthetic data, gloo on CPUs",
         "sandbox containers (3 nodes, no bastion); goal: median under 60 s",
         rows, trials=len(rows), median_s=medians, range_s=ranges)
     print(json.dumps({"median_s": medians, "range_s": ranges}))
