@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from ..errors import ClusterError
+from .completion import complete
 
 COMMANDS = (
     "orchestrator.cli.cmd_sandbox",
@@ -31,6 +32,7 @@ COMMANDS = (
     "orchestrator.cli.cmd_provision",
     "orchestrator.cli.cmd_wheelhouse",
     "orchestrator.cli.cmd_env",
+    "orchestrator.cli.cmd_completion",
 )
 
 
@@ -77,6 +79,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     the verb's own usage (and, where it has one, its hint: `train`'s script options go
     after `--`), not the top-level usage."""
     parser = build_parser()
+    if argv is None:
+        complete(parser)   # the shell asking for completions: answered, and exits
     words = list(sys.argv[1:] if argv is None else argv)
     after: list[str] | None = None
     if words and _verb(parser, words[0]).get_default("takes_separator") and "--" in words:

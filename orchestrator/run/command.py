@@ -257,6 +257,9 @@ class NodeCommand:
         fr = self.flight_records_dir
         return {
             "PYTHONUNBUFFERED": "1",
+            # A rank killed by a signal (SIGSEGV, SIGBUS, SIGFPE, SIGABRT, SIGILL) prints its
+            # Python stack into its log first; --env PYTHONFAULTHANDLER= turns it off.
+            "PYTHONFAULTHANDLER": "1",
             # The flight recorder: on, with torch's default size, and dumped into the job
             # on a NCCL timeout (torch appends the rank). Only the current names: torch
             # warns about the older ones (TORCH_NCCL_TRACE_BUFFER_SIZE, ...) when set.

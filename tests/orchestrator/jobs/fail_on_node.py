@@ -1,8 +1,10 @@
 """Test job: every rank joins the process group (and says which attempt it is, from
 CLUSTERTRAIN_RECOVERY); the ranks on node --fail-node (-1: every node) then fail --how:
-exit with code 3, raise an exception, or die of SIGKILL (as the OOM killer kills). The
-others keep running (not in a collective) until they are stopped."""
+exit with code 3, raise an exception, die of SIGKILL (as the OOM killer kills), or of
+SIGSEGV (a bad pointer in a C extension: reading address 0). The others keep running (not
+in a collective) until they are stopped."""
 import argparse
+import ctypes
 import os
 import signal
 import sys
@@ -13,8 +15,14 @@ import torch.distributed as dist
 parser = argparse.ArgumentParser()
 parser.add_argument("--fail-node", type=int, default=1)
 parser.add_argument("--after", type=float, default=2.0)
-parser.add_argument("--how", choices=("exit", "raise", "kill"), default="exit")
+parser.add_argument("--how", choices=("exit", "raise", "kill", "segv"), default="exit")
 args = parser.parse_args()
+
+
+def crash_in_c() -> None:
+    ctypes.string_at(0)   # SIGSEGV
+
+
 
 dist.init_process_group(os.environ.get("CLUSTERTRAIN_BACKEND", "gloo"))
 node = int(os.environ["CLUSTERTRAIN_NODE_RANK"])
@@ -27,6 +35,8 @@ if args.fail_node in (node, -1):
         raise RuntimeError("the script's own error")
     if args.how == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if args.how == "segv":
+        crash_in_c()
     sys.exit(3)
 while True:
     time.sleep(0.5)

@@ -186,3 +186,10 @@ def test_every_run_has_the_flight_recorder_on_and_its_dumps_in_the_job() -> None
     # No deprecated names (torch warns about them), and the user's --env wins.
     assert not any(k.startswith("TORCH_NCCL_TRACE") or "DEBUG_INFO" in k for k in env)
     assert cmd(env={"TORCH_FR_BUFFER_SIZE": "0"}).environment()["TORCH_FR_BUFFER_SIZE"] == "0"
+
+
+def test_every_rank_starts_with_the_fault_handler_unless_the_job_says_otherwise() -> None:
+    """A rank killed by SIGSEGV prints its Python stack (tests/orchestrator/run/
+    test_train_sandbox.py shows it); --env PYTHONFAULTHANDLER= turns it off."""
+    assert cmd().environment()["PYTHONFAULTHANDLER"] == "1"
+    assert cmd(env={"PYTHONFAULTHANDLER": ""}).environment()["PYTHONFAULTHANDLER"] == ""

@@ -165,6 +165,24 @@ def test_failure_on_node1_stops_node0(sandbox_cluster: Sandbox, tmp_path: Path) 
     assert_no_job_processes(sandbox_cluster)
 
 
+def test_a_rank_that_dies_of_a_signal_shows_its_python_stack(sandbox_cluster: Sandbox,
+                                                              tmp_path: Path) -> None:
+    """Issue 32: every rank starts with Python's fault handler on. A rank that segfaults
+    prints its Python stack into its log (the script's frame named), and the run's error
+    names the rank, its node and the signal."""
+    t = Train(sandbox_cluster, tmp_path, "--nodes", "2", "fail_on_node.py", "--",
+              "--fail-node", "1", "--how", "segv", "--after", "0")
+    code = t.finish(timeout=120)
+    assert code != 0, t.text
+    crash = [line for line in t.text.splitlines() if line.startswith("node1/rank1")]
+    assert any("Fatal Python error: Segmentation fault" in line for line in crash), t.text
+    assert any(re.search(r'fail_on_node\.py", line \d+ in crash_in_c', line)
+               for line in crash), t.text
+    assert re.search(r"node1 exited with code \d+ \(rank 1 died of SIGSEGV\)", t.stderr), \
+        t.stderr[-3000:]
+    assert_no_job_processes(sandbox_cluster)
+
+
 def test_a_script_that_raises_on_every_rank_fails_at_once_without_recovery(
         sandbox_cluster: Sandbox, tmp_path: Path) -> None:
     """Issue 29: the script's own failure is not a node's: no recovery is attempted,
