@@ -21,6 +21,7 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -60,7 +61,7 @@ from .recovery import (
 )
 from .scheduler import Scheduler, SshScheduler
 from .session import Session, connected_ahead
-from .settle import next_attempt, recovery_decision, settle, with_recovery
+from .settle import next_attempt, recovery_decision, settle, summary_of, with_recovery
 from .spec import RunSpec
 from .status import RunStatus, conclude, cut_short, make_summary
 from .sync import SyncResult, left_out, sync_code
@@ -200,7 +201,7 @@ def _recovering(spec: RunSpec, whole: Cluster, cluster: Cluster, spares: list[st
             code = _attempt(replace(spec, run_id=rid), whole,
                             whole.select(hosts=",".join(names)), rid, False, recovery)
         except LaunchError as exc:
-            summary = _summary(spec.runs_dir, rid)
+            summary = summary_of(spec.runs_dir, rid)
             failure = node_failure(summary) if summary else None
             _finish_recovery(spec.runs_dir, run_id, rid, recovery, done, summary)
             if failure is None or summary is None:
@@ -222,7 +223,7 @@ def _recovering(spec: RunSpec, whole: Cluster, cluster: Cluster, spares: list[st
                      " (fewer nodes: --min-nodes)"), flush=True)
             continue
         _finish_recovery(spec.runs_dir, run_id, rid, recovery, done,
-                         _summary(spec.runs_dir, rid))
+                         summary_of(spec.runs_dir, rid))
         for told in done:
             print(f"run {rid}: {told.line()}", flush=True)
         return code
@@ -247,13 +248,6 @@ def _last_heard(summary: dict[str, Any], failure: Failure, healthy: list[str]) -
         return None
 
 
-def _summary(runs_dir: Path, run_id: str) -> dict[str, Any] | None:
-    try:
-        return RunDir(runs_dir, run_id).summary()
-    except ClusterError:
-        return None
-
-
 def _finish_recovery(runs_dir: Path, first: str, run_id: str, recovery: Recovery | None,
                      done: list[Recovery], summary: dict[str, Any] | None) -> None:
     """The attempt RUN_ID (started by RECOVERY) of the run FIRST ended: complete that
@@ -267,7 +261,7 @@ def _finish_recovery(runs_dir: Path, first: str, run_id: str, recovery: Recovery
 
 def _mark_recovered(runs_dir: Path, run_id: str, next_id: str) -> None:
     """A failed attempt's summary names the attempt that followed it."""
-    summary = _summary(runs_dir, run_id)
+    summary = summary_of(runs_dir, run_id)
     if summary is not None:
         RunDir(runs_dir, run_id).write_summary({**summary, "recovered_in": next_id})
 
@@ -396,47 +390,54 @@ def _arm_recovery(plan: Plan, session: Session, whole: Cluster) -> dict[str, Any
     standby started on each (it waits for its place), and the plan the nodes recover by
     left on the share (node/recover.py); the plan."""
     spec, first = plan.spec, plan.commands[0]
-    facts: dict[str, SpareFacts] = {}
-    standbys = []
-    if plan.spares:
-        spares = whole.select(hosts=",".join(plan.spares))
-        checked = Session.check(spares, master_port=None, nproc_per_node=spec.nproc_per_node,
-                                run_id=None, share_gpus=spec.share_gpus)
-        with checked:
-            if checked.report.problems:
-                raise LaunchError("a spare cannot take a failed node's place: "
-                                  + "; ".join(checked.report.problems) + ". Fix it, or "
-                                  "choose other spares (--spare-hosts)")
-            for f in checked.report.facts:
-                facts[f.node.name] = SpareFacts(f.node.cluster_address, f.node.python,
-                                                _torchrun(f), str(f.home))
-            if spec.workdir:
-                sync_code(spares, spec.workdir, plan.run_id, clients=checked.clients,
-                          exclude=left_out(spec.workdir, spec.runs_dir))
-            recovery_plan = detached_plan(plan.commands, facts, spec.max_recoveries,
-                                          spec.min_nodes, whole.shared_path,
-                                          whole.scheduler == "slurm", spec.workdir is not None)
-            _write_plan(session, first, recovery_plan)
-            for node in spares.nodes:
-                job = f"{state_dir(facts[node.name].home)}/{JOBS_SUBDIR}/{plan.run_id}"
-                result = nodelib.call(checked.clients[node.name], node.python, "standby",
-                                      "--plan", plan_path(first.run_state), "--node",
-                                      node.name, "--torchrun", facts[node.name].torchrun,
-                                      "--log", f"{job}/standby.log", "--detach", timeout=60)
-                if STARTED not in result.stdout:
-                    raise LaunchError(f"{node.name}: its standby did not start as a spare: "
-                                      f"{(result.stderr or result.stdout).strip()[-300:]}")
-                standbys.append(node.name)
-    else:
+    with ExitStack() as stack:
+        spares = stack.enter_context(_checked_spares(plan, whole)) if plan.spares else None
+        facts = {f.node.name: SpareFacts(f.node.cluster_address, f.node.python, _torchrun(f),
+                                         str(f.home))
+                 for f in (spares.report.facts if spares else [])}
+        if spares is not None and spec.workdir:
+            sync_code(spares.cluster, spec.workdir, plan.run_id, clients=spares.clients,
+                      exclude=left_out(spec.workdir, spec.runs_dir))
         recovery_plan = detached_plan(plan.commands, facts, spec.max_recoveries,
                                       spec.min_nodes, whole.shared_path,
                                       whole.scheduler == "slurm", spec.workdir is not None)
         _write_plan(session, first, recovery_plan)
+        if spares is not None:
+            for node in spares.cluster.nodes:
+                _start_standby(spares, node, facts[node.name], first, plan.run_id)
     print(f"run {plan.run_id}: a node's failure starts it again on the nodes themselves, "
           f"at most {spec.max_recoveries} time(s)" + (
-              f"; spare(s) standing by: {', '.join(standbys)}" if standbys else
+              f"; spare(s) standing by: {', '.join(facts)}" if facts else
               f"; no spare: on {spec.min_nodes} node(s) or more"), flush=True)
     return recovery_plan
+
+
+def _checked_spares(plan: Plan, whole: Cluster) -> Session:
+    """The spares' preflight (their connections kept); LaunchError when one cannot take
+    a failed node's place."""
+    spec = plan.spec
+    checked = Session.check(whole.select(hosts=",".join(plan.spares)), master_port=None,
+                            nproc_per_node=spec.nproc_per_node, run_id=None,
+                            share_gpus=spec.share_gpus)
+    if checked.report.problems:
+        checked.close()
+        raise LaunchError("a spare cannot take a failed node's place: "
+                          + "; ".join(checked.report.problems) + ". Fix it, or choose "
+                          "other spares (--spare-hosts)")
+    return checked
+
+
+def _start_standby(spares: Session, node: NodeSpec, facts: SpareFacts, first: NodeCommand,
+                   run_id: str) -> None:
+    """A spare's standby, detached on it: it waits for a decision that names it."""
+    job = f"{state_dir(facts.home)}/{JOBS_SUBDIR}/{run_id}"
+    result = nodelib.call(spares.clients[node.name], node.python, "standby", "--plan",
+                          plan_path(first.run_state), "--node", node.name, "--torchrun",
+                          facts.torchrun, "--log", f"{job}/standby.log", "--detach",
+                          timeout=60)
+    if STARTED not in result.stdout:
+        raise LaunchError(f"{node.name}: its standby did not start as a spare: "
+                          f"{(result.stderr or result.stdout).strip()[-300:]}")
 
 
 def _write_plan(session: Session, first: NodeCommand, recovery_plan: dict[str, Any]) -> None:

@@ -84,7 +84,7 @@ def recorded(run: RunDir, info: dict[str, Any], summary: dict[str, Any],
         return summary
     if info.get("recovery") and "recoveries" not in summary:
         recovery = Recovery(**info["recovery"])
-        earlier = (_summary(run.root, recovery.failed_run) or {}).get("recoveries") or []
+        earlier = (summary_of(run.root, recovery.failed_run) or {}).get("recoveries") or []
         summary = with_recovery(run, info["recovery_plan"]["run_id"], recovery,
                                 [Recovery(**r) for r in earlier], summary)
     if decision and decision.get("attempt") and summary.get("status") != "succeeded":
@@ -153,7 +153,7 @@ def with_recovery(run: RunDir, first: str, recovery: Recovery, earlier: list[Rec
     """The summary of RUN, the attempt RECOVERY started (of the run FIRST, after the
     recoveries EARLIER), with that recovery completed from what its end tells (when it
     trained again, from which checkpoint) and every recovery so far."""
-    previous = _summary(run.root, recovery.failed_run) or {}
+    previous = summary_of(run.root, recovery.failed_run) or {}
     log = ""
     try:
         log = run.log(recovery.nodes[0]).read_text(encoding="utf-8", errors="replace")
@@ -164,7 +164,8 @@ def with_recovery(run: RunDir, first: str, recovery: Recovery, earlier: list[Rec
             "recoveries": [r.to_json() for r in [*earlier, recovery]]}
 
 
-def _summary(root: Path, run_id: str) -> dict[str, Any] | None:
+def summary_of(root: Path, run_id: str) -> dict[str, Any] | None:
+    """Run RUN_ID's summary in ROOT, None when it has none or it does not read."""
     try:
         return RunDir(root, run_id).summary()
     except ClusterError:
