@@ -11,7 +11,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 SCENARIO ?= common
 SYSTEM_PACKAGES := podman runc debootstrap rsync openssh-client libnfs-utils python3-venv \
-  unionfs-fuse fuse3
+  unionfs-fuse fuse3 chromium
 
 .PHONY: help deps venv lint unit molecule molecule-all sandbox-tests e2e bench test demo clean
 

@@ -77,14 +77,18 @@ class StepBeat:
         self.times: list[float] = []
         self.samples = 0
 
-    def step(self, own_s: float, samples: int, step: int | None = None) -> None:
+    def step(self, own_s: float, samples: int, step: int | None = None,
+             loss: Any = None) -> None:
+        """LOSS: this step's loss (a tensor: read, which waits for the GPU, only when a
+        beat is printed)."""
         self.times.append(own_s)
         self.samples += samples
         now = self.clock()
         if now - self.last >= self.INTERVAL:
             print(f"##clustertrain beat step_s={statistics.median(self.times):.6f} "
                   f"samples={round(self.samples / len(self.times))}"
-                  + (f" step={step}" if step is not None else ""), flush=True)
+                  + (f" step={step}" if step is not None else "")
+                  + (f" loss={float(loss):.6g}" if loss is not None else ""), flush=True)
             self.last, self.times, self.samples = now, [], 0
 
 
@@ -258,7 +262,7 @@ class Trainer:
             out = self.model(x)
             loss = nn.functional.cross_entropy(out.float(), y)
         self.beat.step(prepared - t0 + time.perf_counter() - self._forward_at, len(idx),
-                       self.global_step + 1)
+                       self.global_step + 1, loss.detach())
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()

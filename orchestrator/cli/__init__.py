@@ -29,6 +29,7 @@ COMMANDS = (
     "orchestrator.cli.cmd_diagnose",
     "orchestrator.cli.cmd_doctor",
     "orchestrator.cli.cmd_runs",
+    "orchestrator.cli.cmd_ui",
     "orchestrator.cli.cmd_provision",
     "orchestrator.cli.cmd_wheelhouse",
     "orchestrator.cli.cmd_env",

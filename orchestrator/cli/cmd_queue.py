@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 
 from .. import defaults
-from ..cluster import ssh
 from ..cluster.inventory import load_cluster
-from ..cluster.slurm import SQUEUE_FORMAT, parse_squeue, render_queue
-from ..errors import ClusterError
+from ..cluster.slurm import render_queue, squeue
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,14 +30,6 @@ def _main(args: argparse.Namespace) -> int:
               f"{cluster.scheduler}: there is no queue; runs start at once (preflight "
               "refuses nodes another run uses). Your runs: python -m orchestrator runs")
         return 0
-    first = cluster.nodes[0]
-    conn = ssh.connect(first.name, first.ssh)
-    try:
-        result = conn.run(shlex.join(["squeue", "-h", "-o", SQUEUE_FORMAT]), timeout=30)
-    finally:
-        conn.close()
-    if result.exit_code != 0:
-        raise ClusterError(f"{first.name}: squeue failed: {result.stderr.strip()[-300:]}")
-    jobs = parse_squeue(result.stdout)
+    jobs = squeue(cluster)
     print(json.dumps(jobs, indent=2) if args.json else render_queue(jobs))
     return 0

@@ -9,19 +9,21 @@ import time
 from pathlib import Path
 
 from .. import defaults
-from ..checks.doctor import describe_run
 from ..errors import ClusterError
-from ..run.record import RecordUnreadable, RunDir, list_runs, open_run
+from ..report.page import write_report
+from ..run.listing import listed, what
+from ..run.record import RunDir, list_runs, open_run
 from ..run.settle import settle
-from ..run.status import row, show
+from ..run.status import show
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("runs", help="list the runs recorded in the runs directory, or "
-                       "show one (`runs show RUN`)")
-    p.add_argument("show", nargs="?", metavar="show",
-                   help="show RUN: status, each node's end, step times, stragglers, hang")
-    p.add_argument("run", nargs="?", help="the run to show")
+    p = sub.add_parser("runs", help="list the runs recorded in the runs directory, show "
+                       "one (`runs show RUN`), or draw its report (`runs report RUN`)")
+    p.add_argument("show", nargs="?", metavar="show|report",
+                   help="show RUN: status, each node's end, step times, stragglers, hang; "
+                   "report RUN: write RUN/report.html again (every run gets one at its end)")
+    p.add_argument("run", nargs="?", help="the run to show or report")
     p.add_argument("--runs-dir", default=str(defaults.RUNS_DIR))
     p.set_defaults(func=_runs)
 
@@ -35,51 +37,26 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _runs(args: argparse.Namespace) -> int:
-    if args.show is not None and args.show != "show":
-        raise ClusterError(f"runs {args.show}: to show one run, say `runs show {args.show}`")
+    if args.show is not None and args.show not in ("show", "report"):
+        raise ClusterError(f"runs {args.show}: to show one run, say `runs show {args.show}`; "
+                           f"to draw its report, `runs report {args.show}`")
     if args.show:
         if not args.run:
-            raise ClusterError("runs show: name the run, e.g. `runs show RUN` (see `runs`)")
-        return _show(open_run(Path(args.runs_dir), args.run))
+            raise ClusterError(f"runs {args.show}: name the run, e.g. `runs {args.show} RUN` "
+                               "(see `runs`)")
+        run = open_run(Path(args.runs_dir), args.run)
+        return _show(run) if args.show == "show" else _report(run)
     runs = list_runs(Path(args.runs_dir))
     if not runs:
         print(f"no runs in {args.runs_dir}/")
         return 0
     print(f"{'RUN':<24} {'STATUS':<20} {'NODES':<20} {'DURATION':>9}  SCRIPT")
     for run in runs:
-        try:
-            info = run.info()
-            nodes = ",".join(info["nodes"])
-        except (RecordUnreadable, KeyError, TypeError) as exc:
-            print(f"{run.run_id:<24} {'unreadable':<20} {'-':<20} {'-':>9}  -")
-            why = exc if isinstance(exc, RecordUnreadable) else f"{run.run_json}: no nodes"
-            print(f"note: {why}", file=sys.stderr)
-            continue
-        try:
-            summary = settle(run)  # completes the record of a run whose controller is gone
-        except RecordUnreadable as exc:
-            print(f"{run.run_id:<24} {'unreadable':<20} {nodes:<20} {'-':>9}  {_what(run)}")
-            print(f"note: {exc}", file=sys.stderr)
-            continue
-        except (ClusterError, OSError) as exc:
-            summary = None
-            print(f"note: {run.run_id}: cannot ask its nodes ({exc})", file=sys.stderr)
-        status, duration = row(summary)
-        if summary is None and info.get("queued"):
-            status, nodes = "queued", f"(since {info['queued'].get('since', '?')[11:19]})"
-        print(f"{run.run_id:<24} {status:<20} {nodes:<20} {duration:>9}  {_what(run)}")
+        r = listed(run, settle)
+        print(f"{r.run_id:<24} {r.status:<20} {r.nodes:<20} {r.duration:>9}  {r.what}")
+        if r.note:
+            print(f"note: {r.note}", file=sys.stderr)
     return 0
-
-
-WHAT_WIDTH = 80  # a table row shows this much of the script and its arguments
-
-
-def _what(run: RunDir) -> str:
-    """The run's script and arguments (cut to WHAT_WIDTH), or a doctor run's verdict."""
-    info = run.info()
-    what = describe_run(run) or f"{info.get('script', '?')} " \
-        f"{' '.join(info.get('script_args', []))}".rstrip()
-    return what if len(what) <= WHAT_WIDTH else what[:WHAT_WIDTH - 3] + "..."
 
 
 def _show(run: RunDir) -> int:
@@ -93,8 +70,15 @@ def _show(run: RunDir) -> int:
         print(f"run {run.run_id}: running on {', '.join(info['nodes'])}; follow it with "
               f"`attach {run.run_id}`, look inside with `diagnose {run.run_id}`")
         return 0
-    print("\n".join(show(run.run_id, summary, _what(run))))
+    print("\n".join(show(run.run_id, summary, what(run))))
     print(f"  logs: python -m orchestrator logs {run.run_id}; record: {run.path}/")
+    return 0
+
+
+def _report(run: RunDir) -> int:
+    settle(run)   # a run whose controller is gone gets its summary first
+    path = write_report(run)
+    print(f"run {run.run_id}: {path} (one file: it opens in any browser, without a network)")
     return 0
 
 

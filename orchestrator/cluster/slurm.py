@@ -1,10 +1,18 @@
 """What Slurm says, in a user's words: why a job waits, who holds what it waits for
-(the node side, node/allocate.py, asks; this module only reads and words it)."""
+(the node side, node/allocate.py, asks; this module reads and words it, and asks
+squeue for the queue, `queue` and `ui`'s nodes page)."""
 
 from __future__ import annotations
 
 import re
-from typing import Any
+import shlex
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ClusterError
+from . import ssh
+
+if TYPE_CHECKING:
+    from .inventory import Cluster
 
 # Slurm's reasons for a waiting job (squeue %r), as a user reads them.
 REASONS = {
@@ -77,6 +85,19 @@ def parse_squeue(text: str) -> list[dict]:
                       if job["name"].startswith("clustertrain-") else None)
         jobs.append(job)
     return jobs
+
+
+def squeue(cluster: Cluster) -> list[dict]:
+    """Every user's jobs in Slurm's queue, asked through the cluster's first node."""
+    first = cluster.nodes[0]
+    conn = ssh.connect(first.name, first.ssh)
+    try:
+        result = conn.run(shlex.join(["squeue", "-h", "-o", SQUEUE_FORMAT]), timeout=30)
+    finally:
+        conn.close()
+    if result.exit_code != 0:
+        raise ClusterError(f"{first.name}: squeue failed: {result.stderr.strip()[-300:]}")
+    return parse_squeue(result.stdout)
 
 
 def render_queue(jobs: list[dict]) -> str:

@@ -4,17 +4,21 @@ Progress is any output of the run, a line or a part of one (a progress bar). A j
 prints nothing for long stretches (or that wants its step times compared) opts in with one
 line per step, on every rank:
 
-    print(f"##clustertrain beat step_s={seconds:.4f} samples={batch}", flush=True)
+    print(f"##clustertrain beat step_s={seconds:.4f} samples={batch} loss={loss:.4f}",
+          flush=True)
 
 `step_s` is the time the rank spent on its own work in that step (data, forward, the
 optimizer), without the time it waited for its peers in a collective: every rank of a
 synchronous job waits for the slowest, so only its own work shows which one is slow.
-Both fields are optional; a bare `##clustertrain beat` counts as progress only. Beat lines
-are not shown in the terminal nor kept in the run's log.
+Every field is optional (`step=N`, the training step reached, too); a bare
+`##clustertrain beat` counts as progress only. Beat lines are not shown in the terminal nor
+kept in the run's log: what they say is kept per window of WINDOW_S seconds (`Point`, the
+run's timeline.jsonl, its report's charts).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import threading
 import time
@@ -41,6 +45,7 @@ class Beat:
     step_s: float | None = None
     samples: int | None = None
     step: int | None = None     # the training step it reached (optional: step=N)
+    loss: float | None = None   # the job's training loss (optional: loss=X)
 
 
 def parse_beat(text: str) -> Beat | None:
@@ -67,7 +72,13 @@ def parse_beat(text: str) -> Beat | None:
         step: int | None = int(fields["step"])
     except (KeyError, ValueError):
         step = None
-    return Beat(step_s, samples, step)
+    loss: float | None = None
+    try:
+        value = float(fields["loss"])
+        loss = value if math.isfinite(value) else None   # nan, inf: nothing to draw
+    except (KeyError, ValueError):
+        pass
+    return Beat(step_s, samples, step, loss)
 
 
 @dataclass(frozen=True)
@@ -143,19 +154,79 @@ def stragglers_of(windows: list[dict[str, Judged]]) -> list[Straggler]:
     return found
 
 
+@dataclass(frozen=True)
+class NodePoint:
+    """One node in one window: its slowest rank's median step time, the samples per
+    second of all its ranks (when the beats carry samples), and whether the straggler rule
+    found it slower than the others in that window."""
+    step_s: float
+    samples_per_s: float | None = None
+    slow: bool = False
+
+
+@dataclass(frozen=True)
+class Point:
+    """One window of the run's timeline (runs/RUN/timeline.jsonl, the report's charts)."""
+    t: float                      # the window's start, wall-clock seconds
+    nodes: dict[str, NodePoint]
+    loss: float | None = None     # the median of the losses the ranks' beats said in it
+
+    def to_json(self) -> dict:
+        return {"t": round(self.t, 3), "nodes": {
+            n: {"step_s": round(p.step_s, 6),
+                **({"samples_per_s": round(p.samples_per_s, 3)}
+                   if p.samples_per_s is not None else {}),
+                **({"slow": True} if p.slow else {})} for n, p in sorted(self.nodes.items())},
+            **({"loss": round(self.loss, 6)} if self.loss is not None else {})}
+
+    @classmethod
+    def from_json(cls, raw: dict) -> Point:
+        """A point as to_json wrote it (KeyError, TypeError, ValueError: it was not)."""
+        nodes = {str(n): NodePoint(float(p["step_s"]),
+                                   float(p["samples_per_s"]) if "samples_per_s" in p else None,
+                                   bool(p.get("slow", False)))
+                 for n, p in raw["nodes"].items()}
+        loss = raw.get("loss")
+        return cls(float(raw["t"]), nodes, float(loss) if loss is not None else None)
+
+
+def point_of(t: float, beats: dict[tuple[str, int], list[Beat]],
+             judged: dict[str, Judged]) -> Point | None:
+    """The timeline's point of one window (None: no beat in it said a step time or a loss)."""
+    nodes: dict[str, NodePoint] = {}
+    for node in sorted({n for n, _ in beats}):
+        steps = {r: [b.step_s for b in bs if b.step_s is not None]
+                 for (n, r), bs in beats.items() if n == node}
+        medians = {r: statistics.median(times) for r, times in steps.items() if times}
+        if not medians:
+            continue
+        samples = {r: [b.samples for b in beats[(node, r)] if b.samples is not None]
+                   for r in medians}
+        rates = [statistics.median(samples[r]) / medians[r] for r in medians if samples[r]]
+        nodes[node] = NodePoint(max(medians.values()), sum(rates) if rates else None,
+                                node in judged and judged[node].slow)
+    losses = [b.loss for bs in beats.values() for b in bs if b.loss is not None]
+    if not nodes and not losses:
+        return None
+    return Point(t, nodes, statistics.median(losses) if losses else None)
+
+
 class Progress:
     """Fed every worker line of a run (from several threads); says how long the run has
-    been quiet and which nodes straggle."""
+    been quiet and which nodes straggle, and keeps the run's timeline, a point per window
+    (`take_points`)."""
 
-    def __init__(self, now: float) -> None:
+    def __init__(self, now: float, wall: float | None = None) -> None:
         self._lock = threading.Lock()
         self._start = self._last = now
+        self._wall = time.time() if wall is None else wall   # NOW on the wall clock
+        self._points: list[Point] = []   # the closed windows' points not yet taken
         self._steps: dict[tuple[str, int], deque[float]] = defaultdict(
             lambda: deque(maxlen=RECENT))
         self._samples: dict[tuple[str, int], deque[int]] = defaultdict(
             lambda: deque(maxlen=RECENT))
-        # window index -> (node, rank) -> step times; closed windows' verdicts are kept
-        self._windows: dict[int, dict[tuple[str, int], list[float]]] = defaultdict(
+        # window index -> (node, rank) -> beats; closed windows' verdicts are kept
+        self._windows: dict[int, dict[tuple[str, int], list[Beat]]] = defaultdict(
             lambda: defaultdict(list))
         self._judged: dict[int, dict[str, Judged]] = {}
         self._named: dict[str, Straggler] = {}
@@ -179,9 +250,10 @@ class Progress:
                 self.first_beat = time.time()
             if beat.step is not None:
                 self.last_step = max(beat.step, self.last_step or 0)
+            if beat.step_s is not None or beat.loss is not None:
+                self._windows[self._window(now)][(node, rank)].append(beat)
             if beat.step_s is not None:
                 self._steps[(node, rank)].append(beat.step_s)
-                self._windows[self._window(now)][(node, rank)].append(beat.step_s)
                 if beat.samples is not None:
                     self._samples[(node, rank)].append(beat.samples)
         return True
@@ -206,7 +278,13 @@ class Progress:
             current = self._window(now) if now is not None else max(self._windows, default=0) + 1
             for index in sorted(self._windows):
                 if index < current and index not in self._judged:
-                    self._judged[index] = judge_window(self._windows[index])
+                    beats = self._windows[index]
+                    self._judged[index] = judge_window(
+                        {key: [b.step_s for b in bs if b.step_s is not None]
+                         for key, bs in beats.items()})
+                    point = point_of(self._wall + index * WINDOW_S, beats, self._judged[index])
+                    if point is not None:
+                        self._points.append(point)
             for index in [i for i in self._windows if i < current - HISTORY]:
                 del self._windows[index]
                 self._judged.pop(index, None)
@@ -214,6 +292,13 @@ class Progress:
             for s in stragglers_of(windows):
                 self._named[s.node] = s
             return [self._named[n] for n in sorted(self._named)]
+
+    def take_points(self) -> list[Point]:
+        """The timeline's points of the windows closed (by `stragglers`) since the last
+        call, in order."""
+        with self._lock:
+            points, self._points = self._points, []
+            return points
 
     def to_json(self) -> dict:
         """Per node: the median step time of its slowest rank and the samples per second

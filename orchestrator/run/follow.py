@@ -318,8 +318,10 @@ class Job:
         hung = [n for n, o in self.outcomes.items() if o.reason == End.HUNG]
         if hung and self._hang is None:  # the nodes ended it before their word came
             self._read_hang(hung)
+        progress = self.progress.to_json()   # closes the last windows
+        self._keep_timeline()
         return JobResult(self.outcomes, first_failed, interrupted, started, time.time(),
-                         why_interrupted, self._hang, self._hung, self.progress.to_json())
+                         why_interrupted, self._hang, self._hung, progress)
 
     # -- progress: stragglers and hangs ---------------------------------------------------
     def _look_at_progress(self) -> None:
@@ -329,11 +331,22 @@ class Job:
             if s.node not in self._stragglers:
                 self._stragglers.add(s.node)
                 self._say(s.message())
+        self._keep_timeline()
         watch = self.watch
         if self._hang_open and watch is not None and \
                 self.progress.quiet_for(time.monotonic()) < watch.timeout:
             self._hang_open = False
             self._say("the run makes progress again")
+
+    def _keep_timeline(self) -> None:
+        """Append the windows closed since the last look to the run's timeline.jsonl."""
+        try:
+            self.rundir.append_timeline(self.progress.take_points())
+        except OSError as exc:
+            if not self._log_broken:
+                self._log_broken = True
+                self._say(f"cannot write in {self.rundir.path}/ ({exc.strerror}): the "
+                          "run goes on; its record there is incomplete")
 
     def _read_hang(self, dumped: list[str]) -> None:
         """The nodes found the run hung (no node printed anything for --hang-timeout) and

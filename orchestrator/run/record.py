@@ -7,6 +7,7 @@ import json
 import os
 import secrets
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterable
@@ -112,8 +113,30 @@ class RunDir:
         self.path.mkdir(parents=True, exist_ok=queued)
         _write_json(self.run_json, info)
 
+    @property
+    def timeline(self) -> Path:
+        """The run's step times, samples/s and loss per window of its beats, one JSON
+        object a line (diagnosis/progress.py `Point`), appended while it runs."""
+        return self.path / "timeline.jsonl"
+
+    @property
+    def report_html(self) -> Path:
+        return self.path / "report.html"
+
     def write_summary(self, summary: dict[str, Any]) -> None:
         _write_json(self.summary_json, summary)
+        self.write_report()
+
+    def write_report(self) -> Path | None:
+        """The run's report.html from its record as it stands (report/page.py). A report
+        that cannot be drawn costs the run nothing: a note on stderr, and None."""
+        from ..report.page import write_report  # the report reads this module
+        try:
+            return write_report(self)
+        except Exception as exc:  # noqa: BLE001 - the record is kept, whatever the report does
+            print(f"note: run {self.run_id}: its report.html could not be written ({exc}); "
+                  f"`runs report {self.run_id}` tries again", file=sys.stderr)
+            return None
 
     @property
     def ended(self) -> bool:
@@ -121,9 +144,19 @@ class RunDir:
         return self.summary_json.exists()
 
     def write_json(self, name: str, data: dict[str, Any]) -> Path:
-        """Another record of the run (doctor.json, ...) beside its summary."""
+        """Another record of the run (doctor.json, ...) beside its summary; the report of
+        a run that has ended is drawn again with it."""
         _write_json(self.path / name, data)
+        if self.ended:
+            self.write_report()
         return self.path / name
+
+    def append_timeline(self, points: Iterable[Any]) -> None:
+        """Add POINTS (progress.Point) to the run's timeline."""
+        lines = "".join(json.dumps(p.to_json(), separators=(",", ":")) + "\n" for p in points)
+        if lines:
+            with open(self.timeline, "a", encoding="utf-8") as fh:
+                fh.write(lines)
 
     def info(self) -> dict[str, Any]:
         info = self._read(self.run_json)

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from ..cluster import BIN, ENV, REPO, ProvisionedCluster, play_recap, run
+from ..orchestrator.report.browser import dom, screenshot, series
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sandbox]
 # Small and quick on two CPU cores; the generated classes are learnable.
@@ -318,6 +319,14 @@ def test_a_killed_node_is_replaced_by_a_spare_and_the_run_resumes(sandbox_cluste
     assert recovery["resumed_from"]["epoch"] >= 1, recovery
     # Every attempt's logs are kept, each in its own record.
     assert "resumed from" in (first / done["run_id"] / "node0.log").read_text()
+    # Its report draws both attempts on one time axis (node1's line, then node2's), the
+    # failure and the training again marked.
+    report = first / done["run_id"] / "report.html"
+    screenshot(report, "e2e-recovery")
+    elements = dom(report)
+    assert {e.attrs["data-label"] for e in elements if e.tag == "g" and e.has_class("mark")} \
+        == {"node1 failed", "training again"}
+    assert set(series(elements, "step")) == {"node0", "node1", "node2"}
     assert (first / failed["run_id"] / "node1.log").exists()
     # The final metrics are those of a run that resumed from that checkpoint.
     final = json.loads(

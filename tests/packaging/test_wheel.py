@@ -29,6 +29,18 @@ def test_the_wheel_carries_the_playbooks_roles_and_sandbox_config(installed_tool
                              "module_utils/cluster_contract"))):
         assert shipped + path in names, path
     assert "orchestrator/sandbox/cluster.py" in names   # subpackages too
+    assert "orchestrator/report/templates/run.html.j2" in names   # package data
+
+
+def test_the_installed_tool_draws_a_runs_report(installed_tool, tmp_path):
+    """Its templates come with it: `runs report` from / writes the page."""
+    from tests.orchestrator.report.recorded import write_run
+    run = write_run(tmp_path, "20260921-000000-7ee1ed", ["node0", "node1"], 60)
+    run.report_html.unlink()
+    proc = installed_tool.run("clustertrain", "runs", "report", run.run_id, "--runs-dir",
+                              str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "<svg" in run.report_html.read_text()
 
 
 @pytest.mark.parametrize("argv", [("clustertrain", "--help"),

@@ -159,3 +159,4 @@ def test_training_steps_beat_at_most_once_a_second_with_their_own_time(job, caps
     [line] = capsys.readouterr().out.splitlines()
     b = parse_beat(line)
     assert b is not None and b.samples == 32 and b.step_s is not None and 0 < b.step_s < 10
+    assert b.step == 1 and b.loss is not None and 0 < b.loss < 20   # the step's loss

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from ...cluster import ProvisionedCluster as Sandbox
+from ..report.browser import dom, marked_rows, screenshot
 from ..run.test_real_site_sandbox import orchestrator
 from ..run.test_supervision_sandbox import cli
 from ..run.test_train_sandbox import Train, assert_no_job_processes
@@ -86,6 +87,13 @@ def named_and_drained(sandbox_cluster: Sandbox, tmp_path: Path) -> None:
     run = tmp_path / report["run_id"]
     assert json.loads((run / "doctor.json").read_text())["suspects"] == report["suspects"]
     assert json.loads((run / "summary.json").read_text())["status"] == "succeeded"
+    # Its report's heatmap has node1's row slow and marked.
+    screenshot(run / "report.html", "sandbox-doctor")
+    elements = dom(run / "report.html")
+    assert marked_rows(elements) == ["node1"]
+    cells = [e.attrs for e in elements if e.tag == "rect" and e.has_class("cell")]
+    rows = {n: max(float(c["data-value"]) for c in cells if c["data-src"] == n) for n in NODES}
+    assert min(rows, key=rows.__getitem__) == "node1", rows
     assert_no_job_processes(sandbox_cluster, NODES, within=10)
 
     t = Train(sandbox_cluster, tmp_path, "--nodes", "3", "--doctor", "ddp_allreduce.py",

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from ...cluster import ENV as PODMAN_ENV, REPO, ProvisionedCluster as Sandbox
+from ..report.browser import dom, screenshot, series, suspects
 from ..run.test_supervision_sandbox import JOBS, cli
 from ..run.test_train_sandbox import Train, assert_no_job_processes
 
@@ -53,6 +54,10 @@ def test_a_stalled_rank_is_named_and_the_run_ends_as_hung(sandbox_cluster: Sandb
     assert "hung: the run printed nothing (no line, no beat) for" in t.text
     assert "suspect: rank 1 on node1 is in stuck_before_all_reduce" in t.text
     assert "hung: no rank made progress" in t.stderr and "rank 1 on node1" in t.stderr
+    # Its report (report.html, written at the end) names the suspect.
+    report = tmp_path / summary["run_id"] / "report.html"
+    screenshot(report, "sandbox-hung-run")
+    assert suspects(dom(report)) == ["node1/1"]
     assert_no_job_processes(sandbox_cluster, NODES, within=15)
 
 
@@ -180,3 +185,11 @@ def test_a_cpu_throttled_node_is_flagged_as_the_straggler(sandbox_cluster: Sandb
             if line.startswith("  node")}
     assert set(rows) == set(NODES) and all(float(rows[n][-1]) > 0 for n in NODES), rows
     assert "  straggler: node2 is " in shown.stdout
+    # Its report draws a line per node, node2's marked as the straggler.
+    report = tmp_path / summary["run_id"] / "report.html"
+    screenshot(report, "sandbox-straggler")
+    elements = dom(report)
+    for chart in ("step", "rate"):
+        lines = series(elements, chart)
+        assert set(lines) == set(NODES), lines.keys()
+        assert [n for n, a in lines.items() if "data-mark" in a] == ["node2"]

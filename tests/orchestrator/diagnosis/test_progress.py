@@ -6,7 +6,15 @@ import random
 
 import pytest
 
-from orchestrator.diagnosis.progress import MIN_STEPS, WINDOW_S, Beat, Progress, parse_beat
+from orchestrator.diagnosis.progress import (
+    MIN_STEPS,
+    WINDOW_S,
+    Beat,
+    NodePoint,
+    Point,
+    Progress,
+    parse_beat,
+)
 
 
 @pytest.mark.parametrize("text, beat", [
@@ -15,6 +23,9 @@ from orchestrator.diagnosis.progress import MIN_STEPS, WINDOW_S, Beat, Progress,
     ("##clustertrain beat step_s=abc samples=64", Beat(None, 64)),
     ("##clustertrain beat step_s=-1", Beat()),
     ("##clustertrain beat step_s=inf", Beat()),
+    ("##clustertrain beat step_s=0.25 samples=64 step=3 loss=1.5", Beat(0.25, 64, 3, 1.5)),
+    ("##clustertrain beat loss=nan", Beat()),
+    ("##clustertrain beat loss=x", Beat()),
     ("##clustertrain beats", None),
     ("epoch 1 step 3 loss 0.5", None),
     ("  ##clustertrain beat", None),
@@ -132,3 +143,34 @@ def test_summary_gives_each_nodes_step_time_and_samples_per_second() -> None:
     assert data["nodes"] == {"node0": {"step_s": 0.5, "samples_per_s": 384.0},
                              "node1": {"step_s": 0.5}}
     assert data["stragglers"] == []
+
+
+def test_the_timeline_has_a_point_per_closed_window_with_step_times_rates_and_loss() -> None:
+    """A point per window of 10 s: each node's slowest rank (its median), the samples per
+    second of all its ranks, whether it was slower than the others; the ranks' loss."""
+    p = Progress(now=0.0, wall=1000.0)
+    for at in range(30):
+        for node, rank, step_s in (("node0", 0, 0.1), ("node0", 1, 0.2), ("node1", 2, 0.5)):
+            p.line(node, rank, f"##clustertrain beat step_s={step_s} samples=10 "
+                   f"loss={3 - at / 10}", now=float(at))
+    assert p.take_points() == []            # nothing closed yet
+    p.stragglers(now=25.0)                  # closes the windows at 0 s and 10 s
+    first, second = p.take_points()
+    assert (first.t, second.t) == (1000.0, 1010.0)
+    assert first.nodes["node0"] == NodePoint(0.2, 10 / 0.1 + 10 / 0.2, False)
+    assert first.nodes["node1"] == NodePoint(0.5, 20.0, True)   # slower than node0
+    assert first.loss == 3 - 4.5 / 10       # the median of 0 s .. 9 s
+    assert p.take_points() == []            # each point is taken once
+    p.to_json()                             # the end of the run closes the last window
+    [last] = p.take_points()
+    assert last.t == 1020.0
+    assert Point.from_json(last.to_json()) == last
+
+
+def test_a_window_of_loss_only_beats_has_a_point_without_nodes() -> None:
+    p = Progress(now=0.0, wall=0.0)
+    p.line("node0", 0, "##clustertrain beat loss=0.7", now=1.0)
+    p.line("node0", 0, "##clustertrain beat", now=2.0)
+    p.to_json()
+    assert p.take_points() == [Point(0.0, {}, 0.7)]
+

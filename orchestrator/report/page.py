@@ -1,0 +1,273 @@
+"""A run's report (runs/RUN/report.html): one self-contained page, drawn from the run's
+record alone (run.json, summary.json, timeline.jsonl, doctor.json, the nodes' logs), with
+the charts inline (svg.py) and nothing fetched: it opens from a chat attachment. The same
+page, refreshed, is a live run's page in `clustertrain ui` (server.py).
+
+The HTML is a Jinja template (templates/), which escapes every value from the record."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from ..diagnosis.progress import WINDOW_S, Point
+from ..run.logstream import is_record
+from ..run.record import RecordUnreadable, RunDir
+from ..run.status import LAST_LINES, row
+from . import svg
+
+FINAL_METRICS = "FINAL_METRICS "   # the job's last word (train/train.py): one JSON object
+GAP_S = 2.5 * WINDOW_S   # windows further apart had no beats between them: the line is cut
+
+TEMPLATES = jinja2.Environment(loader=jinja2.PackageLoader("orchestrator.report", "templates"),
+                          autoescape=True, undefined=jinja2.StrictUndefined,
+                          trim_blocks=True, lstrip_blocks=True)
+
+
+def _time(iso: str | None) -> float | None:
+    try:
+        return datetime.fromisoformat(iso).timestamp() if iso else None
+    except ValueError:
+        return None
+
+
+def read_timeline(run: RunDir) -> list[Point]:
+    """The run's points in order; a line that does not read (cut short by a crash) is
+    left out."""
+    try:
+        text = run.timeline.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    points = []
+    for line in text.splitlines():
+        try:
+            points.append(Point.from_json(json.loads(line)))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return points
+
+
+def attempts(run: RunDir, summary: dict | None) -> list[RunDir]:
+    """The attempts a recovered run went through, the first first, RUN last."""
+    earlier = [RunDir(run.root, r["failed_run"]) for r in (summary or {}).get("recoveries") or []
+               if isinstance(r, dict) and r.get("failed_run")]
+    return [a for a in earlier if a.run_json.exists()] + [run]
+
+
+@dataclass(frozen=True)
+class Tail:
+    node: str
+    lines: list[str]
+    path: str
+
+
+def log_tail(path: Path, count: int = LAST_LINES) -> list[str]:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return list(deque((line.rstrip("\n") for line in fh if not is_record(line)),
+                              maxlen=count))
+    except OSError:
+        return []
+
+
+def final_metrics(run: RunDir, nodes: Iterable[str]) -> dict[str, Any] | None:
+    """The job's FINAL_METRICS line, if a node's log has one (the last wins)."""
+    for node in nodes:
+        for line in reversed(log_tail(run.log(node), 200)):
+            _, _, text = line.partition(" | ")
+            if text.startswith(FINAL_METRICS):
+                try:
+                    found = json.loads(text[len(FINAL_METRICS):])
+                except ValueError:
+                    continue
+                if isinstance(found, dict):
+                    return {k: v for k, v in found.items()
+                            if isinstance(v, (int, float, str, bool)) or v is None}
+    return None
+
+
+def _why(summary: dict) -> str:
+    """Why the run ended as it did, in one line."""
+    if summary.get("error"):
+        return str(summary["error"])
+    hang = summary.get("hang")
+    if summary["status"] == "hung" and hang:
+        return f"no rank made progress for {hang.get('quiet_s', '?')} s: {hang.get('verdict', '')}"
+    failed = summary.get("first_failed")
+    if failed:
+        node: dict = next((n for n in summary.get("nodes", []) if n.get("name") == failed), {})
+        ranks = (summary.get("rank_exit_codes") or {}).get(failed) or {}
+        codes = ", ".join(f"rank {r} exited with code {c}" for r, c in ranks.items() if c)
+        how = node.get("why") or node.get("end_reason") or "failed"
+        return f"{failed} failed first ({how}" + (f"; {codes}" if codes else "") + ")"
+    return ""
+
+
+def _series(points: list[Point], field: str, stragglers: dict[str, str],
+            order: list[str]) -> list[svg.Series]:
+    """A series per node, in ORDER (the run's), then any other node the beats named."""
+    seen = {n for p in points for n in p.nodes}
+    nodes = [n for n in order if n in seen] + sorted(seen - set(order))
+    return [svg.Series(node, [(p.t, v) for p in points if node in p.nodes
+                              and (v := getattr(p.nodes[node], field)) is not None],
+                       stragglers.get(node)) for node in nodes]
+
+
+def _marks(summary: dict) -> list[svg.Mark]:
+    marks = []
+    for r in summary.get("recoveries") or []:
+        if (t := _time(r.get("failed_at"))) is not None:
+            marks.append(svg.Mark(t, f"{r.get('node')} failed"))
+        if (t := _time(r.get("training_again_at"))) is not None:
+            marks.append(svg.Mark(t, "training again", ok=True))
+    if (hang := summary.get("hang")) and (t := _time(hang.get("detected_at"))) is not None:
+        marks.append(svg.Mark(t, "hang found"))
+    return marks
+
+
+def charts(points: list[Point], summary: dict, start: float | None,
+           end: float | None, order: list[str]) -> list[str]:
+    """The step-time, samples/s and loss charts of the run (none without beats)."""
+    if not points:
+        return []
+    t0 = min(start or points[0].t, points[0].t)
+    t1 = max(end or points[-1].t, points[-1].t + 1)
+    stragglers = {s["node"]: f"straggler: {s.get('slower_pct', '?')} % slower"
+                  for s in summary.get("stragglers") or [] if isinstance(s, dict)}
+    marks = _marks(summary)
+    steps = _series(points, "step_s", stragglers, order)
+    drawn = [svg.line_chart("Step time per node (its slowest rank's own work)", "s / step",
+                            steps, t0, t1, marks, "chart step", GAP_S)]
+    rates = [s for s in _series(points, "samples_per_s", stragglers, order) if s.points]
+    if rates:
+        drawn.append(svg.line_chart("Samples per second per node", "samples / s", rates, t0,
+                                    t1, marks, "chart rate", GAP_S))
+    loss = [(p.t, p.loss) for p in points if p.loss is not None]
+    if loss:
+        drawn.append(svg.line_chart("Training loss (median of the ranks' beats)", "loss",
+                                    [svg.Series("loss", loss)], t0, t1, marks, "chart loss",
+                                    GAP_S))
+    return drawn
+
+
+def doctor_section(doctor: dict) -> dict[str, Any]:
+    """The doctor's findings: the link matrix as a heatmap, each node's numbers."""
+    names = [n["name"] for n in doctor.get("nodes", [])]
+    cells = {(lk["src"], lk["dst"]): (None if lk.get("error") else float(lk["gbit_s"]))
+             for lk in doctor.get("links", [])}
+    suspects = {s["node"]: s["why"] for s in doctor.get("suspects", [])}
+    rows = [{"name": n["name"], "send": n.get("send_gbit_s"), "recv": n.get("recv_gbit_s"),
+             "rtt": n.get("latency_ms"), "gflops": min(n["gflops"]) if n.get("gflops") else None,
+             "device": n.get("device", "?"), "suspect": suspects.get(n["name"])}
+            for n in doctor.get("nodes", [])]
+    return {"heatmap": svg.heatmap("Links, Gbit/s (row sends to column)", names, cells,
+                                   "Gbit/s", marked=sorted(suspects)),
+            "nodes": rows, "suspects": suspects, "allreduce": doctor.get("allreduce") or {},
+            "rule": (doctor.get("thresholds") or {}).get("rule", "")}
+
+
+def _hang(hang: dict) -> dict[str, Any]:
+    suspects = {(s["node"], s["rank"]) for s in hang.get("suspects", [])}
+    groups = []
+    for g in hang.get("groups", []):
+        ranks = [(r["node"], r["rank"]) for r in g.get("ranks", [])]
+        where = (f"in {g['collective']}" if g.get("collective") else "outside any collective")
+        if g.get("seq") is not None:
+            where = f"#{g['seq']} {g.get('collective') or '?'} in process group " \
+                    f"{g.get('process_group')}" + (f" ({g['state']})" if g.get("state") else "")
+        groups.append({"where": where, "frame": g.get("frame"), "ranks": ranks,
+                       "suspect": any(r in suspects for r in ranks)})
+    groups.sort(key=lambda g: (not g["suspect"], -len(g["ranks"])))
+    return {**hang, "groups": groups}
+
+
+def context(run: RunDir) -> dict[str, Any]:
+    """Everything the page shows, from the record as it stands (a live run: no summary)."""
+    info = run.info()
+    try:
+        summary = run.summary()
+    except RecordUnreadable as exc:
+        summary, unreadable = None, str(exc)
+    else:
+        unreadable = ""
+    status, duration = row(summary)
+    names = [n["name"] if isinstance(n, dict) else n
+             for n in (summary or {}).get("nodes") or info.get("nodes") or []]
+    points = [p for a in attempts(run, summary) for p in read_timeline(a)]
+    start = _time((summary or {}).get("start"))
+    if start is None and points:
+        start = points[0].t
+    end = _time((summary or {}).get("end"))
+    fp = info.get("fingerprint") or {}
+    times = (summary or {}).get("step_times") or {}
+    nodes = [{**({} if not isinstance(n, dict) else n), "name": name,
+              **times.get(name, {}), "log": run.log(name).name}
+             for name, n in zip(names, (summary or {}).get("nodes") or names, strict=True)]
+    doctor_path = run.path / "doctor.json"
+    try:
+        doctor = json.loads(doctor_path.read_text()) if doctor_path.exists() else None
+    except (OSError, ValueError):
+        doctor = None
+    script = f"{info.get('script', '?')} {' '.join(info.get('script_args', []))}".strip()
+    steps = [p.nodes[n].step_s for p in points for n in p.nodes]
+    return {
+        "run_id": run.run_id, "status": status if summary or not unreadable else "unreadable",
+        "duration": duration, "summary": summary or {}, "why": _why(summary) if summary else
+        unreadable, "running": summary is None and not unreadable,
+        "facts": [("user", ", ".join(sorted(set((info.get("users") or {}).values()))) or "?"),
+                  ("script", script),
+                  ("nodes", ", ".join(names)),
+                  ("started", (summary or {}).get("start") or "-"),
+                  ("ended", (summary or {}).get("end") or "-"),
+                  ("code revision", info.get("code_revision") or "not a git work tree"),
+                  ("environment", _environment(fp)),
+                  ("python environment", info.get("python_env") or "the cluster's"),
+                  ("master", "{addr}:{port}".format(**info["master"])
+                   if isinstance(info.get("master"), dict) else "-"),
+                  ("slurm job", str((info.get("slurm") or {}).get("job_id", "-"))
+                   if info.get("slurm") else "-")],
+        "nodes": nodes,
+        "charts": charts(points, summary or {}, start, end, names),
+        "median_step": statistics.median(steps) if steps else None,
+        "stragglers": (summary or {}).get("stragglers") or [],
+        "hang": _hang(summary["hang"]) if summary and summary.get("hang") else None,
+        "recoveries": (summary or {}).get("recoveries") or [],
+        "recovered_in": (summary or {}).get("recovered_in"),
+        "metrics": final_metrics(run, names),
+        "doctor": doctor_section(doctor) if doctor else None,
+        "tails": [Tail(n, log_tail(run.log(n)), run.log(n).name) for n in names],
+    }
+
+
+def _environment(fp: dict) -> str:
+    if not fp:
+        return "-"
+    torch = (fp.get("packages") or {}).get("torch")
+    return ", ".join(x for x in (f"sha256 {str(fp.get('sha256', '?'))[:12]}",
+                                 f"python {fp['python']}" if fp.get("python") else "",
+                                 f"torch {torch}" if torch else "") if x)
+
+
+def render_run(run: RunDir, refresh: int | None = None, served: bool = False) -> str:
+    """The run's page. REFRESH: reload every so many seconds (a live run in `ui`); SERVED:
+    its logs are links the server answers (a file on its own has them beside it)."""
+    return TEMPLATES.get_template("run.html.j2").render(
+        **context(run), refresh=refresh, served=served, window_s=WINDOW_S)
+
+
+def write_report(run: RunDir) -> Path:
+    """Write RUN's report.html (atomically: a reader never sees half of it)."""
+    html = render_run(run)
+    tmp = run.report_html.with_suffix(".tmp")
+    tmp.write_text(html, encoding="utf-8")
+    os.replace(tmp, run.report_html)
+    return run.report_html

@@ -1,0 +1,220 @@
+"""Charts as inline SVG, drawn here so that a report is one file that needs nothing else
+(no script, no font, no network): a line chart over the run's time and a heatmap (pure).
+
+Every element a reader looks for carries a class and data attributes (a series its node,
+a marked series its mark, a heatmap cell its row and column), so that a test reads the
+rendered page as a reader reads the picture."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from html import escape
+
+MAX_POINTS = 600      # a series is drawn with at most this many points (means of buckets)
+DOTS = 30             # a series of this many points or fewer has each drawn as a dot too
+WIDTH, HEIGHT = 1060, 260
+LEFT, RIGHT, TOP, BOTTOM = 64, 250, 30, 34   # the plot's margins: axes left, legend right
+MARK_COLOR = "#d62728"   # a straggler's series, a suspect's row, a failure's line
+OK_COLOR = "#2ca02c"     # training again after a recovery
+# Node colours: blues, greens, purples and greys, never the MARK_COLOR's red.
+PALETTE = ("#1f77b4", "#17becf", "#9467bd", "#7f7f7f", "#2f4b7c", "#8c9d3a", "#6a51a3",
+           "#4b8bbe", "#5f9ea0", "#b0a0d0", "#3d3d3d", "#76b7b2", "#59a14f", "#a0c4e8")
+
+
+@dataclass(frozen=True)
+class Series:
+    name: str
+    points: Sequence[tuple[float, float]]   # (t, y), t in seconds of the run's clock
+    mark: str | None = None                 # e.g. "straggler: 49 % slower": drawn red
+
+
+@dataclass(frozen=True)
+class Mark:
+    """A moment on the time axis: a vertical line with a label."""
+    t: float
+    label: str
+    ok: bool = False   # green (training again), else red (a failure)
+
+
+def color(index: int) -> str:
+    return PALETTE[index % len(PALETTE)]
+
+
+def thin(points: Sequence[tuple[float, float]], t0: float, t1: float,
+         limit: int = MAX_POINTS) -> list[tuple[float, float]]:
+    """POINTS, at most LIMIT of them: the mean of each of LIMIT equal spans of [T0, T1]."""
+    if len(points) <= limit:
+        return list(points)
+    span = (t1 - t0) / limit or 1.0
+    buckets: dict[int, list[tuple[float, float]]] = {}
+    for t, y in points:
+        buckets.setdefault(min(limit - 1, int((t - t0) / span)), []).append((t, y))
+    return [(sum(t for t, _ in b) / len(b), sum(y for _, y in b) / len(b))
+            for _, b in sorted(buckets.items())]
+
+
+def nice_max(value: float) -> float:
+    """The smallest 1, 2, 2.5 or 5 x 10^k at or above VALUE (an axis' top)."""
+    if value <= 0:
+        return 1.0
+    power = 10 ** math.floor(math.log10(value))
+    for step in (1, 2, 2.5, 5, 10):
+        if value <= step * power * (1 + 1e-9):
+            return step * power
+    return 10 * power
+
+
+def clock(seconds: float) -> str:
+    """Seconds from the run's start as h:mm:ss (m:ss under an hour)."""
+    s = int(round(seconds))
+    h, rest = divmod(s, 3600)
+    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
+
+
+def _num(x: float) -> str:
+    return f"{x:.1f}".rstrip("0").rstrip(".")
+
+
+def segments(points: list[tuple[float, float]], gap: float) -> list[list[tuple[float, float]]]:
+    """POINTS cut where two follow each other more than GAP apart (no beats between
+    them: a recovery's restart), so that no line is drawn across the silence."""
+    parts: list[list[tuple[float, float]]] = []
+    for point in points:
+        if not parts or point[0] - parts[-1][-1][0] > gap:
+            parts.append([])
+        parts[-1].append(point)
+    return parts
+
+
+def line_chart(title: str, unit: str, series: Sequence[Series], t0: float, t1: float,
+               marks: Sequence[Mark] = (), css_class: str = "chart",
+               gap: float = float("inf")) -> str:
+    """One line per series over [T0, T1] (T0 shown as 0:00), the marks as vertical lines,
+    a legend on the right with the marked series first; a line is cut where two of its
+    points are more than GAP apart (or two of its thinned spans)."""
+    t1 = max(t1, t0 + 1.0)
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+    top = nice_max(max((y for s in series for _, y in s.points), default=1.0))
+
+    def x(t: float) -> float:
+        return LEFT + (t - t0) / (t1 - t0) * plot_w
+
+    def y(v: float) -> float:
+        return TOP + plot_h - min(v, top) / top * plot_h
+
+    out = [f'<svg class="{escape(css_class)}" xmlns="http://www.w3.org/2000/svg" '
+           f'viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}" role="img" '
+           f'aria-label="{escape(title)}">',
+           f'<text x="{LEFT}" y="18" class="title">{escape(title)}</text>']
+    for i in range(5):   # the grid and the y axis' numbers
+        v = top * i / 4
+        out.append(f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{y(v):.1f}" y2="{y(v):.1f}" '
+                   'class="grid"/>')
+        out.append(f'<text x="{LEFT - 6}" y="{y(v) + 4:.1f}" text-anchor="end" class="tick">'
+                   f'{v:.3g}</text>')
+    out.append(f'<text x="14" y="{TOP + plot_h / 2:.0f}" class="tick" transform="rotate(-90 '
+               f'14 {TOP + plot_h / 2:.0f})" text-anchor="middle">{escape(unit)}</text>')
+    for i in range(6):   # the time axis
+        t = t0 + (t1 - t0) * i / 5
+        out.append(f'<text x="{x(t):.1f}" y="{HEIGHT - 12}" text-anchor="middle" '
+                   f'class="tick">{clock(t - t0)}</text>')
+    for n, mark in enumerate(m for m in marks if t0 <= m.t <= t1):
+        stroke = OK_COLOR if mark.ok else MARK_COLOR
+        at = x(mark.t)
+        # The label on the side with room, a line lower for each mark (they may be close).
+        side = (f'x="{at - 3:.1f}" text-anchor="end"' if at > LEFT + plot_w * 0.7
+                else f'x="{at + 3:.1f}"')
+        out.append(f'<g class="mark" data-label="{escape(mark.label)}"><line '
+                   f'x1="{at:.1f}" x2="{at:.1f}" y1="{TOP}" y2="{TOP + plot_h}" '
+                   f'stroke="{stroke}" stroke-dasharray="4 3"/><text {side} '
+                   f'y="{TOP + 10 + 12 * (n % 4)}" class="tick" fill="{stroke}">'
+                   f'{escape(mark.label)}</text></g>')
+    def look(i: int, s: Series) -> tuple[str, float, str]:
+        return ((MARK_COLOR, 3.0) if s.mark else (color(i), 1.5)) + (
+            f'data-node="{escape(s.name)}"' + (f' data-mark="{escape(s.mark)}"' if s.mark
+                                               else ""),)
+
+    # The marked series drawn last (on top of the others), and named first in the legend.
+    for i, s in sorted(enumerate(series), key=lambda item: item[1].mark is not None):
+        stroke, width, attrs = look(i, s)
+        for part in segments(thin(s.points, t0, t1), max(gap, 2 * (t1 - t0) / MAX_POINTS)):
+            pts = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in part)
+            out.append(f'<polyline class="series{" marked" if s.mark else ""}" {attrs} '
+                       f'points="{pts}" fill="none" stroke="{stroke}" '
+                       f'stroke-width="{width}"/>')
+        if len(s.points) <= DOTS:   # a short run's few points (one is no line at all)
+            out += [f'<circle class="dot" cx="{x(t):.1f}" cy="{y(v):.1f}" r="{width + 1}" '
+                    f'fill="{stroke}"/>' for t, v in s.points]
+    ordered = sorted(enumerate(series), key=lambda item: item[1].mark is None)
+    for n, (i, s) in enumerate(ordered):
+        stroke, width, attrs = look(i, s)
+        label = s.name + (f" ({s.mark})" if s.mark else "")
+        ly = TOP + 4 + n * 15
+        if ly < HEIGHT - 20:   # the legend's room; the rest are counted below
+            out.append(f'<g class="legend" {attrs}><line x1="{WIDTH - RIGHT + 36}" '
+                       f'x2="{WIDTH - RIGHT + 54}" y1="{ly:.0f}" y2="{ly:.0f}" stroke="{stroke}" '
+                       f'stroke-width="{width}"/><text x="{WIDTH - RIGHT + 59}" y="{ly + 4:.0f}" '
+                       f'class="tick">{escape(label)}</text></g>')
+    shown = sum(1 for n in range(len(ordered)) if TOP + 4 + n * 15 < HEIGHT - 20)
+    if shown < len(ordered):
+        out.append(f'<text x="{WIDTH - RIGHT + 36}" y="{TOP + 8 + shown * 15}" class="tick">'
+                   f'and {len(ordered) - shown} more</text>')
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+HEAT = ((0.0, (127, 0, 0)), (0.5, (244, 162, 97)), (1.0, (232, 245, 233)))
+
+
+def heat(value: float, top: float) -> str:
+    """A cell's colour: dark red for nothing, orange at half of TOP, pale green at TOP."""
+    f = 0.0 if top <= 0 else max(0.0, min(1.0, value / top))
+    (f0, c0), (f1, c1) = (HEAT[0], HEAT[1]) if f <= HEAT[1][0] else (HEAT[1], HEAT[2])
+    k = (f - f0) / (f1 - f0)
+    r, g, b = (round(a + (c - a) * k) for a, c in zip(c0, c1, strict=True))
+    return f"#{r:02x}{g:02x}{b:02x}"
+
+
+def heatmap(title: str, labels: Sequence[str], cells: dict[tuple[str, str], float | None],
+            unit: str, marked: Sequence[str] = ()) -> str:
+    """A square matrix: row sends, column receives; a cell's colour its value against the
+    highest (None: failed, drawn black); MARKED rows' labels in red with a mark."""
+    size = max(18, min(48, 640 // max(1, len(labels))))
+    pad = max(len(label) for label in labels) * 7 + 30 if labels else 40
+    w = max(pad + size * len(labels) + 20, 8 * len(title) + 20)
+    h = 40 + pad + size * len(labels)
+    top = max((v for v in cells.values() if v is not None), default=1.0)
+    out = [f'<svg class="heatmap" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {w} {h}" '
+           f'width="{w}" height="{h}" role="img" aria-label="{escape(title)}">',
+           f'<text x="4" y="18" class="title">{escape(title)}</text>']
+    y0 = 40 + pad
+    for j, dst in enumerate(labels):
+        cx = pad + j * size + size / 2
+        out.append(f'<text class="tick" transform="translate({cx + 4:.0f} {y0 - 6}) '
+                   f'rotate(-60)">{escape(dst)}</text>')
+    for i, src in enumerate(labels):
+        flag = src in marked
+        look = f' class="tick marked" fill="{MARK_COLOR}"' if flag else ' class="tick"'
+        out.append(f'<text x="{pad - 6}" y="{y0 + i * size + size / 2 + 4:.0f}" '
+                   f'text-anchor="end"{look} data-row="{escape(src)}">'
+                   f'{"⚠ " if flag else ""}{escape(src)}</text>')
+        for j, dst in enumerate(labels):
+            if src == dst:
+                continue
+            v = cells.get((src, dst))
+            if (src, dst) not in cells:
+                continue
+            fill = "#000000" if v is None else heat(v, top)
+            text = "failed" if v is None else f"{src} → {dst}: {v:.3g} {unit}"
+            out.append(f'<rect class="cell" data-src="{escape(src)}" data-dst="{escape(dst)}" '
+                       f'data-value="{"" if v is None else _num(v)}" x="{pad + j * size}" '
+                       f'y="{y0 + i * size}" width="{size - 1}" height="{size - 1}" '
+                       f'fill="{fill}"><title>{escape(text)}</title></rect>')
+            if size >= 36 and v is not None:
+                out.append(f'<text x="{pad + j * size + size / 2:.0f}" '
+                           f'y="{y0 + i * size + size / 2 + 4:.0f}" text-anchor="middle" '
+                           f'class="cellnum">{v:.3g}</text>')
+    out.append("</svg>")
+    return "\n".join(out)

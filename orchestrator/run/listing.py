@@ -1,0 +1,60 @@
+"""A recorded run as one row of a list (`runs`, the index of `ui`): its status, nodes,
+user, duration and what it ran, and a note when its record or its nodes could not be read."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..checks.doctor import describe_run
+from ..errors import ClusterError
+from .record import RecordUnreadable, RunDir
+from .status import row
+
+WHAT_WIDTH = 80  # a row shows this much of the script and its arguments
+
+
+@dataclass(frozen=True)
+class Listed:
+    run_id: str
+    status: str        # as `runs` says it: "running", "failed (node1)", "queued", "unreadable"
+    nodes: str
+    user: str
+    duration: str
+    what: str
+    note: str = ""     # what could not be read or asked, and why
+
+
+def what(run: RunDir) -> str:
+    """The run's script and arguments (cut to WHAT_WIDTH), or a doctor run's verdict."""
+    info = run.info()
+    said = describe_run(run) or f"{info.get('script', '?')} " \
+        f"{' '.join(info.get('script_args', []))}".rstrip()
+    return said if len(said) <= WHAT_WIDTH else said[:WHAT_WIDTH - 3] + "..."
+
+
+def listed(run: RunDir, summary_of: Callable[[RunDir], dict[str, Any] | None]) -> Listed:
+    """RUN's row. SUMMARY_OF: its summary, None while it runs (settle: a run whose
+    controller is gone is completed from what its nodes left on the share)."""
+    try:
+        info = run.info()
+        nodes = ",".join(info["nodes"])
+    except (RecordUnreadable, KeyError, TypeError) as exc:
+        why = exc if isinstance(exc, RecordUnreadable) else f"{run.run_json}: no nodes"
+        return Listed(run.run_id, "unreadable", "-", "-", "-", "-", str(why))
+    user = ",".join(sorted(set((info.get("users") or {}).values()))) or "-"
+    note = ""
+    try:
+        summary = summary_of(run)
+    except RecordUnreadable as exc:
+        return Listed(run.run_id, "unreadable", nodes, user, "-", what(run), str(exc))
+    except (KeyError, TypeError) as exc:   # run.json lacks what settling it needs
+        return Listed(run.run_id, "unreadable", nodes, user, "-", what(run),
+                      f"{run.run_json} lacks {exc} (written by an older version, or edited)")
+    except (ClusterError, OSError) as exc:
+        summary, note = None, f"{run.run_id}: cannot ask its nodes ({exc})"
+    status, duration = row(summary)
+    if summary is None and info.get("queued"):
+        status, nodes = "queued", f"(since {str(info['queued'].get('since', '?'))[11:19]})"
+    return Listed(run.run_id, status, nodes, user, duration, what(run), note)

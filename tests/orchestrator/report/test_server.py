@@ -1,0 +1,288 @@
+"""`ui`'s web server (orchestrator/report/server.py), started on a free port in a thread
+over a runs directory of recorded runs and asked over real HTTP: the pages, the files of a
+run, what it refuses (paths out of the runs directory, requests without the token)."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cli import main as cli_main
+from orchestrator.errors import ClusterError
+from orchestrator.report.server import UiServer, ask_cluster
+
+from .recorded import write_run
+
+REPO = Path(__file__).resolve().parents[3]
+DONE = "20260921-101500-a1b2c3"
+LIVE = "20260921-111500-d4e5f6"
+SECRET = "TOP-SECRET-6b1f2e: outside the runs directory"
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> Path:
+    """A runs directory with a finished run and one still running (no summary yet), and
+    a secret file beside it, outside it."""
+    root = tmp_path / "runs"
+    root.mkdir()
+    write_run(root, DONE, ["node0", "node1"], 120, slow="node1")
+    live = write_run(root, LIVE, ["node0", "node1"], 60)
+    live.summary_json.unlink()
+    live.report_html.unlink()
+    (tmp_path / "secret.txt").write_text(SECRET + "\n")
+    # ... in a directory that looks like a run too (`/runs/../` must not be taken for one)
+    (tmp_path / "run.json").write_text((live.run_json).read_text())
+    return root
+
+
+def serve(runs: Path, **kw) -> Iterator[UiServer]:
+    server = UiServer(runs, port=0, **{"host": "127.0.0.1", **kw})
+    thread = server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+        thread.join(timeout=10)
+        assert not thread.is_alive()
+
+
+@pytest.fixture
+def ui(runs: Path) -> Iterator[UiServer]:
+    yield from serve(runs)
+
+
+def get(server: UiServer, path: str, headers: dict[str, str] | None = None,
+        method: str = "GET") -> tuple[int, dict[str, str], str]:
+    """PATH asked as it is (no client-side normalising of `..` or `%2e`)."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    try:
+        conn.request(method, path, headers=headers or {})
+        resp = conn.getresponse()
+        body = resp.read().decode("utf-8", errors="replace")
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, body
+    finally:
+        conn.close()
+
+
+def test_the_index_lists_the_runs_newest_first_with_links(ui: UiServer) -> None:
+    status, headers, body = get(ui, "/")
+    assert status == 200 and headers["content-type"].startswith("text/html")
+    assert f'href="/runs/{DONE}/"' in body and f'href="/runs/{LIVE}/"' in body
+    assert body.index(LIVE) < body.index(DONE)   # newest first
+    assert "succeeded" in body and "train.py --epochs 30" in body and "alice" in body
+    assert '<meta http-equiv="refresh" content="5">' in body
+
+
+def test_a_runs_page_is_its_report_and_its_logs_are_served(ui: UiServer) -> None:
+    status, headers, body = get(ui, f"/runs/{DONE}/")
+    assert status == 200 and headers["content-type"].startswith("text/html")
+    assert f"run {DONE}" in body and body.count("<svg") >= 2
+    assert 'href="node0.log"' in body and 'http-equiv="refresh"' not in body  # it has ended
+    status, headers, body = get(ui, f"/runs/{DONE}/node0.log")
+    assert status == 200 and headers["content-type"] == "text/plain; charset=utf-8"
+    assert body.startswith("node0/rank0 | epoch 1 step 0 loss 0.5\n") and "FINAL_METRICS" in body
+    status, headers, _ = get(ui, f"/runs/{DONE}")
+    assert status == 301 and headers["location"] == f"/runs/{DONE}/"
+    status, headers, body = get(ui, f"/runs/{DONE}/node0.log", method="HEAD")
+    assert status == 200 and body == "" and int(headers["content-length"]) > 1000
+
+
+def test_a_running_run_shows_running_and_its_page_refreshes(ui: UiServer) -> None:
+    _, _, body = get(ui, "/")
+    row = body[body.index(f'data-run="{LIVE}"'):]
+    row = row[:row.index("</tr>")]
+    assert ">running<" in row
+    status, _, page = get(ui, f"/runs/{LIVE}/")
+    assert status == 200 and '<meta http-equiv="refresh" content="5">' in page
+    assert "node1/rank0 | epoch 1 step 39 loss 0.5" in page   # its logs' last lines
+
+
+def test_unknown_runs_and_paths_are_not_found(ui: UiServer) -> None:
+    for path in ("/runs/20990101-000000-ffffff/", "/runs/", "/runs/nope/x.log",
+                 f"/runs/{DONE}/missing.log", "/elsewhere", "/runs/.hidden/"):
+        assert get(ui, path)[0] == 404, path
+    status, headers, _ = get(ui, "/", method="POST")
+    assert status == 405 and headers["allow"] == "GET, HEAD"
+
+
+@pytest.mark.parametrize("path", [
+    "/runs/../../etc/passwd",
+    "/runs/%2e%2e/%2e%2e/etc/passwd",
+    "/runs/../secret.txt",
+    "/runs/%2e%2e/secret.txt",
+    "/runs/%2E%2E/secret.txt",
+    f"/runs/{DONE}/../../secret.txt",
+    f"/runs/{DONE}/%2e%2e/%2e%2e/secret.txt",
+    f"/runs/{DONE}/..%2f..%2fsecret.txt",
+    f"/runs/{DONE}/%2e%2e%2f%2e%2e%2fsecret.txt",
+    f"/runs/{DONE}/..\\..\\secret.txt",
+    f"/runs/{DONE}/SECRET_ABS",
+    f"/runs/{DONE}/%2fSECRET_ABS",
+    f"/runs/{DONE}/%00",
+    "/runs/SECRET_ABS",
+    "/..%2f..%2fsecret.txt",
+])
+def test_nothing_outside_the_runs_directory_is_served(ui: UiServer, runs: Path,
+                                                      path: str) -> None:
+    secret = runs.parent / "secret.txt"
+    path = path.replace("SECRET_ABS", str(secret).lstrip("/"))
+    status, _, body = get(ui, path)
+    assert status in (403, 404), (path, status, body[:300])
+    assert SECRET not in body and "root:x:0:0" not in body
+
+
+def test_symlinks_out_of_the_runs_directory_are_refused(ui: UiServer, runs: Path) -> None:
+    secret = runs.parent / "secret.txt"
+    (runs / DONE / "leak.log").symlink_to(secret)
+    (runs / DONE / "passwd.log").symlink_to("/etc/passwd")
+    outside = runs.parent / "outside-run"       # a whole "run" outside, linked in
+    outside.mkdir()
+    (outside / "run.json").write_text((runs / DONE / "run.json").read_text())
+    (outside / "node0.log").write_text(SECRET + "\n")
+    (runs / "20260921-121500-0a0b0c").symlink_to(outside, target_is_directory=True)
+    (runs / DONE / "other.log").symlink_to(runs / LIVE / "node0.log")   # inside: fine
+    for path in (f"/runs/{DONE}/leak.log", f"/runs/{DONE}/passwd.log",
+                 "/runs/20260921-121500-0a0b0c/node0.log", "/runs/20260921-121500-0a0b0c/"):
+        status, _, body = get(ui, path)
+        assert status in (403, 404), (path, status)
+        assert SECRET not in body and "root:x:0:0" not in body
+    status, _, body = get(ui, f"/runs/{DONE}/other.log")
+    assert status == 200 and body.startswith("node0/rank0 | epoch 1")
+
+
+def test_a_loopback_server_needs_no_token_but_refuses_other_host_names(ui: UiServer) -> None:
+    assert ui.token is None and ui.url == f"http://127.0.0.1:{ui.port}/"
+    assert get(ui, "/", {"Host": f"localhost:{ui.port}"})[0] == 200
+    # A page of another site whose name was pointed at 127.0.0.1 (DNS rebinding).
+    status, _, body = get(ui, "/", {"Host": f"attacker.example:{ui.port}"})
+    assert status == 403 and DONE not in body
+
+
+def test_a_server_on_another_address_asks_for_its_token(runs: Path) -> None:
+    for server in serve(runs, host="0.0.0.0"):
+        token = server.token
+        assert token and len(token) >= 32 and server.url.endswith(f"/?token={token}")
+        for path in ("/", f"/runs/{DONE}/", f"/runs/{DONE}/node0.log", "/nodes"):
+            status, _, body = get(server, path)
+            assert status == 403 and DONE not in body and "epoch" not in body, path
+        for wrong in ("?token=", "?token=x", f"?token={token[:-1]}", f"?token={token}x"):
+            assert get(server, "/" + wrong)[0] == 403, wrong
+        assert get(server, "/", {"Cookie": "clustertrain_ui=nope"})[0] == 403
+        status, headers, body = get(server, f"/?token={token}")
+        assert status == 200 and f'href="/runs/{DONE}/"' in body
+        cookie = headers["set-cookie"]
+        assert cookie.startswith(f"clustertrain_ui={token};")
+        assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
+        # The cookie alone lets the page's links work.
+        jar = {"Cookie": f"clustertrain_ui={token}"}
+        status, _, body = get(server, f"/runs/{DONE}/node0.log", jar)
+        assert status == 200 and body.startswith("node0/rank0 | epoch")
+        assert get(server, f"/runs/{DONE}/", jar)[0] == 200
+
+
+def test_the_nodes_page_without_an_inventory_says_to_pass_it(ui: UiServer) -> None:
+    status, _, body = get(ui, "/nodes")
+    assert status == 200 and "pass <code>-i</code>" in body
+
+
+def test_a_cluster_that_does_not_answer_is_said_on_the_nodes_page(runs: Path,
+                                                                  tmp_path: Path) -> None:
+    """Nodes nobody answers on (a closed port): the page names the nodes, the runs that
+    hold them (from the runs directory) and the error; the cluster is asked once for
+    requests that follow each other closely."""
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(
+        "all:\n  vars:\n    ansible_user: nobody\n    ansible_port: 1\n"
+        "    ansible_ssh_common_args: -o ConnectTimeout=5 -o BatchMode=yes\n"
+        "  children:\n    cluster:\n      children:\n        train_nodes:\n          hosts:\n"
+        "            node0: {ansible_host: 127.0.0.1}\n"
+        "            node1: {ansible_host: 127.0.0.2}\n"
+        "            node2: {ansible_host: 127.0.0.3}\n")
+    asked: list[float] = []
+
+    def query() -> dict:
+        asked.append(time.monotonic())
+        return ask_cluster(inventory)
+
+    for server in serve(runs, cluster=query):
+        status, _, body = get(server, "/nodes")
+        assert status == 200, body
+        assert "Cannot read the cordon record" in body, body
+        for node in ("node0", "node1"):
+            row = body[body.index(f'<tr data-node="{node}"'):]
+            assert f'href="/runs/{LIVE}/">run {LIVE}</a> (alice)' in row[:row.index("</tr>")]
+        row = body[body.index('<tr data-node="node2"'):]
+        assert "run " not in row[:row.index("</tr>")]
+        assert DONE not in body      # an ended run holds nothing
+        assert get(server, "/nodes")[0] == 200
+        assert len(asked) == 1
+
+
+def test_a_cluster_query_that_raises_is_said_not_a_server_error(runs: Path,
+                                                                tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-inventory.yml"
+    for server in serve(runs, cluster=lambda: ask_cluster(missing)):
+        status, _, body = get(server, "/nodes")
+        assert status == 200 and "Cannot ask the cluster:" in body
+        assert str(missing) in body
+        # What the runs directory knows is shown all the same.
+        assert f'<p data-node="node0">node0: <a class="mono" href="/runs/{LIVE}/">' in body
+
+
+def test_a_port_in_use_and_a_runs_dir_that_is_not_one_are_clear_errors(
+        ui: UiServer, runs: Path, tmp_path: Path) -> None:
+    with pytest.raises(ClusterError, match=f"port {ui.port} on 127.0.0.1 is in use.*--port 0"):
+        UiServer(runs, port=ui.port)
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(ClusterError, match="not a directory"):
+        UiServer(tmp_path / "a-file", port=0)
+
+
+def test_the_cli_says_a_bad_runs_dir(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "a-file").write_text("")
+    assert cli_main(["ui", "--runs-dir", str(tmp_path / "a-file"), "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert f"--runs-dir {tmp_path / 'a-file'}: not a directory" in err and "train's" in err
+
+
+def test_a_new_user_without_runs_gets_an_empty_list(tmp_path: Path) -> None:
+    server = UiServer(tmp_path / "runs", port=0)   # no run recorded yet: no directory
+    server.start()
+    try:
+        with urllib.request.urlopen(server.url, timeout=10) as answer:
+            assert answer.status == 200 and "No runs yet" in answer.read().decode()
+    finally:
+        server.close()
+
+
+def test_the_cli_serves_until_ctrl_c(runs: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "ui", "--port", "0",
+                             "--runs-dir", str(runs)], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("clustertrain ui: http://127.0.0.1:"), line
+        url = line.split(": ", 1)[1].strip()
+        conn = http.client.HTTPConnection(url.split("//")[1].rstrip("/"), timeout=30)
+        conn.request("GET", "/")
+        resp = conn.getresponse()
+        assert resp.status == 200 and DONE in resp.read().decode()
+        conn.close()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode in (0, 130) and "Traceback" not in err, err
