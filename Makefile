@@ -98,6 +98,7 @@ bench: deps venv
 	$(PY) bench/teardown_abort.py
 	$(PY) bench/queue_overhead.py
 	$(PY) bench/env_create.py
+	$(PY) bench/report.py
 
 # Everything CI runs (.ci/run calls this). Stops at the first failing stage. The sandbox
 # tests' shared cluster (tests/shared_cluster.py: sandbox up, then site.yml) is made in the

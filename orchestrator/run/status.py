@@ -359,7 +359,7 @@ def conclude(run: RunDir, result: JobResult, summary: dict) -> int:
     """The end of `train` and `attach`: one line, the exit status, and for a run that did
     not succeed the error that names why (LaunchError)."""
     print(f"run {run.run_id}: {summary['status']} after {summary['duration_s']:.1f} s; "
-          f"logs and summary in {run.path}/", flush=True)
+          f"logs and summary in {run.path}/ (to look at: {run.report_html})", flush=True)
     after = summary.get("after_finish") or {}
     if summary["status"] == RunStatus.SUCCEEDED:
         if after:  # finished, then a worker died in torch's teardown: not the training

@@ -119,6 +119,14 @@ def test_two_nodes_train_the_real_job_well_above_chance(sandbox_cluster, tmp_pat
     assert metrics["test_acc"] >= 0.6, metrics
     for name in ("node0", "node1"):
         assert (tmp_path / s["run_id"] / f"{name}.log").stat().st_size > 0
+    # Its last line points at its report, whose charts have both nodes' lines and the loss
+    # the job's beats said, and whose final metrics are the job's.
+    report = tmp_path / s["run_id"] / "report.html"
+    assert f"(to look at: {report})" in out
+    elements = dom(report)
+    assert set(series(elements, "step")) == {"node0", "node1"}
+    assert set(series(elements, "loss")) == {"loss"}
+    assert f"{metrics['test_acc']:.4g}" in report.read_text()
 
 
 def test_ctrl_c_stops_every_training_process(sandbox_cluster, tmp_path):
