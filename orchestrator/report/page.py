@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -218,7 +217,6 @@ def context(run: RunDir) -> dict[str, Any]:
     except (OSError, ValueError):
         doctor = None
     script = f"{info.get('script', '?')} {' '.join(info.get('script_args', []))}".strip()
-    steps = [p.nodes[n].step_s for p in points for n in p.nodes]
     return {
         "run_id": run.run_id, "status": status if summary or not unreadable else "unreadable",
         "duration": duration, "summary": summary or {}, "why": _why(summary) if summary else
@@ -237,7 +235,7 @@ def context(run: RunDir) -> dict[str, Any]:
                    if info.get("slurm") else "-")],
         "nodes": nodes,
         "charts": charts(points, summary or {}, start, end, names),
-        "median_step": statistics.median(steps) if steps else None,
+        "has_steps": any(p.nodes for p in points),
         "stragglers": (summary or {}).get("stragglers") or [],
         "hang": _hang(summary["hang"]) if summary and summary.get("hang") else None,
         "recoveries": (summary or {}).get("recoveries") or [],
