@@ -150,9 +150,12 @@ def as_user(cluster: ProvisionedCluster, user: str, *argv: str) -> str:
     return cluster.exec("node0", "runuser", "-u", user, "--", *argv).stdout.strip()
 
 
-def raw_usage(cluster: ProvisionedCluster) -> dict[str, float]:
-    rows = slurm(cluster, "sshare", "-a", "-h", "-P", "-o", "User,RawUsage").splitlines()
-    return {user: float(usage or 0) for user, usage in
+def shares(cluster: ProvisionedCluster, column: str) -> dict[str, float]:
+    """One sshare column per user: RawUsage (charged when a job ends) or FairShare (the
+    factor a new job's priority is computed from, recomputed only every
+    PriorityCalcPeriod)."""
+    rows = slurm(cluster, "sshare", "-a", "-h", "-P", "-o", f"User,{column}").splitlines()
+    return {user: float(value or 0) for user, value in
             (row.strip().split("|") for row in rows) if user}
 
 
@@ -167,9 +170,14 @@ def test_fair_share_who_used_the_cluster_less_starts_first(
                    "-J", "fairshare-use", "-o", "/dev/null", "--wrap", "sleep 20")
     wait_for(lambda: not slurm(sandbox_cluster, "squeue", "-h", "-j", used), 120,
              "alice's job to end")
-    wait_for(lambda: raw_usage(sandbox_cluster).get("alice", 0) >
-             raw_usage(sandbox_cluster).get("bob", 0) + 20, 150,
+    # The use is charged (RawUsage) when the job ends, but the factor a job's priority is
+    # computed from follows only at the next recalculation: wait for the factor.
+    wait_for(lambda: shares(sandbox_cluster, "RawUsage").get("alice", 0) >
+             shares(sandbox_cluster, "RawUsage").get("bob", 0) + 20, 150,
              "accounting to charge alice's use (sshare RawUsage)")
+    wait_for(lambda: shares(sandbox_cluster, "FairShare").get("bob", 0) >
+             shares(sandbox_cluster, "FairShare").get("alice", 0), 150,
+             "the fair-share factors to be recalculated (sshare FairShare)")
     # root holds 4 of the 6 GPUs for a while: neither 4-GPU job fits until it ends, and
     # then only one of them does.
     blocker = slurm(sandbox_cluster, "sbatch", "--parsable", "-N2", "-w", "node0,node1",
@@ -185,7 +193,8 @@ def test_fair_share_who_used_the_cluster_less_starts_first(
                                  "/dev/null", "--wrap", "sleep 10")
         priority = {u: int(slurm(sandbox_cluster, "squeue", "-h", "-j", j, "-o", "%Q"))
                     for u, j in jobs.items()}
-        assert priority["bob"] > priority["alice"], (priority, raw_usage(sandbox_cluster))
+        assert priority["bob"] > priority["alice"], (priority,
+                                                  shares(sandbox_cluster, "FairShare"))
         wait_for(lambda: "RUNNING" in slurm(sandbox_cluster, "squeue", "-h", "-j",
                                             ",".join(jobs.values()), "-o", "%T"), 90,
                  "one of the two to start")
