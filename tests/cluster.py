@@ -6,6 +6,8 @@ import os
 import re
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +28,7 @@ class ProvisionedCluster:
     inventory: Path             # alice's
     share: Path                 # host directory mounted at /mnt/cluster on every node
     nodes: dict[str, str]       # inventory name -> address
-    containers: dict[str, str]  # inventory name -> podman container
+    containers: dict[str, str]  # inventory name -> podman container (outsiders' too)
     inventories: dict[str, Path]  # login user -> that user's inventory
     user: str = "alice"
 
@@ -92,3 +94,12 @@ def play_recap(stdout: str) -> dict[str, dict[str, int]]:
     recap = stdout[stdout.rindex("PLAY RECAP"):] if "PLAY RECAP" in stdout else ""
     return {host: {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", rest)}
             for host, rest in re.findall(r"^(\S+)\s+: (ok=.*)$", recap, re.MULTILINE)}
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> None:
+    """Until PREDICATE holds; AssertionError naming WHAT after TIMEOUT seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.5)

@@ -63,7 +63,7 @@ def sandbox_cluster():
         nodes = [n for n in info["nodes"] if not n["outsider"]]
         return ProvisionedCluster(info["name"], Path(info["inventory"]), Path(info["share"]),
                                   {n["name"]: n["address"] for n in nodes},
-                                  {n["name"]: n["container"] for n in nodes},
+                                  {n["name"]: n["container"] for n in info["nodes"]},
                                   {u: Path(v["inventory"]) for u, v in info["users"].items()})
 
     reuse = os.environ.get("CLUSTERTRAIN_TEST_SANDBOX")

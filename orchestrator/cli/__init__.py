@@ -23,6 +23,7 @@ COMMANDS = (
     "orchestrator.cli.cmd_preflight",
     "orchestrator.cli.cmd_train",
     "orchestrator.cli.cmd_attach",
+    "orchestrator.cli.cmd_notebook",
     "orchestrator.cli.cmd_stop",
     "orchestrator.cli.cmd_queue",
     "orchestrator.cli.cmd_cordon",

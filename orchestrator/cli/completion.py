@@ -13,7 +13,7 @@ import argcomplete
 from .. import defaults
 
 RUN_ARGS = {"run"}
-HOST_ARGS = {"node", "hosts", "spare_hosts"}   # a comma-separated list for the last two
+HOST_ARGS = {"node", "host", "hosts", "spare_hosts"}   # hosts, spare_hosts: a, b
 
 
 def run_ids(prefix: str, parsed_args: argparse.Namespace, **_: Any) -> list[str]:

@@ -15,6 +15,7 @@ new connection, before the node is named lost).
 
 from __future__ import annotations
 
+import ctypes
 import os
 import random
 import re
@@ -42,6 +43,7 @@ MASTER_PERSIST = 60
 # ... Broken pipe" when a bastion on the way (ProxyJump) dropped the jump.
 DROPPED = re.compile(r"kex_exchange_identification|banner exchange")
 DROPPED_RETRIES = 3
+PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -171,9 +173,7 @@ class Connection:
         """What a ProxyJump/ProxyCommand said when the master failed: a master with
         ControlPersist sends the proxy's messages to /dev/null, so that a key the bastion
         refused shows only as a closed connection. Asked again without a master."""
-        argv = [self.target.ssh_executable, "-o", "BatchMode=yes", "-o", "ControlMaster=no",
-                "-o", "ControlPath=none", "-o", "ControlPersist=no", *self.target.options(),
-                self.target.host, "--", "exit"]
+        argv = alone(self.target, self.target.host, "--", "exit")
         try:
             return subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
                                   text=True, timeout=timeout).stderr
@@ -227,6 +227,36 @@ class Connection:
                 pass
             self.master_pid = None
         shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def alone(target: SshTarget, *rest: str, ours: tuple[str, ...] = ()) -> list[str]:
+    """argv of an SSH connection of its own to TARGET (no master shared, none left behind),
+    with OURS before the node's options (the first value of an option wins)."""
+    return [target.ssh_executable, "-o", "BatchMode=yes", "-o", "ControlMaster=no",
+            "-o", "ControlPath=none", "-o", "ControlPersist=no", *ours, *target.options(),
+            *rest]
+
+
+def forward(target: SshTarget, local_port: int, remote_port: int) -> subprocess.Popen:
+    """A tunnel: 127.0.0.1:LOCAL_PORT here to 127.0.0.1:REMOTE_PORT on the node, over a
+    connection of its own (bastions and ~/.ssh/config as for every connection), open
+    while the process lives. ssh exits when the forward cannot be made (the local port
+    taken) or the node stops answering; its words are on the process's stderr. It ends
+    with the thread that opened it, however that ends (kill -9 included)."""
+    return subprocess.Popen(
+        alone(target, target.host, ours=(
+            "-N", "-o", "ExitOnForwardFailure=yes",
+            "-o", f"ServerAliveInterval={ALIVE_INTERVAL}",
+            "-o", f"ServerAliveCountMax={ALIVE_COUNT}",
+            "-L", f"127.0.0.1:{local_port}:127.0.0.1:{remote_port}")),
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True, start_new_session=True, preexec_fn=_end_with_parent)
+
+
+def _end_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the thread that started it ends (Linux's
+    PR_SET_PDEATHSIG), so that no tunnel outlives the command that opened it."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 # What OpenSSH says of a private key it cannot use, and of a login it refused. Through a

@@ -87,16 +87,17 @@ def python_of(spec: EnvironmentSpec) -> str | None:
 
 def target_python(request: WheelhouseRequest, spec: EnvironmentSpec) -> WheelhouseRequest:
     """The request with the Python the wheels are for: --python-version, else the file's
-    python= line when it is not this machine's (pip then takes wheels only), else this
-    machine's. A --python-version that contradicts the file is refused."""
+    python= line (pip then takes wheels only, and resolves for the oldest patch release
+    the line admits: a wheelhouse built with Python 3.11.7 here must install on a node's
+    3.11.2, where a package that needs >=3.11.5 would not), else this machine's. A
+    --python-version that contradicts the file is refused."""
     wanted = python_of(spec)
-    here = "%d.%d" % sys.version_info[:2]
     given = request.python_version
     if given and wanted and not (given + ".").startswith(wanted + "."):
         raise WheelhouseError(f"--python-version {given} contradicts {request.env_file}, which "
                               f"asks for python {wanted}; give --python-version {wanted}, or "
                               "change the file's python= line")
-    if not given and wanted and wanted != here:
+    if not given and wanted:
         return dataclasses.replace(request, python_version=wanted)
     return request
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Sequence
-from contextlib import ExitStack
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -65,6 +65,10 @@ from .settle import next_attempt, recovery_decision, settle, summary_of, with_re
 from .spec import RunSpec
 from .status import RunStatus, conclude, cut_short, make_summary
 from .sync import SyncResult, left_out, sync_code
+
+# What an attached run serves while it is followed, given node 0's command, the node and
+# its connection (run/notebook.py's tunnel).
+Serving = Callable[[NodeCommand, NodeSpec, Any], AbstractContextManager[Any]]
 
 
 @dataclass(frozen=True)
@@ -157,10 +161,12 @@ class Plan:
         }
 
 
-def run_training(spec: RunSpec, dry_run: bool = False, cluster: Cluster | None = None) -> int:
+def run_training(spec: RunSpec, dry_run: bool = False, cluster: Cluster | None = None,
+                 serving: Serving | None = None) -> int:
     """`train`: the run's phases, from its check to its conclusion (or, detached, until
     it runs on every node); the run's exit status. Every exit path leaves a summary and
-    no claim on node 0's master port. CLUSTER: the spec's nodes, already read."""
+    no claim on node 0's master port. CLUSTER: the spec's nodes, already read. SERVING:
+    what an attached run serves while it is followed (the notebook's tunnel)."""
     whole = (cluster or load_cluster(spec.inventory)).with_user_env(spec.python_env)
     cluster = (cluster or whole.select(
         spec.nodes, ",".join(spec.hosts) if spec.hosts is not None else None)
@@ -183,7 +189,7 @@ def run_training(spec: RunSpec, dry_run: bool = False, cluster: Cluster | None =
               f"{attempt_id(run_id, 1)}, ... on "
               f"the healthy nodes and a spare ({', '.join(spares) or 'none held'})"
               + (f", or on {spec.min_nodes} node(s) or more" if spec.min_nodes else ""))
-    return _attempt(spec, whole, cluster, run_id, dry_run, spares=spares)
+    return _attempt(spec, whole, cluster, run_id, dry_run, spares=spares, serving=serving)
 
 
 def _recovering(spec: RunSpec, whole: Cluster, cluster: Cluster, spares: list[str],
@@ -267,7 +273,8 @@ def _mark_recovered(runs_dir: Path, run_id: str, next_id: str) -> None:
 
 
 def _attempt(spec: RunSpec, whole: Cluster, cluster: Cluster, run_id: str, dry_run: bool,
-             recovery: Recovery | None = None, spares: Sequence[str] = ()) -> int:
+             recovery: Recovery | None = None, spares: Sequence[str] = (),
+             serving: Serving | None = None) -> int:
     """One run on CLUSTER: its check, its launch and its end (or, dry, its plan)."""
     with connected_ahead(_nodes_ahead(spec, whole, cluster) if not dry_run else None) as take:
         allocation = None
@@ -298,7 +305,7 @@ def _attempt(spec: RunSpec, whole: Cluster, cluster: Cluster, run_id: str, dry_r
                 if dry_run:
                     print(plan.describe(), end="")
                     return 0
-                code = _run(plan, session, SshScheduler(session.clients), whole)
+                code = _run(plan, session, SshScheduler(session.clients), whole, serving)
                 if spec.detach:   # running on the nodes: they hold what the run needs now
                     session.release_once_bound(plan.commands[0].master_port)
                     if allocation is not None:
@@ -320,7 +327,8 @@ def _nodes_ahead(spec: RunSpec, whole: Cluster, cluster: Cluster) -> Cluster | N
     return None
 
 
-def _run(plan: Plan, session: Session, scheduler: Scheduler, whole: Cluster) -> int:
+def _run(plan: Plan, session: Session, scheduler: Scheduler, whole: Cluster,
+         serving: Serving | None = None) -> int:
     spec, cluster, run_id = plan.spec, session.cluster, plan.run_id
     run = RunDir(spec.runs_dir, run_id)
     info = plan.record(session)
@@ -368,7 +376,10 @@ def _run(plan: Plan, session: Session, scheduler: Scheduler, whole: Cluster) -> 
                   f"--runs-dir {spec.runs_dir}", flush=True)
             return 0
         job = Job(run, plan.nodes, scheduler, grace=spec.grace, hang=spec.watch)
-        result = job.run(attached=True)
+        node, first = plan.nodes[0]
+        with (serving(first, node, session.clients[node.name]) if serving
+              else nullcontext()):
+            result = job.run(attached=True)
     except BaseException as exc:
         # Every exit path leaves a summary: never a record that says "running" for a
         # run that is gone.

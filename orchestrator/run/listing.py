@@ -9,6 +9,7 @@ from typing import Any
 
 from ..checks.doctor import describe_run
 from ..errors import ClusterError
+from ..node.protocol import NOTEBOOK_MODULE
 from .record import RecordUnreadable, RunDir
 from .status import row
 
@@ -29,6 +30,8 @@ class Listed:
 def what(run: RunDir) -> str:
     """The run's script and arguments (cut to WHAT_WIDTH), or a doctor run's verdict."""
     info = run.info()
+    if info.get("script") == NOTEBOOK_MODULE:
+        return "notebook (JupyterLab)" + (" detached" if info.get("detached") else "")
     said = describe_run(run) or f"{info.get('script', '?')} " \
         f"{' '.join(info.get('script_args', []))}".rstrip()
     return said if len(said) <= WHAT_WIDTH else said[:WHAT_WIDTH - 3] + "..."

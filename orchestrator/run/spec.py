@@ -292,7 +292,7 @@ def from_sources(given: Mapping[str, Given]) -> RunSpec:
     check_arguments_size(tuple(args), env)
     runs_dir = Path(str(get("runs_dir", defaults.RUNS_DIR)))
     check_writable(runs_dir, label("runs_dir"))
-    queue = _queue(get, label)
+    queue = queue_options(get, label)
     python_env = get("python_env")
     if python_env is not None:
         check_env_name(str(python_env), label("python_env"))
@@ -346,7 +346,7 @@ SLURM_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 SLURM_TIME = re.compile(r"^\d+(-\d+)?(:\d+){0,2}$")
 
 
-def _queue(get: Callable[..., Any], label: Callable[[str], str]) -> dict[str, Any]:
+def queue_options(get: Callable[..., Any], label: Callable[[str], str]) -> dict[str, Any]:
     """--queue and its options, checked: they go together."""
     queue = bool(get("queue", False))
     given = [k for k in ("gpus_per_node", "partition", "time", "qos") if get(k) is not None]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from ..cluster import BIN, ENV, REPO, ProvisionedCluster, play_recap, run
+from ..cluster import BIN, ENV, REPO, ProvisionedCluster, play_recap, run, wait_for
 from ..orchestrator.report.browser import dom, screenshot, series
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sandbox]
@@ -50,13 +50,6 @@ def fresh_checkpoints(cluster: ProvisionedCluster, run_name: str) -> Path:
     shutil.rmtree(directory, ignore_errors=True)
     return directory
 
-
-def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.5)
 
 
 def no_training_left(cluster: ProvisionedCluster, nodes=("node0", "node1")) -> bool:

@@ -35,6 +35,9 @@ def test_a_run_id_completes_from_the_runs_directory(tmp_path: Path) -> None:
     offered = complete("clustertrain logs ", tmp_path)
     assert {"20261127-101010-aaaaaa", "20261127-111111-bbbbbb"} <= set(offered), offered
     assert complete("clustertrain stop 20261127-11", tmp_path) == ["20261127-111111-bbbbbb"]
+    assert complete("clustertrain notebook co", tmp_path) == ["connect"]
+    assert complete("clustertrain notebook connect 20261127-10", tmp_path) == [
+        "20261127-101010-aaaaaa"]
     elsewhere = tmp_path / "elsewhere"
     (elsewhere / "20261127-121212-cccccc").mkdir(parents=True)
     (elsewhere / "20261127-121212-cccccc" / "run.json").write_text("{}")
@@ -50,6 +53,7 @@ def test_hosts_complete_from_the_inventory(tmp_path: Path) -> None:
         "node0", "node1"]
     assert complete(f"clustertrain train -i {inventory} --hosts node0,", tmp_path) == [
         "node0,node1", "node0,gpu7"]
+    assert complete(f"clustertrain notebook -i {inventory} --host g", tmp_path) == ["gpu7"]
 
 
 @pytest.mark.parametrize("shell", ["bash", "zsh"])

@@ -8,13 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli import main
-
-
-def run(argv, capsys) -> tuple[int, str]:
-    code = main(argv)
-    captured = capsys.readouterr()
-    return code, captured.out + captured.err
+from ...clirun import run_cli as run
 
 
 def test_nodes_larger_than_inventory(setup, capsys) -> None:

@@ -19,6 +19,7 @@ from orchestrator.provision.wheelhouse import (
     load_environment,
     name_version,
     read_lock,
+    target_python,
 )
 
 FILES = {"torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl": b"torch wheel",
@@ -33,7 +34,8 @@ def current_wheelhouse(tmp_path: Path) -> WheelhouseRequest:
     request.dest.mkdir()
     for name, content in FILES.items():
         (request.dest / name).write_bytes(content)
-    key = request.key(load_environment(env))
+    spec = load_environment(env)
+    key = target_python(request, spec).key(spec)   # as build keys it: for python 3.11
     (request.dest / STAMP).write_text(json.dumps({"key": key, "files": sorted(FILES)}))
     return request
 

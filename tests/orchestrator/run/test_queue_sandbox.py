@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from ...cluster import ProvisionedCluster, orchestrator
-from .test_real_site_sandbox import SMALL, output, start_train, wait_for
+from ...cluster import ProvisionedCluster, orchestrator, wait_for
+from .test_real_site_sandbox import SMALL, output, start_train
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.e2e, pytest.mark.timeout(900)]
 FOUR_GPUS = ["--queue", "--nodes", "2", "--gpus-per-node", "2"]

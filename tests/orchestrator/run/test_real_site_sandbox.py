@@ -8,12 +8,11 @@ import json
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from ...cluster import ENV, REPO, ProvisionedCluster
+from ...cluster import ENV, REPO, ProvisionedCluster, wait_for
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.e2e, pytest.mark.timeout(1500)]
 JOBS = Path(__file__).resolve().parents[1] / "jobs"
@@ -37,13 +36,6 @@ def start_train(inventory: Path, runs: Path, *args: str) -> subprocess.Popen:
 def output(runs: Path) -> str:
     return (runs.parent / f"{runs.name}.out").read_text()
 
-
-def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.5)
 
 
 def owners(cluster: ProvisionedCluster, node: str) -> dict[str, set[str]]:

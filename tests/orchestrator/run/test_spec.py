@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.cli import main, parse
+from orchestrator.cli import parse
 from orchestrator.cli.cmd_train import parse_request
 from orchestrator.run.spec import KEYS, RunSpec, from_sources, read_job_file
+
+from ...clirun import run_cli as run
 
 
 @pytest.fixture
@@ -31,13 +33,6 @@ def job(place: Path, text: str, name: str = "job.yaml") -> Path:
     return path
 
 
-def run(argv: list[str], capsys) -> tuple[int, str]:
-    try:
-        code = main(argv)
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out = capsys.readouterr()
-    return code, out.out + out.err
 
 
 FULL = """\

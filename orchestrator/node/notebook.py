@@ -1,0 +1,85 @@
+"""JupyterLab for `clustertrain notebook`, as torchrun starts it on the node:
+`node.py worker -m orchestrator.node.notebook [--idle S]` (run/notebook.py makes the run).
+
+The port and the token are chosen here, on the node, where the server binds: a port free
+on the loopback interface, a token from `secrets`. Both go to the job's own directory
+(JOB/notebook.json, mode 0600 under the user's private ~/.clustertrain), where the
+controller reads them over SSH to open its tunnel; nothing else keeps the token: not a
+command line (the arguments below are given to JupyterLab inside this process, which
+/proc/PID/cmdline does not show), not the run's record, not the environment.
+
+JupyterLab then runs in this process: on 127.0.0.1 only (the tunnel is the one way in),
+its root the user's home (notebooks outlive the run's job directory), its kernels in this
+Python, the run's environment. With --idle S (a detached notebook) the server ends itself
+after S seconds without a request, and idle kernels are culled after S seconds.
+
+Standard library only, up to JupyterLab itself (which the environment provides).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import runpy
+import secrets
+import socket
+import sys
+
+from .protocol import JOBS_SUBDIR, NODE_STATE_DIR, NOTEBOOK_FILE
+from .util import write_atomically
+
+CULL_INTERVAL = 60   # seconds between the server's looks for idle kernels
+
+
+def free_port() -> int:
+    """A port free on this node's loopback now (the kernel's choice)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def info_path(run_id: str, home: str | None = None) -> str:
+    """JOB/notebook.json of run RUN_ID under HOME (this user's home by default)."""
+    return os.path.join(home or os.path.expanduser("~"), NODE_STATE_DIR, JOBS_SUBDIR,
+                        run_id, NOTEBOOK_FILE)
+
+
+def jupyter_argv(port: int, token: str, root: str, idle: float) -> list[str]:
+    argv = ["jupyter-lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+            "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
+            f"--ServerApp.root_dir={root}"]
+    if idle > 0:
+        argv += [f"--ServerApp.shutdown_no_activity_timeout={int(idle)}",
+                 f"--MappingKernelManager.cull_idle_timeout={int(idle)}",
+                 f"--MappingKernelManager.cull_interval={CULL_INTERVAL}",
+                 f"--TerminalManager.cull_inactive_timeout={int(idle)}"]
+    return argv
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="orchestrator.node.notebook", allow_abbrev=False)
+    p.add_argument("--idle", type=float, default=0.0,
+                   help="end after this many seconds without a request (0: never)")
+    args = p.parse_args(argv)
+    run_id = os.environ.get("CLUSTERTRAIN_RUN_ID")
+    if not run_id:
+        sys.exit("orchestrator.node.notebook: CLUSTERTRAIN_RUN_ID is not set; it starts "
+                 "as a run of `clustertrain notebook`")
+    if importlib.util.find_spec("jupyterlab") is None:
+        sys.exit(f"orchestrator.node.notebook: this environment ({sys.prefix}) has no "
+                 "jupyterlab: add jupyterlab to its environment file and make it again "
+                 "(`env create`), or leave out --python-env to use the cluster's")
+    home = os.path.expanduser("~")
+    port, token = free_port(), secrets.token_urlsafe(32)
+    write_atomically(info_path(run_id), json.dumps(
+        {"port": port, "token": token, "pid": os.getpid()}).encode())
+    print(f"[clustertrain] JupyterLab starting on 127.0.0.1:{port} (root {home})",
+          flush=True)
+    sys.argv = jupyter_argv(port, token, home, args.idle)
+    runpy.run_module("jupyterlab", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()

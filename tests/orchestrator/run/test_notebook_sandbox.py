@@ -1,0 +1,163 @@
+"""`notebook` on the real-site sandbox, as bob (no sudo) through the bastion: JupyterLab on
+a node as a run, reached only through an SSH tunnel, its kernel in the cluster's
+environment, nothing of it left after Ctrl-C; detached, it outlives the command, `notebook
+connect` opens the way again and it ends itself when idle. Real SSH (ProxyJump), a real
+JupyterLab and kernel, real nftables between the outsider and the nodes."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ...cluster import ENV, NODE_PYTHON, REPO, ProvisionedCluster, wait_for
+from .jupyter import api, execute
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.e2e, pytest.mark.timeout(900)]
+URL = re.compile(r"(http://127\.0\.0\.1:\d+)/lab\?token=([A-Za-z0-9_-]+)")
+RUN = re.compile(r"run (\d{8}-\d{6}-[0-9a-f]+): ")
+
+
+def notebook(runs: Path, *args: str) -> subprocess.Popen:
+    runs.mkdir(parents=True, exist_ok=True)
+    out = open(runs.parent / f"{runs.name}-{time.monotonic_ns()}.out", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "notebook", *args,
+                             "--runs-dir", str(runs)], cwd=REPO, env=ENV, stdout=out,
+                            stderr=subprocess.STDOUT, text=True)
+    proc.out = Path(out.name)   # type: ignore[attr-defined]
+    return proc
+
+
+def said(proc: subprocess.Popen) -> str:
+    return proc.out.read_text()   # type: ignore[attr-defined]
+
+
+def url_of(proc: subprocess.Popen, timeout: float = 240) -> tuple[str, str]:
+    """The URL and token the command printed, once it printed them."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = URL.search(said(proc))
+        if found:
+            return found.group(1), found.group(2)
+        if proc.poll() is not None:
+            break
+        time.sleep(0.5)
+    raise AssertionError(f"no URL printed:\n{said(proc)[-3000:]}")
+
+
+def run_of(proc: subprocess.Popen) -> str:
+    found = RUN.search(said(proc))
+    assert found, said(proc)[-3000:]
+    return found.group(1)
+
+
+def interrupt(proc: subprocess.Popen) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+    return proc.wait(timeout=90)
+
+
+
+def jupyter_processes(cluster: ProvisionedCluster, node: str) -> list[str]:
+    """JupyterLab's server and kernels on NODE, as ps shows them to an admin."""
+    ps = cluster.exec(node, "ps", "-eo", "user,args", "--no-headers").stdout
+    return [line for line in ps.splitlines()
+            if "orchestrator.node.notebook" in line or "ipykernel" in line]
+
+
+def tunnels_here(local: str) -> list[str]:
+    port = local.rsplit(":", 1)[1]
+    ps = subprocess.run(["ps", "-eo", "args", "--no-headers"], capture_output=True,
+                        text=True).stdout
+    return [line for line in ps.splitlines()
+            if line.startswith("ssh") and f"127.0.0.1:{port}:127.0.0.1:" in line]
+
+
+def runs_row(runs: Path, run_id: str) -> str:
+    out = subprocess.run([sys.executable, "-m", "orchestrator", "runs", "--runs-dir", str(runs)],
+                         cwd=REPO, env=ENV, capture_output=True, text=True, timeout=120).stdout
+    return next((line for line in out.splitlines() if line.startswith(run_id)), "")
+
+
+def test_bobs_notebook_on_node1_answers_only_through_ssh_and_ctrl_c_leaves_nothing(
+        sandbox_cluster: ProvisionedCluster, tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    proc = notebook(runs, "-i", str(sandbox_cluster.inventories["bob"]), "--host", "node1")
+    try:
+        url, token = url_of(proc)
+        run_id = run_of(proc)
+        assert "started" in api(url, token, "/api/status")
+        # A kernel started through the API runs in the cluster's environment, as bob.
+        kernel = api(url, token, "/api/kernels", "POST", {"name": "python3"})["id"]
+        printed = execute(url, token, kernel, "import getpass, torch, torch.distributed as "
+                          "dist\nprint(torch.__version__, dist.is_available(), "
+                          "getpass.getuser())")
+        torch = sandbox_cluster.exec("node1", NODE_PYTHON, "-c",
+                                     "import torch; print(torch.__version__)").stdout.strip()
+        assert printed.split() == [torch, "True", "bob"], printed
+        # The server listens on node1's loopback only...
+        served = json.loads(sandbox_cluster.exec(
+            "node1", "cat", f"/home/bob/.clustertrain/jobs/{run_id}/notebook.json").stdout)
+        listening = [line.split()[3] for line in sandbox_cluster.exec(
+            "node1", "ss", "-ltnH").stdout.splitlines()]
+        assert [a for a in listening if a.endswith(f":{served['port']}")] == \
+            [f"127.0.0.1:{served['port']}"], listening
+        # ... so that not even a node of the cluster (which the firewall lets in) reaches
+        # it, and of every port node1 listens on, none but SSH answers the outsider (the
+        # sandbox's nodes take SSH from the bastion only: not even that one).
+        address = sandbox_cluster.nodes["node1"]
+
+        def answering(source: str, ports: list[int]) -> list[int]:
+            """The PORTS of node1 that answer SOURCE (all tried at once, 3 s each)."""
+            tries = "".join(f'(timeout 3 bash -c "</dev/tcp/{address}/{p}" 2>/dev/null '
+                            f"&& echo {p}) & " for p in ports)
+            out = sandbox_cluster.exec(source, "bash", "-c", f"{tries}wait").stdout
+            return sorted(int(p) for p in out.split())
+
+        assert answering("node0", [22, served["port"]]) == [22]
+        ports = sorted({int(a.rsplit(":", 1)[1]) for a in listening})
+        assert answering("outsider0", ports) in ([22], []), ports
+        # `runs` lists it as bob's notebook on node1; the token is in no log.
+        assert re.match(rf"{run_id}\s+running\s+node1\s.*notebook \(JupyterLab\)",
+                        runs_row(runs, run_id)), runs_row(runs, run_id)
+        assert jupyter_processes(sandbox_cluster, "node1")
+        logs = "".join(p.read_text() for p in (runs / run_id).glob("*.log"))
+        assert "lab?token=..." in logs and token not in logs
+    finally:
+        code = interrupt(proc)
+    assert code == 130, said(proc)[-2000:]
+    assert "interrupted" in said(proc)
+    wait_for(lambda: not jupyter_processes(sandbox_cluster, "node1")
+             and not sandbox_cluster.run_processes("node1", run_id, user="bob"), 60,
+             "JupyterLab and its kernel to end on node1")
+    assert not tunnels_here(url)
+
+
+def test_a_detached_notebook_outlives_its_tunnel_connects_again_and_ends_when_idle(
+        sandbox_cluster: ProvisionedCluster, tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    bob = str(sandbox_cluster.inventories["bob"])
+    proc = notebook(runs, "-i", bob, "--host", "node2", "--detach", "--idle", "10")
+    url, token = url_of(proc)
+    run_id = run_of(proc)
+    assert interrupt(proc) == 0, said(proc)[-2000:]
+    assert "tunnel closed; the notebook runs on node2" in said(proc)
+    assert not tunnels_here(url)
+    assert " running " in runs_row(runs, run_id)
+    again = notebook(runs, "connect", run_id, "--port", "18999")
+    try:
+        url2, token2 = url_of(again, timeout=90)
+        assert (url2, token2) == ("http://127.0.0.1:18999", token)
+        assert "started" in api(url2, token2, "/api/status")
+    finally:
+        assert interrupt(again) == 0, said(again)[-2000:]
+    # Nobody uses it: it ends itself (JupyterLab looks for activity once a minute).
+    wait_for(lambda: " succeeded " in runs_row(runs, run_id), 180,
+             "the idle notebook to end by itself")
+    assert not jupyter_processes(sandbox_cluster, "node2")
