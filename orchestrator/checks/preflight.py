@@ -374,7 +374,7 @@ def _judge_busy(report: Report, f: NodeFacts) -> None:
         report.warnings.append(f"{name}: other users' processes are hidden from {f.user} "
                                "(/proc is mounted with hidepid): their runs there cannot be "
                                "seen")
-    users = [f"{r.user}'s run {r.run}" + _on_gpus(r.gpus) for r in busy.runs]
+    users = [f"{r.user}'s {r.kind} {r.run}" + _on_gpus(r.gpus) for r in busy.runs]
     users += _gpu_processes(busy.gpu_processes)
     if not users:
         return

@@ -13,6 +13,7 @@ import subprocess
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .protocol import NOTEBOOK_MODULE
 from .util import process_table
 
 SMI_TIMEOUT = 30.0   # seconds for one nvidia-smi query (a busy driver answers slowly)
@@ -41,6 +42,7 @@ class LiveRun:
     user: str
     pids: list[int] = field(default_factory=list)
     gpus: list[int] = field(default_factory=list)
+    kind: str = "run"     # "notebook": `clustertrain notebook`'s JupyterLab
 
 
 @dataclass
@@ -134,6 +136,13 @@ def supervised_run(argv: list[str]) -> str | None:
     return None
 
 
+def kind_of(argv: list[str]) -> str:
+    """What a supervisor's run is, from the command it starts (after its `--`): a
+    notebook when that runs NOTEBOOK_MODULE, else a run."""
+    started = argv[argv.index("--") + 1:] if "--" in argv else []
+    return "notebook" if NOTEBOOK_MODULE in started else "run"
+
+
 def _cmdline(pid: int) -> list[str]:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
@@ -172,12 +181,14 @@ def scan(exclude: str | None = None, smi: str = "nvidia-smi") -> Busy:
     supervisors: dict[int, str] = {}
     runs: dict[tuple[str, str], LiveRun] = {}
     for pid in table:
-        run = supervised_run(_cmdline(pid))
+        argv = _cmdline(pid)
+        run = supervised_run(argv)
         user = _owner(pid) if run else None
         if run and user:
             supervisors[pid] = run
             if run != exclude:
-                runs.setdefault((user, run), LiveRun(run, user)).pids.append(pid)
+                runs.setdefault((user, run), LiveRun(run, user, kind=kind_of(argv))
+                                ).pids.append(pid)
     by_run = {r.run: r for r in runs.values()}
     parents = {pid: ppid for pid, (_, ppid, _) in table.items()}
     found = Busy(hidden=not os.access("/proc/1/cmdline", os.R_OK))

@@ -42,8 +42,10 @@ from ..cluster.ssh import SshTarget, connect, forward
 from ..errors import ClusterError, LaunchError
 from ..node.protocol import NOTEBOOK_FILE, NOTEBOOK_MODULE
 from .command import NodeCommand
+from .drain import cordons
 from .lifecycle import run_training
 from .record import check_writable, new_run_id, open_run
+from .settle import settle
 from .spec import Given, RunSpec, option, queue_options
 
 DEFAULT_IDLE = 3600.0      # a detached notebook ends after an hour without a request
@@ -103,7 +105,7 @@ def run_notebook(spec: RunSpec, local_port: int | None = None) -> int:
     """`notebook`: the notebook's run on its node, and the tunnel to it; the run's exit
     status (attached), or 0 once the tunnel of a detached one is closed with Ctrl-C."""
     if spec.hosts is None and not spec.queue:
-        host = least_busy(load_cluster(spec.inventory))
+        host = least_busy(uncordoned(load_cluster(spec.inventory)))
         spec = replace(spec, nodes=None, hosts=(host,))
         print(f"notebook: on {host}, the least busy node (--host chooses)", flush=True)
 
@@ -124,7 +126,7 @@ def connect_notebook(runs_dir: Path, run_id: str, local_port: int | None = None)
     if info.get("script") != NOTEBOOK_MODULE:
         raise ClusterError(f"run {run_id} is not a notebook (it ran {info.get('script')}); "
                            "see `runs` for the notebooks")
-    summary = run.summary()
+    summary = settle(run)   # one that ended while nobody followed it: from its node
     if summary is not None:
         raise ClusterError(f"notebook {run_id} has ended ({summary.get('status')}); start "
                            "another with `notebook`")
@@ -143,6 +145,26 @@ def connect_notebook(runs_dir: Path, run_id: str, local_port: int | None = None)
     finally:
         conn.close()
     return 1
+
+
+def uncordoned(cluster: Cluster,
+               read: Callable[[Cluster], dict[str, dict[str, Any]]] = cordons) -> Cluster:
+    """CLUSTER without the nodes the share's record cordons (READ: through its first
+    node; an idle node is often idle because it is cordoned); as it is when the record
+    cannot be read (preflight then names what is wrong with the node chosen).
+    LaunchError when every node is cordoned."""
+    try:
+        cordoned = read(cluster)
+    except ClusterError:
+        return cluster
+    left = [name for name in cluster.names if name not in cordoned]
+    if not left:
+        raise LaunchError("every training node is cordoned ("
+                          + "; ".join(f"{n}: {c.get('why', '?')}" for n, c in cordoned.items()
+                                      if n in cluster.names)
+                          + "); uncordon one once it is fixed (`uncordon NODE`), or choose "
+                          "one with --host")
+    return cluster.select(hosts=",".join(left))
 
 
 def busy_count(node: NodeSpec) -> int:

@@ -245,12 +245,13 @@ def test_a_node_with_another_users_run_is_refused_naming_user_and_run() -> None:
                facts("node1", {}, busy=Busy(runs=[LiveRun(RUN, "alice", [4242])]).to_json()),
                facts("node2", {}, user="bob", busy=Busy(runs=[
                    LiveRun(RUN, "alice", [5151]), LiveRun("20260101-130000-d4e5f6", "bob",
-                                                          [5252])]).to_json()))
+                                                          [5252], kind="notebook")]
+                                          ).to_json()))
     assert r.problems == [
         f"node1 is in use by alice's run {RUN}. Wait for it to end or have it stopped "
         "(`python -m orchestrator runs` lists a user's runs, `python -m orchestrator stop "
         "RUN` stops one), or pass --share-gpus to run beside it",
-        f"node2 is in use by alice's run {RUN}; bob's run 20260101-130000-d4e5f6. Wait for "
+        f"node2 is in use by alice's run {RUN}; bob's notebook 20260101-130000-d4e5f6. Wait for "
         "them to end or have them stopped (`python -m orchestrator runs` lists a user's "
         "runs, `python -m orchestrator stop RUN` stops one), or pass --share-gpus to run "
         "beside them"]

@@ -87,6 +87,13 @@ def test_a_supervisors_command_line_names_its_run() -> None:
                        node="node0", nodes=("node0", "node1"), run_state="/s").shell()
     argv = shlex.split(line.split("exec ", 1)[1])
     assert busy.supervised_run(argv) == "20260101-000000-abcdef"
+    assert busy.kind_of(argv) == "run"
+    notebook = NodeCommand(run_id="20260101-000000-abcdef", node_rank=0, nnodes=1, nproc=1,
+                           master_addr="10.0.0.1", master_port=29500,
+                           torchrun="/v/bin/torchrun", home="/home/bob",
+                           script="orchestrator.node.notebook", module=True, node="node1",
+                           nodes=("node1",), run_state="/s").shell()
+    assert busy.kind_of(shlex.split(notebook.split("exec ", 1)[1])) == "notebook"
     assert busy.supervised_run([sys.executable, "-m", "orchestrator.node", "supervise",
                                 "--job", "j", "--run=r7", "--", "torchrun"]) == "r7"
     # Not a supervisor: the shell that starts one, a follower, a script's own --run.

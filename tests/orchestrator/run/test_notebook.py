@@ -20,6 +20,7 @@ from orchestrator.run.notebook import (
     free_local_port,
     least_busy,
     notebook_spec,
+    uncordoned,
 )
 from orchestrator.run.record import RunDir
 from orchestrator.run.spec import Given
@@ -138,3 +139,14 @@ def test_the_tunnels_end_here_is_the_first_free_port() -> None:
 def test_the_servers_port_and_token_are_read_from_what_the_node_wrote() -> None:
     served = Served.parse("node1", json.dumps({"port": 40001, "token": "t0k", "pid": 7}))
     assert served == Served("node1", 40001, "t0k")
+
+
+def test_a_cordoned_node_is_not_chosen_and_all_cordoned_is_named(three) -> None:
+    assert uncordoned(three, lambda c: {"node0": {"why": "lost"}}).names == ["node1", "node2"]
+    def unreadable(cluster):
+        raise ClusterError("node0: cannot read the cordon record")
+    assert uncordoned(three, unreadable).names == ["node0", "node1", "node2"]
+    with pytest.raises(LaunchError, match="every training node is cordoned \\(node0: lost; "
+                       "node1: disk; node2: gpu\\); uncordon one"):
+        uncordoned(three, lambda c: {"node0": {"why": "lost"}, "node1": {"why": "disk"},
+                                     "node2": {"why": "gpu"}})

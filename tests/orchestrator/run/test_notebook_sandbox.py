@@ -127,6 +127,14 @@ def test_bobs_notebook_on_node1_answers_only_through_ssh_and_ctrl_c_leaves_nothi
         assert re.match(rf"{run_id}\s+running\s+node1\s.*notebook \(JupyterLab\)",
                         runs_row(runs, run_id)), runs_row(runs, run_id)
         assert jupyter_processes(sandbox_cluster, "node1")
+        # It holds node1 as a run does: alice's run there is refused, naming it.
+        alice = subprocess.run(
+            [sys.executable, "-m", "orchestrator", "train", "-i", str(sandbox_cluster.inventory),
+             "--hosts", "node1", "--runs-dir", str(tmp_path / "alice"), "--dry-run"],
+            cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+        assert alice.returncode != 0
+        assert f"node1 is in use by bob's notebook {run_id}" in alice.stdout + alice.stderr, \
+            alice.stdout + alice.stderr
         logs = "".join(p.read_text() for p in (runs / run_id).glob("*.log"))
         assert "lab?token=..." in logs and token not in logs
     finally:
@@ -157,7 +165,12 @@ def test_a_detached_notebook_outlives_its_tunnel_connects_again_and_ends_when_id
         assert "started" in api(url2, token2, "/api/status")
     finally:
         assert interrupt(again) == 0, said(again)[-2000:]
-    # Nobody uses it: it ends itself (JupyterLab looks for activity once a minute).
-    wait_for(lambda: " succeeded " in runs_row(runs, run_id), 180,
+    # Nobody uses it: it ends itself (JupyterLab looks for activity once a minute), and
+    # `connect` says so (settled from its node: nobody followed its end).
+    wait_for(lambda: not sandbox_cluster.run_processes("node2", run_id, user="bob"), 180,
              "the idle notebook to end by itself")
     assert not jupyter_processes(sandbox_cluster, "node2")
+    late = notebook(runs, "connect", run_id)
+    assert late.wait(timeout=120) == 2, said(late)
+    assert f"notebook {run_id} has ended (succeeded)" in said(late), said(late)
+    assert " succeeded " in runs_row(runs, run_id)
