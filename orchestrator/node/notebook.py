@@ -40,10 +40,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def info_path(run_id: str, home: str | None = None) -> str:
-    """JOB/notebook.json of run RUN_ID under HOME (this user's home by default)."""
-    return os.path.join(home or os.path.expanduser("~"), NODE_STATE_DIR, JOBS_SUBDIR,
-                        run_id, NOTEBOOK_FILE)
+def info_path(run_id: str) -> str:
+    """JOB/notebook.json of run RUN_ID under this user's home."""
+    return os.path.join(os.path.expanduser("~"), NODE_STATE_DIR, JOBS_SUBDIR, run_id,
+                        NOTEBOOK_FILE)
 
 
 def jupyter_argv(port: int, token: str, root: str, idle: float) -> list[str]:

@@ -24,7 +24,6 @@ import math
 import shlex
 import socket
 import subprocess
-import sys
 import threading
 import urllib.error
 import urllib.request
@@ -220,7 +219,6 @@ class Tunnel(AbstractContextManager):
         self._ended = threading.Event()   # the tunnel's thread is done
         self._thread = threading.Thread(target=self._serve, name="notebook-tunnel",
                                         daemon=True)
-        self.url: str | None = None
 
     def __enter__(self) -> Tunnel:
         self._thread.start()
@@ -275,9 +273,9 @@ class Tunnel(AbstractContextManager):
                              + (f" (port {port} is in use here? choose another with --port)"
                                 if "forward" in said.lower() else ""))
                 return
-            self.url = f"{url}/lab?token={served.token}"
             self.say(f"notebook {self.command.run_id}: JupyterLab on {served.node} (port "
-                     f"{served.port} of its loopback), here through SSH:\n  {self.url}\n"
+                     f"{served.port} of its loopback), here through SSH:\n"
+                     f"  {url}/lab?token={served.token}\n"
                      + ("  Ctrl-C closes the tunnel; the notebook goes on (notebook "
                         f"connect {self.command.run_id} opens it again, notebook stop "
                         f"{self.command.run_id} ends it)" if self.detached else
@@ -311,8 +309,8 @@ class Tunnel(AbstractContextManager):
             self._stop.wait(LOOK_EVERY)
             waited += LOOK_EVERY
         if waited >= READY_WITHIN:
-            print(f"notebook {self.command.run_id}: JupyterLab did not answer through the "
-                  f"tunnel within {READY_WITHIN:g} s", file=sys.stderr, flush=True)
+            self.say(f"notebook {self.command.run_id}: JupyterLab did not answer through "
+                     f"the tunnel within {READY_WITHIN:g} s")
         return False
 
 
