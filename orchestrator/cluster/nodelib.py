@@ -85,21 +85,26 @@ def command(python: str, verb: str, *args: str) -> str:
     return f"sh -c {shlex.quote(script)}"
 
 
-def install_command() -> str:
+def install_command(python: str | None = None) -> str:
     """A shell command that unpacks this version from standard input (base64 of the
     tar.gz) into a private directory of its own and moves it into place; one that is
-    there already (another launch was faster) is kept."""
+    there already (another launch was faster) is kept. With PYTHON, its bytecode is
+    compiled there first: the first launch after an upgrade does not compile the package
+    on every node at once."""
     v = bundle().version
+    compile_ = (f'{{ {shlex.quote(python)} -m compileall -q "$t" >/dev/null 2>&1 || :; }} && '
+                if python else "")
     script = (f'umask 077; d="$HOME"/{protocol.NODE_STATE_DIR}/{protocol.LIB_SUBDIR}; '
               f'mkdir -p "$d" && t=$(mktemp -d "$d/.{v}.XXXXXX") && '
-              f'base64 -d | tar -xzf - -C "$t" && '
+              f'base64 -d | tar -xzf - -C "$t" && {compile_}'
               f'{{ mv -T "$t" "$d/{v}" 2>/dev/null || rm -rf "$t"; }}')
     return f"sh -c {shlex.quote(script)}"
 
 
-def install(conn: Runs) -> None:
-    """Copy this version to the node behind CONN (RuntimeError with the node's words)."""
-    result = conn.run(install_command(), timeout=120,
+def install(conn: Runs, python: str | None = None) -> None:
+    """Copy this version to the node behind CONN, compiled for PYTHON if given
+    (RuntimeError with the node's words)."""
+    result = conn.run(install_command(python), timeout=120,
                       stdin=base64.b64encode(bundle().tar_gz).decode())
     if result.exit_code != 0:
         said = result.stderr.strip().splitlines() or [f"exit {result.exit_code}"]
@@ -111,7 +116,7 @@ def ensure(conn: Runs, python: str) -> bool:
     """The node has this version afterwards; True if it was copied now."""
     if conn.run(command(python, "--help"), timeout=60).exit_code != MISSING:
         return False
-    install(conn)
+    install(conn, python)
     return True
 
 
@@ -120,6 +125,6 @@ def call(conn: Runs, python: str, verb: str, *args: str, timeout: float = 60.0,
     """Run VERB on the node with its PYTHON; the package is copied first if it lacks it."""
     result = conn.run(command(python, verb, *args), timeout=timeout, stdin=stdin)
     if result.exit_code == MISSING:
-        install(conn)
+        install(conn, python)
         result = conn.run(command(python, verb, *args), timeout=timeout, stdin=stdin)
     return result

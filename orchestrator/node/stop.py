@@ -39,7 +39,6 @@ class Tree:
         self.seen |= live
         return live
 
-
 def belongs(pid: int | None, run_id: str) -> bool:
     """Whether PID carries the run's id in its environment (not a reused PID)."""
     return pid is not None and environ(pid).get(RUN_ID_ENV) == run_id
@@ -47,6 +46,28 @@ def belongs(pid: int | None, run_id: str) -> bool:
 
 # A supervisor launched a moment ago starts torchrun and records its group within this.
 STARTING = 10.0
+# torchrun alone, its workers ended: this long to copy their last output into the log, then
+# SIGKILL. The rest of its end is the interpreter's teardown of torch, worth nothing here
+# and seconds long on a loaded node (64 sandbox nodes on two cores: every torchrun outlived
+# the 5 s grace that way).
+LEADER_ALONE = 1.0
+
+
+def _await_end(tree: Tree, grace: float) -> bool:
+    """Until every process of TREE ended, GRACE seconds passed, or the group's leader
+    (torchrun) has been alone for LEADER_ALONE since its workers ended; whether the last."""
+    deadline = time.monotonic() + grace
+    alone_since: float | None = None
+    while time.monotonic() < deadline:
+        live = tree.members()
+        if not live:
+            return False
+        if live == {tree.pgid} and tree.seen != live:
+            alone_since = alone_since or time.monotonic()
+            if time.monotonic() - alone_since >= LEADER_ALONE:
+                return True
+        time.sleep(0.1)
+    return False
 
 
 def stop_tree(job: str, run_id: str, grace: float) -> dict:
@@ -79,11 +100,11 @@ def stop_tree(job: str, run_id: str, grace: float) -> dict:
         os.killpg(pgid, signal.SIGTERM)
     except (ProcessLookupError, PermissionError):
         pass
-    deadline = time.monotonic() + grace
-    while tree.members() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    killed = sorted(tree.members())
-    for p in killed:
+    alone = _await_end(tree, grace)
+    survivors = tree.members()
+    # torchrun alone once its workers ended is no process that needed SIGKILL
+    killed = [] if alone else sorted(survivors)
+    for p in survivors:
         try:
             os.kill(p, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):

@@ -20,12 +20,24 @@ WORKER = ("import os, signal, subprocess, sys, time\n"
           "time.sleep(300)\n")
 
 
-def start_job(job: Path, mode: str, run_id: str | None = None) -> subprocess.Popen:
+# As torchrun ends on SIGTERM: it passes the signal on to its worker, waits for it, then
+# takes long to leave (torch's teardown, seconds on a loaded node).
+LINGERING = ("import signal, subprocess, sys, time\n"
+             "worker = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'],"
+             " start_new_session=True)\n"
+             "def term(*_):\n"
+             "    worker.terminate(); worker.wait(); time.sleep(300)\n"
+             "signal.signal(signal.SIGTERM, term)\n"
+             "time.sleep(300)\n")
+
+
+def start_job(job: Path, mode: str, run_id: str | None = None,
+              program: str = WORKER) -> subprocess.Popen:
     """Like the launch: the group leader records its PID and carries the run id."""
     job.mkdir(parents=True)
     inner = (f"echo $$ > {job}/pgid; export CLUSTERTRAIN_RUN_ID={run_id or job.name}; "
              f"exec {sys.executable} -c \"$0\" {mode}")
-    proc = subprocess.Popen(["setsid", "-w", "/bin/sh", "-c", inner, WORKER])
+    proc = subprocess.Popen(["setsid", "-w", "/bin/sh", "-c", inner, program])
     deadline = time.monotonic() + 10
     while not (job / "pgid").exists() or len(tree(job)) < 2:
         assert time.monotonic() < deadline, "fake job did not start"
@@ -95,6 +107,29 @@ def test_stop_kills_whole_tree_and_spares_other_job(tmp_path: Path) -> None:
         for proc in (a, b):
             if proc.poll() is None:
                 proc.kill()
+
+
+def test_a_torchrun_whose_workers_ended_is_not_waited_for(tmp_path: Path) -> None:
+    """The grace is for the workers (the script's own end); torchrun, alone once they
+    ended, is killed a moment later instead of at the grace's end, and not counted as a
+    process that needed SIGKILL."""
+    job = tmp_path / "jobs" / "run-l"
+    proc = start_job(job, "lingering", program=LINGERING)
+    try:
+        pids = tree(job)
+        started = time.monotonic()
+        result = stop(job, grace=30.0)
+        took = time.monotonic() - started
+        assert result["found"] and set(result["initial"]) == pids
+        assert (result["killed"], result["left"]) == ([], [])
+        assert took < 10, f"the stop waited {took:.1f} s for a torchrun whose workers ended"
+        proc.wait(timeout=10)
+        assert not any(alive(p) for p in pids)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for p in tree(job):
+            os.kill(p, 9)
 
 
 def test_stop_without_job_record(tmp_path: Path) -> None:

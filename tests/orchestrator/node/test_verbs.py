@@ -145,6 +145,14 @@ def test_every_verb_has_a_test_here() -> None:
     assert set(COVERED) == set(sub.choices) | {"worker"}  # worker: parsed by the script
 
 
+def test_an_unknown_verb_is_refused_naming_the_verbs_there_are(node: Node) -> None:
+    # each program builds its own verb's parser alone; a verb that is none builds them all
+    out = node.verb("superviseme", "--job", "j")
+    assert out.returncode == 2
+    assert "invalid choice: 'superviseme'" in out.stderr
+    assert all(f"'{v}'" in out.stderr for v in ("supervise", "follow", "stop", "carry"))
+
+
 @covers("supervise")
 def test_verb_supervise_runs_the_command_and_records_its_end(node: Node, tmp_path: Path) -> None:
     argv = node.supervise("verbs-r0", "print('hello from the job'); raise SystemExit(3)",

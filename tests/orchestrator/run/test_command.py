@@ -64,7 +64,7 @@ def test_shell_starts_the_supervisor_waiting_for_the_word() -> None:
     assert "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]:'" in line
     i = words.index("exec")
     sup = words[i + 1:words.index("--", i)]
-    assert sup[:4] == ["/usr/bin/python3", f"{lib}/node.py", "supervise", "--wait-go"]
+    assert sup[:5] == ["/usr/bin/python3", "-S", f"{lib}/node.py", "supervise", "--wait-go"]
     for flag, value in (("--node", "node1"), ("--nodes", "node0,node1"),
                         ("--lease-timeout", "20.0"), ("--run", "20260101-000000-abcdef"),
                         ("--cwd", "/home/alice/.clustertrain/code/20260101-000000-abcdef")):
