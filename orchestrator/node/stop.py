@@ -39,6 +39,7 @@ class Tree:
         self.seen |= live
         return live
 
+
 def belongs(pid: int | None, run_id: str) -> bool:
     """Whether PID carries the run's id in its environment (not a reused PID)."""
     return pid is not None and environ(pid).get(RUN_ID_ENV) == run_id
@@ -66,6 +67,8 @@ def _await_end(tree: Tree, grace: float) -> bool:
             alone_since = alone_since or time.monotonic()
             if time.monotonic() - alone_since >= LEADER_ALONE:
                 return True
+        else:
+            alone_since = None   # a worker again: the moment starts over when it ends
         time.sleep(0.1)
     return False
 
