@@ -86,7 +86,7 @@ def bench_launch(cluster, containers, workdir: Path, runs: Path) -> tuple[float,
     launch = Launch.start(nodes, clients)
     assert not launch.ready()
     go = time.time()
-    failed = launch.go()  # returns once torchrun runs on every node
+    failed = launch.go(os.urandom(32), {})  # returns once torchrun runs on every node
     assert not failed, failed
     result = job.run()
     for c in clients.values():

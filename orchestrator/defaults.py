@@ -20,6 +20,7 @@ SCRIPT = "train.py"                       # train's script, relative to --workdi
 SHARED_PATH = str(_contract.role_default("contract", "cluster_shared_path"))
 RENDEZVOUS_PORT = int(_contract.role_default("contract", "cluster_rendezvous_port"))
 SCHEDULER = str(_contract.role_default("contract", "cluster_scheduler"))  # none | slurm
+RING_PORTS = str(_contract.role_default("contract", "cluster_ring_ports"))  # UDP LOW-HIGH
 NODE_PYTHON = "/usr/bin/python3"          # a node's system python: runs the node package
 # -- a run's policies (train's options) ---------------------------------------------------
 GRACE = _node.GRACE                       # --grace: SIGTERM, then SIGKILL after this long

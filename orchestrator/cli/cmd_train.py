@@ -15,7 +15,8 @@ from ..run.spec import Given, OnHang, from_sources, read_job_file
 # The options a job file may also give: destination -> its key in the file.
 FILE_KEYS = {
     "inventory": "inventory", "nodes": "nodes", "hosts": "hosts", "workdir": "workdir",
-    "env": "env", "nproc_per_node": "nproc_per_node", "master_port": "master_port",
+    "env": "env", "secret_env": "secret_env", "nproc_per_node": "nproc_per_node",
+    "master_port": "master_port",
     "max_restarts": "max_restarts", "rdzv_backend": "rdzv_backend",
     "torchrun_arg": "torchrun_arg", "runs_dir": "runs_dir", "grace": "grace",
     "detach": "detach", "lease_timeout": "lease_timeout", "keep_runs": "keep_runs",
@@ -98,7 +99,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workdir", help="local directory with the training code (default: "
                    f"{project().train})")
     p.add_argument("--env", action="append", metavar="K=V",
-                   help="environment variable for the job (repeatable)")
+                   help="environment variable for the job (repeatable); its value is kept "
+                   "in the run's record and shown by --dry-run: for a secret, use "
+                   "--secret-env")
+    p.add_argument("--secret-env", action="append", metavar="NAME",
+                   help="pass the variable NAME of this shell's environment to every rank "
+                   "(repeatable): its value goes to the nodes over SSH only, never into a "
+                   "record, a log or a command line (an API token, a password)")
     p.add_argument("--nproc-per-node",
                    help="processes per node: a number, or auto (GPUs per node; 1 with gloo "
                    "on CPU nodes) (default: auto)")

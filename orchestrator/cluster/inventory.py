@@ -79,6 +79,11 @@ class Cluster:
         """The inventory's cluster_scheduler: none (runs over SSH) or slurm."""
         return str(self.variables.get("cluster_scheduler") or defaults.SCHEDULER)
 
+    @property
+    def ring_ports(self) -> str:
+        """The inventory's cluster_ring_ports ('LOW-HIGH'): the supervisors' beats."""
+        return str(self.variables.get("cluster_ring_ports") or defaults.RING_PORTS)
+
     def select(self, nodes: int | None = None, hosts: str | None = None) -> Cluster:
         """`--nodes N` (the first N) or `--hosts a,b` (by name, kept in inventory order)."""
         if nodes is not None and hosts is not None:
@@ -140,7 +145,7 @@ _CONNECTION_OPTIONS = ("host", "remote_user", "port", "private_key_file",
                        "host_key_checking", "ssh_executable", "ssh_args",
                        "ssh_common_args", "ssh_extra_args", "timeout")
 _OWN_VARS = ("cluster_address", "cluster_shared_path", "cluster_rendezvous_port",
-             "cluster_scheduler", "python_env_backend",
+             "cluster_scheduler", "cluster_ring_ports", "python_env_backend",
              "ansible_python_interpreter",
              # node paths the roles make configurable (NodeSpec, _ROLE_PATHS)
              "python_env_state_dir", "common_cluster_env_file",
@@ -273,9 +278,14 @@ def load_cluster(path: str | os.PathLike[str] = defaults.INVENTORY) -> Cluster:
     except (TypeError, ValueError):
         raise InventoryError(f"cluster_rendezvous_port in {path} must be a port number, "
                              f"not {first.get('cluster_rendezvous_port')!r}") from None
-    return Cluster(path, tuple(nodes),
-                   str(first.get("cluster_shared_path") or defaults.SHARED_PATH),
-                   port, first)
+    cluster = Cluster(path, tuple(nodes),
+                      str(first.get("cluster_shared_path") or defaults.SHARED_PATH),
+                      port, first)
+    try:
+        contract.rules().port_range(cluster.ring_ports)   # the firewall's rule
+    except ValueError as exc:
+        raise InventoryError(f"cluster_ring_ports in {path}: {exc}") from None
+    return cluster
 
 
 def _node(name: str, renderer: _Renderer, path: Path) -> NodeSpec:

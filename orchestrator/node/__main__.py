@@ -62,7 +62,11 @@ def _parser(verb: str | None = None) -> argparse.ArgumentParser:
                        help="prune all but the KEEP newest runs' snapshots and job dirs")
         r.add_argument("--cwd", help="torchrun's working directory (the run's code snapshot)")
         r.add_argument("--wait-go", action="store_true",
-                       help=f"say {READY}, start on {GO!r} (on stdin), then detach")
+                       help=f"say {READY}, start on {GO!r} (on stdin: it brings the ring's "
+                       "key), then detach")
+        r.add_argument("--key-file", help="without --wait-go: the run's ring key (hex)")
+        r.add_argument("--ring-ports", help="LOW-HIGH: the ring's UDP port is the first "
+                       "free one of these (the cluster's ring ports)")
         r.add_argument("--recovery", action="store_true",
                        help="a detached run that may recover: a peer's fault starts the next "
                        "attempt (recover.py; the plan is in STATE/recovery/)")

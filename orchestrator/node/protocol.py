@@ -5,7 +5,9 @@ share, and the node-side defaults. Imported by both sides (standard library only
 
 from __future__ import annotations
 
+import json
 import re
+from dataclasses import dataclass, field
 from enum import Enum
 
 # -- where a user's state lives on a node (relative to that user's home; mode 0700) --------
@@ -41,7 +43,7 @@ HANG_SUBDIR = "hang"
 
 # -- the launch's handshake (`supervise --wait-go`) and the log stream's end -----------------
 READY = "@@clustertrain-ready"       # loaded, waiting for GO
-GO = "go"
+GO = "go"   # GO's line: `go {"ports": ..., "key": ..., "env": ...}` (GoWord)
 STARTED = "@@clustertrain-started"   # and the supervisor's PID, once detached
 EXIT_MARKER = "@@clustertrain-exit"  # the last line of a node's log stream: code, end, why
 HANG_MARKER = "@@clustertrain-hang"  # in a node's log stream: it found the run hung, dumped
@@ -50,8 +52,52 @@ FINISHED_MARKER = "[clustertrain] rank {rank} finished: exit code {code}"
 FR_DIR_ENV = "CLUSTERTRAIN_FR_DIR"   # where a worker serves its flight recorder
 RUN_ID_ENV = "CLUSTERTRAIN_RUN_ID"   # every process of a run carries it
 
+
+
+@dataclass(frozen=True)
+class GoWord:
+    """What the launch's GO brings a supervisor on its standard input, the one way into a
+    run that no other user can read (not a command line, not an environment): every
+    node's ring port, the run's ring key (node/ring.py) and the values of the job's
+    --secret-env variables."""
+    key: bytes
+    ports: dict[str, int] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+
+    def line(self) -> str:
+        return f"{GO} " + json.dumps({"ports": self.ports, "key": self.key.hex(),
+                                      "env": self.env}, separators=(",", ":")) + "\n"
+
+    @classmethod
+    def parse(cls, line: str) -> GoWord | None:
+        """GO's line read back; None for anything else (the launch was called off)."""
+        word, _, rest = line.strip().partition(" ")
+        if word != GO:
+            return None
+        try:
+            data = json.loads(rest)
+            return cls(bytes.fromhex(data["key"]),
+                       {str(n): int(p) for n, p in (data.get("ports") or {}).items()},
+                       {str(k): str(v) for k, v in (data.get("env") or {}).items()})
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
+
+
+def parse_ports(ports: str) -> range:
+    """'LOW-HIGH' (the cluster's ring ports: cluster_ring_ports) as a range; ValueError
+    naming the form. The firewall role checks the same rule (cluster_contract.port_range:
+    the node package cannot import it; a test holds the two together)."""
+    low, sep, high = ports.partition("-")
+    if not (sep and low.isdigit() and high.isdigit()
+            and 1024 <= int(low) <= int(high) <= 65535):
+        raise ValueError(f"ring ports {ports!r}: not LOW-HIGH with 1024 <= LOW <= HIGH <= "
+                         "65535")
+    return range(int(low), int(high) + 1)
+
+
 # -- node-side defaults (the controller's options default to these) -------------------------
 BEAT = 1.0            # seconds between heartbeats and checks
+RING_KEY_BYTES = 32   # a run's ring key (ring.py: every beat's HMAC)
 PEER_TIMEOUT = 15.0   # a peer not heard from over the network for this long is lost
 BOUND_WAIT = 60.0     # a detached launch's port claim waits this long at most for torchrun
 PEER_START = 120.0    # a peer never heard from within this long is lost

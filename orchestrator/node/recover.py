@@ -32,7 +32,6 @@ from . import cordon
 from .protocol import (
     CODE_SUBDIR,
     DRAIN,
-    GO,
     NEXT_FILE,
     NODE_STATE_DIR,
     PEER_START,
@@ -43,6 +42,7 @@ from .protocol import (
     STARTED,
     TEMPLATE,
     End,
+    GoWord,
 )
 from .util import detach, read_json, write_json
 
@@ -214,7 +214,10 @@ def launch(plan: dict[str, Any], decision: dict[str, Any], me: str, python: str,
             os.symlink(plan["run_id"], os.path.join(code, run))
         except FileExistsError:
             pass
-    done = subprocess.run(["sh", "-c", line], input=f"{GO}\n", capture_output=True,
+    # GO brings the run's key and secret variables (from the plan, which only this user
+    # reads); the peers' ring ports are read from the share.
+    go = GoWord(bytes.fromhex(plan["key"]), {}, dict(plan.get("secret_env") or {}))
+    done = subprocess.run(["sh", "-c", line], input=go.line(), capture_output=True,
                           text=True, timeout=120, check=False)
     if STARTED not in done.stdout:
         _say(f"{run} did not start here (exit {done.returncode}): "

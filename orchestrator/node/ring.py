@@ -18,12 +18,22 @@ nodes, and N nodes reading N files a second is a load that grows with N squared)
 - Each beat also carries how long ago the freshest progress the sender knows of was made
   (its own, or what its predecessor told it), so every node knows how long the whole
   run has been quiet (hang detection) without reading anyone's file.
+- Only the run's own supervisors are heard. The run id, the node names, their addresses
+  and the ring's ports are no secret (`ps`, /proc/net/udp), so a beat proves itself: it
+  carries an HMAC-SHA256 of its content under the run's key (32 random bytes the launch
+  brings each supervisor on its standard input, never on a command line or in an
+  environment), and a sequence number that only grows. A datagram whose MAC is not the
+  run's, that comes from another address than the node it names, or whose number this
+  node has already seen from that node (a replay) is counted, logged with its source, and
+  never acted on.
 
 Standard library only: it runs on the nodes (the node package).
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import socket
@@ -32,11 +42,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .protocol import BEAT, PEER_START, PEER_TIMEOUT
+from .protocol import BEAT, PEER_START, PEER_TIMEOUT, RING_KEY_BYTES
 from .util import read_json
 
 MAX_DATAGRAM = 65507
 FINAL_REPEATS = 3        # a node's last word is sent this many times, BEAT/10 apart
+MAC_BYTES = 32           # HMAC-SHA256, in front of every beat's content
+SAID_REJECTIONS = 5      # rejected datagrams logged one by one; past that, one line a...
+REJECTION_EVERY = 60.0   # ...minute with the count
 
 
 @dataclass
@@ -46,26 +59,43 @@ class Counters:
     share_writes: int = 0
     sent: int = 0
     received: int = 0
+    rejected: int = 0    # datagrams not the run's (MAC, sender's address, replay)
     started: float = field(default_factory=time.monotonic)
 
     def to_json(self) -> dict:
         seconds = max(time.monotonic() - self.started, 1e-9)
         return {"seconds": round(seconds, 1), "share_reads": self.share_reads,
                 "share_writes": self.share_writes, "sent": self.sent,
-                "received": self.received}
+                "received": self.received, "rejected": self.rejected}
+
+
+def seal(key: bytes, content: bytes) -> bytes:
+    """A datagram: CONTENT behind its HMAC-SHA256 under KEY."""
+    return hmac.digest(key, content, hashlib.sha256) + content
+
+
+def unseal(key: bytes, data: bytes) -> bytes | None:
+    """DATA's content if its MAC is KEY's, else None."""
+    mac, content = data[:MAC_BYTES], data[MAC_BYTES:]
+    if len(mac) < MAC_BYTES or not hmac.compare_digest(
+            mac, hmac.digest(key, content, hashlib.sha256)):
+        return None
+    return content
 
 
 class Ring:
     """This node's place in the ring of run RUN. NAMES and ADDRESSES are every node of the
     run in rank order; LOOKUP(name) reads that node's state on the share (its ring port,
     or its end), and may block while the share stalls: only the caller of `look()` waits
-    for it, never the beats."""
+    for it, never the beats. KEY: the run's ring key (see the module's doc)."""
 
     def __init__(self, run: str, me: str, names: list[str], addresses: list[str],
-                 lookup: Callable[[str], dict | None], counters: Counters,
+                 lookup: Callable[[str], dict | None], counters: Counters, key: bytes,
                  sock: socket.socket | None = None, ports: dict[str, int] | None = None
                  ) -> None:
-        self.run, self.me, self.names = run, me, list(names)
+        if len(key) < RING_KEY_BYTES:
+            raise ValueError(f"a ring key has {RING_KEY_BYTES} bytes or more, not {len(key)}")
+        self.run, self.me, self.names, self.key = run, me, list(names), key
         self.addresses = dict(zip(names, addresses, strict=True))
         self.lookup, self.counters = lookup, counters
         self.sock = sock or ring_socket(addresses)
@@ -83,6 +113,11 @@ class Ring:
         self.status: dict[str, dict] = {}
         self.lost: dict[str, dict] = {}
         self.heard: dict[str, tuple[float, float]] = {}   # node: (monotonic, wall) last heard
+        self.seq = 0                           # this node's beats, numbered
+        self.last_seq: dict[str, int] = {}     # node: the highest number heard from it
+        self.ips: dict[str, set[str]] = {}     # node: the addresses its beats may come from
+        self.rejections = Rejections()
+        self._resolve_peers()
         self.progress_at: float | None = None   # monotonic: the freshest progress known
         self.watching: tuple[str, float] | None = None    # (predecessor, watched since)
         self.started = time.monotonic()
@@ -138,6 +173,7 @@ class Ring:
         the nodes this one sends to, and the word of a predecessor that went silent."""
         if len(self.names) < 2:
             return
+        self._resolve_peers()
         target = self._next(+1)
         if target is not None and target not in self.targets:
             port = self.ports.get(target)
@@ -235,13 +271,10 @@ class Ring:
 
     def _receive(self, data: bytes, sender: tuple) -> bool:
         """Take in a beat; True if it brought news this node did not have and the others
-        must have now (_urgent)."""
-        try:
-            beat = json.loads(data)
-        except ValueError:
-            return False
-        if not isinstance(beat, dict) or beat.get("r") != self.run or \
-                beat.get("n") not in self.addresses:
+        must have now (_urgent). A datagram that is not one of the run's own beats is
+        rejected (counted, logged) and changes nothing."""
+        beat = self._authentic(data, sender)
+        if beat is None:
             return False
         now = time.monotonic()
         news = False
@@ -264,6 +297,57 @@ class Ring:
                     news = True
         return news
 
+    def _authentic(self, data: bytes, sender: tuple) -> dict | None:
+        """DATA as a beat of this run from the node it names, new to this node; None (and
+        the datagram rejected: counted and logged) otherwise."""
+        beat, why = self._check(data, sender)
+        if why is None:
+            return beat
+        with self.lock:
+            self.counters.rejected += 1
+            line = self.rejections.line(self.counters.rejected, sender, why)
+        if line:
+            _say(line)
+        return None
+
+    def _check(self, data: bytes, sender: tuple) -> tuple[dict, str | None]:
+        """(the beat, None), or why DATA is not one to act on."""
+        content = unseal(self.key, data)
+        if content is None:
+            return {}, "its MAC is not this run's"
+        try:
+            beat = json.loads(content)
+        except ValueError:
+            return {}, "not a beat"
+        if not isinstance(beat, dict):
+            return {}, "not a beat"
+        name = beat.get("n")
+        if beat.get("r") != self.run or name not in self.addresses or name == self.me:
+            return {}, f"it names run {beat.get('r')!r}, node {name!r}"
+        ips = self.ips.get(name)
+        if ips and _plain_ip(sender[0]) not in ips:
+            return {}, f"it names {name}, whose address is {', '.join(sorted(ips))}"
+        seq = beat.get("c")
+        with self.lock:
+            if not isinstance(seq, int) or seq <= self.last_seq.get(name, -1):
+                return {}, f"a replay of {name}'s beat {seq}"
+            self.last_seq[name] = seq
+        return beat, None
+
+    def _resolve_peers(self) -> None:
+        """The addresses each peer's beats may come from (its cluster address, resolved
+        once; a name not resolved yet is tried again at the next look)."""
+        for name, address in self.addresses.items():
+            if name == self.me or name in self.ips:
+                continue
+            try:
+                found = {_plain_ip(str(a[4][0])) for a in socket.getaddrinfo(
+                    address, None, type=socket.SOCK_DGRAM)}
+            except OSError:
+                continue
+            with self.lock:
+                self.ips[name] = found
+
     def _send(self, back: bool = False) -> None:
         """A beat to the next live node (BACK: to the previous one, where its beats came
         from)."""
@@ -275,17 +359,20 @@ class Ring:
             address = self.targets.get(target) if target else None
         if address is None or self.sock.fileno() < 0:
             return
+        # Numbered and sent under the lock: the numbers leave this node in order, and a
+        # receiver takes a lower number than one it has heard for a replay.
         with self.lock:
             q = None if self.progress_at is None else round(
                 max(0.0, time.monotonic() - self.progress_at), 2)
-            beat = {"r": self.run, "n": self.me, "q": q, "s": self.status, "l": self.lost}
-            data = json.dumps(beat, separators=(",", ":")).encode()
-        try:
-            self.sock.sendto(data, address)
-            with self.lock:
+            self.seq += 1
+            beat = {"r": self.run, "n": self.me, "c": self.seq, "q": q, "s": self.status,
+                    "l": self.lost}
+            data = seal(self.key, json.dumps(beat, separators=(",", ":")).encode())
+            try:
+                self.sock.sendto(data, address)
                 self.counters.sent += 1
-        except OSError:
-            pass   # unreachable for now: the next beat tries again
+            except OSError:
+                pass   # unreachable for now: the next beat tries again
 
     def _next(self, step: int) -> str | None:
         """The nearest node after (+1) or before (-1) this one that has not ended and was
@@ -315,10 +402,45 @@ class Ring:
         self._send()
 
 
-def ring_socket(addresses: list[str]) -> socket.socket:
-    """This node's UDP socket for the ring, on a port of the system's choosing."""
+class Rejections:
+    """What the supervisor's log says of rejected datagrams: each of the first few, with
+    its source and why; then one line a minute with the count (a flood must not fill the
+    log)."""
+
+    def __init__(self) -> None:
+        self.said_at = 0.0
+
+    def line(self, count: int, sender: tuple, why: str) -> str | None:
+        now = time.monotonic()
+        if count > SAID_REJECTIONS and now - self.said_at < REJECTION_EVERY:
+            return None
+        self.said_at = now
+        return (f"rejected a datagram from {sender[0]}:{sender[1]}: {why} "
+                f"({count} rejected so far; nothing acted on)")
+
+
+def _plain_ip(address: str) -> str:
+    """An address as a peer's resolved address reads (an IPv4 one seen on an IPv6 socket
+    as itself)."""
+    return address[7:] if address.startswith("::ffff:") else address
+
+
+def ring_socket(addresses: list[str], ports: range | None = None) -> socket.socket:
+    """This node's UDP socket for the ring: on the first free port of PORTS (the
+    cluster's ring ports, which the firewall opens between members), else one of the
+    system's choosing (said: a firewall that opens only PORTS drops its beats)."""
     family = socket.AF_INET6 if any(":" in a for a in addresses) else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_DGRAM)
+    for port in ports or ():
+        try:
+            sock.bind(("", port))
+            return sock
+        except OSError:
+            continue
+    if ports:
+        _say(f"no free ring port in {ports.start}-{ports.stop - 1} (`ss -ulpn` shows who "
+             "holds them): this run's beats use another; a firewall that opens only those "
+             "ports between the nodes drops them")
     sock.bind(("", 0))
     return sock
 

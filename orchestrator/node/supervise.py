@@ -38,7 +38,6 @@ from .protocol import (
     COLLECTIVE_TIMEOUT,
     EXIT_FILE,
     FR_SUBDIR,
-    GO,
     HANG_DUMPED,
     HANG_GATHER,
     HANG_INTERVAL,
@@ -52,12 +51,15 @@ from .protocol import (
     PGID_FILE,
     READY,
     RECONNECT_GRACE,
+    RING_KEY_BYTES,
     STARTED,
     STOP_REQUESTED,
     SUPERVISOR_LOG,
     SUPERVISOR_PID,
     TIMEOUT_DUMP_WAIT,
     End,
+    GoWord,
+    parse_ports,
 )
 from .ring import Counters, Ring, read_state, resolve, ring_socket
 from .statefile import StateFile
@@ -178,46 +180,56 @@ def prune(state: str, keep: int, current: str) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     """Supervise the run (see _supervise); whatever goes wrong, the run ends with an exit
     status: a supervisor that died silently would leave its followers waiting forever.
-    With --wait-go, first the launch's handshake (await_go)."""
+    With --wait-go, first the launch's handshake (await_go), which brings the run's ring
+    key; without, the key is read from --key-file (a supervisor started by hand)."""
     names = args.nodes.split(",")
     addresses = resolve(names, (args.addresses or "").split(","))
-    sock = ring_socket(addresses)   # before READY: its port goes to the peers with GO
-    ports: dict[str, int] = {}
+    # Before READY: its port goes to the peers with GO.
+    sock = ring_socket(addresses, parse_ports(args.ring_ports) if args.ring_ports else None)
     if args.wait_go:
-        given = await_go(args.job, args.cwd, sock.getsockname()[1])
-        if given is None:
+        go = await_go(args.job, args.cwd, sock.getsockname()[1])
+        if go is None:
             return 0
-        ports = given
-    elif args.cwd:
-        os.chdir(args.cwd)
+    else:
+        go = GoWord(read_key(args.key_file, alone=len(names) == 1))
+        if args.cwd:
+            os.chdir(args.cwd)
     ring = Ring(args.run, args.node, names, addresses,
-                lambda name: read_state(args.state_dir, name), Counters(),
-                sock=sock, ports=ports)
+                lambda name: read_state(args.state_dir, name), Counters(), go.key,
+                sock=sock, ports=go.ports)
     try:
-        return _supervise(args, ring)
+        return _supervise(args, ring, go.env)
     except Exception as exc:  # noqa: BLE001 - any failure of ours ends this node's part
         _failed(args, f"{type(exc).__name__}: {exc}", ring)
         return 1
 
 
-def await_go(job: str, cwd: str | None, ring_port: int) -> dict[str, int] | None:
+def read_key(path: str | None, alone: bool) -> bytes:
+    """A run's ring key from PATH (hex, a file only its user reads); without, a key of
+    its own for a node ALONE in its run (it has no ring), else ValueError."""
+    if not path:
+        if alone:
+            return os.urandom(RING_KEY_BYTES)
+        raise ValueError("supervise needs the run's ring key: --wait-go (the launch's GO "
+                         "brings it) or --key-file FILE")
+    with open(path, encoding="ascii") as fh:
+        return bytes.fromhex(fh.read().strip())
+
+
+def await_go(job: str, cwd: str | None, ring_port: int) -> GoWord | None:
     """The launch's two phases, so that torchrun starts on every node at once: loaded
     (Python's start and imports are most of what a launch costs a node), say READY and
     this node's ring port on standard output and wait for GO on standard input, which
-    brings every node's ring port (`go node0=P0,node1=P1,...`: the peers' beats need no
-    share to find each other); then go to CWD (the code snapshot, synced meanwhile) and
-    detach: the PID goes to JOB/supervisor.pid, STARTED and the PID to the launch, and this
-    process goes on in a session of its own with its output in JOB/supervisor.log. None
-    if the launch was called off first (end of input): nothing was started."""
+    brings every node's ring port (the peers' beats need no share to find each other), the
+    run's ring key and the job's secret variables (protocol.GoWord); then go to CWD (the
+    code snapshot, synced meanwhile) and detach: the PID goes to JOB/supervisor.pid,
+    STARTED and the PID to the launch, and this process goes on in a session of its own
+    with its output in JOB/supervisor.log. None if the launch was called off first (end
+    of input): nothing was started."""
     print(f"{READY} {ring_port}", flush=True)
-    words = sys.stdin.readline().split()
-    if not words or words[0] != GO:
+    go = GoWord.parse(sys.stdin.readline())
+    if go is None:
         return None
-    ports = {}
-    for pair in (words[1].split(",") if len(words) > 1 else []):
-        name, _, port = pair.partition("=")
-        if port.isdigit():
-            ports[name] = int(port)
     if cwd:
         os.chdir(cwd)  # a snapshot that is not there fails the launch, with its path
     pid = detach(os.path.join(job, SUPERVISOR_LOG))
@@ -226,7 +238,7 @@ def await_go(job: str, cwd: str | None, ring_port: int) -> dict[str, int] | None
             fh.write(f"{pid}\n")
         print(f"{STARTED} {pid}", flush=True)
         os._exit(0)
-    return ports
+    return go
 
 
 def _failed(args: argparse.Namespace, why: str, ring: Ring) -> None:
@@ -263,7 +275,7 @@ def _append(path: str, text: str) -> None:
         fh.write(text)
 
 
-def _supervise(args: argparse.Namespace, ring: Ring) -> int:
+def _supervise(args: argparse.Namespace, ring: Ring, secret_env: dict[str, str]) -> int:
     job, state_dir = args.job, args.state_dir
     os.makedirs(state_dir, exist_ok=True)
     mine = os.path.join(state_dir, f"{args.node}.json")
@@ -280,8 +292,11 @@ def _supervise(args: argparse.Namespace, ring: Ring) -> int:
         return 0
     os.makedirs(os.path.join(job, FR_SUBDIR), exist_ok=True)  # torch's timeout dumps too
     with open(os.path.join(job, OUTPUT_LOG), "ab") as out:
+        # The job's secret variables reach torchrun and its workers in their environment
+        # (which only this user and root can read), never on a command line.
         proc = subprocess.Popen(args.argv, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, **secret_env} if secret_env else None)
     with open(os.path.join(job, PGID_FILE), "w") as fh:
         fh.write(f"{proc.pid}\n")
     if args.keep:  # old runs' files go while torchrun starts, not before

@@ -180,6 +180,7 @@ class NodeCommand:
     on_hang: str = "stop"
     # A detached run that may recover: a peer's fault starts the next attempt on the nodes
     recovery: bool = False
+    ring_ports: str = defaults.RING_PORTS   # the cluster's UDP ports for the beats
     # the common role's cluster.env on this node (NodeSpec.cluster_env_file)
     cluster_env: str = field(default_factory=lambda: str(
         contract.role_default("common", "common_cluster_env_file")))
@@ -297,7 +298,7 @@ class NodeCommand:
                 *(["--attached"] if self.attached else []),
                 "--hang-timeout", f"{self.hang_timeout:g}", "--on-hang", self.on_hang,
                 *(["--recovery"] if self.recovery else []),
-                "--", *self.torchrun_argv()]
+                "--ring-ports", self.ring_ports, "--", *self.torchrun_argv()]
         # A job directory that cannot be made fails the launch here, with mkdir's words.
         return (f"umask 077; mkdir -p {job} || exit 1; "
                 f"if [ -r {env_file} ]; then set -a; . {env_file}; set +a; fi; "

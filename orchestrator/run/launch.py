@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from ..cluster.fanout import each
 from ..cluster.inventory import NodeSpec
 from ..cluster.ssh import Connection
-from ..node.protocol import GO, READY, STARTED
+from ..node.protocol import READY, STARTED, GoWord
 from .command import NodeCommand
 
 LAUNCH_TIMEOUT = 60.0   # seconds for every node to be ready, and again to start
@@ -116,19 +116,21 @@ class Launch:
                 self.cancel()
         return self._ready
 
-    def go(self) -> dict[str, str]:
+    def go(self, key: bytes, env: dict[str, str]) -> dict[str, str]:
         """Phase two: once every node is ready, start them all; {node: error} for the
-        nodes that could not be started. If a node was not ready, none is started."""
+        nodes that could not be started. If a node was not ready, none is started. KEY:
+        the run's ring key; ENV: the job's secret variables (both go over each node's SSH
+        session's input, nowhere else)."""
         failed = self.ready()
         if failed:
             return failed
-        # GO brings every node's ring port: the supervisors' beats find each other
-        # without the share (node/ring.py).
-        ports = ",".join(f"{n}={p}" for n, p in self.ring_ports.items())
+        # GO brings every node's ring port (the supervisors' beats find each other without
+        # the share) and the key that proves their beats (node/ring.py).
+        word = GoWord(key, dict(self.ring_ports), dict(env)).line()
         for session in self._sessions.values():
             assert session.proc.stdin is not None
             try:
-                session.proc.stdin.write(f"{GO} {ports}\n".encode())
+                session.proc.stdin.write(word.encode())
                 session.proc.stdin.flush()
             except OSError:
                 pass  # reported below, with the session's last words

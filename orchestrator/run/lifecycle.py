@@ -22,7 +22,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, ExitStack, nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,7 @@ from .recovery import (
     spares_of,
 )
 from .scheduler import Scheduler, SshScheduler
+from .secret import RunSecrets
 from .session import Session, connected_ahead
 from .settle import next_attempt, recovery_decision, settle, summary_of, with_recovery
 from .spec import RunSpec
@@ -84,6 +85,7 @@ class Plan:
 
     recovery: Recovery | None = None          # the recovery that started this attempt
     spares: tuple[str, ...] = ()              # detached, may recover: the spares held ready
+    secrets: RunSecrets = field(default_factory=RunSecrets)   # the ring's key, secret env
 
     @classmethod
     def make(cls, spec: RunSpec, session: Session, run_id: str,
@@ -111,11 +113,12 @@ class Plan:
                         grace=spec.grace, keep_runs=spec.keep_runs, module=spec.module,
                         clean_exit=spec.clean_exit, hang_timeout=spec.hang_timeout,
                         on_hang=str(spec.on_hang), cluster_env=facts.node.cluster_env_file,
-                        recovery=bool(spec.detach and spec.max_recoveries))
+                        recovery=bool(spec.detach and spec.max_recoveries),
+                        ring_ports=cluster.ring_ports)
             for i, facts in enumerate(report.facts)]
         return cls(spec, run_id, list(zip(cluster.nodes, commands, strict=True)),
                    {f.node.name: str(f.user) for f in report.facts}, allocation, recovery,
-                   tuple(spares))
+                   tuple(spares), RunSecrets.of(spec.secret_env))
 
     @property
     def commands(self) -> list[NodeCommand]:
@@ -361,7 +364,7 @@ def _run(plan: Plan, session: Session, scheduler: Scheduler, whole: Cluster,
             return synced
 
         # The nodes load their supervisors while the code syncs (launch.py).
-        submitted = scheduler.submit(plan.nodes, sync)
+        submitted = scheduler.submit(plan.nodes, sync, plan.secrets)
         if submitted.failed:
             first_failed = next(n for n in cluster.names if n in submitted.failed)
             raise LaunchError(f"{first_failed}: {submitted.failed[first_failed]}; " + (
@@ -412,7 +415,9 @@ def _arm_recovery(plan: Plan, session: Session, whole: Cluster) -> dict[str, Any
         recovery_plan = detached_plan(plan.commands, facts, spec.max_recoveries,
                                       spec.min_nodes, whole.shared_path,
                                       whole.scheduler == "slurm", spec.workdir is not None)
-        _write_plan(session, first, recovery_plan)
+        # The nodes start the next attempts with the run's key and secret variables: they
+        # are in the plan on the share (a file only this user reads), not in the record.
+        _write_plan(session, first, {**recovery_plan, **plan.secrets.for_plan()})
         if spares is not None:
             for node in spares.cluster.nodes:
                 _start_standby(spares, node, facts[node.name], first, plan.run_id)

@@ -26,6 +26,7 @@ from ..errors import PreflightError
 from ..node.protocol import JOBS_DIR
 from .command import NodeCommand
 from .launch import Launch
+from .secret import RunSecrets
 
 T = TypeVar("T")
 
@@ -60,9 +61,9 @@ class Submitted(Generic[T]):
 
 class Scheduler(Protocol):
     def submit(self, nodes: list[tuple[NodeSpec, NodeCommand]],
-               meanwhile: Callable[[], T]) -> Submitted[T]:
+               meanwhile: Callable[[], T], secrets: RunSecrets) -> Submitted[T]:
         """Start the run's supervisors on NODES, all at once, doing MEANWHILE (the code
-        sync) while they get ready."""
+        sync) while they get ready; SECRETS go to them by a way no other user reads."""
         ...
 
     def describe(self, nodes: list[tuple[NodeSpec, str]]) -> NodeStates:
@@ -105,14 +106,14 @@ class SshScheduler:
         return ssh.connect(node.name, node.ssh), True
 
     def submit(self, nodes: list[tuple[NodeSpec, NodeCommand]],
-               meanwhile: Callable[[], T]) -> Submitted[T]:
+               meanwhile: Callable[[], T], secrets: RunSecrets) -> Submitted[T]:
         launch = Launch.start(nodes, self.clients)   # phase one: the nodes load
         try:
             done = meanwhile()
         except BaseException:
             launch.cancel()  # nodes still waiting for the word start nothing
             raise
-        failed = launch.go()   # phase two: every node at once
+        failed = launch.go(secrets.key, secrets.env)   # phase two: every node at once
         if failed:  # nothing half-started is left: the nodes that started are stopped
             started = [spec for spec, _ in nodes if spec.name in launch.started
                        and spec.name not in failed]

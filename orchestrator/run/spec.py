@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -69,6 +70,7 @@ class RunSpec:
     module: bool = False
     script_args: tuple[str, ...] = ()      # `args:` in a job file
     env: dict[str, str] = field(default_factory=dict)
+    secret_env: tuple[str, ...] = ()        # variables passed from this shell, unrecorded
     nproc_per_node: int | None = None       # None: auto (GPUs per node, or 1 with gloo)
     master_port: int | None = None          # None: the inventory's, moved if taken
     max_restarts: int = defaults.MAX_RESTARTS
@@ -117,6 +119,7 @@ class RunSpec:
                 "hosts": list(self.hosts) if self.hosts else None,
                 "workdir": str(self.workdir) if self.workdir else None, **what,
                 "args": list(self.script_args), "env": dict(self.env),
+                "secret_env": list(self.secret_env),
                 "nproc_per_node": self.nproc_per_node or "auto",
                 "master_port": self.master_port, "max_restarts": self.max_restarts,
                 "rdzv_backend": self.rdzv_backend, "torchrun_arg": list(self.torchrun_args),
@@ -144,6 +147,7 @@ KEYS: dict[str, tuple[tuple[type, ...], str]] = {
     "script": ((str,), "a path relative to workdir"), "module": ((str,), "a module name"),
     "args": ((list,), "a list of the script's arguments"),
     "env": ((dict,), "a mapping of NAME: value"),
+    "secret_env": ((list,), "a list of variable names (their values come from the shell)"),
     "nproc_per_node": ((int, str), "'auto' or a whole number"),
     "master_port": ((int,), "a port number"), "max_restarts": ((int,), "a whole number"),
     "rdzv_backend": ((str,), "static or c10d"),
@@ -286,6 +290,7 @@ def from_sources(given: Mapping[str, Given]) -> RunSpec:
     allreduce_mb = float(get("allreduce_mb", defaults.ALLREDUCE_MB))
     check_measures(link_seconds, allreduce_mb, label)
     env = _env(given["env"]) if "env" in given else {}
+    secret_env = _secret_env(given["secret_env"], env) if "secret_env" in given else ()
     torchrun_args = tuple(str(a) for a in get("torchrun_arg", []))
     check_torchrun_args(torchrun_args)
     args = [str(a) for a in args]
@@ -302,7 +307,7 @@ def from_sources(given: Mapping[str, Given]) -> RunSpec:
     return RunSpec(
         inventory=Path(get("inventory", str(defaults.INVENTORY))), nodes=get("nodes"),
         hosts=tuple(hosts) if hosts is not None else None, workdir=workdir, script=script,
-        module=module is not None, script_args=tuple(args), env=env,
+        module=module is not None, script_args=tuple(args), env=env, secret_env=secret_env,
         nproc_per_node=None if nproc == "auto" else nproc, master_port=master_port,
         max_restarts=max_restarts, rdzv_backend=rdzv, torchrun_args=torchrun_args,
         clean_exit=not get("no_clean_exit", False), runs_dir=runs_dir, grace=grace,
@@ -396,6 +401,31 @@ def _script(workdir: Path, script: str) -> str:
         raise LaunchError(f"script {script!r} not found in {workdir}; give a path "
                           "relative to --workdir (default: the repository's train/)")
     return script
+
+
+def _secret_env(given: Given, env: Mapping[str, str],
+                environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """--secret-env NAME items (a list): each a variable name the job may set, not also
+    given a value with --env, and set in this shell's environment (ENVIRON)."""
+    environ = os.environ if environ is None else environ
+    names = []
+    for name in given.value:
+        if not isinstance(name, str) or not ENV_NAME.match(name):
+            raise LaunchError(f"{given.label} {name!r}: not a variable name (letters, "
+                              "digits, '_', not starting with a digit), e.g. WANDB_API_KEY")
+        why = reserved_env(name)
+        if why:
+            raise LaunchError(f"{given.label} {name}: {name} is {why}; a job cannot set it")
+        if name in env:
+            raise LaunchError(f"{given.label} {name}: also given a value with --env; give "
+                              "it once (--env values are recorded, --secret-env ones not)")
+        if name not in environ:
+            raise LaunchError(f"{given.label} {name}: not set in this shell's environment; "
+                              f"set it first (`read -rs {name} && export {name}`), then run "
+                              "again")
+        if name not in names:
+            names.append(name)
+    return tuple(names)
 
 
 def _env(given: Given) -> dict[str, str]:

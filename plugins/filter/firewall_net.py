@@ -1,8 +1,27 @@
-"""Address filters for the firewall role (Python's ipaddress, no netaddr needed)."""
+"""Address and port filters for the firewall role (Python's ipaddress, no netaddr
+needed)."""
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
+import os
+
+
+def _load_contract():
+    """The collection's plugins/module_utils/cluster_contract.py, next to this file's
+    directory in every layout (the repository, an installed collection, the wheel): its
+    port-range rule is the one the orchestrator applies to cluster_ring_ports."""
+    path = os.path.join(os.path.dirname(os.path.realpath(__file__)), os.pardir,
+                        "module_utils", "cluster_contract.py")
+    spec = importlib.util.spec_from_file_location("clustertrain_cluster_contract", path)
+    assert spec is not None and spec.loader is not None  # a .py file always has both
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+contract = _load_contract()
 
 
 def _network(value):
@@ -37,10 +56,27 @@ def firewall_networks(values, version):
     return [str(n) for n in sorted(n for n in nets if n.version == int(version))]
 
 
+def firewall_port_range_problem(text):
+    """What is wrong with the port range TEXT ("LOW-HIGH"), or "" when nothing is."""
+    try:
+        contract.port_range(text)
+    except ValueError as exc:
+        return str(exc)
+    return ""
+
+
+def firewall_port_range(text):
+    """The port range TEXT as nftables writes it: "LOW-HIGH", or "LOW" when HIGH is LOW."""
+    low, high = contract.port_range(text)
+    return str(low) if low == high else f"{low}-{high}"
+
+
 class FilterModule:
     def filters(self):
         return {
             "firewall_invalid_networks": firewall_invalid_networks,
             "firewall_invalid_addresses": firewall_invalid_addresses,
             "firewall_networks": firewall_networks,
+            "firewall_port_range_problem": firewall_port_range_problem,
+            "firewall_port_range": firewall_port_range,
         }

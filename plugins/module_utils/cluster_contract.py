@@ -9,9 +9,17 @@ collection's module_utils) and the orchestrator (loaded by path, orchestrator/cl
   name. A value that is empty or only blanks counts as not set; the address is used
   without surrounding blanks.
 - An IP address literal is an IPv4 or IPv6 address; an IPv6 address may be in brackets.
+- A port range (cluster_ring_ports) is written "LOW-HIGH", ports a user's process may
+  bind: 1024 <= LOW <= HIGH <= 65535.
 """
 
 import ipaddress
+import re
+
+# The lowest port a process without privileges may bind (Linux's default
+# net.ipv4.ip_unprivileged_port_start): the runs' ports are bound by the users' processes.
+UNPRIVILEGED_PORT = 1024
+HIGHEST_PORT = 65535
 
 # Where a member's address comes from, in order; the inventory name is the last resort.
 ADDRESS_VARIABLES = ("cluster_address", "ansible_host")
@@ -43,3 +51,17 @@ def ip_literal(text):
     except ValueError:
         return None
     return candidate
+
+
+def port_range(text):
+    """(LOW, HIGH) of the port range TEXT, written "LOW-HIGH"; ValueError naming what is
+    wrong when it is not a range of unprivileged ports."""
+    match = re.fullmatch(r"([0-9]+)-([0-9]+)", str(text))
+    if match is None:
+        raise ValueError(f"{text!r} is not a port range: write it LOW-HIGH, e.g. 29700-29899")
+    low, high = int(match.group(1)), int(match.group(2))
+    if not UNPRIVILEGED_PORT <= low <= high <= HIGHEST_PORT:
+        raise ValueError(
+            f"{text!r} is not a range of unprivileged ports: give LOW-HIGH with "
+            f"{UNPRIVILEGED_PORT} <= LOW <= HIGH <= {HIGHEST_PORT}, e.g. 29700-29899")
+    return low, high

@@ -191,7 +191,8 @@ def test_preflight_reads_the_environment_from_the_nodes_state_dir(tmp_path: Path
 
 # --- the shared site values: written once, in roles/contract ------------------------------
 
-SHARED = ("cluster_shared_path", "cluster_nfs_export_path", "cluster_rendezvous_port")
+SHARED = ("cluster_shared_path", "cluster_nfs_export_path", "cluster_rendezvous_port",
+          "cluster_rendezvous_port_span", "cluster_ring_ports")
 
 
 def _role_files(role: Path) -> str:
@@ -228,3 +229,4 @@ def test_the_orchestrator_and_the_sandbox_read_the_contracts_values() -> None:
     assert defaults.SHARED_PATH == spec.SHARED_PATH == values["cluster_shared_path"]
     assert spec.EXPORT_PATH == values["cluster_nfs_export_path"]
     assert defaults.RENDEZVOUS_PORT == values["cluster_rendezvous_port"]
+    assert defaults.RING_PORTS == values["cluster_ring_ports"]

@@ -18,6 +18,8 @@ import pytest
 from orchestrator.node import cordon, protocol, recover
 from orchestrator.node.protocol import End
 
+KEY = b"k" * 32   # the run's ring key (the launch makes a random one)
+
 NODE = [sys.executable, "-m", "orchestrator.node"]
 # The job: says its attempt; the first attempt works until told (a file DEAD in the
 # working directory), then fails, as gloo's ranks fail when a peer's sockets break; a
@@ -55,7 +57,8 @@ def plan(tmp: Path, spares: list[str], most: int = 1, seconds: float = 2.0,
     made = {"run_id": "R", "state": str(state), "template": template(tmp, seconds),
             "max_recoveries": most, "min_nodes": min_nodes, "nodes": ["n0", "n1"],
             "spares": spares, "addresses": {n: "127.0.0.1" for n in names},
-            "spare_facts": {}, "share": str(share), "drain": False, "synced": False}
+            "spare_facts": {}, "share": str(share), "drain": False, "synced": False,
+            "key": KEY.hex(), "secret_env": {}}
     (state / protocol.RECOVERY_SUBDIR).mkdir(parents=True)
     (state / protocol.RECOVERY_SUBDIR / protocol.PLAN_FILE).write_text(json.dumps(made))
     return made
@@ -65,8 +68,8 @@ def start(tmp: Path, made: dict, node: str) -> None:
     """NODE's part of the first attempt, launched as the controller launches it."""
     line = recover.fill(made, {"attempt": 0, "run_id": "R", "nodes": made["nodes"],
                                "addresses": ["127.0.0.1"] * 2}, node, "py", "tr", "/h")
-    done = subprocess.run(["sh", "-c", line], input="go\n", capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run(["sh", "-c", line], input=protocol.GoWord(KEY).line(),
+                          capture_output=True, text=True, timeout=60)
     assert protocol.STARTED in done.stdout, done.stderr
 
 

@@ -3,20 +3,25 @@ the loopback, a dictionary standing in for the nodes' state files on the share."
 
 from __future__ import annotations
 
+import json
+import socket
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from orchestrator.node import ring as ring_mod
 from orchestrator.node.ring import Counters, Ring
 
+KEY = b"k" * 32   # the run's ring key (the launch makes a random one)
+
 
 def make(names: list[str], files: dict[str, dict],
          lookup: Callable[[str], dict | None] | None = None) -> dict[str, Ring]:
     rings = {n: Ring("r1", n, names, ["127.0.0.1"] * len(names),
-                     lookup or files.get, Counters()) for n in names}
+                     lookup or files.get, Counters(), KEY) for n in names}
     for name, r in rings.items():
         files[name] = {"state": "running", "ring_port": r.port}
     for r in rings.values():
@@ -166,7 +171,7 @@ def test_two_runs_on_the_same_nodes_do_not_hear_each_other(closing) -> None:
     files: dict[str, dict] = {}
     first = make(names, files)
     closing.extend(first.values())
-    other = {n: Ring("r2", n, names, ["127.0.0.1"] * 2, lambda _: None, Counters(),
+    other = {n: Ring("r2", n, names, ["127.0.0.1"] * 2, lambda _: None, Counters(), KEY,
                      ports={m: first[m].port for m in names}) for n in names}
     closing.extend(other.values())
     for r in other.values():
@@ -184,3 +189,109 @@ def test_two_runs_on_the_same_nodes_do_not_hear_each_other(closing) -> None:
     # the first run's own beats still count, the other's were dropped unread
     assert all(first[n].counters.received - received[n] <= 4 for n in names)
     assert all(r.counters.received == 0 for r in other.values())
+
+
+def forged(run: str, name: str, news: dict[str, Any], seq: int = 10**9) -> bytes:
+    """A beat as another user could write it: the run id, the node names and the ports
+    are public (ps, /proc/net/udp); the key is not."""
+    beat = {"r": run, "n": name, "c": seq, "q": 0.0, "s": {}, "l": {}, **news}
+    return json.dumps(beat).encode()
+
+
+# Every kind of news a beat carries, each of which would stop, fail or cordon the run.
+NEWS: dict[str, dict[str, Any]] = {
+    "failed": {"s": {"n1": {"state": "ended", "reason": "exited", "code": 1, "v": 99}}},
+    "supervisor failed": {"s": {"n1": {"state": "ended", "reason": "supervisor-failed",
+                                       "code": 1, "v": 99}}},
+    "hung": {"s": {"n1": {"state": "running", "hang": "dumped", "v": 99}}},
+    "stopped": {"s": {"n1": {"state": "ended", "reason": "stopped", "v": 99}}},
+    "lost": {"l": {"n2": {"by": "n1", "silent_s": 20}}},
+}
+
+
+@pytest.mark.parametrize("kind", NEWS)
+def test_a_forged_beat_is_rejected_and_changes_nothing(closing, kind, capsys) -> None:
+    files: dict[str, dict] = {}
+    rings = make(["n0", "n1", "n2"], files)
+    closing.extend(rings.values())
+    until(lambda: all_heard(rings))
+    target = rings["n2"]
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as bob:
+        # Without the key: the content alone, and behind a MAC made with another key.
+        bob.sendto(forged("r1", "n1", NEWS[kind]), ("127.0.0.1", target.port))
+        bob.sendto(ring_mod.seal(b"b" * 32, forged("r1", "n1", NEWS[kind])),
+                   ("127.0.0.1", target.port))
+    until(lambda: target.counters.rejected >= 2)
+    time.sleep(0.3)   # anything it would have passed on is there by now
+    for r in rings.values():
+        assert r.lost_peers() == {}
+        assert all(s.get("state") != "ended" and not s.get("hang")
+                   for s in r.peers_status().values()), r.me
+    assert "rejected a datagram from 127.0.0.1:" in capsys.readouterr().out
+
+
+def test_a_beat_from_another_address_than_its_nodes_is_rejected(closing) -> None:
+    """With the key, but sent from an address that is not the named node's (127.0.0.2
+    while every node is 127.0.0.1): not taken in."""
+    files: dict[str, dict] = {}
+    rings = make(["n0", "n1"], files)
+    closing.extend(rings.values())
+    until(lambda: all_heard(rings))
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as other:
+        other.bind(("127.0.0.2", 0))
+        other.sendto(ring_mod.seal(KEY, forged("r1", "n1", NEWS["failed"])),
+                     ("127.0.0.1", rings["n0"].port))
+    until(lambda: rings["n0"].counters.rejected >= 1)
+    assert "n1" not in rings["n0"].peers_status() or \
+        rings["n0"].peers_status()["n1"].get("state") != "ended"
+
+
+def test_a_replayed_beat_is_rejected(closing) -> None:
+    """A beat of the run sent again (the same bytes: its number already heard) is not
+    taken in a second time, whatever it says."""
+    files: dict[str, dict] = {}
+    rings = make(["n0", "n1"], files)
+    closing.extend(rings.values())
+    until(lambda: all_heard(rings))
+    heard = rings["n0"].last_seq["n1"]
+    old = ring_mod.seal(KEY, forged("r1", "n1", NEWS["failed"], seq=heard))
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as again:
+        again.sendto(old, ("127.0.0.1", rings["n0"].port))
+    until(lambda: rings["n0"].counters.rejected >= 1)
+    assert rings["n0"].peers_status().get("n1", {}).get("state") != "ended"
+
+
+def test_the_runs_own_beats_are_never_rejected(closing) -> None:
+    files: dict[str, dict] = {}
+    rings = make([f"n{i}" for i in range(4)], files)
+    closing.extend(rings.values())
+    until(lambda: all_heard(rings))
+    time.sleep(2.5)
+    rings["n1"].say(state="ended", reason="exited", code=1, why="")
+    until(lambda: rings["n0"].peers_status().get("n1", {}).get("code") == 1)
+    assert sum(r.counters.rejected for r in rings.values()) == 0
+    assert all(r.counters.received >= 2 for r in rings.values())
+
+
+def test_a_ring_key_too_short_is_refused() -> None:
+    with pytest.raises(ValueError, match="32 bytes"):
+        Ring("r1", "n0", ["n0"], ["127.0.0.1"], lambda _: None, Counters(), b"short")
+
+
+@pytest.mark.parametrize("ports", ["29700-29899", "1024-1024", "65535-65535", "1023-2000",
+                                   "29899-29700", "29700", "a-b", "29700-70000", " 1-2", ""])
+def test_the_supervisor_reads_ring_ports_by_the_firewalls_rule(ports) -> None:
+    """The node package cannot import the collection's rule (plugins/module_utils): its
+    own reading of cluster_ring_ports must accept and refuse exactly what the firewall
+    role (and the controller's inventory check) does."""
+    from orchestrator.cluster import contract
+    from orchestrator.node.protocol import parse_ports
+
+    def accepted(read: Callable[[str], object]) -> bool:
+        try:
+            read(ports)
+            return True
+        except ValueError:
+            return False
+
+    assert accepted(parse_ports) == accepted(contract.rules().port_range)

@@ -33,8 +33,12 @@ def start(tmp: Path, node: str, *, seconds: float = 300, code: int = 0, attached
           job_code: str = JOB) -> subprocess.Popen:
     job = tmp / node / "job"
     job.mkdir(parents=True)
+    key = tmp / f"{run}.key"   # the run's ring key, as the launch's GO would bring it
+    if not key.exists():
+        key.write_text(os.urandom(32).hex())
     argv = [*NODE, "supervise", "--job", str(job), "--state-dir",
             str(state_dir or tmp / "shared"), "--run", run, "--node", node, "--nodes", nodes,
+            "--key-file", str(key),
             "--addresses", ",".join("127.0.0.1" for _ in nodes.split(",")),
             "--grace", "1", "--lease-timeout", str(lease_timeout),
             *(["--attached"] if attached else []), *(hang or []), "--",
@@ -360,7 +364,7 @@ def test_a_peer_stopped_for_another_peers_failure_names_that_failure() -> None:
     """n1 failed, then n0 was stopped for it: n2 knows both and names n1's failure, in
     whatever order the peers are listed."""
     ring = Ring("r1", "n2", ["n0", "n1", "n2"], ["127.0.0.1"] * 3, lambda name: None,
-                Counters())
+                Counters(), b"k" * 32)
     try:
         ring.status = {"n0": {"state": "ended", "reason": "stopped", "code": 143, "v": 1},
                        "n1": {"state": "ended", "reason": "exited", "code": 1, "v": 1}}

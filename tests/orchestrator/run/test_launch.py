@@ -78,7 +78,7 @@ def test_every_node_starts_on_go_and_not_before(tmp_path: Path) -> None:
         for _, cmd in pairs:
             assert not Path(cmd.job_dir, "pgid").exists()
             assert not list(Path(cmd.code_dir).glob("ran-*"))
-        assert launch.go() == {}
+        assert launch.go(b'k' * 32, {}) == {}
     finally:
         launch.cancel()
     for _, cmd in pairs:
@@ -109,7 +109,7 @@ def test_a_node_that_cannot_load_starts_no_node(tmp_path: Path) -> None:
     pairs, clients = nodes(tmp_path)
     (tmp_path / "n1" / ".clustertrain" / "jobs").write_text("not a directory")
     launch = Launch.start(pairs, clients)
-    failed = launch.go()
+    failed = launch.go(b'k' * 32, {})
     assert list(failed) == ["n1"]
     assert "mkdir" in failed["n1"] and "Not a directory" in failed["n1"], failed
     assert launch.started == {}
@@ -125,7 +125,7 @@ def test_a_node_whose_snapshot_is_missing_at_go_fails_with_its_path(tmp_path: Pa
     code = Path(pairs[1][1].code_dir)
     code.rmdir()
     launch = Launch.start(pairs, clients)
-    failed = launch.go()
+    failed = launch.go(b'k' * 32, {})
     assert list(failed) == ["n1"] and str(code) in failed["n1"], failed
     assert list(launch.started) == ["n0"]
     wait_for(Path(pairs[0][1].job_dir) / "exit")

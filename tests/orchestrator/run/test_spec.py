@@ -208,3 +208,39 @@ def test_a_dry_run_says_what_a_recovery_would_do(place, capsys) -> None:
 def test_a_missing_job_file_is_named(place, capsys) -> None:
     code, out = run(["train", "-f", str(place / "nope.yaml")], capsys)
     assert code != 0 and f"-f {place / 'nope.yaml'}: No such file or directory" in out
+
+
+def test_a_secret_env_reaches_the_spec_by_name_and_its_value_nowhere(place, monkeypatch,
+                                                                     capsys) -> None:
+    """--secret-env NAME: the value stays in this shell's environment; the spec, the job
+    file and the dry run's output name the variable only."""
+    monkeypatch.setenv("HUB_TOKEN", "s3cr3t-value")
+    spec = parse_request(parse(["train", "--secret-env", "HUB_TOKEN", "--workdir",
+                                str(place / "code"), "job.py"]))
+    assert spec.secret_env == ("HUB_TOKEN",)
+    assert "s3cr3t-value" not in spec.to_yaml() and "HUB_TOKEN" in spec.to_yaml()
+    assert from_sources(read_job_file(job(place, spec.to_yaml()))).secret_env == (
+        "HUB_TOKEN",)
+    code, out = run(["train", "-i", str(place / "hosts.ini"), "--nodes", "2",
+                     "--secret-env", "HUB_TOKEN", "--workdir", str(place / "code"),
+                     "--dry-run", "job.py"], capsys)
+    assert "s3cr3t-value" not in out
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--secret-env", "NOT_SET_ANYWHERE"], "--secret-env NOT_SET_ANYWHERE: not set in this "
+                                           "shell's environment; set it first"),
+    (["--secret-env", "1BAD"], "--secret-env '1BAD': not a variable name"),
+    (["--secret-env", "MASTER_ADDR"], "--secret-env MASTER_ADDR: MASTER_ADDR is set by "
+                                      "clustertrain"),
+    (["--secret-env", "HUB_TOKEN", "--env", "HUB_TOKEN=x"],
+     "--secret-env HUB_TOKEN: also given a value with --env; give it once"),
+])
+def test_a_bad_secret_env_is_refused_before_any_node(place, monkeypatch, capsys, argv,
+                                                     words) -> None:
+    monkeypatch.setenv("HUB_TOKEN", "s3cr3t-value")
+    monkeypatch.setenv("MASTER_ADDR", "x")
+    code, out = run(["train", "-i", str(place / "hosts.ini"), "--nodes", "2", *argv,
+                     "--workdir", str(place / "code"), "job.py"], capsys)
+    assert code != 0 and words in out, out
+    assert "cannot reach" not in out
