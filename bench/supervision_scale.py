@@ -36,6 +36,8 @@ def trial(n: int, run_s: float, work: Path) -> dict:
     names = [f"n{i}" for i in range(n)]
     failing = names[n // 2]
     state = work / "shared"
+    key = work / "ring.key"   # the run's ring key, as the launch's GO would bring it
+    key.write_text(os.urandom(32).hex())
     procs = []
     for name in names:
         job = work / name / "job"
@@ -44,7 +46,7 @@ def trial(n: int, run_s: float, work: Path) -> dict:
                 else ["sleep", str(run_s * 10)])
         procs.append(subprocess.Popen(
             [*NODE, "supervise", "--job", str(job), "--state-dir", str(state), "--run", "b1",
-             "--node", name, "--nodes", ",".join(names),
+             "--node", name, "--nodes", ",".join(names), "--key-file", str(key),
              "--addresses", ",".join("127.0.0.1" for _ in names), "--grace", "1", "--",
              *argv], cwd=REPO, env={**os.environ, "CLUSTERTRAIN_RUN_ID": "b1"},
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
