@@ -267,7 +267,8 @@ def _judge(report: Report, port: int, strict_port: bool) -> None:
             kind: str = f.shared.get("kind", "")
             fix = SHARED_FIX.get(kind, "check the nfs_client mount (cluster_shared_path)")
             p.append(f"{name}: shared path: {f.shared.get('error')}; "
-                     + fix.format(realign=_realign_command(report, [name])))
+                     + (f.shared.get("fix")   # the node's own words: not_own, open
+                        or fix.format(realign=_realign_command(report, [name]))))
         unresolved = [n for n, addr in f.resolve.items() if addr is None
                       and n != report.cluster.nodes[0].cluster_address]
         if unresolved:
@@ -280,6 +281,14 @@ def _judge(report: Report, port: int, strict_port: bool) -> None:
                  "timestamps in logs will not line up (enable NTP/chrony)")
     _judge_addresses(report)
     _judge_machines(report)
+    _judge_port(report, port, strict_port)
+    gpus = [f.gpus for f in report.facts if not f.error]
+    report.backend = "nccl" if gpus and all(g > 0 for g in gpus) else "gloo"
+
+
+def _judge_port(report: Report, port: int, strict_port: bool) -> None:
+    """Node 0's master port: PORT free and claimed, or the one found instead."""
+    p, w = report.problems, report.warnings
     node0 = report.facts[0]
     if not node0.error and port < 1024 and node0.uid != 0:
         p.append(f"{node0.node.name}: master port {port} is privileged (below 1024) and the "
@@ -287,6 +296,8 @@ def _judge(report: Report, port: int, strict_port: bool) -> None:
                  "1024-65535 (--master-port or cluster_rendezvous_port)")
     elif not node0.error:
         listener = node0.listener or {}
+        if node0.port_warning:
+            w.append(f"{node0.node.name}: {node0.port_warning}")
         if node0.port_error:
             p.append(f"{node0.node.name}: cannot check the master port: {node0.port_error}")
         elif node0.port_free:
@@ -303,8 +314,6 @@ def _judge(report: Report, port: int, strict_port: bool) -> None:
         if listener.get("error") and report.master_port:
             p.append(f"{node0.node.name}: master port {report.master_port}: "
                      f"{listener['error']} (taken a moment ago?); run again")
-    gpus = [f.gpus for f in report.facts if not f.error]
-    report.backend = "nccl" if gpus and all(g > 0 for g in gpus) else "gloo"
 
 
 def _judge_drift(report: Report) -> None:

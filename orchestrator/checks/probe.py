@@ -66,6 +66,7 @@ class NodeFacts:
     port_free: bool | None = None
     free_port: int | None = None
     port_error: str | None = None
+    port_warning: str | None = None  # the port was found free but could not be claimed
     listener: dict[str, Any] | None = None      # node 0: the master-port listener
     reach: dict[str, Any] | None = None         # round 2: token seen, master port reached
     resolve: dict[str, str | None] = field(default_factory=dict)  # cluster address -> IP

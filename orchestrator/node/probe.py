@@ -19,10 +19,13 @@ import glob
 import hashlib
 import json
 import os
+import pwd
 import socket
+import stat
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from . import busy, cordon, fingerprint as fp
@@ -32,6 +35,12 @@ from .util import read_json_or_why, write_json
 # Master-port claims on node 0, shared by every user of the node (see claim()).
 LEASE_DIR = PORT_CLAIMS_DIR
 LEASE_S = 120  # a claim lives this long: by then the job's TCPStore holds the port itself
+# Another user's claims count for at most this many ports (see live_claims).
+MAX_CLAIMS = 8
+PORT_RANGE = 200   # the master port, and the next ones tried when it is taken
+# Under checkpoints/<user>/ on the share: where the user's runs keep their states
+# (run/record.py run_state_dir).
+SHARE_STATE = (".clustertrain", "runs")
 # Per user on each node: the result of the last torch import, keyed by the live fingerprint.
 TORCH_CACHE = ".cache/clustertrain/torch-check.json"
 LIBCUDA_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib/aarch64-linux-gnu",
@@ -157,10 +166,89 @@ def mounts(mountinfo: str = "/proc/self/mountinfo") -> list[tuple[str, str, str]
     return found
 
 
+def own_places(mine: str) -> list[str]:
+    """The places of a user's own on the share, from checkpoints/<user> (MINE) down to the
+    directory of their runs' states (run/record.py run_state_dir): checkpoints, a run's
+    records and, in a run's state, its secrets. Whoever may write one of them may read or
+    replace what the user's runs keep below it."""
+    return [mine, os.path.join(mine, SHARE_STATE[0]), os.path.join(mine, *SHARE_STATE)]
+
+
+def owner_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def share_uid(checkpoints: str, mine: str, uid: int) -> int:
+    """The owner the share gives a file this user makes: their own uid, or the anonymous
+    uid where the share squashes it (root under root_squash, everyone under all_squash).
+    Their place MINE owned by UID (not root) says so already; else a file made and removed
+    again in CHECKPOINTS (sticky, writable by all) tells. (Under all_squash every file is
+    the anonymous user's: such a share cannot tell users apart, and neither can not_own.)"""
+    try:
+        if uid != 0 and os.lstat(mine).st_uid == uid:
+            return uid
+    except OSError:
+        return uid
+    probe = os.path.join(checkpoints, ".clustertrain-owner-%s-%d" % (socket.gethostname(),
+                                                                     os.getpid()))
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError:
+        return uid
+    try:
+        return os.fstat(fd).st_uid
+    finally:
+        os.close(fd)
+        _unlink(probe)
+
+
+def not_own(places: list[str], user: str, uid: int) -> dict[str, str] | None:
+    """The first of PLACES (made for USER, whose files the share gives uid UID) that is
+    not USER's alone: a symbolic link or not a directory, another user's, or writable by
+    its group or others; {kind, error, fix} naming it, its owner and what to do. A place
+    that does not exist yet is fine: it is made by USER's runs, theirs. A squatted place
+    (made by someone else before USER's first run) is refused, never used: its owner
+    could read and replace USER's checkpoints and run records there."""
+    for path in places:
+        try:
+            st = os.lstat(path)   # a link is judged itself, never followed
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            return {"kind": "not_own", "error": f"{path}: {exc.strerror}",
+                    "fix": f"{user} must own it, mode 0700: ask an admin to look at it"}
+        owner = owner_name(st.st_uid)
+        remove = (f"move it away (mv {path} {path}.old) and run again: the tool makes it "
+                  "anew, mode 0700" if st.st_uid == uid else
+                  f"ask {'an admin' if st.st_uid == 0 else owner + ' or an admin'} to remove "
+                  f"it (sudo rm -rf {path}), then run again: the tool makes it anew, "
+                  f"{user}'s own, mode 0700")
+        if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+            what = (f"a symbolic link (to {os.readlink(path)})" if stat.S_ISLNK(st.st_mode)
+                    else "not a directory")
+            return {"kind": "not_own", "error": f"{path} is {what}, made by {owner}, not a "
+                    f"directory of {user}'s own", "fix": remove}
+        if st.st_uid != uid:
+            return {"kind": "not_own", "error": f"{path} belongs to {owner}, not to {user}: "
+                    f"{owner} could read and replace what {user}'s runs keep there",
+                    "fix": remove}
+        if st.st_mode & 0o022:
+            who = {0o020: "its group", 0o002: "others"}.get(st.st_mode & 0o022,
+                                                            "its group and others")
+            return {"kind": "open", "error": f"{path} is writable by {who} (mode "
+                    f"{st.st_mode & 0o7777:04o}): they could replace what {user}'s runs "
+                    "keep there", "fix": f"chmod go-w {path} (and check what is in it)"}
+    return None
+
+
 def check_shared(spec: dict, user: str, uid: int) -> dict[str, Any]:
     """The shared path: mounted as the inventory says (SPEC: path, fstypes), not empty,
-    holding checkpoints/, writable by this user; with SPEC's token, node 0's token is
-    written there for the others to read."""
+    holding checkpoints/, where this user's own places (made now if missing) are theirs
+    alone (not_own) and writable; with SPEC's token, node 0's token is written there for
+    the others to read."""
     path = spec["path"]
     res: dict[str, Any] = {"ok": False, "kind": None, "error": None, "fstype": None}
     try:
@@ -198,9 +286,20 @@ def check_shared(spec: dict, user: str, uid: int) -> dict[str, Any]:
                    "nfs_server role")
         return res
     mine = os.path.join(checkpoints, user)
+    try:
+        os.mkdir(mine, 0o700)   # the user's own place, made for them on first use
+    except FileExistsError:
+        pass                    # theirs already, or taken first by someone else: below
+    except OSError as exc:
+        res.update(kind="not_writable", error=f"{checkpoints} is not writable by {user} "
+                   f"(uid {uid}): {exc.strerror}")
+        return res
+    taken = not_own(own_places(mine), user, share_uid(checkpoints, mine, uid))
+    if taken:
+        res.update(taken)
+        return res
     probe = os.path.join(mine, ".clustertrain-probe-%s-%d" % (socket.gethostname(), os.getpid()))
     try:
-        os.makedirs(mine, mode=0o700, exist_ok=True)
         fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         os.write(fd, b"clustertrain preflight\n")
         os.close(fd)
@@ -240,54 +339,161 @@ def port_free(port: int) -> bool:
         s.close()
 
 
-def claims(port: int, leases: str = LEASE_DIR) -> list[tuple[int, str]]:
-    """The live claims of PORT, oldest first."""
-    now, found = time.time(), []
+@dataclass(frozen=True)
+class Claim:
+    """A claim of PORT for USER's run RUN: the file LEASES/<port>.<user>.<run>, made at
+    MADE_NS (its mtime)."""
+
+    port: int
+    user: str
+    run: str
+    made_ns: int
+    name: str
+
+
+def claimer() -> str:
+    """The name claims of this process carry: its user's, from its uid (not from the
+    environment, which the user sets), or the uid itself where it has no name."""
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return str(os.geteuid())
+
+
+def uid_of(name: str) -> int | None:
+    try:
+        return pwd.getpwnam(name).pw_uid
+    except KeyError:
+        return int(name) if name.isdigit() else None
+
+
+def parse_claim(name: str) -> tuple[int, str, str] | None:
+    port, _, rest = name.partition(".")
+    user, _, run = rest.rpartition(".")     # a user's name may hold dots, a run's id not
+    return (int(port), user, run) if port.isdigit() and user and run else None
+
+
+def live_claims(me: str, leases: str = LEASE_DIR) -> list[Claim]:
+    """The claims in LEASES that count for ME, oldest first. A claim counts
+    - only if its file belongs to the user its name says: nobody claims in another's name
+      (bob's file 29500.alice.x is nobody's claim);
+    - only while it is fresh: made within the last LEASE_S (a launch's claim is needed that
+      long at most, and a launch that ended dropped it; a time ahead of now is no claim);
+    - of another user, only among that user's MAX_CLAIMS oldest.
+    A claim proves no more than that its owner made it lately: the launch that made it runs
+    on another machine, and no process of it on this node could vouch for it. So instead of
+    judging claims one by one, the rule bounds what one user's claims take from the others:
+    junk (or many launches at once) blocks every port of the range for its own user, and at
+    most MAX_CLAIMS ports for anyone else, who then takes a port further on. (A user can
+    hold ports by listening on them too; claims give nobody more than that.)"""
+    now, found, uids = time.time(), [], {}
     for name in os.listdir(leases):
-        if name.split(".")[0] == str(port):
-            try:
-                st = os.stat(os.path.join(leases, name))
-            except OSError:
-                continue
-            if now - st.st_mtime < LEASE_S:
-                found.append((st.st_mtime_ns, name))
-    return sorted(found)
+        parsed = parse_claim(name)
+        if parsed is None:
+            continue
+        port, user, run = parsed
+        if user not in uids:
+            uids[user] = uid_of(user)
+        try:
+            st = os.lstat(os.path.join(leases, name))
+        except OSError:
+            continue
+        if (stat.S_ISREG(st.st_mode) and st.st_uid == uids[user]
+                and -1.0 < now - st.st_mtime < LEASE_S):
+            found.append(Claim(port, user, run, st.st_mtime_ns, name))
+    found.sort(key=lambda c: (c.made_ns, c.name))
+    kept: dict[str, int] = {}
+    counted = []
+    for c in found:
+        kept[c.user] = kept.get(c.user, 0) + 1
+        if c.user == me or kept[c.user] <= MAX_CLAIMS:
+            counted.append(c)
+    return counted
 
 
-def claim(port: int, user: str, run: str | None, leases: str = LEASE_DIR) -> bool:
+def claims(port: int, leases: str = LEASE_DIR) -> list[Claim]:
+    """The claims of PORT that count for this process's user (live_claims), oldest first."""
+    return [c for c in live_claims(claimer(), leases) if c.port == port]
+
+
+def claim(port: int, run: str | None, leases: str = LEASE_DIR) -> bool:
     """Two launches (any users) that probe at the same moment must not both take one port
     before either torchrun listens on it. A launch claims a free port with a file
     LEASES/<port>.<user>.<run> (a directory like /tmp: every user may add, nobody may
-    remove another's); the oldest live claim of a port wins, the others try the next
-    port. Without RUN (preflight alone) nothing is claimed: True if it could be."""
+    remove another's); the oldest claim that counts (live_claims) wins, the others try
+    the next port. Without RUN (preflight alone) nothing is claimed: True if it could be."""
     if not port_free(port) or claims(port, leases):
         return False
     if not run:
         return True
-    mine = f"{port}.{user}.{run}"
-    open(os.path.join(leases, mine), "w").close()
-    if claims(port, leases)[0][1] == mine:
+    mine = os.path.join(leases, f"{port}.{claimer()}.{run}")
+    try:
+        os.close(os.open(mine, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    except FileExistsError:
+        return False
+    found = claims(port, leases)
+    if found and found[0].name == os.path.basename(mine):
         return True
-    os.unlink(os.path.join(leases, mine))
+    _unlink(mine)
     return False
 
 
-def find_port(port: int, user: str, run: str | None,
-              leases: str = LEASE_DIR) -> dict[str, Any]:
-    """{"port_free": PORT claimed, "free_port": it or the next one claimed (None: none in
-    200)}; {"port_error"} too when the lease directory cannot be used."""
+def claims_dir(leases: str) -> str | None:
+    """Why LEASES cannot hold the claims of every user (None: it can). It must be a
+    directory like /tmp, sticky and writable by all; made so now when missing. One that
+    another user made otherwise (or a file, or a link in its place) is not used."""
     try:
-        os.makedirs(leases, exist_ok=True)
-        if os.stat(leases).st_uid == os.getuid():
-            os.chmod(leases, 0o1777)
-        for name in os.listdir(leases):  # my own expired claims
-            path = os.path.join(leases, name)
-            if (name.split(".")[1:2] == [user]
-                    and time.time() - os.stat(path).st_mtime > LEASE_S):
-                os.unlink(path)
-        free = claim(port, user, run, leases)
+        os.mkdir(leases, 0o1777)
+    except FileExistsError:
+        pass
+    st = os.lstat(leases)
+    if (stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
+            and st.st_mode & 0o7777 != 0o1777):
+        os.chmod(leases, 0o1777)    # made now, under the umask
+        st = os.lstat(leases)
+    if stat.S_ISDIR(st.st_mode) and st.st_mode & 0o7777 == 0o1777:
+        return None
+    what = ("a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory"
+            if not stat.S_ISDIR(st.st_mode) else f"mode {st.st_mode & 0o7777:04o}, not 1777")
+    owner = owner_name(st.st_uid)
+    return (f"{leases} is {what} (made by {owner}): ask "
+            f"{'an admin' if st.st_uid == 0 else owner + ' or an admin'} to remove it "
+            f"(sudo rm -rf {leases})")
+
+
+def drop_expired(leases: str) -> None:
+    """Remove this user's own claims that lapsed (those of others are theirs to remove)."""
+    me, uid, now = claimer(), os.geteuid(), time.time()
+    for name in os.listdir(leases):
+        parsed = parse_claim(name)
+        if parsed is None or parsed[1] != me:
+            continue
+        try:
+            st = os.lstat(os.path.join(leases, name))
+            if st.st_uid == uid and now - st.st_mtime > LEASE_S:
+                os.unlink(os.path.join(leases, name))
+        except OSError:
+            continue
+
+
+def find_port(port: int, run: str | None, leases: str = LEASE_DIR) -> dict[str, Any]:
+    """{"port_free": PORT claimed, "free_port": it or the next one claimed (None: none in
+    PORT_RANGE)}; with "port_warning" when LEASES cannot hold claims (claims_dir): the
+    ports are then found free but not claimed; {"port_error"} when nothing could be
+    checked."""
+    try:
+        unusable = claims_dir(leases)
+        if unusable:
+            found = next((p for p in range(port, port + PORT_RANGE) if port_free(p)), None)
+            return {"port_free": found == port, "free_port": found,
+                    "port_warning": "launches cannot claim their master port here (two at "
+                                    f"the same moment could take the same one): {unusable}"}
+        drop_expired(leases)
+        taken = {c.port for c in live_claims(claimer(), leases)}
+        free = port not in taken and claim(port, run, leases)
         return {"port_free": free, "free_port": port if free else next(
-            (p for p in range(port + 1, port + 200) if claim(p, user, run, leases)), None)}
+            (p for p in range(port + 1, port + PORT_RANGE)
+             if p not in taken and claim(p, run, leases)), None)}
     except OSError as exc:
         return {"port_free": False, "free_port": None, "port_error": str(exc)}
 
@@ -457,7 +663,7 @@ def probe(req: dict) -> dict[str, Any]:
     if out["shared"]["ok"] and req.get("node"):
         out["cordon"] = cordon.current(req["shared"]["path"], req["node"])
     if req.get("port"):
-        out.update(find_port(req["port"], out["user"], req.get("run")))
+        out.update(find_port(req["port"], req.get("run")))
     out["resolve"] = resolve(req.get("addresses", []))
     spec = req.get("listen")
     token = req["shared"].get("token")

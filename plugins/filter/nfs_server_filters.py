@@ -44,12 +44,15 @@ def _squash(squash):
                          % (", ".join(sorted(SQUASH)), squash)) from None
 
 
-def nfs_server_export_options(squash, read_write=True, sync=True, anonuid=65534, anongid=65534):
+def nfs_server_export_options(squash, read_write=True, sync=True, anonuid=65534, anongid=65534,
+                              secure=True):
     """The option list of the kernel export line (exports(5)), e.g.
-    'rw,sync,no_subtree_check,root_squash,anonuid=65534,anongid=65534'."""
+    'rw,sync,secure,no_subtree_check,root_squash,anonuid=65534,anongid=65534'; `secure`
+    (privileged source ports only) is the kernel's default, written out all the same."""
     return ",".join([
         "rw" if read_write else "ro",
         "sync" if sync else "async",
+        "secure" if secure else "insecure",
         "no_subtree_check",
         _squash(squash)[0],
         "anonuid=%d" % int(anonuid),
@@ -60,6 +63,20 @@ def nfs_server_export_options(squash, read_write=True, sync=True, anonuid=65534,
 def nfs_server_ganesha_squash(squash):
     """nfs-ganesha's Squash value for nfs_server_squash (Root_Squash for root_squash)."""
     return _squash(squash)[1]
+
+
+def nfs_server_user_directories(users, passwd, existing):
+    """What the role does with each of USERS' checkpoints/<user>/, given the server's
+    PASSWD (getent: name -> [password, uid, gid, ...]) and EXISTING (the paths that exist):
+    {"make": [{name, uid, gid}], "unknown": [names]}; those that exist are left alone."""
+    make, unknown = [], []
+    for name in users or []:
+        if name not in (passwd or {}):
+            unknown.append(name)
+        elif name not in (existing or []):
+            entry = passwd[name]
+            make.append({"name": name, "uid": int(entry[1]), "gid": int(entry[2])})
+    return {"make": make, "unknown": unknown}
 
 
 def nfs_server_subdirectory_problems(entries):
@@ -108,4 +125,5 @@ class FilterModule:
             "nfs_server_ganesha_squash": nfs_server_ganesha_squash,
             "nfs_server_subdirectory_problems": nfs_server_subdirectory_problems,
             "nfs_server_subdirectory_specs": nfs_server_subdirectory_specs,
+            "nfs_server_user_directories": nfs_server_user_directories,
         }

@@ -80,6 +80,8 @@ def assert_fails_naming(result: subprocess.CompletedProcess[str], *words: str) -
      ["nfs_server_subdirectories", "checkpoints", "in quotes"]),
     ({"nfs_server_subdirectories": ["data", {"path": "../outside"}]},
      ["nfs_server_subdirectories", "relative path inside the export"]),
+    ({"nfs_server_user_directories": ["alice", "../etc"]},
+     ["nfs_server_user_directories", "must list user names", "../etc"]),
 ])
 def test_server_rejects_bad_variables(tmp_path, extra, words):
     assert_fails_naming(run_role(tmp_path, "nfs_server", {**SERVER_OK, **extra}), *words)
@@ -106,7 +108,8 @@ def test_client_rejects_bad_variables(tmp_path, extra, words):
 @pytest.mark.parametrize(("role", "extra"), [
     ("nfs_server", SERVER_OK),
     ("nfs_server", {"nfs_server_implementation": "ganesha", "nfs_server_squash": "no_root_squash",
-                    "nfs_server_extra_clients": ["192.0.2.7", "2001:db8::/64"]}),
+                    "nfs_server_extra_clients": ["192.0.2.7", "2001:db8::/64"],
+                    "nfs_server_secure": False, "cluster_users": ["alice", "j.doe"]}),
     ("nfs_server", {**SERVER_OK, "nfs_server_subdirectories": [
         "data", {"path": "checkpoints", "mode": "1777"}, {"path": "teams/vision", "mode": "2775",
                                                           "group": "vision"}]}),

@@ -48,7 +48,7 @@ def test_root_is_squashed_by_default_and_documented_so():
 def test_kernel_export_and_ganesha_squash_root_with_the_defaults():
     exports = [line for line in render("exports.j2").splitlines()
                if line and not line.startswith("#")]
-    options = "rw,sync,no_subtree_check,root_squash,anonuid=65534,anongid=65534"
+    options = "rw,sync,secure,no_subtree_check,root_squash,anonuid=65534,anongid=65534"
     assert exports == [f"/srv/nfs/cluster 10.89.0.10({options}) 10.89.0.11({options})"]
 
     ganesha = render("ganesha.conf.j2")
@@ -64,7 +64,7 @@ def test_kernel_export_and_ganesha_squash_root_with_the_defaults():
     ("all_squash", "all_squash", "All_Squash"),
 ])
 def test_both_servers_map_user_ids_the_same_way(squash, kernel, ganesha):
-    assert filters.nfs_server_export_options(squash).split(",")[3] == kernel
+    assert filters.nfs_server_export_options(squash).split(",")[4] == kernel
     assert filters.nfs_server_ganesha_squash(squash) == ganesha
     assert f"Squash = {ganesha};" in render("ganesha.conf.j2", nfs_server_squash=squash)
     assert set(OPTIONS["nfs_server_squash"]["choices"]) == set(filters.SQUASH)
@@ -72,7 +72,8 @@ def test_both_servers_map_user_ids_the_same_way(squash, kernel, ganesha):
 
 def test_export_options_follow_the_other_settings():
     assert filters.nfs_server_export_options("root_squash", False, False, 1500, 1600) == \
-        "ro,async,no_subtree_check,root_squash,anonuid=1500,anongid=1600"
+        "ro,async,secure,no_subtree_check,root_squash,anonuid=1500,anongid=1600"
+    assert ",insecure," in filters.nfs_server_export_options("root_squash", secure=False)
     with pytest.raises(ValueError, match="nfs_server_squash"):
         filters.nfs_server_export_options("squash_everything")
 
@@ -113,3 +114,25 @@ def test_a_boolean_given_as_a_string_on_the_command_line_is_read_as_meant():
     which a bare `if` would take for true."""
     assert "Access_Type = RO;" in render("ganesha.conf.j2", nfs_server_read_write="false")
     assert "Access_Type = RW;" in render("ganesha.conf.j2", nfs_server_read_write="true")
+
+
+def test_both_servers_take_requests_from_privileged_ports_only_by_default():
+    """With sec=sys the server believes the uid a request states: only root on a client may
+    open a privileged source port, so a user without root cannot state another's uid."""
+    assert DEFAULTS["nfs_server_secure"] is True
+    assert OPTIONS["nfs_server_secure"]["default"] is True
+    exports = [line for line in render("exports.j2").splitlines() if line][-1]
+    assert exports.count("(rw,sync,secure,") == 2 and "insecure" not in exports
+    ganesha = render("ganesha.conf.j2")
+    assert "PrivilegedPort = true;" in ganesha and "SecType = sys;" in ganesha
+    assert "PrivilegedPort = false;" in render("ganesha.conf.j2", nfs_server_secure="false")
+    assert "(rw,sync,insecure," in render("exports.j2", nfs_server_secure=False)
+
+
+def test_each_users_checkpoints_directory_is_made_theirs_unless_it_exists_or_is_unknown():
+    passwd = {"alice": ["x", "1001", "1001", "", "/home/alice", "/bin/bash"],
+              "bob": ["x", "1002", "1002", "", "/home/bob", "/bin/bash"]}
+    assert filters.nfs_server_user_directories(["alice", "bob", "carol"], passwd, ["bob"]) == {
+        "make": [{"name": "alice", "uid": 1001, "gid": 1001}], "unknown": ["carol"]}
+    assert filters.nfs_server_user_directories([], {}, []) == {"make": [], "unknown": []}
+    assert DEFAULTS["nfs_server_user_directories"] == "{{ cluster_users }}"

@@ -178,6 +178,29 @@ def test_shared_path_causes_are_named_with_the_node_and_a_fix() -> None:
     assert [row.split()[8] for row in render_table(r).splitlines()[1:]] == ["ok", "FAIL", "FAIL"]
 
 
+def test_a_squatted_place_on_the_share_is_refused_with_the_nodes_own_fix() -> None:
+    """The node names the place, its owner and what to do (node/probe.py not_own):
+    preflight says it as it is, and the port claims that could not be made are a warning."""
+    mine = "/mnt/cluster/checkpoints/carol"
+    r = report(facts("node0", {}, port_warning="launches cannot claim their master port "
+                     "here (two at the same moment could take the same one): /tmp/clustertrain-"
+                     "ports is mode 0755, not 1777 (made by bob): ask bob or an admin to "
+                     "remove it (sudo rm -rf /tmp/clustertrain-ports)"),
+               facts("node1", {}, shared={
+                   "ok": False, "kind": "not_own",
+                   "error": f"{mine} belongs to bob, not to carol: bob could read and "
+                            "replace what carol's runs keep there",
+                   "fix": f"ask bob or an admin to remove it (sudo rm -rf {mine}), then run "
+                          "again: the tool makes it anew, carol's own, mode 0700"}))
+    assert r.problems == [
+        f"node1: shared path: {mine} belongs to bob, not to carol: bob could read and replace "
+        f"what carol's runs keep there; ask bob or an admin to remove it (sudo rm -rf {mine}),"
+        " then run again: the tool makes it anew, carol's own, mode 0700"]
+    assert r.master_port == 29500
+    assert any(w.startswith("node0: launches cannot claim their master port here")
+               for w in r.warnings)
+
+
 def test_master_port_not_reached_and_another_filesystem_are_named() -> None:
     n0 = facts("node0", {}, listener={"port": 29500, "ok": True, "self": {"ok": True}})
     n1 = facts("node1", {}, reach={"token": {"ok": True},

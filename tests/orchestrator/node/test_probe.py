@@ -4,11 +4,17 @@ localhost, this machine's mount table. test_probe_verbs.py runs the verbs whole.
 
 from __future__ import annotations
 
+import json
 import os
+import pwd
+import shutil
 import socket
+import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -58,46 +64,217 @@ def test_a_shared_path_that_is_not_the_share_is_named_with_its_cause(
     assert (res["ok"], res["kind"]) == (False, kind) and says in res["error"]
 
 
+# --- the user's own places on the share ------------------------------------------------
+
+SHM = Path("/dev/shm")
+OTHER = "nobody"   # another user of this machine: a squatter, or a second launch's user
+
+
+def root_only() -> None:
+    if os.getuid() != 0:
+        pytest.skip("gives files to another user (chown): needs root")
+
+
+@pytest.fixture
+def share():
+    """/dev/shm as a stand-in share (a tmpfs mount point) with checkpoints/ as the
+    nfs_server role makes it (sticky, writable by all); this user is root here."""
+    root_only()
+    if not os.path.ismount(SHM) or (SHM / "checkpoints").exists():
+        pytest.skip("/dev/shm is not a mount point here, or has a checkpoints/ already")
+    (SHM / "checkpoints").mkdir()
+    (SHM / "checkpoints").chmod(0o1777)
+    try:
+        yield SHM
+    finally:
+        shutil.rmtree(SHM / "checkpoints", ignore_errors=True)
+
+
+def shared(path: Path) -> dict:
+    return node.check_shared({"path": str(path), "fstypes": None}, "root", 0)
+
+
+def given(path: Path, user: str = OTHER) -> None:
+    pw = pwd.getpwnam(user)
+    os.lchown(path, pw.pw_uid, pw.pw_gid)
+
+
+def test_the_users_own_directory_is_made_for_them_private(share: Path) -> None:
+    assert shared(share)["ok"] is True
+    mine = share / "checkpoints" / "root"
+    assert mine.is_dir() and mine.stat().st_mode & 0o777 == 0o700
+    assert os.listdir(mine) == []   # the writability probe is gone
+
+
+def test_a_directory_squatted_by_another_user_is_refused_naming_the_owner(
+        share: Path) -> None:
+    """Another user made checkpoints/<user> first, open to all: the run would write its
+    checkpoints and records where that user reads and replaces them."""
+    mine = share / "checkpoints" / "root"
+    mine.mkdir()
+    mine.chmod(0o777)
+    given(mine)
+    res = shared(share)
+    assert (res["ok"], res["kind"]) == (False, "not_own")
+    assert res["error"] == (f"{mine} belongs to {OTHER}, not to root: {OTHER} could read "
+                            "and replace what root's runs keep there")
+    assert res["fix"].startswith(f"ask {OTHER} or an admin to remove it (sudo rm -rf {mine})")
+    assert os.listdir(mine) == []   # nothing was written into it
+
+
+def test_a_squatted_place_further_down_is_refused_too(share: Path) -> None:
+    """The user's directory is theirs, but where their runs keep their states
+    (.clustertrain/runs) was made by another while it was open."""
+    runs = share / "checkpoints" / "root" / ".clustertrain" / "runs"
+    runs.mkdir(parents=True)
+    runs.parent.parent.chmod(0o700)
+    given(runs)
+    res = shared(share)
+    assert res["kind"] == "not_own" and res["error"].startswith(f"{runs} belongs to {OTHER}")
+
+
+def test_a_link_in_the_users_place_is_refused_not_followed(share: Path,
+                                                            tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    mine = share / "checkpoints" / "root"
+    mine.symlink_to(elsewhere)
+    given(mine)
+    res = shared(share)
+    assert res["kind"] == "not_own"
+    assert res["error"] == (f"{mine} is a symbolic link (to {elsewhere}), made by {OTHER}, "
+                            "not a directory of root's own")
+    assert os.listdir(elsewhere) == []
+
+
+def test_the_users_own_directory_writable_by_others_is_refused_with_the_chmod(
+        share: Path) -> None:
+    mine = share / "checkpoints" / "root"
+    mine.mkdir()
+    mine.chmod(0o777)
+    res = shared(share)
+    assert res["kind"] == "open"
+    assert res["error"].startswith(f"{mine} is writable by its group and others (mode 0777)")
+    assert res["fix"].startswith(f"chmod go-w {mine}")
+    mine.chmod(0o755)
+    assert shared(share)["ok"] is True
+
+
 # --- master-port claims ---------------------------------------------------------------
 
+def as_user(user: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """FN(*ARGS) in a child process that runs as USER, a real user of this machine: its
+    files are that user's, as a second user's launch on node 0 makes them."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read)
+            pw = pwd.getpwnam(user)
+            os.setgroups([])
+            os.setgid(pw.pw_gid)
+            os.setuid(pw.pw_uid)
+            os.write(write, json.dumps(fn(*args)).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as fh:
+        said = fh.read()
+    os.waitpid(pid, 0)
+    return json.loads(said)
+
+
+@pytest.fixture
+def leases():
+    """A claims directory like /tmp/clustertrain-ports, that every user may reach."""
+    root_only()
+    path = tempfile.mkdtemp(prefix="clustertrain-ports-test-", dir="/tmp")
+    os.chmod(path, 0o1777)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def test_two_launches_claim_different_ports_and_a_plain_look_claims_none(
-        tmp_path: Path) -> None:
-    leases, port = str(tmp_path), free_port()
-    assert node.find_port(port, "alice", None, leases) == {"port_free": True,
-                                                           "free_port": port}
+        leases: str) -> None:
+    port = free_port()
+    assert node.find_port(port, None, leases) == {"port_free": True, "free_port": port}
     assert os.listdir(leases) == []  # preflight alone claims nothing
-    first = node.find_port(port, "alice", "run-a", leases)
-    second = node.find_port(port, "bob", "run-b", leases)
+    first = node.find_port(port, "run-a", leases)
+    second = as_user(OTHER, node.find_port, port, "run-b", leases)
     assert first == {"port_free": True, "free_port": port}
     assert second["port_free"] is False and second["free_port"] not in (None, port)
-    assert sorted(os.listdir(leases)) == sorted([f"{port}.alice.run-a",
-                                                 f"{second['free_port']}.bob.run-b"])
-    assert oct(os.stat(leases).st_mode & 0o7777) == "0o1777"
+    assert sorted(os.listdir(leases)) == sorted([f"{port}.root.run-a",
+                                                 f"{second['free_port']}.{OTHER}.run-b"])
 
 
-def test_an_expired_claim_is_no_claim_and_ones_own_are_cleared(tmp_path: Path) -> None:
-    leases, port = str(tmp_path), free_port()
+def test_the_claims_directory_is_made_like_tmp_and_one_made_otherwise_is_not_used(
+        tmp_path: Path) -> None:
+    """bob made /tmp/clustertrain-ports first, open to himself only: launches still find a
+    port (unclaimed, with a warning naming him) instead of failing."""
+    made = str(tmp_path / "ports")
+    assert node.find_port(free_port(), None, made)["port_free"] is True
+    assert oct(os.stat(made).st_mode & 0o7777) == "0o1777"
+    root_only()
+    taken = tmp_path / "taken"
+    taken.mkdir(mode=0o755)
+    given(taken)
+    port = free_port()
+    found = node.find_port(port, "run-a", str(taken))
+    assert found["port_free"] is True and found["free_port"] == port
+    assert found["port_warning"].endswith(f"{taken} is mode 0755, not 1777 (made by "
+                                          f"{OTHER}): ask {OTHER} or an admin to remove it "
+                                          f"(sudo rm -rf {taken})")
+
+
+def test_an_expired_claim_is_no_claim_and_ones_own_are_cleared(leases: str) -> None:
+    port = free_port()
     old = time.time() - node.LEASE_S - 5
-    for who in ("alice", "bob"):
-        path = tmp_path / f"{port}.{who}.old-run"
+    for who in ("root", OTHER):
+        path = Path(leases) / f"{port}.{who}.old-run"
         path.touch()
         os.utime(path, (old, old))
+        given(path, who)
     assert node.claims(port, leases) == []
-    assert node.find_port(port, "alice", "new-run", leases)["port_free"] is True
-    assert sorted(os.listdir(leases)) == [f"{port}.alice.new-run", f"{port}.bob.old-run"]
+    assert node.find_port(port, "new-run", leases)["port_free"] is True
+    assert sorted(os.listdir(leases)) == [f"{port}.{OTHER}.old-run", f"{port}.root.new-run"]
 
 
-def test_a_detached_launchs_claim_is_dropped_once_torchrun_listens(tmp_path: Path) -> None:
+def test_another_users_junk_claims_do_not_exhaust_the_ports(leases: str) -> None:
+    """bob fills the claims directory: a claim for every port of the range in his own
+    name, one in alice's name for each, and one dated ahead. His own launches find no
+    port; alice's take one after the few ports his claims may hold (MAX_CLAIMS)."""
+    port = free_port()
+
+    def junk() -> None:
+        future = time.time() + 3600
+        for p in range(port, port + node.PORT_RANGE):
+            for name in (f"{p}.{OTHER}.junk", f"{p}.root.forged", f"{p}.{OTHER}.late"):
+                Path(leases, name).touch()
+            os.utime(Path(leases, f"{p}.{OTHER}.late"), (future, future))
+    as_user(OTHER, junk)
+    assert len(os.listdir(leases)) == 3 * node.PORT_RANGE
+    assert as_user(OTHER, node.find_port, port, "run-b", leases)["free_port"] is None
+    found = node.find_port(port, "run-a", leases)
+    assert found["free_port"] is not None
+    assert port + node.MAX_CLAIMS <= found["free_port"] < port + node.PORT_RANGE
+    assert Path(leases, f"{found['free_port']}.root.run-a").stat().st_uid == 0
+    counted = node.live_claims("root", leases)
+    assert {c.user for c in counted} == {OTHER, "root"} and len(counted) == node.MAX_CLAIMS + 1
+
+
+def test_a_detached_launchs_claim_is_dropped_once_torchrun_listens(leases: str) -> None:
     """A detached train ends before torchrun's store listens: its claim stays until the
     port is bound, so that a launch meanwhile takes another port; then it is dropped."""
-    leases, port = str(tmp_path), free_port()
-    assert node.find_port(port, "alice", "run-a", leases)["port_free"] is True
+    port = free_port()
+    assert node.find_port(port, "run-a", leases)["port_free"] is True
     store = socket.socket()
     store.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 
     def torchrun_listens() -> None:
         time.sleep(1.0)
-        assert node.find_port(port, "bob", "run-b", leases)["free_port"] != port
+        assert as_user(OTHER, node.find_port, port, "run-b", leases)["free_port"] != port
         store.bind(("0.0.0.0", port))
         store.listen()
 
