@@ -19,6 +19,8 @@ SCRIPT = "train.py"                       # train's script, relative to --workdi
 # the roles read them --------------------------------------------------------------------
 SHARED_PATH = str(_contract.role_default("contract", "cluster_shared_path"))
 RENDEZVOUS_PORT = int(_contract.role_default("contract", "cluster_rendezvous_port"))
+# ...and how many ports from it up a run's master port may be (the firewall opens them)
+RENDEZVOUS_SPAN = int(_contract.role_default("contract", "cluster_rendezvous_port_span"))
 SCHEDULER = str(_contract.role_default("contract", "cluster_scheduler"))  # none | slurm
 RING_PORTS = str(_contract.role_default("contract", "cluster_ring_ports"))  # UDP LOW-HIGH
 NODE_PYTHON = "/usr/bin/python3"          # a node's system python: runs the node package

@@ -100,7 +100,8 @@ def _check_node(node: NodeSpec, cluster: Cluster, port: int | None, run_id: str 
         return probe(node, client, shared=shared_spec(cluster),
                      addresses=[n.cluster_address for n in cluster.nodes], port=port,
                      run_id=run_id, strict_port=strict_port, rendezvous=rendezvous,
-                     master_address=cluster.nodes[0].cluster_address), client
+                     master_address=cluster.nodes[0].cluster_address,
+                     span=cluster.rendezvous_span), client
     except Exception as exc:  # noqa: BLE001 - reported in the table, job refused
         return NodeFacts(node, error=f"{node.name}: probe failed: {exc}"), client
 
@@ -310,7 +311,8 @@ def _judge_port(report: Report, port: int, strict_port: bool) -> None:
             w.append(f"{node0.node.name}: master port {port} is in use; using "
                      f"{node0.free_port} instead")
         else:
-            p.append(f"{node0.node.name}: no free port in {port}-{port + 199}")
+            p.append(f"{node0.node.name}: no free port in {port}-"
+                     f"{port + report.cluster.rendezvous_span - 1}")
         if listener.get("error") and report.master_port:
             p.append(f"{node0.node.name}: master port {report.master_port}: "
                      f"{listener['error']} (taken a moment ago?); run again")

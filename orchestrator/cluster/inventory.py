@@ -80,6 +80,13 @@ class Cluster:
         return str(self.variables.get("cluster_scheduler") or defaults.SCHEDULER)
 
     @property
+    def rendezvous_span(self) -> int:
+        """The inventory's cluster_rendezvous_port_span: the master ports a run may take,
+        from rendezvous_port up."""
+        return int(self.variables.get("cluster_rendezvous_port_span")
+                   or defaults.RENDEZVOUS_SPAN)
+
+    @property
     def ring_ports(self) -> str:
         """The inventory's cluster_ring_ports ('LOW-HIGH'): the supervisors' beats."""
         return str(self.variables.get("cluster_ring_ports") or defaults.RING_PORTS)
@@ -145,7 +152,8 @@ _CONNECTION_OPTIONS = ("host", "remote_user", "port", "private_key_file",
                        "host_key_checking", "ssh_executable", "ssh_args",
                        "ssh_common_args", "ssh_extra_args", "timeout")
 _OWN_VARS = ("cluster_address", "cluster_shared_path", "cluster_rendezvous_port",
-             "cluster_scheduler", "cluster_ring_ports", "python_env_backend",
+             "cluster_scheduler", "cluster_ring_ports",
+             "cluster_rendezvous_port_span", "python_env_backend",
              "ansible_python_interpreter",
              # node paths the roles make configurable (NodeSpec, _ROLE_PATHS)
              "python_env_state_dir", "common_cluster_env_file",
@@ -285,6 +293,15 @@ def load_cluster(path: str | os.PathLike[str] = defaults.INVENTORY) -> Cluster:
         contract.rules().port_range(cluster.ring_ports)   # the firewall's rule
     except ValueError as exc:
         raise InventoryError(f"cluster_ring_ports in {path}: {exc}") from None
+    try:
+        span = cluster.rendezvous_span
+    except (TypeError, ValueError):
+        span = 0
+    if not 1 <= span <= 65536 - port:
+        raise InventoryError(f"cluster_rendezvous_port_span in {path}: "
+                             f"{first.get('cluster_rendezvous_port_span')!r}: give the number "
+                             f"of master ports from {port} up, at least 1, the last at most "
+                             "65535 (default 200)")
     return cluster
 
 

@@ -37,7 +37,6 @@ LEASE_DIR = PORT_CLAIMS_DIR
 LEASE_S = 120  # a claim lives this long: by then the job's TCPStore holds the port itself
 # Another user's claims count for at most this many ports (see live_claims).
 MAX_CLAIMS = 8
-PORT_RANGE = 200   # the master port, and the next ones tried when it is taken
 # Under checkpoints/<user>/ on the share: where the user's runs keep their states
 # (run/record.py run_state_dir).
 SHARE_STATE = (".clustertrain", "runs")
@@ -476,15 +475,16 @@ def drop_expired(leases: str) -> None:
             continue
 
 
-def find_port(port: int, run: str | None, leases: str = LEASE_DIR) -> dict[str, Any]:
-    """{"port_free": PORT claimed, "free_port": it or the next one claimed (None: none in
-    PORT_RANGE)}; with "port_warning" when LEASES cannot hold claims (claims_dir): the
-    ports are then found free but not claimed; {"port_error"} when nothing could be
-    checked."""
+def find_port(port: int, run: str | None, span: int,
+              leases: str = LEASE_DIR) -> dict[str, Any]:
+    """{"port_free": PORT claimed, "free_port": it or the next one claimed (None: none of
+    the SPAN ports from PORT up: the cluster's rendezvous ports)}; with "port_warning"
+    when LEASES cannot hold claims (claims_dir): the ports are then found free but not
+    claimed; {"port_error"} when nothing could be checked."""
     try:
         unusable = claims_dir(leases)
         if unusable:
-            found = next((p for p in range(port, port + PORT_RANGE) if port_free(p)), None)
+            found = next((p for p in range(port, port + span) if port_free(p)), None)
             return {"port_free": found == port, "free_port": found,
                     "port_warning": "launches cannot claim their master port here (two at "
                                     f"the same moment could take the same one): {unusable}"}
@@ -492,7 +492,7 @@ def find_port(port: int, run: str | None, leases: str = LEASE_DIR) -> dict[str, 
         taken = {c.port for c in live_claims(claimer(), leases)}
         free = port not in taken and claim(port, run, leases)
         return {"port_free": free, "free_port": port if free else next(
-            (p for p in range(port + 1, port + PORT_RANGE)
+            (p for p in range(port + 1, port + span)
              if p not in taken and claim(p, run, leases)), None)}
     except OSError as exc:
         return {"port_free": False, "free_port": None, "port_error": str(exc)}
@@ -663,7 +663,7 @@ def probe(req: dict) -> dict[str, Any]:
     if out["shared"]["ok"] and req.get("node"):
         out["cordon"] = cordon.current(req["shared"]["path"], req["node"])
     if req.get("port"):
-        out.update(find_port(req["port"], req.get("run")))
+        out.update(find_port(req["port"], req.get("run"), int(req["span"])))
     out["resolve"] = resolve(req.get("addresses", []))
     spec = req.get("listen")
     token = req["shared"].get("token")

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from orchestrator.cluster import nodelib
-from orchestrator.node.probe import PORT_RANGE
+from orchestrator.defaults import RENDEZVOUS_SPAN as PORT_RANGE
 from orchestrator.node.protocol import PORT_CLAIMS_DIR
 from orchestrator.sandbox.spec import EXPORT_PATH, SHARED_PATH
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from orchestrator.defaults import RENDEZVOUS_SPAN
 from orchestrator.node import probe as node
 
 
@@ -199,10 +200,10 @@ def leases():
 def test_two_launches_claim_different_ports_and_a_plain_look_claims_none(
         leases: str) -> None:
     port = free_port()
-    assert node.find_port(port, None, leases) == {"port_free": True, "free_port": port}
+    assert node.find_port(port, None, 200, leases) == {"port_free": True, "free_port": port}
     assert os.listdir(leases) == []  # preflight alone claims nothing
-    first = node.find_port(port, "run-a", leases)
-    second = as_user(OTHER, node.find_port, port, "run-b", leases)
+    first = node.find_port(port, "run-a", 200, leases)
+    second = as_user(OTHER, node.find_port, port, "run-b", 200, leases)
     assert first == {"port_free": True, "free_port": port}
     assert second["port_free"] is False and second["free_port"] not in (None, port)
     assert sorted(os.listdir(leases)) == sorted([f"{port}.root.run-a",
@@ -214,14 +215,14 @@ def test_the_claims_directory_is_made_like_tmp_and_one_made_otherwise_is_not_use
     """bob made /tmp/clustertrain-ports first, open to himself only: launches still find a
     port (unclaimed, with a warning naming him) instead of failing."""
     made = str(tmp_path / "ports")
-    assert node.find_port(free_port(), None, made)["port_free"] is True
+    assert node.find_port(free_port(), None, 200, made)["port_free"] is True
     assert oct(os.stat(made).st_mode & 0o7777) == "0o1777"
     root_only()
     taken = tmp_path / "taken"
     taken.mkdir(mode=0o755)
     given(taken)
     port = free_port()
-    found = node.find_port(port, "run-a", str(taken))
+    found = node.find_port(port, "run-a", 200, str(taken))
     assert found["port_free"] is True and found["free_port"] == port
     assert found["port_warning"].endswith(f"{taken} is mode 0755, not 1777 (made by "
                                           f"{OTHER}): ask {OTHER} or an admin to remove it "
@@ -237,7 +238,7 @@ def test_an_expired_claim_is_no_claim_and_ones_own_are_cleared(leases: str) -> N
         os.utime(path, (old, old))
         given(path, who)
     assert node.claims(port, leases) == []
-    assert node.find_port(port, "new-run", leases)["port_free"] is True
+    assert node.find_port(port, "new-run", 200, leases)["port_free"] is True
     assert sorted(os.listdir(leases)) == [f"{port}.{OTHER}.old-run", f"{port}.root.new-run"]
 
 
@@ -249,16 +250,16 @@ def test_another_users_junk_claims_do_not_exhaust_the_ports(leases: str) -> None
 
     def junk() -> None:
         future = time.time() + 3600
-        for p in range(port, port + node.PORT_RANGE):
+        for p in range(port, port + RENDEZVOUS_SPAN):
             for name in (f"{p}.{OTHER}.junk", f"{p}.root.forged", f"{p}.{OTHER}.late"):
                 Path(leases, name).touch()
             os.utime(Path(leases, f"{p}.{OTHER}.late"), (future, future))
     as_user(OTHER, junk)
-    assert len(os.listdir(leases)) == 3 * node.PORT_RANGE
-    assert as_user(OTHER, node.find_port, port, "run-b", leases)["free_port"] is None
-    found = node.find_port(port, "run-a", leases)
+    assert len(os.listdir(leases)) == 3 * RENDEZVOUS_SPAN
+    assert as_user(OTHER, node.find_port, port, "run-b", 200, leases)["free_port"] is None
+    found = node.find_port(port, "run-a", 200, leases)
     assert found["free_port"] is not None
-    assert port + node.MAX_CLAIMS <= found["free_port"] < port + node.PORT_RANGE
+    assert port + node.MAX_CLAIMS <= found["free_port"] < port + RENDEZVOUS_SPAN
     assert Path(leases, f"{found['free_port']}.root.run-a").stat().st_uid == 0
     counted = node.live_claims("root", leases)
     assert {c.user for c in counted} == {OTHER, "root"} and len(counted) == node.MAX_CLAIMS + 1
@@ -268,13 +269,13 @@ def test_a_detached_launchs_claim_is_dropped_once_torchrun_listens(leases: str) 
     """A detached train ends before torchrun's store listens: its claim stays until the
     port is bound, so that a launch meanwhile takes another port; then it is dropped."""
     port = free_port()
-    assert node.find_port(port, "run-a", leases)["port_free"] is True
+    assert node.find_port(port, "run-a", 200, leases)["port_free"] is True
     store = socket.socket()
     store.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 
     def torchrun_listens() -> None:
         time.sleep(1.0)
-        assert as_user(OTHER, node.find_port, port, "run-b", leases)["free_port"] != port
+        assert as_user(OTHER, node.find_port, port, "run-b", 200, leases)["free_port"] != port
         store.bind(("0.0.0.0", port))
         store.listen()
 

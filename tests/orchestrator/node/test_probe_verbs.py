@@ -15,7 +15,7 @@ NODE = [sys.executable, "-m", "orchestrator.node"]
 
 def run_probe(port: int, run: str | None = None) -> dict:
     request = json.dumps({"shared": {"path": "/", "fstypes": None}, "addresses": [],
-                          "port": port, "run": run})
+                          "port": port, "span": 200, "run": run})
     p = subprocess.run([*NODE, "probe"], input=request,
                        capture_output=True, text=True, timeout=120, check=True)
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -107,7 +107,7 @@ from orchestrator.node.probe import port_free  # noqa: E402
 
 def probe_request(tmp_path: Path, **kw) -> dict:
     out = run_probe_with(tmp_path, {"shared": {"path": str(tmp_path), "fstypes": None},
-                                    "addresses": [], "port": None, "run": None,
+                                    "addresses": [], "port": None, "span": 200, "run": None,
                                     "state_dir": str(tmp_path / "state"), **kw})
     return out
 

@@ -205,7 +205,7 @@ def test_verb_probe_claims_the_master_port_and_release_drops_the_claim(
         node: Node, tmp_path: Path) -> None:
     run, port = f"verbs-{os.getpid()}", unused_port()
     request = {"shared": {"path": str(tmp_path), "fstypes": None}, "addresses": [],
-               "port": port, "run": run, "state_dir": str(tmp_path / "state")}
+               "port": port, "span": 200, "run": run, "state_dir": str(tmp_path / "state")}
     found = last_json(node.verb("probe", stdin=json.dumps(request)))
     assert isinstance(found, dict) and found["port_free"] is True and found["free_port"] == port
 
@@ -221,7 +221,7 @@ def test_verb_reach_connects_to_node0s_listener_and_unlisten_ends_it(
         node: Node, tmp_path: Path) -> None:
     port = unused_port()
     request = {"shared": {"path": str(tmp_path), "fstypes": None},
-               "addresses": ["127.0.0.1"], "port": port, "run": None,
+               "addresses": ["127.0.0.1"], "port": port, "span": 200, "run": None,
                "state_dir": str(tmp_path / "state"),
                "listen": {"nonce": "v1", "expect": 3, "address": "127.0.0.1", "timeout": 3,
                           "seconds": 30}}
