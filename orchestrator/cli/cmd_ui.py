@@ -19,14 +19,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "newest first, each with its report (charts, each node's log), which "
                        "reloads itself while the run runs; with -i, the inventory's nodes: "
                        "cordoned or not, which run holds each and, on Slurm, the queue. It "
-                       "listens on 127.0.0.1; on any other --host every request must carry "
-                       "the token printed in the URL. Ctrl-C stops it.")
+                       "listens on 127.0.0.1 (every user of this machine reaches that "
+                       "too), so on any --host every request must carry the token in the "
+                       "URL it prints (a new one each start; the page keeps it in a "
+                       "cookie): open that URL, and keep it to yourself. Ctrl-C stops it.")
     p.add_argument("--runs-dir", default=str(defaults.RUNS_DIR))
     p.add_argument("-i", "--inventory", help="the cluster's inventory, for the nodes page "
                    "(without it the page shows the runs only)")
     p.add_argument("--host", default="127.0.0.1",
                    help="the address to listen on (default 127.0.0.1: this machine only; "
-                   "any other asks for a token)")
+                   "the token is asked on every address)")
     p.add_argument("--port", type=int, default=8470,
                    help="the port to listen on (default 8470; 0: any free one)")
     p.set_defaults(func=_ui)
@@ -45,9 +47,10 @@ def _ui(args: argparse.Namespace) -> int:
         cluster = functools.partial(ask_cluster, args.inventory)
     server = UiServer(runs_dir, host=args.host, port=args.port, cluster=cluster)
     print(f"clustertrain ui: {server.url}", flush=True)
-    if server.token:
-        print(f"note: listening on {args.host}: anyone who can reach it needs the token in "
-              "that URL; keep it to yourself", flush=True)
+    who = ("the other users of this machine reach it too" if server.loopback else
+           "anyone who can reach it")
+    print(f"note: listening on {args.host}: {who}; the token in that URL keeps them out of "
+          "your runs: keep it to yourself", flush=True)
     print("Ctrl-C stops it", flush=True)
     try:
         server.serve_forever()

@@ -33,7 +33,7 @@ from ..errors import ClusterError, DiagnoseError
 from ..node.dump import py_spy_for
 from ..node.protocol import JOBS_DIR
 from ..run.command import NodeCommand
-from ..run.record import check_owner, iso, open_run
+from ..run.record import check_owner, iso, open_run, private_dir, write_private
 from .hang import (
     FlightRecord,
     HangAnalysis,
@@ -169,7 +169,7 @@ def _read_round(dumps: list[NodeDumps], into: Path, suffix: str,
             rank = RankId(node.node, int(entry["rank"]), int(entry["pid"]))
             name = f"{node.node}-rank{rank.rank}{suffix}"
             if "dump" in entry:
-                (into / f"{name}.json").write_text(entry["dump"])
+                write_private(into / f"{name}.json", entry["dump"])
                 try:
                     found.stacks.append(parse_pyspy_dump(entry["dump"], rank))
                 except DiagnoseError as exc:
@@ -179,7 +179,7 @@ def _read_round(dumps: list[NodeDumps], into: Path, suffix: str,
                                f"py-spy: {entry.get('error', 'no output')}")
             if "fr" in entry:
                 data = zlib.decompress(base64.b64decode(entry["fr"]))
-                (into / f"{name}.fr.pkl").write_bytes(data)
+                write_private(into / f"{name}.fr.pkl", data)
                 try:
                     found.records.append(parse_flight_record(data, rank))
                 except DiagnoseError as exc:
@@ -220,7 +220,7 @@ def analyse(rounds: list[list[NodeDumps]], into: Path,
     NODE-rankR.fr.pkl, later ones with .sampleN before the suffix), read them, and name
     the suspects that hold still. TIMED_OUT: the dumps are of the ranks that survived
     others' collective timeout (whose: the words), see hang.blame_survivors."""
-    into.mkdir(parents=True, exist_ok=True)
+    private_dir(into)
     missing: list[str] = []
     stacks: list[HangAnalysis] = []
     flights: list[HangAnalysis] = []
@@ -241,8 +241,8 @@ def analyse(rounds: list[list[NodeDumps]], into: Path,
         held = blame_survivors(held, timed_out)
     diagnosis = Diagnosis(held,
                           _still(flights, flight_places) if flights else None, into, missing)
-    (into / "report.txt").write_text(diagnosis.report() + "\n")
-    (into / "analysis.json").write_text(json.dumps(diagnosis.to_json(), indent=2) + "\n")
+    write_private(into / "report.txt", diagnosis.report() + "\n")
+    write_private(into / "analysis.json", json.dumps(diagnosis.to_json(), indent=2) + "\n")
     return diagnosis
 
 

@@ -8,7 +8,6 @@ The HTML is a Jinja template (templates/), which escapes every value from the re
 from __future__ import annotations
 
 import json
-import os
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ import jinja2
 
 from ..diagnosis.progress import WINDOW_S, Point
 from ..run.logstream import is_record
-from ..run.record import RecordUnreadable, RunDir
+from ..run.record import RecordUnreadable, RunDir, write_private
 from ..run.status import LAST_LINES, row
 from . import svg
 
@@ -263,9 +262,6 @@ def render_run(run: RunDir, refresh: int | None = None, served: bool = False) ->
 
 
 def write_report(run: RunDir) -> Path:
-    """Write RUN's report.html (atomically: a reader never sees half of it)."""
-    html = render_run(run)
-    tmp = run.report_html.with_suffix(".tmp")
-    tmp.write_text(html, encoding="utf-8")
-    os.replace(tmp, run.report_html)
-    return run.report_html
+    """Write RUN's report.html (atomically: a reader never sees half of it; its owner's
+    only, as the rest of the record)."""
+    return write_private(run.report_html, render_run(run))

@@ -6,16 +6,20 @@
     /nodes             the inventory's nodes: cordoned or not, which run holds each; on a
                        Slurm cluster, the queue
 
-Only GET and HEAD. It listens on loopback unless told otherwise; on any other address
-every request carries a token (`?token=`, then a cookie), made at start and printed in
-the URL. No file outside the runs directory is ever served, whatever the path or a
-symlink in the record says. Asking the cluster (SSH) is cached for a few seconds, and a
-node that does not answer is said on the page, not a failed request.
+Only GET and HEAD. It listens on loopback unless told otherwise, and on every address,
+loopback included, every request carries its token (`?token=`, then a cookie): made at
+start and printed in the URL only, it keeps the other users of the machine (who reach its
+loopback too) out of this user's runs. On loopback a request must also name the loopback
+as its Host (a page of another site pointed here by DNS is refused). No file outside the
+runs directory is ever served, whatever the path or a symlink in the record says. Asking
+the cluster (SSH) is cached for a few seconds, and a node that does not answer is said on
+the page, not a failed request.
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import hmac
 import ipaddress
 import mimetypes
@@ -41,7 +45,7 @@ from .page import TEMPLATES, render_run
 DEFAULT_PORT = 8470
 REFRESH_S = 5       # a page that changes (the runs, a live run, the nodes) reloads so often
 CACHE_S = 10.0      # the cluster's answer (and a live run's settling) is reused so long
-COOKIE = "clustertrain_ui"
+COOKIE = "clustertrain_ui"   # and the token's hash: each server its own cookie
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$")   # as run/stop.py takes one
 TEXT = {".log", ".txt", ".jsonl", ".out", ".err", ".tmp"}   # served as text/plain
 LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
@@ -109,8 +113,8 @@ class _Cached:
 
 class UiServer:
     """The `ui` web server over RUNS_DIR. HOST/PORT: where it listens (port 0: a free
-    one). CLUSTER: what /nodes shows (None: no inventory was given). TOKEN: what a request
-    must carry; None makes one when HOST is not loopback (on loopback none is asked)."""
+    one). CLUSTER: what /nodes shows (None: no inventory was given). TOKEN: what every
+    request must carry, on any address; None (or '') makes one."""
 
     def __init__(self, runs_dir: Path, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
                  cluster: ClusterQuery | None = None, token: str | None = None,
@@ -122,7 +126,10 @@ class UiServer:
         self.runs_dir = runs_dir
         self.root = runs_dir.resolve()
         self.loopback = is_loopback(host)
-        self.token = token if token is not None or self.loopback else secrets.token_urlsafe(24)
+        self.token = token or secrets.token_urlsafe(24)
+        # Named after the token: two `ui`s seen from one browser (one host name, other
+        # ports, tunnels) each keep their own cookie.
+        self.cookie = f"{COOKIE}_{hashlib.sha256(self.token.encode()).hexdigest()[:12]}"
         self.cache_s = cache_s
         self.cluster = _Cached(cluster, cache_s) if cluster is not None else None
         self._settled: dict[str, _Cached] = {}
@@ -146,13 +153,13 @@ class UiServer:
 
     @property
     def url(self) -> str:
-        """Where to open it (with its token, if it has one)."""
+        """Where to open it, with its token."""
         host = self.host
         if host in ("", "0.0.0.0", "::"):
             host = socket.gethostname()
         elif ":" in host:
             host = f"[{host}]"
-        return f"http://{host}:{self.port}/" + (f"?token={self.token}" if self.token else "")
+        return f"http://{host}:{self.port}/?token={self.token}"
 
     def serve_forever(self) -> None:
         self.httpd.serve_forever(poll_interval=0.2)
@@ -300,33 +307,35 @@ def _handler(ui: UiServer) -> type[BaseHTTPRequestHandler]:
             except UnicodeDecodeError:
                 self._send(HTTPStatus.NOT_FOUND, "not found\n")
             except Exception as exc:  # noqa: BLE001 - the page says it; the server goes on
-                print(f"ui: {self.path}: {type(exc).__name__}: {exc}", file=sys.stderr)
+                print(f"ui: {url.path}: {type(exc).__name__}: {exc}",   # not its ?token=
+                      file=sys.stderr)
                 self._send(HTTPStatus.INTERNAL_SERVER_ERROR,
                            f"cannot show {url.path}: {type(exc).__name__}: {exc}\n")
 
         def _admitted(self, query: str) -> str | None:
-            """None when refused (answered here); else the cookie to set ('' for none)."""
+            """None when refused (answered here); else the cookie to set ('' for none).
+            Every request carries the token, loopback or not: another user of this
+            machine reaches its loopback as well as its owner does."""
             host = (self.headers.get("Host") or "").rsplit(":", 1)[0].strip("[]")
-            if ui.loopback and ui.token is None and host and not is_loopback(host):
+            if ui.loopback and host and not is_loopback(host):
                 # A page of another site whose name points here (DNS rebinding) is not
                 # this user's browser asking: refused.
                 self._send(HTTPStatus.FORBIDDEN, f"refused: Host {host!r} is not this "
                            "machine's loopback; open the URL `ui` printed\n")
                 return None
-            if ui.token is None:
-                return ""
             given = (parse_qs(query).get("token") or [""])[0]
             if given and hmac.compare_digest(given.encode(), ui.token.encode()):
-                return f"{COOKIE}={ui.token}; Path=/; HttpOnly; SameSite=Strict"
+                return f"{ui.cookie}={ui.token}; Path=/; HttpOnly; SameSite=Strict"
             try:
                 jar = SimpleCookie(self.headers.get("Cookie") or "")
             except CookieError:
                 jar = SimpleCookie()
-            held = jar[COOKIE].value if COOKIE in jar else ""
+            held = jar[ui.cookie].value if ui.cookie in jar else ""
             if held and hmac.compare_digest(held.encode(), ui.token.encode()):
                 return ""
-            self._send(HTTPStatus.FORBIDDEN, "refused: this server asks for its token; "
-                       "open the URL `ui` printed (it ends in ?token=...)\n")
+            self._send(HTTPStatus.FORBIDDEN, "refused: this server asks for its token on "
+                       "every request; open the URL `ui` printed when it started (it ends "
+                       "in ?token=...), or start `ui` again for a new one\n")
             return None
 
         def _route(self, path: str, raw: str, extra: dict[str, str]) -> None:

@@ -29,7 +29,7 @@ from ..errors import ClusterError, LaunchError
 from ..node.allocate import KEEP
 from ..node.protocol import STOP_REQUESTED
 from ..node.slurmjob import JOB_ENV
-from .record import RunDir, iso
+from .record import RunDir, iso, write_private
 from .spec import RunSpec
 from .status import RunStatus, cut_short
 
@@ -247,7 +247,7 @@ def settle_queued(run: RunDir, info: dict[str, Any]) -> dict[str, Any] | None:
 def cancel_queued(run: RunDir, info: dict[str, Any], cluster: Cluster) -> None:
     """`stop` of a run still waiting in Slurm's queue: its job is cancelled (from the
     cluster's first node, as the run's user), and its train says the run was stopped."""
-    (run.path / STOP_REQUESTED).write_text(f"{time.time()}\n")
+    write_private(run.path / STOP_REQUESTED, f"{time.time()}\n")
     first = cluster.nodes[0]
     conn = ssh.connect(first.name, first.ssh)
     try:

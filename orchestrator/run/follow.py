@@ -26,7 +26,7 @@ from ..node.protocol import COLLECTIVE_TIMEOUT, HANG_GATHER, HANG_MARKER, RECONN
 from .command import EXIT_MARKER, NodeCommand
 from .ends import PEER_GONE
 from .logstream import LineSplitter, is_record
-from .record import RunDir, iso
+from .record import RunDir, iso, open_private
 from .scheduler import Scheduler
 from .spec import HangWatch, OnHang
 from .status import JobResult, NodeOutcome
@@ -73,7 +73,7 @@ class Job:
         tail, seen = self.tail, 0   # lines of the node's log received (from the start
         end: tuple[int, End, str] | None = None   # when TAIL is None)
         again = False               # followed again after a drop
-        with open(self.rundir.log(spec.name), "a", encoding="utf-8") as log:
+        with open_private(self.rundir.log(spec.name), "a") as log:
             while True:
                 try:
                     proc = self.scheduler.log_iter(spec, cmd, lease, tail, seen)

@@ -46,6 +46,7 @@ from .record import (
     new_run_id,
     open_run,
     run_state_dir,
+    write_private,
 )
 from .recovery import (
     RECOVERY_ENV,
@@ -533,7 +534,7 @@ def _follow(run: RunDir, tail: int | None) -> int:
     try:
         if tail is None:  # the whole log again: the local copy starts over
             for name in cluster.names:
-                run.log(name).write_text("")
+                write_private(run.log(name), "")
         job = Job(run, list(zip(cluster.nodes, commands, strict=True)), SshScheduler(clients))
         job.tail = tail
         result = job.run(attached=False)

@@ -1,4 +1,10 @@
-"""The local record of a run: runs/<run-id>/ with one log per node, run.json, summary.json."""
+"""The local record of a run: runs/<run-id>/ with one log per node, run.json, summary.json.
+
+A run's record is its owner's only, whatever the umask: run.json holds the job's command,
+--env values included. Its directory is made 0700, which keeps the other users out of
+every file in it, and a file written in it is made 0600 (`write_private`, `open_private`;
+a directory in it, `private_dir`), so that it stays its owner's wherever it is copied or
+moved. A record made before (0755 and 0644) is read as it is."""
 
 from __future__ import annotations
 
@@ -14,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from ..errors import ClusterError
 
@@ -42,6 +48,46 @@ class RecordUnreadable(ClusterError):
 # What a summary.json must hold to be read (`runs`, `runs show`, `attach`); every writer
 # gives these and more (start, end, nodes, first_failed), however the run ended.
 SUMMARY_KEYS = ("status", "duration_s")
+
+PRIVATE_DIR = 0o700    # a run's directory, and any directory made in it
+PRIVATE_FILE = 0o600   # every file of a run's record
+
+
+def private_dir(path: Path, exist_ok: bool = True) -> Path:
+    """PATH made (its missing parents too, as the umask has them) and set to its owner
+    only (0700), whatever the umask. EXIST_OK: one that exists already is narrowed the
+    same way (else FileExistsError)."""
+    path.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=exist_ok)
+    os.chmod(path, PRIVATE_DIR)
+    return path
+
+
+def open_private(path: Path, mode: str = "w") -> IO[Any]:
+    """PATH opened to write ('w', 'wb') or append ('a', 'ab'), readable by its owner only
+    whatever the umask: made 0600, and narrowed to 0600 if it was made wider before (a
+    file of this user's; another's, root's say, keeps the mode its owner gave it)."""
+    if mode not in ("w", "wb", "a", "ab"):
+        raise ValueError(f"open_private: mode {mode!r}; give 'w', 'wb', 'a' or 'ab'")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC
+    flags |= os.O_APPEND if mode.startswith("a") else os.O_TRUNC
+    fd = os.open(path, flags, PRIVATE_FILE)
+    try:
+        if os.fstat(fd).st_uid == os.geteuid():
+            os.fchmod(fd, PRIVATE_FILE)
+        return os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def write_private(path: Path, data: str | bytes) -> Path:
+    """PATH replaced by DATA at once (a reader never sees half of it: written beside it as
+    NAME.tmp, then renamed), readable by its owner only (`open_private`)."""
+    tmp = path.with_suffix(".tmp")
+    with open_private(tmp, "wb" if isinstance(data, bytes) else "w") as fh:
+        fh.write(data)
+    os.replace(tmp, path)
+    return path
 
 
 def check_writable(path: Path, option: str) -> None:
@@ -108,9 +154,9 @@ class RunDir:
         return self.path / "summary.json"
 
     def create(self, info: dict[str, Any], queued: bool = False) -> None:
-        """The run's directory and run.json (QUEUED: its record while it waited in Slurm's
-        queue is there, and is replaced)."""
-        self.path.mkdir(parents=True, exist_ok=queued)
+        """The run's directory (0700) and run.json (0600) (QUEUED: its record while it
+        waited in Slurm's queue is there, and is replaced)."""
+        private_dir(self.path, exist_ok=queued)
         _write_json(self.run_json, info)
 
     @property
@@ -155,7 +201,7 @@ class RunDir:
         """Add POINTS (progress.Point) to the run's timeline."""
         lines = "".join(json.dumps(p.to_json(), separators=(",", ":")) + "\n" for p in points)
         if lines:
-            with open(self.timeline, "a", encoding="utf-8") as fh:
+            with open_private(self.timeline, "a") as fh:
                 fh.write(lines)
 
     def info(self) -> dict[str, Any]:
@@ -192,9 +238,7 @@ class RunDir:
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
+    write_private(path, json.dumps(data, indent=2) + "\n")
 
 
 def open_run(root: Path, run_id: str) -> RunDir:

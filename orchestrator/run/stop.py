@@ -17,7 +17,7 @@ from .. import defaults
 from ..cluster.inventory import load_cluster
 from ..errors import ClusterError
 from ..node.protocol import STOP_REQUESTED
-from .record import check_owner, open_run
+from .record import check_owner, open_run, write_private
 from .scheduler import SshScheduler, StopResult
 from .spec import check_grace
 
@@ -37,5 +37,5 @@ def stop_run(runs_dir: Path, run_id: str, grace: float = defaults.GRACE,
         return []
     cluster = load_cluster(inventory or info["inventory"]).select(hosts=",".join(info["nodes"]))
     check_owner(cluster.nodes, info, "stop it. Nothing was signalled")
-    (run.path / STOP_REQUESTED).write_text(f"{time.time()}\n")
+    write_private(run.path / STOP_REQUESTED, f"{time.time()}\n")
     return list(SshScheduler().cancel(list(cluster.nodes), run_id, grace).values())

@@ -1,6 +1,8 @@
 """`ui`'s web server (orchestrator/report/server.py), started on a free port in a thread
 over a runs directory of recorded runs and asked over real HTTP: the pages, the files of a
-run, what it refuses (paths out of the runs directory, requests without the token)."""
+run, what it refuses (paths out of the runs directory, requests without the token, on
+loopback too). A request carries the server's token (the cookie its page keeps it in, as a
+browser that opened the printed URL) unless a test says otherwise."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
@@ -26,6 +29,7 @@ REPO = Path(__file__).resolve().parents[3]
 DONE = "20260921-101500-a1b2c3"
 LIVE = "20260921-111500-d4e5f6"
 SECRET = "TOP-SECRET-6b1f2e: outside the runs directory"
+ENV_SECRET = "hf_4c1d0e9a7b-alices-token"   # an --env value in the finished run's run.json
 
 
 @pytest.fixture
@@ -34,7 +38,8 @@ def runs(tmp_path: Path) -> Path:
     a secret file beside it, outside it."""
     root = tmp_path / "runs"
     root.mkdir()
-    write_run(root, DONE, ["node0", "node1"], 120, slow="node1")
+    done = write_run(root, DONE, ["node0", "node1"], 120, slow="node1")
+    done.create({**done.info(), "spec": {"env": {"HF_TOKEN": ENV_SECRET}}}, queued=True)
     live = write_run(root, LIVE, ["node0", "node1"], 60)
     live.summary_json.unlink()
     live.report_html.unlink()
@@ -61,11 +66,13 @@ def ui(runs: Path) -> Iterator[UiServer]:
 
 
 def get(server: UiServer, path: str, headers: dict[str, str] | None = None,
-        method: str = "GET") -> tuple[int, dict[str, str], str]:
-    """PATH asked as it is (no client-side normalising of `..` or `%2e`)."""
+        method: str = "GET", token: bool = True) -> tuple[int, dict[str, str], str]:
+    """PATH asked as it is (no client-side normalising of `..` or `%2e`); TOKEN: with the
+    server's cookie, as from a browser that opened its URL (HEADERS may replace it)."""
+    sent = {"Cookie": f"{server.cookie}={server.token}"} if token else {}
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
     try:
-        conn.request(method, path, headers=headers or {})
+        conn.request(method, path, headers={**sent, **(headers or {})})
         resp = conn.getresponse()
         body = resp.read().decode("utf-8", errors="replace")
         return resp.status, {k.lower(): v for k, v in resp.getheaders()}, body
@@ -159,34 +166,64 @@ def test_symlinks_out_of_the_runs_directory_are_refused(ui: UiServer, runs: Path
     assert status == 200 and body.startswith("node0/rank0 | epoch 1")
 
 
-def test_a_loopback_server_needs_no_token_but_refuses_other_host_names(ui: UiServer) -> None:
-    assert ui.token is None and ui.url == f"http://127.0.0.1:{ui.port}/"
+def test_a_loopback_server_refuses_other_host_names(ui: UiServer) -> None:
+    assert ui.url == f"http://127.0.0.1:{ui.port}/?token={ui.token}"
     assert get(ui, "/", {"Host": f"localhost:{ui.port}"})[0] == 200
-    # A page of another site whose name was pointed at 127.0.0.1 (DNS rebinding).
+    # A page of another site whose name was pointed at 127.0.0.1 (DNS rebinding), even
+    # with the token's cookie.
     status, _, body = get(ui, "/", {"Host": f"attacker.example:{ui.port}"})
     assert status == 403 and DONE not in body
 
 
-def test_a_server_on_another_address_asks_for_its_token(runs: Path) -> None:
-    for server in serve(runs, host="0.0.0.0"):
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])
+def test_every_server_asks_for_its_token_on_loopback_too(runs: Path, host: str) -> None:
+    """Another user of the machine reaches its loopback as well as its owner does: without
+    the token nothing of a run is answered, only what to do; the printed URL's token is
+    kept in a cookie, which then lets the page's links work."""
+    for server in serve(runs, host=host):
         token = server.token
         assert token and len(token) >= 32 and server.url.endswith(f"/?token={token}")
-        for path in ("/", f"/runs/{DONE}/", f"/runs/{DONE}/node0.log", "/nodes"):
-            status, _, body = get(server, path)
-            assert status == 403 and DONE not in body and "epoch" not in body, path
+        for path in ("/", f"/runs/{DONE}/", f"/runs/{DONE}/node0.log",
+                     f"/runs/{DONE}/run.json", f"/runs/{DONE}/report.html", "/nodes"):
+            for method in ("GET", "HEAD"):
+                status, headers, body = get(server, path, method=method, token=False)
+                assert status == 403, (path, method)
+                assert "set-cookie" not in headers
+                for leak in (DONE, LIVE, ENV_SECRET, "epoch", "alice", "node0"):
+                    assert leak not in body, (path, leak)
+        status, _, body = get(server, "/", token=False)
+        assert "open the URL `ui` printed" in body and "?token=" in body
         for wrong in ("?token=", "?token=x", f"?token={token[:-1]}", f"?token={token}x"):
-            assert get(server, "/" + wrong)[0] == 403, wrong
-        assert get(server, "/", {"Cookie": "clustertrain_ui=nope"})[0] == 403
-        status, headers, body = get(server, f"/?token={token}")
+            assert get(server, "/" + wrong, token=False)[0] == 403, wrong
+        for cookie in (f"{server.cookie}=nope", f"clustertrain_ui={token}",
+                       f"{server.cookie}x={token}"):
+            assert get(server, "/", {"Cookie": cookie}, token=False)[0] == 403, cookie
+        status, headers, body = get(server, f"/?token={token}", token=False)
         assert status == 200 and f'href="/runs/{DONE}/"' in body
         cookie = headers["set-cookie"]
-        assert cookie.startswith(f"clustertrain_ui={token};")
+        assert cookie.startswith(f"{server.cookie}={token};")
         assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
         # The cookie alone lets the page's links work.
-        jar = {"Cookie": f"clustertrain_ui={token}"}
-        status, _, body = get(server, f"/runs/{DONE}/node0.log", jar)
+        jar = {"Cookie": f"{server.cookie}={token}"}
+        status, _, body = get(server, f"/runs/{DONE}/node0.log", jar, token=False)
         assert status == 200 and body.startswith("node0/rank0 | epoch")
-        assert get(server, f"/runs/{DONE}/", jar)[0] == 200
+        status, _, body = get(server, f"/runs/{DONE}/run.json", jar, token=False)
+        assert status == 200 and ENV_SECRET in body    # its owner sees it all
+
+
+def test_two_servers_each_take_their_own_token_only(runs: Path) -> None:
+    """Two `ui`s of one browser (other ports on one host name) keep a cookie each: neither
+    takes the other's token, and opening one does not log out of the other."""
+    for first in serve(runs):
+        for second in serve(runs):
+            assert first.token != second.token and first.cookie != second.cookie
+            both = {"Cookie": f"{first.cookie}={first.token}; "
+                              f"{second.cookie}={second.token}"}
+            assert get(first, "/", both, token=False)[0] == 200
+            assert get(second, "/", both, token=False)[0] == 200
+            assert get(second, f"/?token={first.token}", token=False)[0] == 403
+            swapped = {"Cookie": f"{second.cookie}={first.token}"}
+            assert get(second, "/", swapped, token=False)[0] == 403
 
 
 def test_the_nodes_page_without_an_inventory_says_to_pass_it(ui: UiServer) -> None:
@@ -273,12 +310,16 @@ def test_the_cli_serves_until_ctrl_c(runs: Path) -> None:
         assert proc.stdout is not None
         line = proc.stdout.readline()
         assert line.startswith("clustertrain ui: http://127.0.0.1:"), line
-        url = line.split(": ", 1)[1].strip()
-        conn = http.client.HTTPConnection(url.split("//")[1].rstrip("/"), timeout=30)
-        conn.request("GET", "/")
-        resp = conn.getresponse()
-        assert resp.status == 200 and DONE in resp.read().decode()
-        conn.close()
+        url = urlsplit(line.split(": ", 1)[1].strip())
+        token = parse_qs(url.query)["token"][0]
+        note = proc.stdout.readline() + proc.stdout.readline()
+        assert "other users of this machine reach it too" in note and "Ctrl-C" in note, note
+        for path, status in (("/", 403), (f"/?{url.query}", 200)):
+            conn = http.client.HTTPConnection(url.netloc, timeout=30)
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            assert resp.status == status and (DONE in resp.read().decode()) == (status == 200)
+            conn.close()
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)
     finally:
@@ -286,3 +327,4 @@ def test_the_cli_serves_until_ctrl_c(runs: Path) -> None:
             proc.kill()
             proc.wait()
     assert proc.returncode in (0, 130) and "Traceback" not in err, err
+    assert token not in note + out + err     # printed in the URL line only

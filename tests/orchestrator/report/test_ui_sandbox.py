@@ -32,7 +32,8 @@ def start_train(sandbox: Sandbox, runs: Path) -> Train:
 
 
 class Ui:
-    """`python -m orchestrator ui --port 0` as a user starts it; its printed URL."""
+    """`python -m orchestrator ui --port 0` as a user starts it; its printed URL, opened
+    once as a browser does (its token is then kept in the cookie the answer sets)."""
 
     def __init__(self, runs: Path, inventory: Path) -> None:
         self.proc = subprocess.Popen(
@@ -44,12 +45,16 @@ class Ui:
         assert line.startswith("clustertrain ui: http://127.0.0.1:"), \
             line + (self.proc.stderr.read() if self.proc.poll() is not None else "")
         self.url = urlsplit(line.split(": ", 1)[1].strip())
+        self.cookie = ""
+        status, _ = self.get(f"/?{self.url.query}")
+        assert status == 200 and self.cookie, (status, self.cookie)
 
     def get(self, path: str) -> tuple[int, str]:
         conn = http.client.HTTPConnection(self.url.netloc, timeout=120)
         try:
-            conn.request("GET", path)
+            conn.request("GET", path, headers={"Cookie": self.cookie} if self.cookie else {})
             resp = conn.getresponse()
+            self.cookie = (resp.getheader("Set-Cookie") or self.cookie).split(";")[0]
             return resp.status, resp.read().decode("utf-8", errors="replace")
         finally:
             conn.close()

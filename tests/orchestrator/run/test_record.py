@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
+
+import pytest
 
 from orchestrator.cli import main
 from orchestrator.run.record import RunDir, latest_attempt, new_run_id
@@ -165,3 +168,54 @@ def test_runs_gives_a_doctor_runs_verdict_not_its_command_line(tmp_path: Path,
     assert not any("--addresses" in line for line in lines.values())
     assert main(["runs", "show", named.run_id, "--runs-dir", str(tmp_path)]) == 0
     assert "doctor: suspects node1" in capsys.readouterr().out
+
+
+def _modes(run: RunDir) -> dict[str, str]:
+    """{path in RUN's directory ('.' for itself): its permission bits, in octal}."""
+    return {str(p.relative_to(run.path)): oct(p.stat().st_mode & 0o777)
+            for p in [run.path, *run.path.rglob("*")]}
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o000])
+def test_a_runs_record_is_readable_by_its_owner_only_whatever_the_umask(
+        tmp_path: Path, umask: int) -> None:
+    """run.json holds the job's command and its --env values: on a shared machine the
+    other users see none of the record, whatever the umask it was written under."""
+    from orchestrator.diagnosis.progress import NodePoint, Point
+
+    old = os.umask(umask)
+    try:
+        run = RunDir(tmp_path / "runs", new_run_id())
+        run.create({"run_id": run.run_id, "nodes": ["node0"], "script": "ddp.py",
+                    "script_args": [], "inventory": "inv.yml",
+                    "spec": {"env": {"WANDB_API_KEY": "s3cret"}}})
+        run.append_timeline([Point(t=1.0, nodes={"node0": NodePoint(0.1)})])
+        run.write_summary({"status": "succeeded", "duration_s": 1.0})
+        run.write_json("doctor.json", {"suspects": []})
+    finally:
+        os.umask(old)
+    modes = _modes(run)
+    assert set(modes) == {".", "run.json", "timeline.jsonl", "summary.json", "report.html",
+                          "doctor.json"}, modes
+    assert modes.pop(".") == "0o700" and set(modes.values()) == {"0o600"}, modes
+    assert run.info()["spec"]["env"] == {"WANDB_API_KEY": "s3cret"}
+
+
+def test_a_record_written_wider_before_is_read_and_narrowed_when_written_again(
+        tmp_path: Path) -> None:
+    """A runs directory of an older version (0755, 0644) reads as it did; what is
+    written into it again (a queued run's record, its timeline) is its owner's only."""
+    from orchestrator.diagnosis.progress import NodePoint, Point
+
+    run = make_run(tmp_path, finished=True)
+    for path in (run.path, *run.path.iterdir()):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    run.timeline.write_text("")
+    run.timeline.chmod(0o644)
+    assert run.info()["script"] == "ddp.py" and (run.summary() or {})["status"] == "succeeded"
+    run.create({**run.info(), "queued": None}, queued=True)
+    run.append_timeline([Point(t=1.0, nodes={"node0": NodePoint(0.1)})])
+    modes = _modes(run)
+    assert (modes["."], modes["run.json"], modes["timeline.jsonl"]) == \
+        ("0o700", "0o600", "0o600")
+    assert modes["summary.json"] == "0o644"   # not written again: as it was
