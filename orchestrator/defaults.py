@@ -23,6 +23,7 @@ RENDEZVOUS_PORT = int(_contract.role_default("contract", "cluster_rendezvous_por
 RENDEZVOUS_SPAN = int(_contract.role_default("contract", "cluster_rendezvous_port_span"))
 SCHEDULER = str(_contract.role_default("contract", "cluster_scheduler"))  # none | slurm
 RING_PORTS = str(_contract.role_default("contract", "cluster_ring_ports"))  # UDP LOW-HIGH
+ADMIN_GROUP = str(_contract.role_default("contract", "cluster_admin_group"))  # lift any cordon
 NODE_PYTHON = "/usr/bin/python3"          # a node's system python: runs the node package
 # -- a run's policies (train's options) ---------------------------------------------------
 GRACE = _node.GRACE                       # --grace: SIGTERM, then SIGKILL after this long

@@ -184,7 +184,8 @@ def run_doctor(cluster: Cluster, request: DoctorRequest,
     kept = keep_out(cluster, {node: f"{node} named by doctor (run {run_id}): "
                               + "; ".join(why) for node, why in whys.items()}, run_id)
     report.cordoned, report.drained = kept.cordoned, kept.drained
-    # A clean doctor on a cordoned node returns it (on Slurm, only an admin can).
+    # A clean doctor on a cordoned node returns it, as its user: by the rule of `uncordon`
+    # (its own cordons; every one when its user is an admin), to Slurm too.
     report.uncordoned = clear_cordons(cluster, [n for n in cluster.names if n not in whys],
                                       f"clean doctor run {run_id}")
     run.write_json("doctor.json", report.to_json())

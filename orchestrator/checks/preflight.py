@@ -101,7 +101,7 @@ def _check_node(node: NodeSpec, cluster: Cluster, port: int | None, run_id: str 
                      addresses=[n.cluster_address for n in cluster.nodes], port=port,
                      run_id=run_id, strict_port=strict_port, rendezvous=rendezvous,
                      master_address=cluster.nodes[0].cluster_address,
-                     span=cluster.rendezvous_span), client
+                     span=cluster.rendezvous_span, admin_group=cluster.admin_group), client
     except Exception as exc:  # noqa: BLE001 - reported in the table, job refused
         return NodeFacts(node, error=f"{node.name}: probe failed: {exc}"), client
 

@@ -108,8 +108,8 @@ def release_port(node: NodeSpec, conn: ssh.Connection, run_id: str,
 def probe(node: NodeSpec, conn: ssh.Connection, *, shared: dict[str, Any],
           addresses: list[str], port: int | None, run_id: str | None = None,
           strict_port: bool = False, rendezvous: Rendezvous | None = None,
-          master_address: str | None = None, span: int = defaults.RENDEZVOUS_SPAN
-          ) -> NodeFacts:
+          master_address: str | None = None, span: int = defaults.RENDEZVOUS_SPAN,
+          admin_group: str = defaults.ADMIN_GROUP) -> NodeFacts:
     """What NODE is like now (round 1). SHARED: {"path", "fstypes"} (fstypes None: any
     mount). With PORT (node 0), whether that master port is free, else the next free one;
     with RUN_ID too, the port found is claimed for that run (of SPAN ports from PORT up);
@@ -117,7 +117,8 @@ def probe(node: NodeSpec, conn: ssh.Connection, *, shared: dict[str, Any],
     writes its token on the share and listens on that port until all nodes connected."""
     spec = dict(shared)
     request: dict[str, Any] = {"shared": spec, "addresses": addresses, "port": port,
-                               "span": span, "run": run_id, "strict": strict_port,
+                               "span": span, "run": run_id, "admin_group": admin_group,
+                               "strict": strict_port,
                                "state_dir": node.env_state_dir,
                                "user_env": node.python_env, "node": node.name}
     if rendezvous is not None:

@@ -1,14 +1,22 @@
 """`cordon [NODE --why TEXT]`, `uncordon NODE`: the nodes every user's runs keep out (the
-share's record, and on Slurm the node's drain)."""
+share's record, and on Slurm the node's drain). Who may lift a cordon: node/cordon.py."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from .. import defaults
 from ..cluster.inventory import load_cluster
 from ..errors import ClusterError
-from ..run.drain import cordons, keep_out, uncordon
+from ..run.drain import cordon_record, keep_out, uncordon
+
+WHO_LIFTS = ("Any user may cordon any node; only the cordon's author or an admin (a member "
+             "of the inventory's cluster_admin_group, default sudo) may lift it: another "
+             "user's uncordon is refused before anything is written, and a file written "
+             "anyway lifts nothing. An event's author and time are its file's owner and "
+             "mtime on the share, never what the file says; one dated in the future is "
+             "ignored (the list says so).")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -16,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Without NODE: the nodes cordoned now, with why, by whom "
                        "and since when. With NODE: cordon it (every user's preflight refuses "
                        "it; on Slurm it is drained too) until `uncordon NODE`. Runs that "
-                       "lose a node, and doctor, cordon it themselves.")
+                       "lose a node, and doctor, cordon it themselves. " + WHO_LIFTS)
     c.add_argument("node", nargs="?", help="the node's inventory name")
     c.add_argument("--why", help="the reason every refusal will name (with NODE: required)")
     c.add_argument("-i", "--inventory", default=str(defaults.INVENTORY))
@@ -24,9 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     u = sub.add_parser("uncordon", aliases=["undrain"],
                        help="return a cordoned (and drained) node to service",
                        description="Return NODE to service once it is fixed: the share's "
-                       "record says so, and on a Slurm cluster Slurm takes it back (that "
-                       "part needs sudo on the nodes: an admin). A clean `doctor` on the "
-                       "node does the same.")
+                       "record says so, and on a Slurm cluster Slurm takes it back. A clean "
+                       "`doctor` on the node does the same, as its user, by the same rule. "
+                       + WHO_LIFTS)
     u.add_argument("node", help="the node's inventory name (also its Slurm name)")
     u.add_argument("-i", "--inventory", default=str(defaults.INVENTORY))
     u.set_defaults(func=_uncordon)
@@ -35,12 +43,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _cordon(args: argparse.Namespace) -> int:
     cluster = load_cluster(args.inventory)
     if args.node is None:
-        found = cordons(cluster)
+        listed = cordon_record(cluster)
+        found = listed["cordoned"]
         if not found:
             print("no node is cordoned")
         for node, event in sorted(found.items()):
+            others = [by for by in event.get("held_by") or [] if by != event.get("by")]
             print(f"{node:<12} since {event.get('since')} by {event.get('by')}: "
-                  f"{event.get('why') or '-'}")
+                  f"{event.get('why') or '-'}"
+                  + (f" (also held by {', '.join(others)})" if others else ""))
+        for file in listed.get("ignored") or []:
+            print(f"ignored: {file.get('file')} by {file.get('by')}: {file.get('why')}",
+                  file=sys.stderr)
         return 0
     if args.node not in cluster.names:
         raise ClusterError(f"cordon {args.node}: not a node of {cluster.inventory} "

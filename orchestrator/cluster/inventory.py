@@ -87,6 +87,11 @@ class Cluster:
                    or defaults.RENDEZVOUS_SPAN)
 
     @property
+    def admin_group(self) -> str:
+        """The inventory's cluster_admin_group: its members may lift any user's cordon."""
+        return str(self.variables.get("cluster_admin_group") or defaults.ADMIN_GROUP)
+
+    @property
     def ring_ports(self) -> str:
         """The inventory's cluster_ring_ports ('LOW-HIGH'): the supervisors' beats."""
         return str(self.variables.get("cluster_ring_ports") or defaults.RING_PORTS)
@@ -153,7 +158,7 @@ _CONNECTION_OPTIONS = ("host", "remote_user", "port", "private_key_file",
                        "ssh_common_args", "ssh_extra_args", "timeout")
 _OWN_VARS = ("cluster_address", "cluster_shared_path", "cluster_rendezvous_port",
              "cluster_scheduler", "cluster_ring_ports",
-             "cluster_rendezvous_port_span", "python_env_backend",
+             "cluster_rendezvous_port_span", "cluster_admin_group", "python_env_backend",
              "ansible_python_interpreter",
              # node paths the roles make configurable (NodeSpec, _ROLE_PATHS)
              "python_env_state_dir", "common_cluster_env_file",

@@ -661,7 +661,8 @@ def probe(req: dict) -> dict[str, Any]:
     out["busy"] = busy.scan(exclude=req.get("run")).to_json()  # after torch's import
     out["shared"] = check_shared(req["shared"], out["user"], out["uid"])
     if out["shared"]["ok"] and req.get("node"):
-        out["cordon"] = cordon.current(req["shared"]["path"], req["node"])
+        out["cordon"] = cordon.current(req["shared"]["path"], req["node"],
+                                       req.get("admin_group") or cordon.DEFAULT_ADMIN_GROUP)
     if req.get("port"):
         out.update(find_port(req["port"], req.get("run"), int(req["span"])))
     out["resolve"] = resolve(req.get("addresses", []))

@@ -96,7 +96,8 @@ def next_nodes(plan: dict[str, Any], nodes: list[str], failed: str
     """The next attempt's nodes and the spare among them; None when no spare is left and
     the healthy nodes are fewer than --min-nodes."""
     healthy = [n for n in nodes if n != failed]
-    kept_out = set(cordon.cordoned(plan["share"])) if plan.get("share") else set()
+    kept_out = set(cordon.cordoned(plan["share"], plan.get("admin_group")
+                                   or cordon.DEFAULT_ADMIN_GROUP)) if plan.get("share") else set()
     spare = next((s for s in plan.get("spares") or []
                   if s not in nodes and s not in kept_out), None)
     if spare is not None:

@@ -1,9 +1,11 @@
 """Keeping a bad node out: a node a run lost, or a node doctor names, is cordoned in the
 share's record that every user's preflight reads (node/cordon.py), and on a Slurm cluster
-also drained with the same reason, so that the next allocations avoid it. It stays out
-until `uncordon NODE` (on Slurm an admin's: it returns the node to Slurm too) or a clean
-`doctor` on it. The slurm role installs `clustertrain-drain` and lets the cluster's users
-run it with sudo, and nothing else."""
+then drained with the same reason, so that the next allocations avoid it. It stays out
+until `uncordon NODE` by the cordon's author or an admin (a member of the inventory's
+cluster_admin_group), or a clean `doctor` on it run by one of them; on Slurm that also
+returns it to Slurm. The slurm role installs `clustertrain-drain`, which drains and returns
+a node by the record's rule, and lets the cluster's users run it with sudo, and nothing
+else."""
 
 from __future__ import annotations
 
@@ -94,11 +96,12 @@ def keep_out(cluster: Cluster, reasons: Mapping[str, str], run_id: str | None,
 
 def cordon_event(cluster: Cluster, spec: NodeSpec, conn: nodelib.Runs, node: str,
                  action: str, why: str, run_id: str | None) -> dict[str, Any]:
-    """Add NODE's ACTION (CORDON, UNCORDON) to the share's record through SPEC's node;
-    {"event": ...} or {"error": why not}."""
+    """Add NODE's ACTION (CORDON, UNCORDON) to the share's record through SPEC's node, as
+    the node verb does (an uncordon: node/cordon.py's lift); {"event": ...}, or
+    {"refused": why} or {"error": why not}."""
     result = nodelib.call(conn, spec.python, "cordon", timeout=30, stdin=json.dumps(
         {"share": cluster.shared_path, "node": node, "action": action, "why": why,
-         "run": run_id}))
+         "run": run_id, "admin_group": cluster.admin_group}))
     if result.exit_code != 0:
         return {"error": (result.stderr.strip().splitlines() or [f"exit {result.exit_code}"])[-1]}
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -124,34 +127,47 @@ def _drain(cluster: Cluster, reasons: Mapping[str, str], pre: str, asker: ssh.Co
 
 
 def uncordon(cluster: Cluster, node: str, why: str = "") -> str:
-    """Return NODE to service: on a Slurm cluster first to Slurm (an admin: sudo on the
-    nodes), then in the share's record; what Slurm says of it now ('' without Slurm)."""
+    """Return NODE to service: lift this user's cordons of it in the share's record (all of
+    them for an admin), then on a Slurm cluster return it to Slurm (clustertrain-drain
+    --resume, by the same rule); what Slurm says of it now ('' without Slurm).
+    ClusterError, before anything is written, when its cordons are all another user's and
+    this user is no admin; after lifting his own, when another user's still holds."""
     if node not in cluster.names:
         raise ClusterError(f"uncordon {node}: not a node of {cluster.inventory} "
                            f"({', '.join(cluster.names)})")
     first = next((n for n in cluster.nodes if n.name != node), cluster.nodes[0])
     conn = ssh.connect(first.name, first.ssh)
     try:
-        state = ""
-        if cluster.scheduler == "slurm":
-            state = _sinfo(conn, node)
-            if state.split()[:1] and state.split()[0].rstrip("*~#$@").startswith(
-                    ("drain", "drng")):
-                result = conn.run(shlex.join(["sudo", "-n", "scontrol", "update",
-                                              f"NodeName={node}", "State=RESUME"]), timeout=30)
-                if result.exit_code != 0:
-                    err = result.stderr.strip()[-300:]
-                    hint = ("only an admin (a user with sudo on the nodes) can return a "
-                            "node to Slurm" if "password" in err or "sudo" in err else err)
-                    raise ClusterError(f"uncordon {node}: {hint}")
-                state = _sinfo(conn, node)
         said = cordon_event(cluster, first, conn, node, UNCORDON,
                             why or "returned to service", None)
-        if "error" in said:
-            raise ClusterError(f"uncordon {node}: {said['error']}")
+        if "event" not in said:
+            raise ClusterError(f"uncordon {node}: {said.get('refused') or said.get('error')}")
+        held = said.get("held") or []
+        if held:
+            authors = " and ".join(dict.fromkeys(c["by"] for c in held))
+            raise ClusterError(
+                f"uncordon {node}: your cordon is lifted, but {authors}'s still holds "
+                f"({held[-1].get('why') or 'no reason given'}): only {authors} or an admin "
+                f"(a member of group '{cluster.admin_group}') may lift it")
+        return _resume(cluster, conn, node)
     finally:
         conn.close()
-    return state
+
+
+def _resume(cluster: Cluster, conn: ssh.Connection, node: str) -> str:
+    """Return NODE, drained in Slurm, to Slurm; what Slurm says of it ('' without Slurm)."""
+    if cluster.scheduler != "slurm":
+        return ""
+    state = _sinfo(conn, node)
+    if not (state.split()[:1] and state.split()[0].rstrip("*~#$@").startswith(
+            ("drain", "drng"))):
+        return state
+    result = conn.run(shlex.join(["sudo", "-n", DRAIN, "--resume", node]), timeout=30)
+    if result.exit_code != 0:
+        err = result.stderr.strip()[-300:] or f"exit {result.exit_code}"
+        raise ClusterError(f"uncordon {node}: the share's record no longer cordons it, but "
+                           f"it stays drained in Slurm: {err}")
+    return _sinfo(conn, node)
 
 
 def _sinfo(conn: ssh.Connection, node: str) -> str:
@@ -160,24 +176,33 @@ def _sinfo(conn: ssh.Connection, node: str) -> str:
 
 
 def cordons(cluster: Cluster) -> dict[str, dict[str, Any]]:
-    """Every node of the share's record cordoned now: {node: its cordon event}."""
+    """Every node of the share's record cordoned now: {node: its cordon}."""
+    cordoned: dict[str, dict[str, Any]] = cordon_record(cluster)["cordoned"]
+    return cordoned
+
+
+def cordon_record(cluster: Cluster) -> dict[str, Any]:
+    """The share's record as the node verb lists it: {"cordoned": {node: its cordon},
+    "ignored": [{"file", "by", "why"}: files that decide nothing]}."""
     first = cluster.nodes[0]
     conn = ssh.connect(first.name, first.ssh)
     try:
-        result = nodelib.call(conn, first.python, "cordon", timeout=30,
-                              stdin=json.dumps({"share": cluster.shared_path}))
+        result = nodelib.call(conn, first.python, "cordon", timeout=30, stdin=json.dumps(
+            {"share": cluster.shared_path, "admin_group": cluster.admin_group}))
     finally:
         conn.close()
     if result.exit_code != 0:
         raise ClusterError(f"{first.name}: cannot read the cordon record: "
                            f"{(result.stderr.strip().splitlines() or ['?'])[-1]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])["cordoned"]
+    listed: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    return listed
 
 
 def clear_cordons(cluster: Cluster, names: list[str], why: str,
                   say: Callable[[str], None] = print) -> list[str]:
-    """Uncordon each of NAMES that is cordoned (a clean doctor found it well); those
-    returned. One that only an admin can return (drained in Slurm) is said, and kept."""
+    """Uncordon each of NAMES that is cordoned (a clean doctor found it well), by the rule
+    of `uncordon`: those returned. One whose cordon this user may not lift (another
+    user's, this user no admin) is said, and kept."""
     returned = []
     for node in [n for n in cordons(cluster) if n in names]:
         try:

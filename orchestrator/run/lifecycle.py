@@ -415,7 +415,8 @@ def _arm_recovery(plan: Plan, session: Session, whole: Cluster) -> dict[str, Any
                       exclude=left_out(spec.workdir, spec.runs_dir))
         recovery_plan = detached_plan(plan.commands, facts, spec.max_recoveries,
                                       spec.min_nodes, whole.shared_path,
-                                      whole.scheduler == "slurm", spec.workdir is not None)
+                                      whole.scheduler == "slurm", spec.workdir is not None,
+                                      whole.admin_group)
         # The nodes start the next attempts with the run's key and secret variables: they
         # are in the plan on the share (a file only this user reads), not in the record.
         _write_plan(session, first, {**recovery_plan, **plan.secrets.for_plan()})

@@ -248,7 +248,7 @@ class SpareFacts:
 
 def detached_plan(commands: Sequence[NodeCommand], spares: Mapping[str, SpareFacts],
                   most: int, min_nodes: int | None, share: str, drain: bool,
-                  synced: bool) -> dict[str, Any]:
+                  synced: bool, admin_group: str) -> dict[str, Any]:
     """The plan the nodes of a detached run recover by, left on the share at launch."""
     first = commands[0]
     return {"run_id": first.run_id, "state": first.run_state,
@@ -257,7 +257,7 @@ def detached_plan(commands: Sequence[NodeCommand], spares: Mapping[str, SpareFac
             "addresses": {**dict(zip(first.nodes, first.addresses, strict=True)),
                           **{n: f.address for n, f in spares.items()}},
             "spare_facts": {n: asdict(f) for n, f in spares.items()},
-            "share": share, "drain": drain, "synced": synced}
+            "share": share, "drain": drain, "synced": synced, "admin_group": admin_group}
 
 
 def recovery_of(decision: Mapping[str, Any]) -> Recovery:

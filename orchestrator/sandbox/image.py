@@ -39,8 +39,9 @@ useradd --root "$R" -u {u.uid} -g {u.uid} -m -s /bin/bash -p '*' {u.name}
 chmod 0700 "$R/home/{u.name}"
 install -d -m 0700 -o {u.uid} -g {u.uid} "$R/home/{u.name}/.ssh"
 """)
-        if u.sudo:
-            out.append(f"""echo '{u.name} ALL=(ALL:ALL) NOPASSWD: ALL' > "$R/etc/sudoers.d/{u.name}"
+        if u.sudo:   # an admin: also in the admin group (cluster_admin_group: sudo)
+            out.append(f"""usermod --root "$R" -aG sudo {u.name}
+echo '{u.name} ALL=(ALL:ALL) NOPASSWD: ALL' > "$R/etc/sudoers.d/{u.name}"
 chmod 0440 "$R/etc/sudoers.d/{u.name}"
 chroot "$R" visudo -cq -f /etc/sudoers.d/{u.name}
 """)

@@ -35,3 +35,11 @@ def test_lost_nodes_with_no_other_node_to_ask_are_named_with_the_fix() -> None:
     assert keep_out_lost(SUMMARY, cluster, {}, said.append) == KeptOut()
     assert said == ["run r1: could not cordon node1: no other node answers; once one "
                     "does: python -m orchestrator cordon NODE --why TEXT"]
+
+
+def test_the_admin_group_is_the_inventorys_else_the_contracts() -> None:
+    """Who may lift any cordon reaches the node verb from the inventory
+    (cluster_admin_group), else from roles/contract's default, as the roles read it."""
+    assert Cluster(Path("hosts.yml"), ()).admin_group == "sudo"
+    assert Cluster(Path("hosts.yml"), (), variables={
+        "cluster_admin_group": "wheel"}).admin_group == "wheel"

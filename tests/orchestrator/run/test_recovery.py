@@ -146,7 +146,7 @@ def test_a_filled_in_template_is_the_line_the_controller_would_have_sent() -> No
     spare = SpareFacts("10.0.0.12", "/usr/bin/python3", "/home/alice/env2/bin/torchrun",
                        "/home/alice")
     plan = detached_plan([first_command(), first_command(node_rank=1, node="node1")],
-                         {"node2": spare}, 1, None, "/mnt/cluster", True, True)
+                         {"node2": spare}, 1, None, "/mnt/cluster", True, True, "sudo")
     decision = {"attempt": 1, "run_id": "R.r1", "failed_run": "R", "node": "node1",
                 "why": "lost (x)", "failed_at": 1.0e9, "last_heard_at": None,
                 "nodes": ["node0", "node2"], "addresses": ["10.0.0.10", "10.0.0.12"],

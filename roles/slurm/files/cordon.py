@@ -1,0 +1,470 @@
+"""The cordon record: which nodes every user's runs keep out, on the share where every node
+reads it (SHARE/cordons/, made by the nfs_server role: sticky and world-writable, like
+/tmp, so that each user adds files and nobody removes another's).
+
+The record is a log of events, one file each, never changed: `NODE@TIME_NS@USER.json`,
+{"node", "action": "cordon"|"uncordon", "why", "run"}. Writing a new file is the only
+write, so two users never lose each other's event, and nothing needs a lock. Each file is
+made readable by every user (0644, whatever the writer's umask: a detached run's recovery
+writes under umask 077), so that every user's reader sees the same events.
+
+What an event says is the file's content only where the system cannot say it; the rest is
+the system's, never the content's:
+- its author is the file's owner (a user name, or "uid N" for an owner the node does not
+  know): nobody writes a file in another user's name. The name's USER and the content's
+  "by" (kept for people reading the directory) are not believed;
+- its time is the file's mtime, which the share's server sets when the file is written.
+  An event dated more than SKEW seconds past now, or past its file's ctime, is refused
+  (ignored for deciding, and said by `cordon`): a date in the future can only have been
+  set by its owner (`touch -d`). The ctime is the server's and nobody can set it, and an
+  honest file's mtime is never after it, so a file dated tomorrow is refused tomorrow
+  too, not believed once its date has come. Time is not taken from the ctime itself: it
+  moves on whenever the inode changes (chmod, rename, a hard link another user makes to
+  the file), so an old event would count as new again. A user can date his own event in
+  the past (`touch -d`) or touch an old file of his own to now: that only moves his own
+  event, which he could as well have written anew; another user's file he can neither
+  touch (it is not his, and 0644) nor rename (the sticky bit), and a hard link to it
+  keeps its mtime;
+- its node is the name's NODE and the content's "node", which must agree (else refused).
+
+Who decides: each reader, from the files, by one rule. Any user may cordon any node (a user
+who finds a bad node keeps everyone's runs off it, as a run that loses a node does). A
+node is cordoned while any cordon of it holds; an uncordon lifts the cordons before it
+that its author may lift: his own, or every one when he is an admin (root, or a member of
+the group the inventory's cluster_admin_group names, roles/contract: default sudo). An
+uncordon that may lift none of the cordons held is ignored, and said by `cordon`, so a
+forged file never lifts another user's cordon. `uncordon` (the verb here) refuses such a
+lift up front and writes nothing; a clean `doctor` runs as its user and lifts by the same
+rule. The admin group reaches each reader by name: the controller's requests carry the
+inventory's value; a caller that gives none reads DEFAULT_ADMIN_GROUP.
+
+Slurm follows the same rule (`helper`, run as root by the slurm role's clustertrain-drain,
+which every cluster user may run with sudo): it drains a node only while the record holds
+a cordon of it by the calling user (a run cordons, then drains), and returns it to Slurm
+only once the record no longer cordons it and the caller wrote a cordon that was lifted,
+or is an admin; a drain Slurm holds for another reason (an admin's) is left alone.
+
+This file is the slurm role's (roles/slurm/files/cordon.py, installed root's for the
+helper) and the node package's (orchestrator/node/cordon.py links to it): the standard
+library only, and no import of the package.
+"""
+
+from __future__ import annotations
+
+import grp
+import json
+import os
+import pwd
+import re
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+CORDONS_SUBDIR = "cordons"   # under the share's root (nfs_server_subdirectories)
+CORDON, UNCORDON = "cordon", "uncordon"
+DEFAULT_ADMIN_GROUP = "sudo"  # roles/contract's cluster_admin_group
+SKEW = 300.0                 # seconds an event may lie in the future (clocks differ)
+MAX_EVENT = 64 * 1024        # bytes: a bigger file is no event
+NODE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+DRAIN_MARK = "clustertrain ("  # how the helper's drain reasons begin: "clustertrain (USER): "
+
+
+class NoRecord(Exception):
+    """The share has no cordon directory (made by site.yml's nfs_server role)."""
+
+
+def cordons_dir(share: str) -> str:
+    return os.path.join(share, CORDONS_SUBDIR)
+
+
+def user_name(uid: int) -> str:
+    """UID's user name on this node, or "uid N" when it has none."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def iso(stamp: float) -> str:
+    return datetime.fromtimestamp(stamp, tz=timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass
+class Admins:
+    """Who may lift anyone's cordon: root, and the members of GROUP (the inventory's
+    cluster_admin_group; None or a group this node lacks: root alone)."""
+
+    group: str | None
+    known: dict[int, bool] = field(default_factory=dict)
+
+    def __call__(self, uid: int) -> bool:
+        if uid == 0:
+            return True
+        if uid not in self.known:
+            self.known[uid] = self._member(uid)
+        return self.known[uid]
+
+    def _member(self, uid: int) -> bool:
+        if not self.group:
+            return False
+        try:
+            gid = grp.getgrnam(self.group).gr_gid
+            user = pwd.getpwuid(uid)
+        except KeyError:
+            return False
+        return gid in os.getgrouplist(user.pw_name, user.pw_gid)
+
+    def describe(self) -> str:
+        return f"an admin (a member of group '{self.group}')" if self.group else \
+            "an admin (root)"
+
+
+@dataclass(frozen=True)
+class Event:
+    """One believed event: its author and time are the file's (see above)."""
+
+    node: str
+    action: str
+    why: str
+    run: str | None
+    uid: int
+    time: float
+    file: str
+
+    @property
+    def by(self) -> str:
+        return user_name(self.uid)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"node": self.node, "action": self.action, "why": self.why, "run": self.run,
+                "by": self.by, "uid": self.uid, "time": self.time, "since": iso(self.time),
+                "file": self.file}
+
+
+@dataclass(frozen=True)
+class Ignored:
+    """A file of the record that decides nothing, and why (said by `cordon`)."""
+
+    file: str
+    by: str
+    why: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"file": self.file, "by": self.by, "why": self.why}
+
+
+@dataclass
+class NodeState:
+    """One node's events, decided: the cordons that hold, those the last lift lifted, and
+    the uncordons ignored because their author may lift none of the cordons held."""
+
+    held: list[Event] = field(default_factory=list)
+    lifted: list[Event] = field(default_factory=list)
+    refused: list[Event] = field(default_factory=list)
+
+    def authors(self) -> str:
+        return " and ".join(dict.fromkeys(c.by for c in self.held))
+
+
+def read(share: str, node: str | None = None, now: float | None = None
+         ) -> tuple[list[Event], list[Ignored]]:
+    """The events (of NODE) the record holds, oldest first, and the files refused. A
+    writer's temporary file (a leading dot) is neither."""
+    where = cordons_dir(share)
+    try:
+        names = os.listdir(where)
+    except (FileNotFoundError, NotADirectoryError):
+        return [], []
+    stamp = time.time() if now is None else now
+    events: list[Event] = []
+    ignored: list[Ignored] = []
+    for name in sorted(names):
+        if not name.endswith(".json") or name.startswith("."):
+            continue
+        if node is not None and name.rsplit("@", 2)[0] != node:
+            continue
+        found = _read_one(where, name, stamp)
+        if isinstance(found, Event):
+            events.append(found)
+        else:
+            ignored.append(found)
+    return sorted(events, key=lambda e: (e.time, e.file)), ignored
+
+
+def _read_one(where: str, name: str, now: float) -> Event | Ignored:
+    """The file NAME of WHERE as an event, or why it is none. Opened without following a
+    link nor waiting on a pipe: a user's planted file must not hang or fool a reader."""
+    path = os.path.join(where, name)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        try:
+            owner = user_name(os.lstat(path).st_uid)
+        except OSError:
+            owner = "?"
+        return Ignored(name, owner, f"cannot be read ({exc.strerror})")
+    try:
+        info = os.fstat(fd)
+        owner = user_name(info.st_uid)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_EVENT:
+            return Ignored(name, owner, "not an event file")
+        with os.fdopen(os.dup(fd), encoding="utf-8") as fh:
+            content = json.load(fh)
+    except (OSError, ValueError):
+        return Ignored(name, owner, "not an event (cut short, or not JSON)")
+    finally:
+        os.close(fd)
+    return _event(name, content, info, now)
+
+
+def _event(name: str, content: Any, info: os.stat_result, now: float) -> Event | Ignored:
+    owner = user_name(info.st_uid)
+    if not isinstance(content, dict) or content.get("action") not in (CORDON, UNCORDON):
+        return Ignored(name, owner, "not an event")
+    parts = name[:-len(".json")].rsplit("@", 2)
+    if len(parts) != 3:
+        return Ignored(name, owner, "not named NODE@TIME_NS@USER.json")
+    if content.get("node") != parts[0]:
+        return Ignored(name, owner, f"its content names node {content.get('node')!r}, its "
+                       f"file name {parts[0]!r}")
+    mtime = info.st_mtime_ns / 1e9
+    if mtime > now + SKEW or mtime > info.st_ctime_ns / 1e9 + SKEW:
+        return Ignored(name, owner, f"dated {iso(mtime)}, in the future")
+    why, run = content.get("why"), content.get("run")
+    return Event(parts[0], content["action"], why if isinstance(why, str) else "",
+                 run if isinstance(run, str) else None, info.st_uid, mtime, name)
+
+
+def may_lift(uid: int, cordon: Event, admins: Callable[[int], bool]) -> bool:
+    """Whether UID's uncordon lifts CORDON: its author's does, and an admin's."""
+    return uid == cordon.uid or admins(uid)
+
+
+def decide(events: list[Event], admins: Callable[[int], bool]) -> dict[str, NodeState]:
+    """Every node's state after EVENTS (oldest first), by the rule above."""
+    nodes: dict[str, NodeState] = {}
+    for event in events:
+        state = nodes.setdefault(event.node, NodeState())
+        if event.action == CORDON:
+            state.held.append(event)
+            continue
+        lifted = [c for c in state.held if may_lift(event.uid, c, admins)]
+        if lifted:
+            state.held = [c for c in state.held if c not in lifted]
+            state.lifted = lifted
+        elif state.held:
+            state.refused.append(event)
+    return nodes
+
+
+def _cordon_of(state: NodeState) -> dict[str, Any]:
+    """What a node's cordon says: its newest cordon held, and every author holding one."""
+    return {**state.held[-1].to_json(), "held_by": list(dict.fromkeys(c.by for c in state.held))}
+
+
+def current(share: str, node: str, admin_group: str | None = DEFAULT_ADMIN_GROUP
+            ) -> dict[str, Any] | None:
+    """NODE's cordon (its newest cordon held, "held_by" naming every author of one), or
+    None when it is not cordoned."""
+    state = decide(read(share, node)[0], Admins(admin_group)).get(node)
+    return _cordon_of(state) if state and state.held else None
+
+
+def cordoned(share: str, admin_group: str | None = DEFAULT_ADMIN_GROUP
+             ) -> dict[str, dict[str, Any]]:
+    """Every node cordoned now: {node: its cordon}."""
+    states = decide(read(share)[0], Admins(admin_group))
+    return {n: _cordon_of(s) for n, s in sorted(states.items()) if s.held}
+
+
+def listing(share: str, admin_group: str | None = DEFAULT_ADMIN_GROUP) -> dict[str, Any]:
+    """The verb's list: {"cordoned": {node: its cordon}, "ignored": [files that decide
+    nothing, with why, the uncordons ignored among them]}."""
+    events, ignored = read(share)
+    admins = Admins(admin_group)
+    states = decide(events, admins)
+    for node, state in sorted(states.items()):
+        for lift in state.refused:
+            ignored.append(Ignored(lift.file, lift.by, f"an uncordon of {node} by someone "
+                                   f"who may not lift its cordon ({lift.by}: not its author "
+                                   f"nor {admins.describe()})"))
+    return {"cordoned": {n: _cordon_of(s) for n, s in sorted(states.items()) if s.held},
+            "ignored": [i.to_json() for i in ignored]}
+
+
+def record(share: str, node: str, action: str, why: str, run: str | None = None,
+           now: float | None = None) -> dict[str, Any]:
+    """Add an event for NODE (CORDON or UNCORDON) by this user; the event. NOW dates it
+    (tests; without it the share's server does). NoRecord when the share has no cordon
+    directory."""
+    if action not in (CORDON, UNCORDON):
+        raise ValueError(f"action {action!r}")
+    where = cordons_dir(share)
+    if not os.path.isdir(where):
+        raise NoRecord(f"{where} does not exist: the share was made without it; run site.yml "
+                       "(the nfs_server role makes it)")
+    uid = os.geteuid()
+    stamp = time.time() if now is None else now
+    content = {"node": node, "action": action, "why": why, "by": user_name(uid), "run": run,
+               "since": iso(stamp)}
+    name = f"{node}@{int(stamp * 1e9)}@{user_name(uid).replace(' ', '')}.json"
+    tmp = os.path.join(where, f".{name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    try:
+        os.fchmod(fd, 0o644)   # every user reads it, whatever this process' umask
+        with os.fdopen(os.dup(fd), "w", encoding="utf-8") as fh:
+            json.dump(content, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if now is not None:
+            os.utime(fd, (now, now))
+        info = os.fstat(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, os.path.join(where, name))
+    return Event(node, action, why, run, uid, info.st_mtime_ns / 1e9, name).to_json()
+
+
+def lift(share: str, node: str, why: str, admin_group: str | None) -> dict[str, Any]:
+    """This user's uncordon of NODE: {"refused": why} (nothing written) when NODE's
+    cordons are all ones this user may not lift; else {"event": the uncordon (None when
+    nothing was held), "lifted": [cordons], "held": [cordons that still hold: others']}."""
+    admins = Admins(admin_group)
+    me = os.geteuid()
+    held = decide(read(share, node)[0], admins).get(node, NodeState()).held
+    mine = [c for c in held if may_lift(me, c, admins)]
+    if held and not mine:
+        state = NodeState(held)
+        newest = held[-1]
+        return {"refused": f"{node} is cordoned by {state.authors()} since {iso(newest.time)} "
+                f"({newest.why or 'no reason given'}); {user_name(me)} may not lift it: only "
+                f"{admins.describe()} or {state.authors()}, who cordoned it, may"}
+    event = record(share, node, UNCORDON, why) if held else None
+    return {"event": event, "lifted": [c.to_json() for c in mine],
+            "held": [c.to_json() for c in held if c not in mine]}
+
+
+def main(request: dict[str, Any]) -> dict[str, Any]:
+    """The node verb `cordon` (request on stdin): {"share", "node", "action", "why", "run",
+    "admin_group"} adds an event (an uncordon as `lift` says); {"share", "admin_group"}
+    lists every node cordoned now and the files ignored."""
+    share = request["share"]
+    group = request.get("admin_group") or DEFAULT_ADMIN_GROUP
+    if not request.get("action"):
+        return listing(share, group)
+    try:
+        if request["action"] == UNCORDON:
+            if not os.path.isdir(cordons_dir(share)):
+                raise NoRecord(f"{cordons_dir(share)} does not exist: the share was made "
+                               "without it; run site.yml (the nfs_server role makes it)")
+            return lift(share, request["node"], request.get("why") or "", group)
+        return {"event": record(share, request["node"], request["action"],
+                                request.get("why") or "", request.get("run"))}
+    except (NoRecord, OSError) as exc:
+        return {"error": str(exc)}
+
+
+# -- Slurm's drain and resume: clustertrain-drain (roles/slurm), run as root by a user ----
+
+@dataclass(frozen=True)
+class Slurm:
+    """What the slurm role tells its helper: the share, the admin group, scontrol."""
+
+    share: str
+    admin_group: str | None
+    scontrol: str
+
+
+class Refused(Exception):
+    """The helper does nothing, for this reason."""
+
+
+def caller_uid(environ: Mapping[str, str]) -> int:
+    """Who runs the helper: the sudo caller (sudo sets SUDO_UID), else this process' user."""
+    uid = os.getuid()
+    return int(environ["SUDO_UID"]) if uid == 0 and environ.get("SUDO_UID", "").isdigit() \
+        else uid
+
+
+def helper(argv: list[str], slurm: Slurm, caller: int) -> int:
+    """`clustertrain-drain NODE REASON` drains NODE, `clustertrain-drain --resume NODE`
+    returns it to Slurm, each when the record allows CALLER to (see above); the exit
+    status (2: a bad command line, 1: refused)."""
+    resume = argv[:1] == ["--resume"]
+    args = argv[1:] if resume else argv
+    if len(args) != (1 if resume else 2):
+        print("usage: clustertrain-drain NODE REASON | clustertrain-drain --resume NODE",
+              file=sys.stderr)
+        return 2
+    if not NODE_NAME.match(args[0]):
+        print(f"clustertrain-drain: not a node name: {args[0]!r}", file=sys.stderr)
+        return 2
+    try:
+        said = _resume(slurm, args[0], caller) if resume else \
+            _drain(slurm, args[0], args[1], caller)
+    except Refused as exc:
+        print(f"clustertrain-drain: {exc}", file=sys.stderr)
+        return 1
+    print(said)
+    return 0
+
+
+def _drain(slurm: Slurm, node: str, reason: str, caller: int) -> str:
+    state = decide(read(slurm.share, node)[0], Admins(slurm.admin_group)).get(node)
+    who = user_name(caller)
+    if not any(c.uid == caller for c in (state.held if state else [])):
+        raise Refused(f"the share's record ({cordons_dir(slurm.share)}) holds no cordon of "
+                      f"{node} by {who}: a node is drained once it is cordoned "
+                      f"(python -m orchestrator cordon {node} --why TEXT)")
+    now = _drained(slurm, node)
+    if now is not None and not now.startswith(DRAIN_MARK):
+        return f"{node} is drained already ({now}): left as it is"
+    text = "".join(ch for ch in reason if ch.isprintable())[:200]
+    _scontrol(slurm, "update", f"NodeName={node}", "State=DRAIN",
+              f"Reason={DRAIN_MARK}{who}): {text}")
+    return f"{node} drained"
+
+
+def _resume(slurm: Slurm, node: str, caller: int) -> str:
+    admins = Admins(slurm.admin_group)
+    state = decide(read(slurm.share, node)[0], admins).get(node, NodeState())
+    if state.held:
+        raise Refused(f"{node} is still cordoned by {state.authors()} in the share's record: "
+                      f"`uncordon {node}` first")
+    authors = dict.fromkeys(c.by for c in state.lifted)
+    if not (admins(caller) or any(c.uid == caller for c in state.lifted)):
+        raise Refused(f"{user_name(caller)} may not return {node} to Slurm: only "
+                      f"{admins.describe()} or the author of its last lifted cordon "
+                      f"({' and '.join(authors) or 'none'}) may")
+    now = _drained(slurm, node)
+    if now is None:
+        return f"{node} is not drained"
+    if not now.startswith(DRAIN_MARK):
+        raise Refused(f"{node} is drained for another reason ({now}): an admin returns it "
+                      f"(scontrol update NodeName={node} State=RESUME)")
+    _scontrol(slurm, "update", f"NodeName={node}", "State=RESUME")
+    return f"{node} returned to Slurm"
+
+
+def _drained(slurm: Slurm, node: str) -> str | None:
+    """NODE's drain reason in Slurm ("" when it gives none), or None when not drained."""
+    shown = _scontrol(slurm, "show", "node", node)
+    state = re.search(r"\bState=(\S+)", shown)
+    if not state or "DRAIN" not in state.group(1):
+        return None
+    reason = re.search(r"^\s*Reason=(.*?)(?: \[[^\]]*\])?\s*$", shown, re.MULTILINE)
+    return reason.group(1) if reason else ""
+
+
+def _scontrol(slurm: Slurm, *args: str) -> str:
+    done = subprocess.run([slurm.scontrol, *args], capture_output=True, text=True,
+                          timeout=30, check=False)
+    if done.returncode != 0:
+        raise Refused(f"scontrol {' '.join(args[:2])}: "
+                      f"{done.stderr.strip()[-300:] or f'exit {done.returncode}'}")
+    return done.stdout
