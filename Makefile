@@ -99,6 +99,7 @@ bench: deps venv
 	$(PY) bench/queue_overhead.py
 	$(PY) bench/env_create.py
 	$(PY) bench/report.py
+	$(PY) bench/ring_mac.py
 
 # Everything CI runs (.ci/run calls this). Stops at the first failing stage. The sandbox
 # tests' shared cluster (tests/shared_cluster.py: sandbox up, then site.yml) is made in the
