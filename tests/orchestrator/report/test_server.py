@@ -302,10 +302,13 @@ def test_a_new_user_without_runs_gets_an_empty_list(tmp_path: Path) -> None:
 
 
 def test_the_cli_serves_until_ctrl_c(runs: Path) -> None:
+    # Ctrl-C as a terminal sends it: to a `ui` whose SIGINT is not ignored (a test suite
+    # started in the background, as a script's `&` does, would pass its SIG_IGN on).
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "ui", "--port", "0",
                              "--runs-dir", str(runs)], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
