@@ -352,30 +352,24 @@ class Claim:
 
 def claimer() -> str:
     """The name claims of this process carry: its user's, from its uid (not from the
-    environment, which the user sets), or the uid itself where it has no name."""
-    try:
-        return pwd.getpwuid(os.geteuid()).pw_name
-    except KeyError:
-        return str(os.geteuid())
+    environment, which the user sets), as live_claims reads a claim file's owner."""
+    return owner_name(os.geteuid())
 
 
-def uid_of(name: str) -> int | None:
-    try:
-        return pwd.getpwnam(name).pw_uid
-    except KeyError:
-        return int(name) if name.isdigit() else None
-
-
-def parse_claim(name: str) -> tuple[int, str, str] | None:
+def parse_claim(name: str, owner: str) -> tuple[int, str] | None:
+    """A claim file's port and run: `<port>.<user>.<run>`, the user the file's OWNER (a run
+    id may hold dots: a recovery's RUN.r1; so may a user's name)."""
     port, _, rest = name.partition(".")
-    user, _, run = rest.rpartition(".")     # a user's name may hold dots, a run's id not
-    return (int(port), user, run) if port.isdigit() and user and run else None
+    if not port.isdigit() or not rest:
+        return None
+    mine = f"{owner}."
+    return int(port), rest[len(mine):] if rest.startswith(mine) else rest
 
 
 def live_claims(me: str, leases: str = LEASE_DIR) -> list[Claim]:
-    """The claims in LEASES that count for ME, oldest first. A claim counts
-    - only if its file belongs to the user its name says: nobody claims in another's name
-      (bob's file 29500.alice.x is nobody's claim);
+    """The claims in LEASES that count for ME, oldest first. A claim is its file owner's,
+    whatever its name says (nobody claims in another's name: bob's file 29500.alice.x is
+    bob's claim), and counts
     - only while it is fresh: made within the last LEASE_S (a launch's claim is needed that
       long at most, and a launch that ended dropped it; a time ahead of now is no claim);
     - of another user, only among that user's MAX_CLAIMS oldest.
@@ -385,21 +379,19 @@ def live_claims(me: str, leases: str = LEASE_DIR) -> list[Claim]:
     junk (or many launches at once) blocks every port of the range for its own user, and at
     most MAX_CLAIMS ports for anyone else, who then takes a port further on. (A user can
     hold ports by listening on them too; claims give nobody more than that.)"""
-    now, found, uids = time.time(), [], {}
+    now, found, owners = time.time(), [], {}
     for name in os.listdir(leases):
-        parsed = parse_claim(name)
-        if parsed is None:
-            continue
-        port, user, run = parsed
-        if user not in uids:
-            uids[user] = uid_of(user)
         try:
             st = os.lstat(os.path.join(leases, name))
         except OSError:
             continue
-        if (stat.S_ISREG(st.st_mode) and st.st_uid == uids[user]
-                and -1.0 < now - st.st_mtime < LEASE_S):
-            found.append(Claim(port, user, run, st.st_mtime_ns, name))
+        if st.st_uid not in owners:
+            owners[st.st_uid] = owner_name(st.st_uid)
+        user = owners[st.st_uid]
+        parsed = parse_claim(name, user)
+        if parsed is not None and stat.S_ISREG(st.st_mode) \
+                and -1.0 < now - st.st_mtime < LEASE_S:
+            found.append(Claim(parsed[0], user, parsed[1], st.st_mtime_ns, name))
     found.sort(key=lambda c: (c.made_ns, c.name))
     kept: dict[str, int] = {}
     counted = []
@@ -464,8 +456,7 @@ def drop_expired(leases: str) -> None:
     """Remove this user's own claims that lapsed (those of others are theirs to remove)."""
     me, uid, now = claimer(), os.geteuid(), time.time()
     for name in os.listdir(leases):
-        parsed = parse_claim(name)
-        if parsed is None or parsed[1] != me:
+        if parse_claim(name, me) is None:
             continue
         try:
             st = os.lstat(os.path.join(leases, name))

@@ -80,7 +80,7 @@ CASES = {
     # checkpoints/ is not writable by the job's user (alice) on node2
     "not writable": (f"mount -t tmpfs -o mode=0755 ct-ro {SHARED}/checkpoints",
                      f"umount {SHARED}/checkpoints",
-                     f"node2: shared path: {SHARED}/checkpoints/alice is not writable by alice "
+                     f"node2: shared path: {SHARED}/checkpoints is not writable by alice "
                      "(uid 1001): Permission denied"),
     # a file system that looks right but is not the one the other nodes share
     "another filesystem": (f"mount -t tmpfs ct-other {SHARED} && mkdir -m 1777 "

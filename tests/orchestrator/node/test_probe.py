@@ -244,8 +244,9 @@ def test_an_expired_claim_is_no_claim_and_ones_own_are_cleared(leases: str) -> N
 
 def test_another_users_junk_claims_do_not_exhaust_the_ports(leases: str) -> None:
     """bob fills the claims directory: a claim for every port of the range in his own
-    name, one in alice's name for each, and one dated ahead. His own launches find no
-    port; alice's take one after the few ports his claims may hold (MAX_CLAIMS)."""
+    name, one in alice's name for each (his too: he owns the file), and one dated ahead.
+    His own launches find no port; alice's take one past the few ports his claims may
+    hold (MAX_CLAIMS)."""
     port = free_port()
 
     def junk() -> None:
@@ -259,10 +260,11 @@ def test_another_users_junk_claims_do_not_exhaust_the_ports(leases: str) -> None
     assert as_user(OTHER, node.find_port, port, "run-b", 200, leases)["free_port"] is None
     found = node.find_port(port, "run-a", 200, leases)
     assert found["free_port"] is not None
-    assert port + node.MAX_CLAIMS <= found["free_port"] < port + RENDEZVOUS_SPAN
+    assert port < found["free_port"] <= port + node.MAX_CLAIMS
     assert Path(leases, f"{found['free_port']}.root.run-a").stat().st_uid == 0
     counted = node.live_claims("root", leases)
     assert {c.user for c in counted} == {OTHER, "root"} and len(counted) == node.MAX_CLAIMS + 1
+    assert not [c for c in counted if c.user == "root" and c.run == "forged"]
 
 
 def test_a_detached_launchs_claim_is_dropped_once_torchrun_listens(leases: str) -> None:
@@ -374,3 +376,14 @@ def test_an_unknown_verb_gets_the_usage(capsys) -> None:
         main(["launch"])
     assert ended.value.code == 2
     assert "usage: node.py" in capsys.readouterr().err
+
+
+def test_a_recovery_attempts_run_id_with_a_dot_claims_its_port(leases: str) -> None:
+    """A recovery's attempt is RUN.r1: its claim file 29500.alice.RUN.r1 is its own, read
+    back as such (the port was found taken for every port of the range when the dot was
+    taken for the user's end)."""
+    port = free_port()
+    found = node.find_port(port, "20261128-033811-5f7949.r1", 200, leases)
+    assert found == {"port_free": True, "free_port": port}
+    (claim,) = node.live_claims("root", leases)
+    assert (claim.port, claim.user, claim.run) == (port, "root", "20261128-033811-5f7949.r1")
