@@ -25,5 +25,12 @@ class LaunchError(ClusterError):
     exit_code = 1
 
 
+class InputError(LaunchError):
+    """Input wrong on its face (an option, a job or environment file, an argument): refused
+    at the door, before any node is contacted, with exit 2."""
+
+    exit_code = 2
+
+
 class DiagnoseError(ClusterError):
     """A hung run's stack or flight-recorder dumps could not be read or analysed."""

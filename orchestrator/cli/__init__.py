@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Any
 
-from ..errors import ClusterError
+from ..errors import ClusterError, InputError
 from .completion import complete
 
 COMMANDS = (
@@ -101,9 +101,26 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def check_utf8(words: list[str]) -> None:
+    """InputError naming the first word that is not UTF-8 (a shell passes a Latin-1 file
+    name as bytes Python holds as surrogates, which would fail far later, on a node)."""
+    for at, word in enumerate(words, 1):
+        try:
+            word.encode()
+        except UnicodeEncodeError as exc:
+            raw = word.encode("utf-8", "surrogateescape")
+            bad = raw[len(word[:exc.start].encode("utf-8", "surrogateescape"))]
+            raise InputError(f"argument {at} ({raw.decode('utf-8', 'backslashreplace')}) "
+                             f"holds byte 0x{bad:02x}, which is not UTF-8; give every "
+                             "argument (a path, a value) as UTF-8 text") from None
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parse(argv)
+    """The verb's exit status: a ClusterError's message and code, 130 on Ctrl-C (even one
+    pressed while the verbs load), never a traceback for either."""
     try:
+        check_utf8(list(sys.argv[1:] if argv is None else argv))
+        args = parse(argv)
         return args.func(args) or 0
     except ClusterError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -10,6 +10,7 @@ from pathlib import Path
 from .. import defaults
 from ..errors import ClusterError
 from ..run.lifecycle import attach_run
+from . import values
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -20,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run", help="run id (see `python -m orchestrator runs`)")
     p.add_argument("--tail", type=int, metavar="N",
                    help="start with the last N lines of each node (default: from the start)")
-    p.add_argument("--runs-dir", default=str(defaults.RUNS_DIR))
+    p.add_argument("--runs-dir", type=values.runs_dir, default=str(defaults.RUNS_DIR))
     p.set_defaults(func=_main)
 
 

@@ -8,8 +8,9 @@ import sys
 
 from .. import defaults
 from ..cluster.inventory import load_cluster
-from ..errors import ClusterError
+from ..errors import ClusterError, InputError
 from ..run.drain import cordon_record, keep_out, uncordon
+from . import values
 
 WHO_LIFTS = ("Any user may cordon any node; only the cordon's author or an admin (a member "
              "of the inventory's cluster_admin_group, default sudo) may lift it: another "
@@ -26,7 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "it; on Slurm it is drained too) until `uncordon NODE`. Runs that "
                        "lose a node, and doctor, cordon it themselves. " + WHO_LIFTS)
     c.add_argument("node", nargs="?", help="the node's inventory name")
-    c.add_argument("--why", help="the reason every refusal will name (with NODE: required)")
+    c.add_argument("--why", type=values.text("the reason"),
+                   help="the reason every refusal will name (with NODE: required)")
     c.add_argument("-i", "--inventory", default=str(defaults.INVENTORY))
     c.set_defaults(func=_cordon)
     u = sub.add_parser("uncordon", aliases=["undrain"],
@@ -41,6 +43,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _cordon(args: argparse.Namespace) -> int:
+    if args.node is None and args.why is not None:
+        raise InputError(f"cordon --why {args.why!r}: --why goes with a node to cordon "
+                         "(cordon NODE --why TEXT); without NODE, cordon lists the cordoned "
+                         "nodes and takes no reason")
+    if args.node is not None and not args.why:
+        raise InputError(f"cordon {args.node}: say why with --why TEXT (every run it "
+                         "refuses names it)")
     cluster = load_cluster(args.inventory)
     if args.node is None:
         listed = cordon_record(cluster)
@@ -59,9 +68,6 @@ def _cordon(args: argparse.Namespace) -> int:
     if args.node not in cluster.names:
         raise ClusterError(f"cordon {args.node}: not a node of {cluster.inventory} "
                            f"({', '.join(cluster.names)})")
-    if not args.why:
-        raise ClusterError(f"cordon {args.node}: say why with --why TEXT (every run it "
-                           "refuses names it)")
     kept = keep_out(cluster, {args.node: args.why}, None)
     return 0 if args.node in kept.cordoned else 1
 

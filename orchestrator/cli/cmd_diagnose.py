@@ -9,6 +9,7 @@ from pathlib import Path
 
 from .. import defaults
 from ..diagnosis.diagnose import diagnose_run
+from . import values
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--native", action="store_true",
                    help="with C/C++ frames (slower; shows where in torch a rank waits)")
     p.add_argument("--json", action="store_true", help="print the analysis as JSON")
-    p.add_argument("--runs-dir", default=str(defaults.RUNS_DIR))
+    p.add_argument("--runs-dir", type=values.runs_dir, default=str(defaults.RUNS_DIR))
     p.set_defaults(func=_main)
 
 

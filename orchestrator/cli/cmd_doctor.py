@@ -12,6 +12,7 @@ from .. import defaults
 from ..checks.doctor import DoctorReport, DoctorRequest, render, run_doctor, thresholds
 from ..cluster.inventory import Cluster
 from ..run.lifecycle import run_training
+from . import values
 from .cmd_preflight import add_python_env_arg, add_selection_args, selected
 
 
@@ -58,7 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--share-gpus", action="store_true",
                    help="measure even on nodes another run or GPU process uses (their "
                    "numbers then tell of both)")
-    p.add_argument("--runs-dir", default=str(defaults.RUNS_DIR),
+    p.add_argument("--runs-dir", type=values.runs_dir, default=str(defaults.RUNS_DIR),
                    help="where run records go (default: %(default)s)")
     p.set_defaults(func=_main)
 

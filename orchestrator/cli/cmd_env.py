@@ -10,6 +10,7 @@ from pathlib import Path
 from .. import defaults
 from ..cluster.inventory import check_env_name
 from ..provision import userenv
+from . import values
 from .cmd_preflight import add_selection_args, selected
 
 
@@ -29,7 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                          "one makes a new environment and leaves the old one to the runs "
                          "that use it. The nodes' fingerprints must agree at the end.")
     v.add_argument("-f", "--file", required=True, help="the environment file (conda format)")
-    v.add_argument("--name", help="its name (default: the file's name:)")
+    v.add_argument("--name", type=values.text("the environment's name"),
+                   help="its name (default: the file's name:)")
     v.add_argument("--wheelhouse", metavar="DIR",
                    help="install from this wheelhouse, as the nodes see it (e.g. on the "
                    "share; build it with `python -m orchestrator wheelhouse --env FILE "

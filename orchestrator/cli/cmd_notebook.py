@@ -10,7 +10,7 @@ from .. import defaults
 from ..errors import LaunchError
 from ..run.notebook import DEFAULT_IDLE, connect_notebook, notebook_spec, run_notebook
 from ..run.spec import Given
-from . import cmd_stop
+from . import cmd_stop, values
 
 # The options of `notebook` (start) that make its run: destination -> the spec's key.
 START_KEYS = ("inventory", "host", "python_env", "detach", "idle", "runs_dir", "share_gpus",
@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run", nargs="?", default=None, help="the notebook's run id (connect, stop)")
     p.add_argument("-i", "--inventory",
                    help=f"Ansible inventory (default: {defaults.INVENTORY})")
-    p.add_argument("--host", metavar="NODE",
+    p.add_argument("--host", metavar="NODE", type=values.text("a node's inventory name"),
                    help="the node, by inventory name (default: the training node with the "
                    "fewest runs and GPU processes; with --queue, the one Slurm grants)")
     p.add_argument("--python-env", metavar="NAME",
@@ -49,7 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    f"ends (0: never; default {DEFAULT_IDLE:g})")
     p.add_argument("--share-gpus", action="store_true",
                    help="start even on a node another run or GPU process uses")
-    p.add_argument("--runs-dir", help=f"where run records go (default: {defaults.RUNS_DIR})")
+    p.add_argument("--runs-dir", type=values.runs_dir,
+                   help=f"where run records go (default: {defaults.RUNS_DIR})")
     p.add_argument("--grace", type=float,
                    help=f"stop: seconds between SIGTERM and SIGKILL (default: {defaults.GRACE:g})")
     q = p.add_argument_group("through Slurm's queue (an inventory with cluster_scheduler: slurm)")

@@ -8,6 +8,7 @@ import argparse
 from .. import defaults
 from ..checks.preflight import print_report, run_preflight
 from ..cluster.inventory import Cluster, load_cluster
+from . import values
 
 
 def add_selection_args(p: argparse.ArgumentParser) -> None:
@@ -20,6 +21,7 @@ def add_selection_args(p: argparse.ArgumentParser) -> None:
 
 def add_python_env_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--python-env", metavar="NAME",
+                   type=values.text("the name of one of your environments (env create)"),
                    help="check your own environment NAME (env create) instead of the "
                    "cluster's")
 

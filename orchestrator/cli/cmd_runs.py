@@ -15,6 +15,7 @@ from ..run.listing import listed, what
 from ..run.record import RunDir, list_runs, open_run
 from ..run.settle import settle
 from ..run.status import show
+from . import values
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="show RUN: status, each node's end, step times, stragglers, hang; "
                    "report RUN: write RUN/report.html again (every run gets one at its end)")
     p.add_argument("run", nargs="?", help="the run to show or report")
-    p.add_argument("--runs-dir", default=str(defaults.RUNS_DIR))
+    p.add_argument("--runs-dir", type=values.runs_dir, default=str(defaults.RUNS_DIR))
     p.set_defaults(func=_runs)
 
     p = sub.add_parser("logs", help="show a run's logs (all nodes, or one)")
@@ -32,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--node", help="only this node's log")
     p.add_argument("--follow", "-f", action="store_true",
                    help="keep printing new lines until the run ends")
-    p.add_argument("--runs-dir", default=str(defaults.RUNS_DIR))
+    p.add_argument("--runs-dir", type=values.runs_dir, default=str(defaults.RUNS_DIR))
     p.set_defaults(func=_logs)
 
 

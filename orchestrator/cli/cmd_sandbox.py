@@ -6,6 +6,7 @@ import argparse
 import json
 
 from ..sandbox import cluster, share
+from . import values
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,17 +28,18 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the inventories say cluster_scheduler: slurm: site.yml provisions "
                         "Slurm (with 2 fake GPUs per node, a test double) and train can "
                         "run through its queue")
-    v.add_argument("--name", default="sandbox", help="sandbox name (default: sandbox)")
+    v.add_argument("--name", default="sandbox", type=values.text("a sandbox name"),
+                   help="sandbox name (default: sandbox)")
     v.add_argument("--json", action="store_true", help="print the result as JSON")
     v.set_defaults(func=_up)
 
     v = verbs.add_parser("status", help="nodes, addresses, state, inventories, ssh_config")
-    v.add_argument("--name", default="sandbox")
+    v.add_argument("--name", default="sandbox", type=values.text("a sandbox name"))
     v.add_argument("--json", action="store_true")
     v.set_defaults(func=_status)
 
     v = verbs.add_parser("down", help="remove the containers, network and keys of a sandbox")
-    v.add_argument("--name", default="sandbox")
+    v.add_argument("--name", default="sandbox", type=values.text("a sandbox name"))
     v.set_defaults(func=_down)
 
     v = verbs.add_parser("share-stall", help="block every access to the share for a while, "
@@ -45,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                          description="Stop the FUSE daemons that serve the sandbox's share "
                          "to its nodes for SECONDS: every access to the share on those "
                          "nodes blocks meanwhile. Returns once the share answers again.")
-    v.add_argument("--name", default="sandbox")
+    v.add_argument("--name", default="sandbox", type=values.text("a sandbox name"))
     v.add_argument("--seconds", type=float, required=True)
     v.add_argument("--nodes", help="comma-separated nodes (default: every training node)")
     v.set_defaults(func=_share_stall)

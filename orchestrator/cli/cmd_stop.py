@@ -9,6 +9,7 @@ from .. import defaults
 from ..run.record import open_run
 from ..run.settle import current_attempt
 from ..run.stop import RUN_ID, stop_run
+from . import values
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -16,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="SIGTERM to the run's process group on each node, "
                        "SIGKILL after the grace period. Other runs are not touched.")
     p.add_argument("run", help="run id (see `python -m orchestrator runs`)")
-    p.add_argument("--runs-dir", default=str(defaults.RUNS_DIR))
+    p.add_argument("--runs-dir", type=values.runs_dir, default=str(defaults.RUNS_DIR))
     p.add_argument("-i", "--inventory",
                    help="connect with this inventory (default: the one the run used)")
     p.add_argument("--grace", type=float, default=defaults.GRACE,

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from .. import defaults
-from ..errors import LaunchError
+from ..errors import InputError
 from ..resources import project
 from ..run.lifecycle import run_training
 from ..run.spec import Given, OnHang, from_sources, read_job_file
@@ -64,7 +64,7 @@ def check_no_tool_options(ours: frozenset[str], script: str | None, rest: list[s
         if word == "--":
             return
         if word.split("=", 1)[0] in ours:
-            raise LaunchError(
+            raise InputError(
                 f"{word} comes after the script {script}, where it would be the script's "
                 f"argument, but it is an option of train: put it before the script "
                 f"(train {word} ... {script}), or after -- to pass it to the script "

@@ -13,15 +13,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..cluster import nodelib, ssh
 from ..cluster.fanout import each
 from ..cluster.inventory import Cluster, check_env_name
 from ..defaults import KEEP_ENVS
-from ..errors import ClusterError
+from ..errors import ClusterError, InputError
 from ..node import fingerprint
 from ..resources import project
+from .envfile import read_environment
 from .playbook import run_playbook
 
 PLAYBOOK = "playbooks/user_env.yml"
@@ -44,21 +43,14 @@ class EnvFile:
     @classmethod
     def read(cls, path: Path) -> EnvFile:
         try:
-            data = yaml.safe_load(path.read_text())
-        except OSError as exc:
-            raise EnvError(f"-f {path}: {exc.strerror}; give the environment file "
-                           "(conda format, like the project's environment.yml)") from None
-        except yaml.YAMLError as exc:
-            raise EnvError(f"-f {path} is not YAML ({exc}); fix the file") from None
-        deps = data.get("dependencies") if isinstance(data, dict) else None
-        if not isinstance(data, dict) or not isinstance(data.get("name"), str) \
-                or not isinstance(deps, list):
+            found = read_environment(path, f"-f {path}", "the environment file (conda "
+                                     "format, like the project's environment.yml)")
+        except InputError as exc:
+            raise EnvError(str(exc)) from None
+        if found.name is None or found.conda is None:
             raise EnvError(f"-f {path} is not a conda environment file: it needs 'name:' and "
                            "a 'dependencies:' list (with a '- pip:' list for pip packages)")
-        conda = tuple(str(d) for d in deps if isinstance(d, str))
-        pip = tuple(str(p) for d in deps if isinstance(d, dict)
-                    for p in (d.get("pip") or []))
-        return cls(path.resolve(), data["name"], conda, pip)
+        return cls(path.resolve(), found.name, found.conda, found.pip)
 
     def refuse_for(self, backend: str) -> None:
         """EnvError naming the conda packages a venv cannot honour (backend venv: the

@@ -24,10 +24,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
-from ..errors import ClusterError
+from ..errors import ClusterError, InputError
 from ..run.record import check_writable
+from .envfile import read_environment
 
 STAMP = ".clustertrain-wheelhouse.json"
 LOCK = "clustertrain-lock.json"
@@ -104,31 +103,20 @@ def target_python(request: WheelhouseRequest, spec: EnvironmentSpec) -> Wheelhou
 
 def load_environment(path: Path) -> EnvironmentSpec:
     """Parse and check a conda-style environment file."""
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
+    if not path.exists():
         raise WheelhouseError(f"environment file {path} does not exist; pass the repository's "
-                              "environment.yml with --env") from None
-    except yaml.YAMLError as exc:
-        raise WheelhouseError(f"environment file {path} is not valid YAML ({exc}); fix its "
-                              "syntax") from None
-    if not isinstance(data, dict) or not isinstance(data.get("dependencies"), list):
+                              "environment.yml with --env")
+    try:
+        found = read_environment(path, f"environment file {path}", "an environment file in "
+                                 "conda's format (name, channels, dependencies)")
+    except InputError as exc:
+        raise WheelhouseError(str(exc)) from None
+    if found.conda is None:
         raise WheelhouseError(f"environment file {path} has no 'dependencies:' list; write it "
                               "in conda's format (name, channels, dependencies with a pip: "
                               "section)")
-    conda: list[str] = []
-    pip: list[str] = []
-    for dep in data["dependencies"]:
-        if isinstance(dep, str):
-            conda.append(dep)
-        elif isinstance(dep, dict) and set(dep) == {"pip"} and isinstance(dep["pip"], list):
-            pip.extend(str(p) for p in dep["pip"])
-        else:
-            raise WheelhouseError(f"environment file {path}: dependency {dep!r} is neither a "
-                                  "package string nor a 'pip:' list; fix that entry")
-    return EnvironmentSpec(name=str(data.get("name") or ""),
-                           channels=tuple(str(c) for c in data.get("channels") or ()),
-                           conda=tuple(conda), pip=tuple(pip))
+    return EnvironmentSpec(name=found.name or "", channels=found.channels, conda=found.conda,
+                           pip=found.pip)
 
 
 def _read_stamp(dest: Path) -> dict:

@@ -31,7 +31,7 @@ from ..checks.probe import NodeFacts
 from ..cluster import nodelib
 from ..cluster.inventory import Cluster, NodeSpec, load_cluster
 from ..cluster.ssh import connect_all
-from ..errors import ClusterError, LaunchError
+from ..errors import ClusterError, InputError, LaunchError
 from ..node.protocol import GO, JOBS_SUBDIR, PEER_TIMEOUT, STARTED
 from ..node.recover import DECISION_WAIT, plan_path
 from .allocation import Allocation, queue_for
@@ -176,12 +176,12 @@ def run_training(spec: RunSpec, dry_run: bool = False, cluster: Cluster | None =
         spec.nodes, ",".join(spec.hosts) if spec.hosts is not None else None)
         ).with_user_env(spec.python_env)
     if spec.queue and whole.scheduler != "slurm":
-        raise LaunchError(
+        raise InputError(
             f"--queue: the inventory {whole.inventory} says cluster_scheduler: "
             f"{whole.scheduler}, so the cluster runs no Slurm; set cluster_scheduler: slurm "
             "and run site.yml (roles/slurm), or leave out --queue")
     spares = spares_of(whole.names, cluster.names, spec.spares, spec.spare_hosts,
-                       whole.inventory) if spec.max_recoveries else []
+                       whole.inventory, spec.min_nodes) if spec.max_recoveries else []
     if spec.doctor:
         _doctor_first(spec, cluster, dry_run)
     run_id = spec.run_id or new_run_id()

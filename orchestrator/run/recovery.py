@@ -24,7 +24,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ..errors import LaunchError
+from ..errors import InputError, LaunchError
 from ..node.protocol import TEMPLATE
 from ..node.recover import attempt_dir
 from .command import NodeCommand
@@ -113,22 +113,28 @@ def next_nodes(names: Sequence[str], failed: str, spares: list[str],
 
 
 def spares_of(all_names: Sequence[str], chosen: Sequence[str], count: int,
-              hosts: Sequence[str] | None, inventory: Path) -> list[str]:
+              hosts: Sequence[str] | None, inventory: Path,
+              min_nodes: int | None = None) -> list[str]:
     """The spare nodes, checked: COUNT nodes after the chosen ones in the inventory's
-    order, or HOSTS; none of them a node of the run."""
+    order, or HOSTS; none of them a node of the run. MIN_NODES, checked too: fewer than
+    the run's nodes (a recovery without a spare has one node less)."""
+    if min_nodes is not None and min_nodes >= len(chosen):
+        raise InputError(f"--min-nodes {min_nodes}: the run has {len(chosen)} node(s), so a "
+                         f"recovery without a spare has {len(chosen) - 1} at most; give at "
+                         f"most {len(chosen) - 1}, or leave it out (recover on a spare only)")
     if hosts:
         unknown = [h for h in hosts if h not in all_names]
         if unknown:
-            raise LaunchError(f"--spare-hosts {','.join(hosts)}: {', '.join(unknown)} is not "
+            raise InputError(f"--spare-hosts {','.join(hosts)}: {', '.join(unknown)} is not "
                               f"a node of {inventory} ({', '.join(all_names)})")
         mine = [h for h in hosts if h in chosen]
         if mine:
-            raise LaunchError(f"--spare-hosts: {', '.join(mine)} is one of the run's own nodes "
+            raise InputError(f"--spare-hosts: {', '.join(mine)} is one of the run's own nodes "
                               f"({', '.join(chosen)}); a spare is a node the run does not use")
         return list(hosts)
     rest = [n for n in all_names if n not in chosen]
     if count > len(rest):
-        raise LaunchError(f"--spares {count}: {inventory} has {len(rest)} node(s) besides the "
+        raise InputError(f"--spares {count}: {inventory} has {len(rest)} node(s) besides the "
                           f"run's {', '.join(chosen)}; give at most {len(rest)}, or add nodes")
     return rest[:count]
 

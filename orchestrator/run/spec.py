@@ -10,7 +10,6 @@ paths in it are relative to the file. Options on the command line override the f
 
 from __future__ import annotations
 
-import difflib
 import math
 import os
 import re
@@ -24,7 +23,19 @@ import yaml
 
 from .. import defaults
 from ..cluster.inventory import check_env_name
-from ..errors import LaunchError
+from ..config.kinds import (
+    Either,
+    Flag,
+    Kind,
+    ListOf,
+    MapOf,
+    Number,
+    Record,
+    Text,
+    Whole,
+    read_file,
+)
+from ..errors import InputError
 from ..resources import project
 from .command import (
     ENV_NAME,
@@ -140,37 +151,38 @@ class RunSpec:
         return yaml.safe_dump(self.to_file(), sort_keys=False, default_flow_style=False)
 
 
-# -- a job file's keys: each one's type, as the file must give it ----------------------------
-KEYS: dict[str, tuple[tuple[type, ...], str]] = {
-    "inventory": ((str,), "a path"), "nodes": ((int,), "a whole number"),
-    "hosts": ((list, str), "a list of inventory names"), "workdir": ((str,), "a path"),
-    "script": ((str,), "a path relative to workdir"), "module": ((str,), "a module name"),
-    "args": ((list,), "a list of the script's arguments"),
-    "env": ((dict,), "a mapping of NAME: value"),
-    "secret_env": ((list,), "a list of variable names (their values come from the shell)"),
-    "nproc_per_node": ((int, str), "'auto' or a whole number"),
-    "master_port": ((int,), "a port number"), "max_restarts": ((int,), "a whole number"),
-    "rdzv_backend": ((str,), "static or c10d"),
-    "torchrun_arg": ((list,), "a list of torchrun options"),
-    "no_clean_exit": ((bool,), "true or false"), "runs_dir": ((str,), "a path"),
-    "grace": ((int, float), "a number of seconds"), "detach": ((bool,), "true or false"),
-    "lease_timeout": ((int, float), "a number of seconds"),
-    "keep_runs": ((int,), "a whole number"),
-    "hang_timeout": ((int, float), "a number of seconds"),
-    "on_hang": ((str,), "stop or wait"), "doctor": ((bool,), "true or false"),
-    "ignore_suspects": ((bool,), "true or false"),
-    "link_seconds": ((int, float), "a number of seconds"),
-    "allreduce_mb": ((int, float), "a number of MB"),
-    "share_gpus": ((bool,), "true or false"),
-    "queue": ((bool,), "true or false"), "gpus_per_node": ((int,), "a whole number"),
-    "partition": ((str,), "a Slurm partition"), "time": ((str, int), "a Slurm time limit"),
-    "qos": ((str,), "a Slurm QOS"),
-    "python_env": ((str,), "the name of one of your environments (env create --name)"),
-    "max_recoveries": ((int,), "a whole number"), "spares": ((int,), "a whole number"),
-    "spare_hosts": ((list, str), "a list of inventory names"),
-    "min_nodes": ((int,), "a whole number"),
+# -- a job file's keys: each one's kind, as the file must give it ----------------------------
+_SECONDS = Number("a number of seconds")
+_FLAG = Flag()
+_NAMES = Either((ListOf(Text("an inventory name")), Text("inventory names, a,b")),
+                "a list of inventory names")
+KEYS: dict[str, Kind] = {
+    "inventory": Text("a path"), "nodes": Whole(), "hosts": _NAMES,
+    "workdir": Text("a path"), "script": Text("a path relative to workdir"),
+    "module": Text("a module name"),
+    "args": ListOf(Text("a script argument (text or a number)", numbers=True, empty=True),
+                   "a list of the script's arguments"),
+    "env": MapOf(Text("text or a number", numbers=True, empty=True),
+                 "a mapping of NAME: value", null_as=""),
+    "secret_env": ListOf(Text("a variable name"),
+                         "a list of variable names (their values come from the shell)"),
+    "nproc_per_node": Either((Text("auto"), Whole()), "'auto' or a whole number"),
+    "master_port": Whole("a port number"), "max_restarts": Whole(),
+    "rdzv_backend": Text("static or c10d"),
+    "torchrun_arg": ListOf(Text("a torchrun option", numbers=True), "a list of torchrun "
+                           "options"),
+    "no_clean_exit": _FLAG, "runs_dir": Text("a path"), "grace": _SECONDS, "detach": _FLAG,
+    "lease_timeout": _SECONDS, "keep_runs": Whole(), "hang_timeout": _SECONDS,
+    "on_hang": Text("stop or wait"), "doctor": _FLAG, "ignore_suspects": _FLAG,
+    "link_seconds": _SECONDS, "allreduce_mb": Number("a number of MB"), "share_gpus": _FLAG,
+    "queue": _FLAG, "gpus_per_node": Whole(), "partition": Text("a Slurm partition"),
+    "time": Text("a Slurm time limit", numbers=True), "qos": Text("a Slurm QOS"),
+    "python_env": Text("the name of one of your environments (env create --name)"),
+    "max_recoveries": Whole(), "spares": Whole(), "spare_hosts": _NAMES, "min_nodes": Whole(),
 }
 PATH_KEYS = ("inventory", "workdir", "runs_dir")
+JOB_FILE = Record(KEYS, hint=f"a job file takes {', '.join(KEYS)}. The script's own options "
+                  "go in `args:`")
 
 
 @dataclass(frozen=True)
@@ -188,48 +200,22 @@ def option(key: str) -> str:
 
 
 def read_job_file(path: Path) -> dict[str, Given]:
-    """A job file's keys, each with its value and where it stands; LaunchError naming the
-    line for anything that is not a key of train, or of the wrong type."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise LaunchError(f"-f {path}: {exc.strerror}; give a job file (YAML, train's long "
-                          "option names as keys)") from None
-    try:
-        root = yaml.compose(text)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise LaunchError(f"{path} is not valid YAML: {exc}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict) or not isinstance(root, yaml.MappingNode):
-        raise LaunchError(f"{path} is not a mapping of train's options (e.g. `nodes: 2`)")
-    lines = {k.value: k.start_mark.line + 1 for k, _ in root.value
-             if isinstance(k, yaml.ScalarNode)}
+    """A job file's keys, each with its value and where it stands; InputError naming the
+    line for anything that is not a key of train, or of the wrong kind (nested values
+    too), or given twice."""
     found: dict[str, Given] = {}
-    for key, value in data.items():
-        where = f"{path} line {lines.get(key, '?')}"
-        if key not in KEYS:
-            near = difflib.get_close_matches(str(key), KEYS, n=1)
-            raise LaunchError(
-                f"{where}: unknown key {key!r}" + (f" (did you mean {near[0]!r}?)" if near
-                                                   else "")
-                + f"; a job file takes {', '.join(KEYS)}. The script's own options go in "
-                "`args:`")
-        if value is None:
-            continue  # as if not given: the default
-        types, what = KEYS[key]
-        if isinstance(value, bool) and bool not in types or not isinstance(value, types):
-            raise LaunchError(f"{where}: {key} must be {what}, not {value!r}")
+    for key, got in read_file(path, JOB_FILE, "a mapping of train's options (e.g. `nodes: "
+                              "2`)", f"-f {path}").items():
+        value = got.value
         if key in PATH_KEYS:
-            value = str((path.parent / Path(str(value)).expanduser()).absolute())
-        found[key] = Given(value, f"{where}: {key}")
+            value = str((path.parent / Path(value).expanduser()).absolute())
+        found[key] = Given(value, f"{path} line {got.line}: {key}")
     return found
 
 
 def from_sources(given: Mapping[str, Given]) -> RunSpec:
     """The spec from the values given (a job file's, then the command line's over them),
-    the defaults for the rest; LaunchError naming the first value that cannot be right,
+    the defaults for the rest; InputError naming the first value that cannot be right,
     with where it was given and what would be."""
     def get(key: str, default: Any = None) -> Any:
         return given[key].value if key in given else default
@@ -237,12 +223,13 @@ def from_sources(given: Mapping[str, Given]) -> RunSpec:
     def label(key: str) -> str:
         return given[key].label if key in given else option(key)
 
+    _refuse_empty(given)
     workdir = _workdir(get("workdir", str(project().train)), label("workdir"))
     module = get("module")
     script, args = get("script"), list(get("args", []))
     if module is not None:
         if not MODULE_NAME.match(module):
-            raise LaunchError(f"{label('module')} {module!r} is not a module name (dotted "
+            raise InputError(f"{label('module')} {module!r} is not a module name (dotted "
                               "Python identifiers, e.g. -m mypkg.train)")
         script = module
     else:
@@ -254,38 +241,38 @@ def from_sources(given: Mapping[str, Given]) -> RunSpec:
             if nproc < 1:
                 raise ValueError
         except ValueError:
-            raise LaunchError(f"{label('nproc_per_node')} {nproc!r}: give 'auto' or a "
+            raise InputError(f"{label('nproc_per_node')} {nproc!r}: give 'auto' or a "
                               "positive number") from None
     master_port = get("master_port")
-    if master_port is not None and not 1 <= master_port <= 65535:
-        raise LaunchError(f"{label('master_port')} {master_port}: choose a port in 1024-65535")
+    if master_port is not None and not 1024 <= master_port <= 65535:
+        raise InputError(f"{label('master_port')} {master_port}: choose a port in 1024-65535")
     max_restarts = get("max_restarts", defaults.MAX_RESTARTS)
     if max_restarts < 0:
-        raise LaunchError(f"{label('max_restarts')} {max_restarts}: give 0 (fail on the first "
+        raise InputError(f"{label('max_restarts')} {max_restarts}: give 0 (fail on the first "
                           "worker failure) or a positive number of restarts")
     rdzv = get("rdzv_backend", defaults.RDZV_BACKEND)
     if rdzv not in ("static", "c10d"):
-        raise LaunchError(f"{label('rdzv_backend')} {rdzv!r}: give static or c10d")
+        raise InputError(f"{label('rdzv_backend')} {rdzv!r}: give static or c10d")
     grace = float(get("grace", defaults.GRACE))
     check_grace(grace, label("grace"))
     keep_runs = get("keep_runs", defaults.KEEP_RUNS)
     if keep_runs < 0:
-        raise LaunchError(f"{label('keep_runs')} {keep_runs}: give 0 (keep all) or more")
+        raise InputError(f"{label('keep_runs')} {keep_runs}: give 0 (keep all) or more")
     lease = float(get("lease_timeout", defaults.LEASE_TIMEOUT))
     if not math.isfinite(lease) or lease < 3:
-        raise LaunchError(f"{label('lease_timeout')} {get('lease_timeout')}: give at least "
+        raise InputError(f"{label('lease_timeout')} {get('lease_timeout')}: give at least "
                           "3 seconds")
     hang = float(get("hang_timeout", defaults.HANG_TIMEOUT))
     if not math.isfinite(hang) or hang < 0:
-        raise LaunchError(f"{label('hang_timeout')} {get('hang_timeout')}: give the seconds "
+        raise InputError(f"{label('hang_timeout')} {get('hang_timeout')}: give the seconds "
                           "without progress after which the run counts as hung, as a "
                           "number of 0 or more (0: never; default "
                           f"{defaults.HANG_TIMEOUT:g})")
     on_hang = get("on_hang", defaults.ON_HANG)
     if on_hang not in [str(o) for o in OnHang]:
-        raise LaunchError(f"{label('on_hang')} {on_hang!r}: give stop or wait")
+        raise InputError(f"{label('on_hang')} {on_hang!r}: give stop or wait")
     if get("ignore_suspects") and not get("doctor"):
-        raise LaunchError("--ignore-suspects goes with --doctor")
+        raise InputError("--ignore-suspects goes with --doctor")
     link_seconds = float(get("link_seconds", defaults.LINK_SECONDS))
     allreduce_mb = float(get("allreduce_mb", defaults.ALLREDUCE_MB))
     check_measures(link_seconds, allreduce_mb, label)
@@ -318,29 +305,52 @@ def from_sources(given: Mapping[str, Given]) -> RunSpec:
         python_env=python_env, **queue, **_recovery(get, label, queue["queue"]))
 
 
+def _refuse_empty(given: Mapping[str, Given]) -> None:
+    """InputError for an option given as empty text (`--partition ""`): never taken for
+    "not given", which would silently mean the default. (--hosts and --spare-hosts say
+    it in their own words.)"""
+    for key, got in given.items():
+        if key not in ("hosts", "spare_hosts") and isinstance(got.value, str) and \
+                not got.value.strip():
+            raise InputError(f"{got.label} {got.value!r} is empty; give {KEYS[key].what}, or "
+                             "leave it out for the default")
+
+
+def _names(value: Any, label: str) -> list[str] | None:
+    """Inventory names given as a,b or as a list; InputError for an empty one."""
+    if value is None:
+        return None
+    names = [h.strip() for h in value.split(",")] if isinstance(value, str) else list(value)
+    if not any(names) or "" in names:
+        raise InputError(f"{label} {value!r} " + ("names no node" if not any(names) else
+                                                  "has an empty name")
+                         + "; give inventory names separated by commas, e.g. "
+                         f"{option('spare_hosts')} node2,node3")
+    return names
+
+
 def _recovery(get: Callable[..., Any], label: Callable[[str], str],
               queue: bool) -> dict[str, Any]:
     """--max-recoveries and its spares, checked: they go together."""
     most = get("max_recoveries", 0)
-    spares, hosts, least = get("spares", 0), get("spare_hosts"), get("min_nodes")
-    if isinstance(hosts, str):
-        hosts = [h.strip() for h in hosts.split(",") if h.strip()]
+    spares, least = get("spares", 0), get("min_nodes")
+    hosts = _names(get("spare_hosts"), label("spare_hosts"))
     for key, value in (("max_recoveries", most), ("spares", spares)):
         if value < 0:
-            raise LaunchError(f"{label(key)} {value}: give 0 or more")
+            raise InputError(f"{label(key)} {value}: give 0 or more")
     if least is not None and least < 1:
-        raise LaunchError(f"{label('min_nodes')} {least}: give 1 or more nodes")
+        raise InputError(f"{label('min_nodes')} {least}: give 1 or more nodes")
     given = [k for k, v in (("spares", spares), ("spare_hosts", hosts), ("min_nodes", least))
              if v]
     if given and not most:
-        raise LaunchError(f"{label(given[0])} goes with --max-recoveries N (how many times a "
+        raise InputError(f"{label(given[0])} goes with --max-recoveries N (how many times a "
                           "run whose node failed starts again from its checkpoint); add it, "
                           "or leave it out")
     if spares and hosts:
-        raise LaunchError(f"{label('spares')} and {label('spare_hosts')}: give one of them "
+        raise InputError(f"{label('spares')} and {label('spare_hosts')}: give one of them "
                           "(K spare nodes from the inventory's order, or these nodes)")
     if most and queue:
-        raise LaunchError(f"{label('max_recoveries')} with --queue: a run through Slurm's "
+        raise InputError(f"{label('max_recoveries')} with --queue: a run through Slurm's "
                           "queue does not recover yet (Slurm would have to grant the "
                           "spares); run without --queue, or without --max-recoveries")
     return {"max_recoveries": most, "spares": spares,
@@ -356,50 +366,53 @@ def queue_options(get: Callable[..., Any], label: Callable[[str], str]) -> dict[
     queue = bool(get("queue", False))
     given = [k for k in ("gpus_per_node", "partition", "time", "qos") if get(k) is not None]
     if given and not queue:
-        raise LaunchError(f"{label(given[0])} goes with --queue (a run through Slurm's "
+        raise InputError(f"{label(given[0])} goes with --queue (a run through Slurm's "
                           "queue); add --queue, or leave it out")
     gpus = get("gpus_per_node")
     if gpus is not None and gpus < 0:
-        raise LaunchError(f"{label('gpus_per_node')} {gpus}: give 0 or more GPUs per node")
+        raise InputError(f"{label('gpus_per_node')} {gpus}: give 0 or more GPUs per node")
     for key, pattern, example in (("partition", SLURM_NAME, "gpu"), ("qos", SLURM_NAME, "normal"),
                                   ("time", SLURM_TIME, "2:00:00 or 1-00:00:00")):
         value = get(key)
         if value is not None and not pattern.match(str(value)):
-            raise LaunchError(f"{label(key)} {value!r}: give a Slurm {key} (e.g. {example})")
+            raise InputError(f"{label(key)} {value!r}: give a Slurm {key} (e.g. {example})")
     return {"queue": queue, "gpus_per_node": gpus, "partition": get("partition"),
             "time": None if get("time") is None else str(get("time")), "qos": get("qos")}
 
 
 def check_grace(grace: float, label: str = "--grace") -> None:
     if not math.isfinite(grace) or grace < 0:
-        raise LaunchError(f"{label} {grace}: give the seconds between SIGTERM and SIGKILL "
+        raise InputError(f"{label} {grace}: give the seconds between SIGTERM and SIGKILL "
                           f"as a number of 0 or more (default {defaults.GRACE:g})")
 
 
 def _workdir(value: str, label: str) -> Path:
     workdir = Path(value).expanduser()
     if not workdir.is_dir():
-        raise LaunchError(f"{label} {workdir}: no such directory; point --workdir at the "
+        raise InputError(f"{label} {workdir}: no such directory; point --workdir at the "
                           "directory that holds your training code")
     return workdir.resolve()
 
 
 def _script(workdir: Path, script: str) -> str:
-    """SCRIPT as a path relative to WORKDIR, checked to be a file in it."""
-    if Path(script).is_absolute():
-        try:
-            script = str(Path(script).resolve().relative_to(workdir))
-        except ValueError:
-            raise LaunchError(f"script {script} is outside --workdir {workdir}; only "
-                              "the work directory is copied to the nodes") from None
+    """SCRIPT as a path relative to WORKDIR, checked to be a file in it (`../x.py` is not:
+    only the work directory is copied to the nodes)."""
+    inside = Path(script).resolve() if Path(script).is_absolute() else Path(
+        os.path.normpath(workdir / script))
+    try:
+        script = str(inside.relative_to(workdir))
+    except ValueError:
+        raise InputError(f"script {script} is outside --workdir {workdir}; only the work "
+                         "directory is copied to the nodes: move the script into it, or "
+                         "point --workdir at a directory that holds it") from None
     if (workdir / script).is_dir():
-        inside = sorted(p.name for p in (workdir / script).glob("*.py"))[:5]
-        raise LaunchError(f"script {script!r} is a directory in {workdir}; name the "
-                          "script in it" + (f" (it holds {', '.join(inside)})" if inside else "")
-                          + ", or run a package with -m")
+        inside_py = sorted(p.name for p in (workdir / script).glob("*.py"))[:5]
+        raise InputError(f"script {script!r} is a directory in {workdir}; name the "
+                         "script in it" + (f" (it holds {', '.join(inside_py)})" if inside_py
+                                           else "") + ", or run a package with -m")
     if not (workdir / script).is_file():
-        raise LaunchError(f"script {script!r} not found in {workdir}; give a path "
-                          "relative to --workdir (default: the repository's train/)")
+        raise InputError(f"script {script!r} not found in {workdir}; give a path "
+                         "relative to --workdir (default: the repository's train/)")
     return script
 
 
@@ -411,16 +424,16 @@ def _secret_env(given: Given, env: Mapping[str, str],
     names = []
     for name in given.value:
         if not isinstance(name, str) or not ENV_NAME.match(name):
-            raise LaunchError(f"{given.label} {name!r}: not a variable name (letters, "
+            raise InputError(f"{given.label} {name!r}: not a variable name (letters, "
                               "digits, '_', not starting with a digit), e.g. WANDB_API_KEY")
         why = reserved_env(name)
         if why:
-            raise LaunchError(f"{given.label} {name}: {name} is {why}; a job cannot set it")
+            raise InputError(f"{given.label} {name}: {name} is {why}; a job cannot set it")
         if name in env:
-            raise LaunchError(f"{given.label} {name}: also given a value with --env; give "
+            raise InputError(f"{given.label} {name}: also given a value with --env; give "
                               "it once (--env values are recorded, --secret-env ones not)")
         if name not in environ:
-            raise LaunchError(f"{given.label} {name}: not set in this shell's environment; "
+            raise InputError(f"{given.label} {name}: not set in this shell's environment; "
                               f"set it first (`read -rs {name} && export {name}`), then run "
                               "again")
         if name not in names:
@@ -436,11 +449,11 @@ def _env(given: Given) -> dict[str, str]:
     for key, value in given.value.items():
         key = str(key)
         if not ENV_NAME.match(key):
-            raise LaunchError(f"{given.label}: {key!r} is not a variable name (letters, "
+            raise InputError(f"{given.label}: {key!r} is not a variable name (letters, "
                               "digits, '_', not starting with a digit)")
         why = reserved_env(key)
         if why:
-            raise LaunchError(f"{given.label}: {key} is {why}; a job cannot set it. Pass "
+            raise InputError(f"{given.label}: {key} is {why}; a job cannot set it. Pass "
                               "your own value under another name")
         env[key] = "" if value is None else str(value)
     return env
@@ -459,12 +472,12 @@ MAX_ALLREDUCE_MB = 8192.0   # --allreduce-mb: 8 GB per rank
 def check_measures(link_seconds: float, allreduce_mb: float,
                    label: Callable[[str], str] = lambda key: f"--{key.replace('_', '-')}",
                    compute_seconds: float = defaults.COMPUTE_SECONDS) -> None:
-    """LaunchError for a measurement doctor cannot make; LABEL: where each was given."""
+    """InputError for a measurement doctor cannot make; LABEL: where each was given."""
     for key, value in (("link_seconds", link_seconds), ("compute_seconds", compute_seconds)):
         if not math.isfinite(value) or not 0 < value <= MAX_SECONDS:
-            raise LaunchError(f"{label(key)} {value:g}: give a number above 0 and at most "
+            raise InputError(f"{label(key)} {value:g}: give a number above 0 and at most "
                               f"{MAX_SECONDS:g} (seconds to measure)")
     if not math.isfinite(allreduce_mb) or not 0 < allreduce_mb <= MAX_ALLREDUCE_MB:
-        raise LaunchError(f"{label('allreduce_mb')} {allreduce_mb:g}: give a number above 0 and "
+        raise InputError(f"{label('allreduce_mb')} {allreduce_mb:g}: give a number above 0 and "
                           f"at most {MAX_ALLREDUCE_MB:g} (the all_reduce's size in MB; every "
                           "rank holds a tensor of that size)")

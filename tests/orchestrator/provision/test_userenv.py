@@ -63,7 +63,7 @@ def test_a_create_refused_on_the_controller_touches_no_node(tmp_path: Path) -> N
 @pytest.mark.parametrize("text, said", [
     ("dependencies: [pip]\n", "needs 'name:'"),
     ("name: x\n", "needs 'name:' and a 'dependencies:' list"),
-    ("name: [x\n", "is not YAML"),
+    ("name: [x\n", "is not valid YAML"),
 ])
 def test_a_file_that_is_no_environment_file_is_refused(tmp_path: Path, text: str,
                                                        said: str) -> None:

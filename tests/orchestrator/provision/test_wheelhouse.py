@@ -49,7 +49,8 @@ def test_repository_environment_file_pins_torch_and_python():
 
 @pytest.mark.parametrize("text, fragment", [
     ("name: x\n", "has no 'dependencies:' list"),
-    ("name: x\ndependencies: [python=3.11, {pop: [a]}]\n", "is neither a package string"),
+    ("name: x\ndependencies: [python=3.11, {pop: [a]}]\n",
+     "line 2: dependencies.1. must be a package string or a 'pip:' list, not a mapping"),
     ("name: x\ndependencies: [\n", "is not valid YAML"),
 ])
 def test_bad_environment_files_are_named_with_the_fix(tmp_path, text, fragment):
