@@ -13,7 +13,7 @@ import argcomplete
 from .. import defaults
 
 RUN_ARGS = {"run"}
-HOST_ARGS = {"node", "host", "hosts", "spare_hosts"}   # hosts, spare_hosts: a, b
+HOST_ARGS = {"node", "host", "hosts"}   # hosts: a,b (train's options declare their own)
 
 
 def run_ids(prefix: str, parsed_args: argparse.Namespace, **_: Any) -> list[str]:

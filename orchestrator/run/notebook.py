@@ -38,14 +38,14 @@ from ..cluster import nodelib
 from ..cluster.fanout import each
 from ..cluster.inventory import Cluster, NodeSpec, check_env_name, load_cluster
 from ..cluster.ssh import SshTarget, connect, forward
-from ..errors import ClusterError, LaunchError
+from ..errors import ClusterError, InputError, LaunchError
 from ..node.protocol import NOTEBOOK_FILE, NOTEBOOK_MODULE
 from .command import NodeCommand
 from .drain import cordons
 from .lifecycle import run_training
 from .record import check_writable, new_run_id, open_run
 from .settle import settle
-from .spec import Given, RunSpec, option, queue_options
+from .spec import Given, RunSpec, option_label, queue_options
 
 DEFAULT_IDLE = 3600.0      # a detached notebook ends after an hour without a request
 READY_WITHIN = 180.0       # seconds for JupyterLab to answer once its run has started
@@ -74,16 +74,16 @@ def notebook_spec(given: Mapping[str, Given]) -> RunSpec:
         return given[key].value if key in given else default
 
     def label(key: str) -> str:
-        return given[key].label if key in given else option(key)
+        return given[key].label if key in given else option_label(key)
 
     idle = float(get("idle", DEFAULT_IDLE))
     if not math.isfinite(idle) or idle < 0:
-        raise LaunchError(f"{label('idle')} {get('idle')}: give the seconds without a "
-                          "request after which a detached notebook ends, 0 or more (0: "
-                          f"never; default {DEFAULT_IDLE:g})")
+        raise InputError(f"{label('idle')} {get('idle')}: give the seconds without a "
+                         "request after which a detached notebook ends, 0 or more (0: "
+                         f"never; default {DEFAULT_IDLE:g})")
     if "idle" in given and not get("detach"):
-        raise LaunchError(f"{label('idle')} goes with --detach (an attached notebook ends "
-                          "with the command); add --detach, or leave it out")
+        raise InputError(f"{label('idle')} goes with --detach (an attached notebook ends "
+                         "with the command); add --detach, or leave it out")
     runs_dir = Path(str(get("runs_dir", defaults.RUNS_DIR)))
     check_writable(runs_dir, label("runs_dir"))
     python_env = get("python_env")
@@ -97,7 +97,7 @@ def notebook_spec(given: Mapping[str, Given]) -> RunSpec:
         script_args=("--idle", f"{idle:g}") if get("detach") else (),
         nproc_per_node=1, hang_timeout=0.0, runs_dir=runs_dir,
         detach=bool(get("detach")), share_gpus=bool(get("share_gpus")),
-        python_env=python_env, run_id=new_run_id(), **queue_options(get, label))
+        python_env=python_env, run_id=new_run_id(), **queue_options(given, label))
 
 
 def run_notebook(spec: RunSpec, local_port: int | None = None) -> int:

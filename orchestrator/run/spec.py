@@ -3,9 +3,12 @@ command line and a job file (`train -f job.yaml`) are both read into it, checked
 before any node is touched, `--dry-run` prints it as a job file, the run's record keeps it
 and the launch is built from it.
 
-A job file's keys are `train`'s long option names with '_' (`nodes`, `hosts`, `workdir`,
-`script`, `args` as a list, `env` as a mapping, `nproc_per_node`, `hang_timeout`, ...);
-paths in it are relative to the file. Options on the command line override the file's.
+Each of train's options is declared once, as a field of RunSpec (config/options.py): its
+kind in a job file, its help, its spelling, its check. The parser (cli/cmd_train.py), the
+job file's keys, from_sources and to_file all come from those fields; the rules between
+options (RULES) stand beside them. A job file's keys are the long option names with '_'
+(`args` as a list, `env` as a mapping); paths in it are relative to the file. Options on
+the command line override the file's.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import math
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -35,6 +38,7 @@ from ..config.kinds import (
     Whole,
     read_file,
 )
+from ..config.options import Declared, Option, declared, option
 from ..errors import InputError
 from ..resources import project
 from .command import (
@@ -48,6 +52,10 @@ from .command import (
 from .record import check_writable
 
 MODULE_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+SLURM_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+SLURM_TIME = re.compile(r"^\d+(-\d+)?(:\d+){0,2}$")
+MAX_SECONDS = 60.0          # --link-seconds, --compute-seconds
+MAX_ALLREDUCE_MB = 8192.0   # --allreduce-mb: 8 GB per rank
 
 
 class OnHang(str, Enum):
@@ -68,50 +76,311 @@ class HangWatch:
     on_hang: OnHang = OnHang.STOP
 
 
+# -- each option's own check: (value as given, where it was given) -> the field's value ------
+def _at_least(least: int, fix: str) -> Callable[[Any, str], int]:
+    def check(value: Any, label: str) -> int:
+        if value < least:
+            raise InputError(f"{label} {value}: {fix}")
+        return int(value)
+    return check
+
+
+def _seconds(least: float, fix: str, above: bool = False) -> Callable[[Any, str], float]:
+    def check(value: Any, label: str) -> float:
+        seconds = float(value)
+        if not math.isfinite(seconds) or seconds < least or above and seconds == least:
+            raise InputError(f"{label} {value}: {fix}")
+        return seconds
+    return check
+
+
+def _slurm(pattern: re.Pattern[str], what: str, example: str) -> Callable[[Any, str], str]:
+    def check(value: Any, label: str) -> str:
+        if not pattern.match(str(value)):
+            raise InputError(f"{label} {value!r}: give a Slurm {what} (e.g. {example})")
+        return str(value)
+    return check
+
+
+def _nproc(value: Any, label: str) -> int | None:
+    if value == "auto":
+        return None
+    try:
+        nproc = int(value)
+        if nproc < 1:
+            raise ValueError
+    except ValueError:
+        raise InputError(f"{label} {value!r}: give 'auto' or a positive number") from None
+    return nproc
+
+
+def _port(value: int, label: str) -> int:
+    if not 1024 <= value <= 65535:
+        raise InputError(f"{label} {value}: choose a port in 1024-65535")
+    return value
+
+
+def _choice(*allowed: str) -> Callable[[Any, str], str]:
+    def check(value: Any, label: str) -> str:
+        if value not in allowed:
+            raise InputError(f"{label} {value!r}: give {' or '.join(allowed)}")
+        return str(value)
+    return check
+
+
+def _hosts(value: Any, label: str) -> tuple[str, ...]:
+    """--hosts a,b or a list; an empty name is the inventory's to name (Cluster.select)."""
+    return tuple(h.strip() for h in value.split(",")) if isinstance(value, str) else tuple(
+        value)
+
+
+def _spare_hosts(value: Any, label: str) -> tuple[str, ...]:
+    names = [h.strip() for h in value.split(",")] if isinstance(value, str) else list(value)
+    if not any(names) or "" in names:
+        raise InputError(f"{label} {value!r} " + ("names no node" if not any(names) else
+                                                  "has an empty name")
+                         + "; give inventory names separated by commas, e.g. "
+                         "--spare-hosts node2,node3")
+    return tuple(names)
+
+
+def _env(value: Any, label: str) -> dict[str, str]:
+    """--env K=V items (a list), or a job file's `env:` mapping, checked alike."""
+    if isinstance(value, list):
+        return parse_env(value)
+    env = {}
+    for key, text in value.items():
+        if not ENV_NAME.match(key):
+            raise InputError(f"{label}: {key!r} is not a variable name (letters, "
+                             "digits, '_', not starting with a digit)")
+        why = reserved_env(key)
+        if why:
+            raise InputError(f"{label}: {key} is {why}; a job cannot set it. Pass "
+                             "your own value under another name")
+        env[key] = text
+    return env
+
+
+def _secret_env(value: Any, label: str) -> tuple[str, ...]:
+    """--secret-env NAME items: each a variable name the job may set, and set in this
+    shell's environment (whose value never enters the spec)."""
+    names: list[str] = []
+    for name in value:
+        if not ENV_NAME.match(name):
+            raise InputError(f"{label} {name!r}: not a variable name (letters, "
+                             "digits, '_', not starting with a digit), e.g. WANDB_API_KEY")
+        why = reserved_env(name)
+        if why:
+            raise InputError(f"{label} {name}: {name} is {why}; a job cannot set it")
+        if name not in os.environ:
+            raise InputError(f"{label} {name}: not set in this shell's environment; "
+                             f"set it first (`read -rs {name} && export {name}`), then run "
+                             "again")
+        if name not in names:
+            names.append(name)
+    return tuple(names)
+
+
+def _torchrun_args(value: Any, label: str) -> tuple[str, ...]:
+    args = tuple(str(a) for a in value)
+    check_torchrun_args(args)
+    return args
+
+
+def _runs_dir(value: Any, label: str) -> Path:
+    path = Path(str(value))
+    check_writable(path, label)
+    return path
+
+
+def _python_env(value: Any, label: str) -> str:
+    return check_env_name(str(value), label)
+
+
+def _path(value: Any, label: str) -> Path:
+    return Path(str(value))
+
+
+def _link_seconds(value: Any, label: str) -> float:
+    check_measures(float(value), defaults.ALLREDUCE_MB, lambda key: label)
+    return float(value)
+
+
+def _allreduce_mb(value: Any, label: str) -> float:
+    check_measures(defaults.LINK_SECONDS, float(value), lambda key: label)
+    return float(value)
+
+
+def _grace(value: Any, label: str) -> float:
+    check_grace(float(value), label)
+    return float(value)
+
+
+_SECONDS = Number("a number of seconds")
+_FLAG = Flag()
+_NAMES = Either((ListOf(Text("an inventory name")), Text("inventory names, a,b")),
+                "a list of inventory names")
+QUEUE = "queue"         # the groups of --help
+RECOVERY = "recovery"
+DOCTOR = "doctor"
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """A run, checked (from_sources makes one); `dry_run` is not part of it: it is what
-    is done with it."""
+    is done with it. Each field with an Option is an option of train and a job file's
+    key; the others are set by the verbs that run on train (doctor, notebook)."""
 
-    inventory: Path = defaults.INVENTORY
-    nodes: int | None = None                # the first N nodes of train_nodes
-    hosts: tuple[str, ...] | None = None    # these nodes (inventory order decides node 0)
-    workdir: Path | None = None             # None: nothing to sync (a node-package module)
-    script: str = defaults.SCRIPT           # relative to workdir, or a module name
-    module: bool = False
-    script_args: tuple[str, ...] = ()      # `args:` in a job file
-    env: dict[str, str] = field(default_factory=dict)
-    secret_env: tuple[str, ...] = ()        # variables passed from this shell, unrecorded
-    nproc_per_node: int | None = None       # None: auto (GPUs per node, or 1 with gloo)
-    master_port: int | None = None          # None: the inventory's, moved if taken
-    max_restarts: int = defaults.MAX_RESTARTS
-    rdzv_backend: str = defaults.RDZV_BACKEND
-    torchrun_args: tuple[str, ...] = ()
-    clean_exit: bool = True                 # workers start through the worker runner
-    runs_dir: Path = defaults.RUNS_DIR
-    grace: float = defaults.GRACE
-    detach: bool = False
-    lease_timeout: float = defaults.LEASE_TIMEOUT
-    keep_runs: int = defaults.KEEP_RUNS
-    hang_timeout: float = defaults.HANG_TIMEOUT
-    on_hang: OnHang = OnHang.STOP
-    doctor: bool = False                    # run doctor first; start nothing on a suspect
-    ignore_suspects: bool = False
-    link_seconds: float = defaults.LINK_SECONDS
-    allreduce_mb: float = defaults.ALLREDUCE_MB
-    share_gpus: bool = False                # run on nodes another run or GPU process uses
-    queue: bool = False                     # through Slurm's queue (train --queue)
-    gpus_per_node: int | None = None        # --queue: None, every GPU of a node
-    partition: str | None = None            # --queue: passed to Slurm
-    time: str | None = None
-    qos: str | None = None
-    python_env: str | None = None           # the user's own environment (env create)
-    max_recoveries: int = 0                 # restarts from the checkpoint after a node failed
-    spares: int = 0                         # nodes held ready for a recovery: the next K...
-    spare_hosts: tuple[str, ...] | None = None   # ...or these
-    min_nodes: int | None = None            # a recovery without a spare: at least this many
+    inventory: Path = option(defaults.INVENTORY, Option(
+        Text("a path"), "Ansible inventory, the one site.yml uses (default: "
+        f"{defaults.INVENTORY})", flags=("--inventory", "-i"), check=_path))
+    nodes: int | None = option(None, Option(        # the first N nodes of train_nodes
+        Whole(), "use the first N nodes of train_nodes", group="nodes"))
+    hosts: tuple[str, ...] | None = option(None, Option(   # inventory order decides node 0
+        _NAMES, "use these nodes, by inventory name: a,b", group="nodes", check=_hosts,
+        completes="hosts"))
+    workdir: Path | None = option(None, Option(    # None: nothing to sync (a module)
+        Text("a path"), f"local directory with the training code (default: "
+        f"{project().train})", special=True))
+    script: str = option(defaults.SCRIPT, Option(  # relative to workdir, or a module name
+        Text("a path relative to workdir"), "training script, relative to --workdir "
+        f"(default: {defaults.SCRIPT})", special=True, positional=True))
+    module: bool = option(False, Option(
+        Text("a module name"), "run a module as `python -m MODULE` (from --workdir, or "
+        "installed on the nodes) instead of a script; its arguments follow --",
+        flags=("-m", "--module"), metavar="MODULE", special=True))
+    script_args: tuple[str, ...] = option((), Option(
+        ListOf(Text("a script argument (text or a number)", numbers=True, empty=True),
+               "a list of the script's arguments"), "arguments for the script (after --)",
+        key="args", special=True, positional=True))
+    env: dict[str, str] = option(None, Option(
+        MapOf(Text("text or a number", numbers=True, empty=True), "a mapping of NAME: value",
+              null_as=""), "environment variable for the job (repeatable); its value is "
+        "kept in the run's record and shown by --dry-run: for a secret, use --secret-env",
+        metavar="K=V", check=_env), factory=dict)
+    secret_env: tuple[str, ...] = option((), Option(   # from this shell, unrecorded
+        ListOf(Text("a variable name"), "a list of variable names (their values come from "
+               "the shell)"), "pass the variable NAME of this shell's environment to every "
+        "rank (repeatable): its value goes to the nodes over SSH only, never into a record, "
+        "a log or a command line (an API token, a password)", metavar="NAME",
+        check=_secret_env))
+    nproc_per_node: int | None = option(None, Option(  # None: GPUs per node, or 1 with gloo
+        Either((Text("auto"), Whole()), "'auto' or a whole number"), "processes per node: "
+        "a number, or auto (GPUs per node; 1 with gloo on CPU nodes) (default: auto)",
+        check=_nproc, to_file=lambda v: v or "auto"))
+    master_port: int | None = option(None, Option(     # None: the inventory's, moved if taken
+        Whole("a port number"), "rendezvous port on node 0 (default: cluster_rendezvous_port "
+        f"or {defaults.RENDEZVOUS_PORT}; another free one is picked if it is in use)",
+        check=_port))
+    max_restarts: int = option(defaults.MAX_RESTARTS, Option(
+        Whole(), f"torchrun --max-restarts (default: {defaults.MAX_RESTARTS})",
+        check=_at_least(0, "give 0 (fail on the first worker failure) or a positive number "
+                        "of restarts")))
+    rdzv_backend: str = option(defaults.RDZV_BACKEND, Option(
+        Text("static or c10d"), "rendezvous: static (--master-addr/--master-port) or c10d "
+        f"(default: {defaults.RDZV_BACKEND})", choices=("static", "c10d"),
+        check=_choice("static", "c10d")))
+    torchrun_args: tuple[str, ...] = option((), Option(
+        ListOf(Text("a torchrun option", numbers=True), "a list of torchrun options"),
+        "extra torchrun option, verbatim (repeatable), e.g. "
+        "--torchrun-arg=--monitor-interval=1", key="torchrun_arg", metavar="ARG",
+        check=_torchrun_args))
+    runs_dir: Path = option(defaults.RUNS_DIR, Option(
+        Text("a path"), f"where run records go (default: {defaults.RUNS_DIR})",
+        check=_runs_dir))
+    grace: float = option(defaults.GRACE, Option(
+        _SECONDS, "seconds between SIGTERM and SIGKILL at teardown (default: "
+        f"{defaults.GRACE:g})", check=_grace))
+    detach: bool = option(False, Option(
+        _FLAG, "return once the job runs on every node; the nodes supervise it (follow it "
+        "with `attach RUN`, stop it with `stop RUN`)"))
+    lease_timeout: float = option(defaults.LEASE_TIMEOUT, Option(
+        _SECONDS, "seconds after which the nodes stop an attached run whose controller "
+        "vanished without a word (killed, network cut, laptop asleep); a closed terminal or "
+        f"kill -9 is noticed at once (default: {defaults.LEASE_TIMEOUT:g})",
+        check=_seconds(3, "give at least 3 seconds")))
+    keep_runs: int = option(defaults.KEEP_RUNS, Option(
+        Whole(), "on each node, keep the code snapshots and job directories of the N newest "
+        f"runs (never a live run's); 0 keeps all (default: {defaults.KEEP_RUNS})",
+        metavar="N", check=_at_least(0, "give 0 (keep all) or more")))
+    hang_timeout: float = option(defaults.HANG_TIMEOUT, Option(
+        _SECONDS, "the run is hung when it printed nothing (no line, no beat) for S seconds: "
+        "every rank's stack is then dumped and the rank that holds the others up is named "
+        "(runs/RUN/hang/). Keep it below the backend's collective timeout (NCCL 10 min, gloo "
+        "30 min by default), or the ranks fail before they are dumped; 0: never (default: "
+        f"{defaults.HANG_TIMEOUT:g})", metavar="S",
+        check=_seconds(0, "give the seconds without progress after which the run counts as "
+                       "hung, as a number of 0 or more (0: never; default "
+                       f"{defaults.HANG_TIMEOUT:g})")))
+    on_hang: OnHang = option(OnHang.STOP, Option(
+        Text("stop or wait"), "after the diagnosis of a hang: stop the run (status hung, "
+        f"exit 1) or wait (keep it, keep watching) (default: {defaults.ON_HANG})",
+        choices=tuple(str(o) for o in OnHang),
+        check=lambda v, label: OnHang(_choice(*(str(o) for o in OnHang))(v, label))))
+    python_env: str | None = option(None, Option(      # the user's own environment
+        Text("the name of one of your environments (env create --name)"), "run torchrun and "
+        "the workers from your own environment NAME (made with `env create --name NAME`) on "
+        "every node, instead of the cluster's; preflight checks it for drift as it checks "
+        "the cluster's", metavar="NAME", check=_python_env))
+    share_gpus: bool = option(False, Option(  # run on nodes another run or GPU process uses
+        _FLAG, "run even on nodes in use by another run (any user's, yours too) or by a "
+        "process on a GPU; without it, such a node is refused, naming the user, the run and "
+        "the GPUs"))
+    queue: bool = option(False, Option(       # through Slurm's queue (train --queue)
+        _FLAG, "ask Slurm for N nodes x G GPUs and wait in its queue (one live line: place, "
+        "reason, who holds the GPUs); the run then runs on the nodes Slurm chose, each rank "
+        "seeing only its GPUs, and the allocation is given back however train ends",
+        group=QUEUE))
+    gpus_per_node: int | None = option(None, Option(   # --queue: None, every GPU of a node
+        Whole(), "GPUs per node to ask for (default: every GPU of a node)", metavar="G",
+        group=QUEUE, check=_at_least(0, "give 0 or more GPUs per node")))
+    partition: str | None = option(None, Option(
+        Text("a Slurm partition"), "Slurm partition (default: the cluster's default)",
+        group=QUEUE, check=_slurm(SLURM_NAME, "partition", "gpu")))
+    time: str | None = option(None, Option(
+        Text("a Slurm time limit", numbers=True), "Slurm time limit, e.g. 2:00:00 or "
+        "1-00:00:00", group=QUEUE, check=_slurm(SLURM_TIME, "time", "2:00:00 or 1-00:00:00")))
+    qos: str | None = option(None, Option(
+        Text("a Slurm QOS"), "Slurm QOS", group=QUEUE,
+        check=_slurm(SLURM_NAME, "qos", "normal")))
+    max_recoveries: int = option(0, Option(   # restarts from the checkpoint after a node failed
+        Whole(), "when a node fails (lost, its torchrun or supervisor killed, a rank killed by "
+        "a signal), start the run again from its newest checkpoint, at most N times, on the "
+        "healthy nodes and a spare; the node is cordoned. A failure of the script itself is "
+        "not retried (default: 0)", metavar="N", group=RECOVERY,
+        check=_at_least(0, "give 0 or more")))
+    spares: int = option(0, Option(           # nodes held ready for a recovery: the next K...
+        Whole(), "the K inventory nodes after the run's own, held ready for a recovery",
+        metavar="K", group=RECOVERY, check=_at_least(0, "give 0 or more")))
+    spare_hosts: tuple[str, ...] | None = option(None, Option(   # ...or these
+        _NAMES, "these nodes held ready for a recovery (inventory names)", metavar="a,b",
+        group=RECOVERY, check=_spare_hosts, completes="hosts"))
+    min_nodes: int | None = option(None, Option(  # a recovery without a spare: at least this
+        Whole(), "with no spare left, recover on the healthy nodes alone if they are at least "
+        "M (the script must accept another world size)", metavar="M", group=RECOVERY,
+        check=_at_least(1, "give 1 or more nodes")))
+    doctor: bool = option(False, Option(      # run doctor first; start nothing on a suspect
+        _FLAG, "run `doctor` on the nodes first and start nothing if it names a suspect",
+        group=DOCTOR))
+    ignore_suspects: bool = option(False, Option(
+        _FLAG, "with --doctor: start the run even if doctor names suspects", group=DOCTOR))
+    link_seconds: float = option(defaults.LINK_SECONDS, Option(
+        _SECONDS, "doctor: seconds of traffic per direction of each link (default: "
+        f"{defaults.LINK_SECONDS:g})", group=DOCTOR, check=_link_seconds))
+    allreduce_mb: float = option(defaults.ALLREDUCE_MB, Option(
+        Number("a number of MB"), "doctor: size of the all_reduce, in MB (default: "
+        f"{defaults.ALLREDUCE_MB:g})", group=DOCTOR, check=_allreduce_mb))
+    no_clean_exit: bool = option(False, Option(   # start the script itself, not the runner
+        _FLAG, "start the script itself, not through the worker runner that ends each "
+        "finished worker with os._exit after atexit handlers and a flush of every open file "
+        "(which keeps torch's teardown from failing a finished run)"))
     run_id: str | None = None               # its record's name (None: a new one)
     cordoned_ok: bool = False               # doctor's own run: a cordoned node is no refusal
+
+    @property
+    def clean_exit(self) -> bool:
+        """Workers start through the worker runner (`--no-clean-exit`: they do not)."""
+        return not self.no_clean_exit
 
     @property
     def watch(self) -> HangWatch:
@@ -124,65 +393,95 @@ class RunSpec:
 
     def to_file(self) -> dict[str, Any]:
         """This spec as a job file's mapping (`train --dry-run` prints it; -f reads it)."""
-        what: dict[str, Any] = {"module": self.script} if self.module else {
-            "script": self.script}
-        return {"inventory": str(self.inventory), "nodes": self.nodes,
-                "hosts": list(self.hosts) if self.hosts else None,
-                "workdir": str(self.workdir) if self.workdir else None, **what,
-                "args": list(self.script_args), "env": dict(self.env),
-                "secret_env": list(self.secret_env),
-                "nproc_per_node": self.nproc_per_node or "auto",
-                "master_port": self.master_port, "max_restarts": self.max_restarts,
-                "rdzv_backend": self.rdzv_backend, "torchrun_arg": list(self.torchrun_args),
-                "no_clean_exit": not self.clean_exit, "runs_dir": str(self.runs_dir),
-                "grace": self.grace, "detach": self.detach,
-                "lease_timeout": self.lease_timeout, "keep_runs": self.keep_runs,
-                "hang_timeout": self.hang_timeout, "on_hang": str(self.on_hang),
-                "doctor": self.doctor, "ignore_suspects": self.ignore_suspects,
-                "link_seconds": self.link_seconds, "allreduce_mb": self.allreduce_mb,
-                "share_gpus": self.share_gpus, "queue": self.queue,
-                "gpus_per_node": self.gpus_per_node, "partition": self.partition,
-                "time": self.time, "qos": self.qos, "python_env": self.python_env,
-                "max_recoveries": self.max_recoveries, "spares": self.spares,
-                "spare_hosts": list(self.spare_hosts) if self.spare_hosts else None,
-                "min_nodes": self.min_nodes}
+        found: dict[str, Any] = {}
+        for d in declared(type(self)):
+            value = getattr(self, d.name)
+            if d.key == "script":
+                found.update({"module": self.script} if self.module else
+                             {"script": self.script})
+            elif d.key != "module":
+                found[d.key] = d.option.to_file(value) if d.option.to_file else _plain(value)
+        return found
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_file(), sort_keys=False, default_flow_style=False)
 
 
-# -- a job file's keys: each one's kind, as the file must give it ----------------------------
-_SECONDS = Number("a number of seconds")
-_FLAG = Flag()
-_NAMES = Either((ListOf(Text("an inventory name")), Text("inventory names, a,b")),
-                "a list of inventory names")
-KEYS: dict[str, Kind] = {
-    "inventory": Text("a path"), "nodes": Whole(), "hosts": _NAMES,
-    "workdir": Text("a path"), "script": Text("a path relative to workdir"),
-    "module": Text("a module name"),
-    "args": ListOf(Text("a script argument (text or a number)", numbers=True, empty=True),
-                   "a list of the script's arguments"),
-    "env": MapOf(Text("text or a number", numbers=True, empty=True),
-                 "a mapping of NAME: value", null_as=""),
-    "secret_env": ListOf(Text("a variable name"),
-                         "a list of variable names (their values come from the shell)"),
-    "nproc_per_node": Either((Text("auto"), Whole()), "'auto' or a whole number"),
-    "master_port": Whole("a port number"), "max_restarts": Whole(),
-    "rdzv_backend": Text("static or c10d"),
-    "torchrun_arg": ListOf(Text("a torchrun option", numbers=True), "a list of torchrun "
-                           "options"),
-    "no_clean_exit": _FLAG, "runs_dir": Text("a path"), "grace": _SECONDS, "detach": _FLAG,
-    "lease_timeout": _SECONDS, "keep_runs": Whole(), "hang_timeout": _SECONDS,
-    "on_hang": Text("stop or wait"), "doctor": _FLAG, "ignore_suspects": _FLAG,
-    "link_seconds": _SECONDS, "allreduce_mb": Number("a number of MB"), "share_gpus": _FLAG,
-    "queue": _FLAG, "gpus_per_node": Whole(), "partition": Text("a Slurm partition"),
-    "time": Text("a Slurm time limit", numbers=True), "qos": Text("a Slurm QOS"),
-    "python_env": Text("the name of one of your environments (env create --name)"),
-    "max_recoveries": Whole(), "spares": Whole(), "spare_hosts": _NAMES, "min_nodes": Whole(),
-}
+def _plain(value: Any) -> Any:
+    """A field's value as a job file holds it."""
+    if isinstance(value, Enum | Path):
+        return str(value)
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, dict):
+        return dict(value)
+    return value
+
+
+# -- the rules between options: each a check of the values by key, given where each was -----
+Values = Mapping[str, Any]
+Label = Callable[[str], str]
+
+
+@dataclass(frozen=True)
+class GoesWith:
+    """KEYS (any of them given) need NEEDS (said as WHAT)."""
+    keys: tuple[str, ...]
+    needs: str
+    what: str
+
+    def __call__(self, values: Values, defaults_: Values, label: Label) -> None:
+        given = [k for k in self.keys if values[k] != defaults_[k]]
+        if given and values[self.needs] == defaults_[self.needs]:
+            raise InputError(f"{label(given[0])} goes with {self.what}; add it, or leave it "
+                             "out")
+
+
+def _one_of_the_spares(values: Values, defaults_: Values, label: Label) -> None:
+    if values["spares"] and values["spare_hosts"]:
+        raise InputError(f"{label('spares')} and {label('spare_hosts')}: give one of them "
+                         "(K spare nodes from the inventory's order, or these nodes)")
+
+
+def _no_recovery_in_the_queue(values: Values, defaults_: Values, label: Label) -> None:
+    if values["max_recoveries"] and values["queue"]:
+        raise InputError(f"{label('max_recoveries')} with --queue: a run through Slurm's "
+                         "queue does not recover yet (Slurm would have to grant the "
+                         "spares); run without --queue, or without --max-recoveries")
+
+
+def _secret_not_in_env(values: Values, defaults_: Values, label: Label) -> None:
+    for name in values["secret_env"]:
+        if name in values["env"]:
+            raise InputError(f"{label('secret_env')} {name}: also given a value with --env; "
+                             "give it once (--env values are recorded, --secret-env ones "
+                             "not)")
+
+
+def _arguments_fit(values: Values, defaults_: Values, label: Label) -> None:
+    check_arguments_size(tuple(values["args"]), dict(values["env"]))
+
+
+QUEUE_RULE = GoesWith(("gpus_per_node", "partition", "time", "qos"), "queue",
+                      "--queue (a run through Slurm's queue)")
+RULES: tuple[Callable[[Values, Values, Label], None], ...] = (
+    GoesWith(("ignore_suspects",), "doctor", "--doctor"),
+    QUEUE_RULE,
+    GoesWith(("spares", "spare_hosts", "min_nodes"), "max_recoveries",
+             "--max-recoveries N (how many times a run whose node failed starts again from "
+             "its checkpoint)"),
+    _one_of_the_spares, _no_recovery_in_the_queue, _secret_not_in_env, _arguments_fit,
+)
+
+
+# -- a job file, and the spec from it and the command line -----------------------------------
+def job_keys(cls: type = RunSpec) -> dict[str, Kind]:
+    """A job file's keys (CLS's options), each with its kind."""
+    return {d.key: d.option.kind for d in declared(cls)}
+
+
+KEYS = job_keys()
 PATH_KEYS = ("inventory", "workdir", "runs_dir")
-JOB_FILE = Record(KEYS, hint=f"a job file takes {', '.join(KEYS)}. The script's own options "
-                  "go in `args:`")
 
 
 @dataclass(frozen=True)
@@ -193,18 +492,22 @@ class Given:
     label: str
 
 
-def option(key: str) -> str:
+def option_label(key: str, cls: type = RunSpec) -> str:
     """The command-line option of a job file's key."""
-    return {"torchrun_arg": "--torchrun-arg", "module": "-m", "args": "the script's arguments",
-            "script": "the script"}.get(key, f"--{key.replace('_', '-')}")
+    spelled = {"args": "the script's arguments", "script": "the script"}
+    return spelled.get(key) or next((d.option.label for d in declared(cls) if d.key == key),
+                                    f"--{key.replace('_', '-')}")
 
 
-def read_job_file(path: Path) -> dict[str, Given]:
+def read_job_file(path: Path, cls: type = RunSpec) -> dict[str, Given]:
     """A job file's keys, each with its value and where it stands; InputError naming the
     line for anything that is not a key of train, or of the wrong kind (nested values
     too), or given twice."""
+    keys = job_keys(cls)
+    record = Record(keys, hint=f"a job file takes {', '.join(keys)}. The script's own "
+                    "options go in `args:`")
     found: dict[str, Given] = {}
-    for key, got in read_file(path, JOB_FILE, "a mapping of train's options (e.g. `nodes: "
+    for key, got in read_file(path, record, "a mapping of train's options (e.g. `nodes: "
                               "2`)", f"-f {path}").items():
         value = got.value
         if key in PATH_KEYS:
@@ -213,184 +516,83 @@ def read_job_file(path: Path) -> dict[str, Given]:
     return found
 
 
-def from_sources(given: Mapping[str, Given]) -> RunSpec:
-    """The spec from the values given (a job file's, then the command line's over them),
-    the defaults for the rest; InputError naming the first value that cannot be right,
-    with where it was given and what would be."""
-    def get(key: str, default: Any = None) -> Any:
-        return given[key].value if key in given else default
+def from_sources(given: Mapping[str, Given], cls: type = RunSpec) -> Any:
+    """The spec (a CLS) from the values given (a job file's, then the command line's over
+    them), the defaults for the rest; InputError naming the first value that cannot be
+    right, with where it was given and what would be."""
+    options = declared(cls)
 
     def label(key: str) -> str:
-        return given[key].label if key in given else option(key)
+        return given[key].label if key in given else option_label(key, cls)
 
-    _refuse_empty(given)
-    workdir = _workdir(get("workdir", str(project().train)), label("workdir"))
-    module = get("module")
-    script, args = get("script"), list(get("args", []))
-    if module is not None:
-        if not MODULE_NAME.match(module):
-            raise InputError(f"{label('module')} {module!r} is not a module name (dotted "
-                              "Python identifiers, e.g. -m mypkg.train)")
-        script = module
-    else:
-        script = _script(workdir, script or defaults.SCRIPT)
-    nproc = get("nproc_per_node", "auto")
-    if nproc != "auto":
-        try:
-            nproc = int(nproc)
-            if nproc < 1:
-                raise ValueError
-        except ValueError:
-            raise InputError(f"{label('nproc_per_node')} {nproc!r}: give 'auto' or a "
-                              "positive number") from None
-    master_port = get("master_port")
-    if master_port is not None and not 1024 <= master_port <= 65535:
-        raise InputError(f"{label('master_port')} {master_port}: choose a port in 1024-65535")
-    max_restarts = get("max_restarts", defaults.MAX_RESTARTS)
-    if max_restarts < 0:
-        raise InputError(f"{label('max_restarts')} {max_restarts}: give 0 (fail on the first "
-                          "worker failure) or a positive number of restarts")
-    rdzv = get("rdzv_backend", defaults.RDZV_BACKEND)
-    if rdzv not in ("static", "c10d"):
-        raise InputError(f"{label('rdzv_backend')} {rdzv!r}: give static or c10d")
-    grace = float(get("grace", defaults.GRACE))
-    check_grace(grace, label("grace"))
-    keep_runs = get("keep_runs", defaults.KEEP_RUNS)
-    if keep_runs < 0:
-        raise InputError(f"{label('keep_runs')} {keep_runs}: give 0 (keep all) or more")
-    lease = float(get("lease_timeout", defaults.LEASE_TIMEOUT))
-    if not math.isfinite(lease) or lease < 3:
-        raise InputError(f"{label('lease_timeout')} {get('lease_timeout')}: give at least "
-                          "3 seconds")
-    hang = float(get("hang_timeout", defaults.HANG_TIMEOUT))
-    if not math.isfinite(hang) or hang < 0:
-        raise InputError(f"{label('hang_timeout')} {get('hang_timeout')}: give the seconds "
-                          "without progress after which the run counts as hung, as a "
-                          "number of 0 or more (0: never; default "
-                          f"{defaults.HANG_TIMEOUT:g})")
-    on_hang = get("on_hang", defaults.ON_HANG)
-    if on_hang not in [str(o) for o in OnHang]:
-        raise InputError(f"{label('on_hang')} {on_hang!r}: give stop or wait")
-    if get("ignore_suspects") and not get("doctor"):
-        raise InputError("--ignore-suspects goes with --doctor")
-    link_seconds = float(get("link_seconds", defaults.LINK_SECONDS))
-    allreduce_mb = float(get("allreduce_mb", defaults.ALLREDUCE_MB))
-    check_measures(link_seconds, allreduce_mb, label)
-    env = _env(given["env"]) if "env" in given else {}
-    secret_env = _secret_env(given["secret_env"], env) if "secret_env" in given else ()
-    torchrun_args = tuple(str(a) for a in get("torchrun_arg", []))
-    check_torchrun_args(torchrun_args)
-    args = [str(a) for a in args]
-    check_arguments_size(tuple(args), env)
-    runs_dir = Path(str(get("runs_dir", defaults.RUNS_DIR)))
-    check_writable(runs_dir, label("runs_dir"))
-    queue = queue_options(get, label)
-    python_env = get("python_env")
-    if python_env is not None:
-        check_env_name(str(python_env), label("python_env"))
-    hosts = get("hosts")
-    if isinstance(hosts, str):  # as given: the inventory names an empty one (Cluster.select)
-        hosts = [h.strip() for h in hosts.split(",")]
-    return RunSpec(
-        inventory=Path(get("inventory", str(defaults.INVENTORY))), nodes=get("nodes"),
-        hosts=tuple(hosts) if hosts is not None else None, workdir=workdir, script=script,
-        module=module is not None, script_args=tuple(args), env=env, secret_env=secret_env,
-        nproc_per_node=None if nproc == "auto" else nproc, master_port=master_port,
-        max_restarts=max_restarts, rdzv_backend=rdzv, torchrun_args=torchrun_args,
-        clean_exit=not get("no_clean_exit", False), runs_dir=runs_dir, grace=grace,
-        detach=bool(get("detach", False)), lease_timeout=lease, keep_runs=keep_runs,
-        hang_timeout=hang, on_hang=OnHang(on_hang), doctor=bool(get("doctor", False)),
-        ignore_suspects=bool(get("ignore_suspects", False)), link_seconds=link_seconds,
-        allreduce_mb=allreduce_mb, share_gpus=bool(get("share_gpus", False)),
-        python_env=python_env, **queue, **_recovery(get, label, queue["queue"]))
+    _refuse_empty(given, options)
+    values: dict[str, Any] = {d.key: d.default for d in options}
+    values.update(_what_to_run(given, label))
+    for d in options:
+        if d.key in given and not d.option.special:
+            got = given[d.key]
+            values[d.key] = d.option.check(got.value, got.label) if d.option.check else \
+                got.value
+    start = {d.key: d.default for d in options}
+    for rule in RULES:
+        rule(values, start, label)
+    return cls(**{d.name: values[d.key] for d in options})
 
 
-def _refuse_empty(given: Mapping[str, Given]) -> None:
+def queue_options(given: Mapping[str, Given], label: Label) -> dict[str, Any]:
+    """--queue and its options, checked by train's own checks and rule (notebook takes
+    them too)."""
+    options = {d.key: d for d in declared(RunSpec) if d.key in ("queue", *QUEUE_RULE.keys)}
+    values = {k: d.default for k, d in options.items()}
+    for key, d in options.items():
+        if key in given:
+            got = given[key]
+            values[key] = d.option.check(got.value, got.label) if d.option.check else got.value
+    QUEUE_RULE(values, {k: d.default for k, d in options.items()}, label)
+    return values
+
+
+def _refuse_empty(given: Mapping[str, Given], options: tuple[Declared, ...]) -> None:
     """InputError for an option given as empty text (`--partition ""`): never taken for
     "not given", which would silently mean the default. (--hosts and --spare-hosts say
     it in their own words.)"""
+    kinds = {d.key: d.option.kind for d in options}
     for key, got in given.items():
         if key not in ("hosts", "spare_hosts") and isinstance(got.value, str) and \
                 not got.value.strip():
-            raise InputError(f"{got.label} {got.value!r} is empty; give {KEYS[key].what}, or "
-                             "leave it out for the default")
+            raise InputError(f"{got.label} {got.value!r} is empty; give {kinds[key].what}, "
+                             "or leave it out for the default")
 
 
-def _names(value: Any, label: str) -> list[str] | None:
-    """Inventory names given as a,b or as a list; InputError for an empty one."""
-    if value is None:
-        return None
-    names = [h.strip() for h in value.split(",")] if isinstance(value, str) else list(value)
-    if not any(names) or "" in names:
-        raise InputError(f"{label} {value!r} " + ("names no node" if not any(names) else
-                                                  "has an empty name")
-                         + "; give inventory names separated by commas, e.g. "
-                         f"{option('spare_hosts')} node2,node3")
-    return names
+def _what_to_run(given: Mapping[str, Given], label: Label) -> dict[str, Any]:
+    """workdir, script (or -m module) and its arguments, checked."""
+    def get(key: str, default: Any = None) -> Any:
+        return given[key].value if key in given else default
 
-
-def _recovery(get: Callable[..., Any], label: Callable[[str], str],
-              queue: bool) -> dict[str, Any]:
-    """--max-recoveries and its spares, checked: they go together."""
-    most = get("max_recoveries", 0)
-    spares, least = get("spares", 0), get("min_nodes")
-    hosts = _names(get("spare_hosts"), label("spare_hosts"))
-    for key, value in (("max_recoveries", most), ("spares", spares)):
-        if value < 0:
-            raise InputError(f"{label(key)} {value}: give 0 or more")
-    if least is not None and least < 1:
-        raise InputError(f"{label('min_nodes')} {least}: give 1 or more nodes")
-    given = [k for k, v in (("spares", spares), ("spare_hosts", hosts), ("min_nodes", least))
-             if v]
-    if given and not most:
-        raise InputError(f"{label(given[0])} goes with --max-recoveries N (how many times a "
-                          "run whose node failed starts again from its checkpoint); add it, "
-                          "or leave it out")
-    if spares and hosts:
-        raise InputError(f"{label('spares')} and {label('spare_hosts')}: give one of them "
-                          "(K spare nodes from the inventory's order, or these nodes)")
-    if most and queue:
-        raise InputError(f"{label('max_recoveries')} with --queue: a run through Slurm's "
-                          "queue does not recover yet (Slurm would have to grant the "
-                          "spares); run without --queue, or without --max-recoveries")
-    return {"max_recoveries": most, "spares": spares,
-            "spare_hosts": tuple(hosts) if hosts else None, "min_nodes": least}
-
-
-SLURM_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-SLURM_TIME = re.compile(r"^\d+(-\d+)?(:\d+){0,2}$")
-
-
-def queue_options(get: Callable[..., Any], label: Callable[[str], str]) -> dict[str, Any]:
-    """--queue and its options, checked: they go together."""
-    queue = bool(get("queue", False))
-    given = [k for k in ("gpus_per_node", "partition", "time", "qos") if get(k) is not None]
-    if given and not queue:
-        raise InputError(f"{label(given[0])} goes with --queue (a run through Slurm's "
-                          "queue); add --queue, or leave it out")
-    gpus = get("gpus_per_node")
-    if gpus is not None and gpus < 0:
-        raise InputError(f"{label('gpus_per_node')} {gpus}: give 0 or more GPUs per node")
-    for key, pattern, example in (("partition", SLURM_NAME, "gpu"), ("qos", SLURM_NAME, "normal"),
-                                  ("time", SLURM_TIME, "2:00:00 or 1-00:00:00")):
-        value = get(key)
-        if value is not None and not pattern.match(str(value)):
-            raise InputError(f"{label(key)} {value!r}: give a Slurm {key} (e.g. {example})")
-    return {"queue": queue, "gpus_per_node": gpus, "partition": get("partition"),
-            "time": None if get("time") is None else str(get("time")), "qos": get("qos")}
+    workdir = _workdir(get("workdir", str(project().train)), label("workdir"))
+    module = get("module")
+    if module is not None:
+        if not MODULE_NAME.match(module):
+            raise InputError(f"{label('module')} {module!r} is not a module name (dotted "
+                             "Python identifiers, e.g. -m mypkg.train)")
+        script = module
+    else:
+        script = _script(workdir, get("script") or defaults.SCRIPT)
+    return {"workdir": workdir, "script": script, "module": module is not None,
+            "args": tuple(str(a) for a in get("args", []))}
 
 
 def check_grace(grace: float, label: str = "--grace") -> None:
     if not math.isfinite(grace) or grace < 0:
         raise InputError(f"{label} {grace}: give the seconds between SIGTERM and SIGKILL "
-                          f"as a number of 0 or more (default {defaults.GRACE:g})")
+                         f"as a number of 0 or more (default {defaults.GRACE:g})")
 
 
 def _workdir(value: str, label: str) -> Path:
     workdir = Path(value).expanduser()
     if not workdir.is_dir():
         raise InputError(f"{label} {workdir}: no such directory; point --workdir at the "
-                          "directory that holds your training code")
+                         "directory that holds your training code")
     return workdir.resolve()
 
 
@@ -416,59 +618,7 @@ def _script(workdir: Path, script: str) -> str:
     return script
 
 
-def _secret_env(given: Given, env: Mapping[str, str],
-                environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
-    """--secret-env NAME items (a list): each a variable name the job may set, not also
-    given a value with --env, and set in this shell's environment (ENVIRON)."""
-    environ = os.environ if environ is None else environ
-    names = []
-    for name in given.value:
-        if not isinstance(name, str) or not ENV_NAME.match(name):
-            raise InputError(f"{given.label} {name!r}: not a variable name (letters, "
-                              "digits, '_', not starting with a digit), e.g. WANDB_API_KEY")
-        why = reserved_env(name)
-        if why:
-            raise InputError(f"{given.label} {name}: {name} is {why}; a job cannot set it")
-        if name in env:
-            raise InputError(f"{given.label} {name}: also given a value with --env; give "
-                              "it once (--env values are recorded, --secret-env ones not)")
-        if name not in environ:
-            raise InputError(f"{given.label} {name}: not set in this shell's environment; "
-                              f"set it first (`read -rs {name} && export {name}`), then run "
-                              "again")
-        if name not in names:
-            names.append(name)
-    return tuple(names)
-
-
-def _env(given: Given) -> dict[str, str]:
-    """--env K=V items (a list), or a job file's `env:` mapping, checked alike."""
-    if isinstance(given.value, list):
-        return parse_env(given.value)
-    env = {}
-    for key, value in given.value.items():
-        key = str(key)
-        if not ENV_NAME.match(key):
-            raise InputError(f"{given.label}: {key!r} is not a variable name (letters, "
-                              "digits, '_', not starting with a digit)")
-        why = reserved_env(key)
-        if why:
-            raise InputError(f"{given.label}: {key} is {why}; a job cannot set it. Pass "
-                              "your own value under another name")
-        env[key] = "" if value is None else str(value)
-    return env
-
-
-def with_run_id(spec: RunSpec, run_id: str) -> RunSpec:
-    return replace(spec, run_id=run_id)
-
-
 # --- doctor's measurements (train --doctor, doctor) ----------------------------------------
-
-MAX_SECONDS = 60.0          # --link-seconds, --compute-seconds
-MAX_ALLREDUCE_MB = 8192.0   # --allreduce-mb: 8 GB per rank
-
-
 def check_measures(link_seconds: float, allreduce_mb: float,
                    label: Callable[[str], str] = lambda key: f"--{key.replace('_', '-')}",
                    compute_seconds: float = defaults.COMPUTE_SECONDS) -> None:
@@ -476,8 +626,8 @@ def check_measures(link_seconds: float, allreduce_mb: float,
     for key, value in (("link_seconds", link_seconds), ("compute_seconds", compute_seconds)):
         if not math.isfinite(value) or not 0 < value <= MAX_SECONDS:
             raise InputError(f"{label(key)} {value:g}: give a number above 0 and at most "
-                              f"{MAX_SECONDS:g} (seconds to measure)")
+                             f"{MAX_SECONDS:g} (seconds to measure)")
     if not math.isfinite(allreduce_mb) or not 0 < allreduce_mb <= MAX_ALLREDUCE_MB:
-        raise InputError(f"{label('allreduce_mb')} {allreduce_mb:g}: give a number above 0 and "
-                          f"at most {MAX_ALLREDUCE_MB:g} (the all_reduce's size in MB; every "
-                          "rank holds a tensor of that size)")
+        raise InputError(f"{label('allreduce_mb')} {allreduce_mb:g}: give a number above 0 "
+                         f"and at most {MAX_ALLREDUCE_MB:g} (the all_reduce's size in MB; "
+                         "every rank holds a tensor of that size)")
