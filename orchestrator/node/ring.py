@@ -117,7 +117,6 @@ class Ring:
         self.last_seq: dict[str, int] = {}     # node: the highest number heard from it
         self.ips: dict[str, set[str]] = {}     # node: the addresses its beats may come from
         self.rejections = Rejections()
-        self._resolve_peers()
         self.progress_at: float | None = None   # monotonic: the freshest progress known
         self.watching: tuple[str, float] | None = None    # (predecessor, watched since)
         self.started = time.monotonic()
@@ -173,7 +172,6 @@ class Ring:
         the nodes this one sends to, and the word of a predecessor that went silent."""
         if len(self.names) < 2:
             return
-        self._resolve_peers()
         target = self._next(+1)
         if target is not None and target not in self.targets:
             port = self.ports.get(target)
@@ -324,7 +322,7 @@ class Ring:
         name = beat.get("n")
         if beat.get("r") != self.run or name not in self.addresses or name == self.me:
             return {}, f"it names run {beat.get('r')!r}, node {name!r}"
-        ips = self.ips.get(name)
+        ips = self.ips.get(name) or self._resolve(name)
         if ips and _plain_ip(sender[0]) not in ips:
             return {}, f"it names {name}, whose address is {', '.join(sorted(ips))}"
         seq = beat.get("c")
@@ -334,19 +332,19 @@ class Ring:
             self.last_seq[name] = seq
         return beat, None
 
-    def _resolve_peers(self) -> None:
-        """The addresses each peer's beats may come from (its cluster address, resolved
-        once; a name not resolved yet is tried again at the next look)."""
-        for name, address in self.addresses.items():
-            if name == self.me or name in self.ips:
-                continue
-            try:
-                found = {_plain_ip(str(a[4][0])) for a in socket.getaddrinfo(
-                    address, None, type=socket.SOCK_DGRAM)}
-            except OSError:
-                continue
-            with self.lock:
-                self.ips[name] = found
+    def _resolve(self, name: str) -> set[str]:
+        """The addresses NAME's beats may come from: its cluster address, resolved at its
+        first authentic beat (a ring node hears two or three peers, not all: resolving
+        every peer at the start cost a 64-node launch a second of lookups). Empty while
+        it does not resolve (the beat is taken on its MAC; tried again at the next)."""
+        try:
+            found = {_plain_ip(str(a[4][0])) for a in socket.getaddrinfo(
+                self.addresses[name], None, type=socket.SOCK_DGRAM)}
+        except OSError:
+            return set()
+        with self.lock:
+            self.ips[name] = found
+        return found
 
     def _send(self, back: bool = False) -> None:
         """A beat to the next live node (BACK: to the previous one, where its beats came
