@@ -32,8 +32,6 @@ Standard library only: it runs on the nodes (the node package).
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import os
 import socket
@@ -71,16 +69,27 @@ class Counters:
 
 def seal(key: bytes, content: bytes) -> bytes:
     """A datagram: CONTENT behind its HMAC-SHA256 under KEY."""
-    return hmac.digest(key, content, hashlib.sha256) + content
+    return _mac(key, content) + content
 
 
 def unseal(key: bytes, data: bytes) -> bytes | None:
     """DATA's content if its MAC is KEY's, else None."""
     mac, content = data[:MAC_BYTES], data[MAC_BYTES:]
-    if len(mac) < MAC_BYTES or not hmac.compare_digest(
-            mac, hmac.digest(key, content, hashlib.sha256)):
+    if len(mac) < MAC_BYTES or not _same(mac, _mac(key, content)):
         return None
     return content
+
+
+def _mac(key: bytes, content: bytes) -> bytes:
+    # hmac (and OpenSSL behind it) is imported at the first beat, after torchrun has
+    # started: a supervisor's start before READY is part of every launch (bench/README.md).
+    import hmac  # noqa: PLC0415
+    return hmac.digest(key, content, "sha256")
+
+
+def _same(a: bytes, b: bytes) -> bool:
+    import hmac  # noqa: PLC0415 - see _mac
+    return hmac.compare_digest(a, b)
 
 
 class Ring:
