@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import socket
 import threading
 import time
@@ -130,6 +131,9 @@ class Ring:
         self.watching: tuple[str, float] | None = None    # (predecessor, watched since)
         self.started = time.monotonic()
         self.closed = threading.Event()
+        # close() wakes the beats' thread at once (a wait up to BEAT otherwise delays every
+        # supervisor's end, and so every run's).
+        self.wake, self.waker = socket.socketpair()
         self.thread = threading.Thread(target=self._loop, daemon=True)
 
     # -- what the supervisor tells the ring ---------------------------------------------
@@ -164,9 +168,14 @@ class Ring:
 
     def close(self) -> None:
         self.closed.set()
+        try:
+            self.waker.send(b"!")
+        except OSError:
+            pass   # closed already
         if self.thread.is_alive():
             self.thread.join(timeout=2 * BEAT)
-        self.sock.close()
+        for sock in (self.sock, self.wake, self.waker):
+            sock.close()
 
     def forgive(self) -> None:
         """This node was held up (see the module's doc): the predecessor it watches gets a
@@ -261,15 +270,16 @@ class Ring:
         due = time.monotonic()
         while not self.closed.is_set():
             wait = max(0.0, due - time.monotonic())
+            data = None
             try:
-                self.sock.settimeout(wait or 0.001)
-                data, sender = self.sock.recvfrom(MAX_DATAGRAM)
-            except TimeoutError:
-                data = None
+                ready, _, _ = select.select([self.sock, self.wake], [], [], wait)
+                if self.wake in ready:
+                    return
+                if ready:
+                    data, sender = self.sock.recvfrom(MAX_DATAGRAM)
             except OSError:
                 if self.closed.is_set():
                     return
-                data = None
             if data is not None and self._receive(data, sender):
                 self._send()   # news: on at once
             if time.monotonic() >= due:
