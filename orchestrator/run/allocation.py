@@ -24,8 +24,8 @@ from typing import Any
 
 from ..cluster import nodelib, ssh
 from ..cluster.inventory import Cluster
-from ..cluster.slurm import waiting_line
-from ..errors import ClusterError, LaunchError
+from ..cluster.slurm import limit_words, waiting_line
+from ..errors import ClusterError, LaunchError, QueueLimitError
 from ..node.allocate import KEEP
 from ..node.protocol import STOP_REQUESTED
 from ..node.slurmjob import JOB_ENV
@@ -155,6 +155,8 @@ def allocate(cluster: Cluster, request: AllocationRequest, run_id: str,
                         "choose them with --hosts")
                 return Allocation(event["job"], order, event.get("gpus") or {},
                                   time.monotonic() - started, proc, conn)
+            elif event["event"] == "over-limit":
+                raise QueueLimitError(limit_words(event))
             elif event["event"] == "refused":
                 raise LaunchError("Slurm refused the allocation: "
                                   + " ".join(event.get("said") or [])
@@ -174,7 +176,8 @@ def queue_for(spec: RunSpec, whole: Cluster, count: int, run_id: str) -> Allocat
     """The allocation of a --queue run, from WHOLE's nodes (COUNT of them, or spec.hosts).
     While it waits, the run's record says so (`runs` lists it as queued, `stop` cancels
     it); a run that never gets its nodes gets its summary: interrupted (Ctrl-C), stopped
-    (`stop`) or failed (Slurm refused), and nothing stays in the queue."""
+    (`stop`) or failed (Slurm refused, or QueueLimitError: a limit it could never be
+    within, checked before anything is submitted), and nothing stays in the queue."""
     run = RunDir(spec.runs_dir, run_id)
     info = {"run_id": run_id, "inventory": str(whole.inventory.resolve()), "nodes": [],
             "users": {}, "script": spec.script, "script_args": list(spec.script_args),
