@@ -18,11 +18,11 @@ import yaml
 from ..cluster import nodelib, ssh
 from ..cluster.fanout import each
 from ..cluster.inventory import Cluster, check_env_name
+from ..cluster.playbook import run_playbook
 from ..defaults import KEEP_ENVS
 from ..errors import ClusterError
 from ..node import fingerprint
 from ..resources import project
-from .playbook import run_playbook
 
 PLAYBOOK = "playbooks/user_env.yml"
 REPORT_TASK = "Report the environment"   # the playbook's last task: each node's result
