@@ -284,7 +284,7 @@ def test_the_supervisor_reads_ring_ports_by_the_firewalls_rule(ports) -> None:
     """The node package cannot import the collection's rule (plugins/module_utils): its
     own reading of cluster_ring_ports must accept and refuse exactly what the firewall
     role (and the controller's inventory check) does."""
-    from orchestrator.cluster import contract
+    from orchestrator import contract
     from orchestrator.node.protocol import parse_ports
 
     def accepted(read: Callable[[str], object]) -> bool:
