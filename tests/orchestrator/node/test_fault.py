@@ -28,7 +28,7 @@ def controller_says(state: dict) -> str | None:
     {"reason": "supervisor-failed"},                 # no reason given
     {"reason": "exited", "code": 137},               # SIGKILL, as the supervisor writes it
     {"reason": "exited", "code": 135},               # SIGBUS
-    {"reason": "exited", "code": 128 + 40},          # a signal this Python has no name for
+    {"reason": "exited", "code": -9},                # SIGKILL, as Python says it
     {"reason": "exited", "code": 143},               # a stop: nobody's fault
     {"reason": "exited", "code": 130},
     {"reason": "exited", "code": 1},                 # the script's
