@@ -9,8 +9,8 @@ from pathlib import Path
 from .. import defaults
 from ..errors import LaunchError
 from ..resources import project
-from ..run.lifecycle import run_training
 from ..run.spec import Given, OnHang, from_sources, read_job_file
+from ..workloads.train import train
 
 # The options a job file may also give: destination -> its key in the file.
 FILE_KEYS = {
@@ -212,4 +212,4 @@ def parse_request(args: argparse.Namespace):  # noqa: ANN201 - the spec
 
 
 def _main(args: argparse.Namespace) -> int:
-    return run_training(parse_request(args), dry_run=args.dry_run)
+    return train(parse_request(args), dry_run=args.dry_run)

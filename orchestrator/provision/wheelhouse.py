@@ -27,7 +27,7 @@ from pathlib import Path
 import yaml
 
 from ..errors import ClusterError
-from ..run.record import check_writable
+from ..record.rundir import check_writable
 
 STAMP = ".clustertrain-wheelhouse.json"
 LOCK = "clustertrain-lock.json"

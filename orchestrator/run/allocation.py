@@ -29,9 +29,10 @@ from ..errors import ClusterError, LaunchError, QueueLimitError
 from ..node.allocate import KEEP
 from ..node.protocol import STOP_REQUESTED
 from ..node.slurmjob import JOB_ENV
-from .record import RunDir, iso, write_private
+from ..record.rundir import RunDir, iso, write_private
+from ..record.status import RunStatus, cut_short
 from .spec import RunSpec
-from .status import RunStatus, cut_short
+from .status import write_summary
 
 RELEASE_WAIT = 15.0   # seconds for the node to cancel the job once train lets go
 
@@ -199,7 +200,7 @@ def queue_for(spec: RunSpec, whole: Cluster, count: int, run_id: str) -> Allocat
         why = ("stopped while queued (`stop`): its Slurm job was cancelled" if stopped else
                f"{exc or 'Ctrl-C'} while queued: its Slurm job was cancelled" if interrupted
                else str(exc) or repr(exc))
-        run.write_summary(cut_short(info, status, started, why))
+        write_summary(run, cut_short(info, status, started, why))
         if stopped:
             raise LaunchError(f"run {run_id} was stopped while queued (`stop`); its Slurm job "
                               "was cancelled and nothing ran") from None
@@ -243,7 +244,7 @@ def settle_queued(run: RunDir, info: dict[str, Any]) -> dict[str, Any] | None:
     summary = cut_short(info, RunStatus.CONTROLLER_LOST, time.time(),
                         "train ended while the run waited in Slurm's queue; its job was "
                         "cancelled when its connection closed")
-    run.write_summary(summary)
+    write_summary(run, summary)
     return summary
 
 

@@ -23,10 +23,10 @@ from ..cluster.inventory import NodeSpec
 from ..diagnosis.diagnose import analyse, read_node_dumps
 from ..diagnosis.progress import Progress
 from ..node.protocol import COLLECTIVE_TIMEOUT, HANG_GATHER, HANG_MARKER, RECONNECT, End
+from ..record.ends import PEER_GONE
+from ..record.logstream import LineSplitter, is_record
+from ..record.rundir import RunDir, iso, open_private
 from .command import EXIT_MARKER, NodeCommand
-from .ends import PEER_GONE
-from .logstream import LineSplitter, is_record
-from .record import RunDir, iso, open_private
 from .scheduler import Scheduler
 from .spec import HangWatch, OnHang
 from .status import JobResult, NodeOutcome

@@ -28,8 +28,8 @@ from ..errors import LaunchError
 from ..node.fault import node_fault, ranks_killed
 from ..node.protocol import TEMPLATE, End
 from ..node.recover import attempt_dir
+from ..record.rundir import iso
 from .command import NodeCommand
-from .record import iso
 
 RECOVERY_ENV = "CLUSTERTRAIN_RECOVERY"   # each attempt's number: 0, then 1, 2, ...
 # The project's job says where it resumed from (train/train.py).

@@ -25,6 +25,7 @@ import yaml
 from .. import defaults
 from ..cluster.inventory import check_env_name
 from ..errors import LaunchError
+from ..record.rundir import check_writable
 from ..resources import project
 from .command import (
     ENV_NAME,
@@ -34,7 +35,6 @@ from .command import (
     parse_env,
     reserved_env,
 )
-from .record import check_writable
 
 MODULE_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 

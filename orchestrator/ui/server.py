@@ -38,9 +38,9 @@ from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from ..errors import ClusterError
-from ..run.listing import listed
-from ..run.record import RecordUnreadable, RunDir, list_runs
-from .page import TEMPLATES, render_run
+from ..record.listing import listed
+from ..record.rundir import RecordUnreadable, RunDir, list_runs
+from ..report.page import TEMPLATES, render_run
 
 DEFAULT_PORT = 8470
 REFRESH_S = 5       # a page that changes (the runs, a live run, the nodes) reloads so often
