@@ -459,11 +459,11 @@ class Supervisor:
         node dumped for; the Slurm job ended. None: torchrun ended by itself."""
         failed = code != 0
         return _first(self._stop_requested,
-                      lambda: self._lost_meanwhile() if failed else None,
+                      lambda: self._peer_lost_meanwhile() if failed else None,
                       self.hang.ended_here,
                       lambda: self._slurm_ended_at_last() if failed else None)
 
-    def _lost_meanwhile(self) -> Ending | None:
+    def _peer_lost_meanwhile(self) -> Ending | None:
         # The ranks here failed by themselves; when a peer died, its sockets broke first,
         # before its silence names it: a run that may recover waits for that name.
         lost = _lost_meanwhile(self.ring) if self.args.recovery else None
