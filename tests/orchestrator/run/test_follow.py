@@ -14,9 +14,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from orchestrator.node.protocol import End
+from orchestrator.record.rundir import RunDir
 from orchestrator.run.follow import Job
 from orchestrator.run.launch import Launch
-from orchestrator.run.record import RunDir
 from orchestrator.run.scheduler import SshScheduler
 from orchestrator.run.status import JobResult
 
