@@ -37,8 +37,8 @@ from pathlib import Path
 from sandbox_bench import HOME, REPO, sandbox_down, sandbox_up, sh  # puts REPO on sys.path
 
 from orchestrator.cluster.inventory import load_cluster  # noqa: E402
+from orchestrator.record.rundir import new_run_id  # noqa: E402
 from orchestrator.run.command import CODE_SUBDIR, NODE_STATE_DIR  # noqa: E402
-from orchestrator.run.record import new_run_id  # noqa: E402
 from orchestrator.run.sync import sync_code  # noqa: E402
 
 COPY_DEST = "/var/lib/bench-copy"

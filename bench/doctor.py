@@ -25,9 +25,9 @@ from pathlib import Path
 
 from sandbox_bench import ENV, REPO, bench_sandbox, node_exec, sandbox_down  # REPO first
 
-from orchestrator.checks.doctor import read_result  # noqa: E402
 from orchestrator.node import doctor as doctor_job  # noqa: E402
-from orchestrator.run.record import RunDir  # noqa: E402
+from orchestrator.record.rundir import RunDir  # noqa: E402
+from orchestrator.workloads.doctor import read_result  # noqa: E402
 
 
 def doctor(inventory: str, nodes: int, runs: Path) -> tuple[float, dict, dict]:

@@ -427,8 +427,8 @@ def main() -> int:
         torchrun, as `doctor` runs it on one node: NCCL all_reduce, bf16 matrix products
         per GPU, and nvidia-smi's health fields as doctor reads them (the raw lines are
         kept: they become the unit tests' recorded nvidia-smi output)."""
-        from orchestrator.checks import doctor
         from orchestrator.node import doctor as doctor_job
+        from orchestrator.workloads import doctor
 
         out = subprocess.run(
             [str(Path(sys.executable).parent / "torchrun"), "--standalone",

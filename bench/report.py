@@ -29,8 +29,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from orchestrator.diagnosis.progress import Progress  # noqa: E402
+from orchestrator.record.rundir import RunDir, iso  # noqa: E402
 from orchestrator.report.page import write_report  # noqa: E402
-from orchestrator.run.record import RunDir, iso  # noqa: E402
 
 START = 1_790_000_000.0
 EVERY = 3   # seconds between a rank's beats

@@ -46,7 +46,7 @@ from launch_fanout import TRIVIAL, bench_launch
 from sandbox_bench import ENV, REPO, USER, bench_sandbox, sandbox_down, write_results
 
 from orchestrator.cluster.inventory import load_cluster  # noqa: E402
-from orchestrator.run.record import run_state_dir  # noqa: E402
+from orchestrator.record.rundir import run_state_dir  # noqa: E402
 
 JOB = """\
 import os, sys, time

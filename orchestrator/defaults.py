@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .cluster import contract as _contract
+from . import contract as _contract
 from .node import doctor as _doctor, protocol as _node
 
 # -- where things are --------------------------------------------------------------------

@@ -19,6 +19,10 @@ class PreflightError(ClusterError):
     """A node is not ready to run a job."""
 
 
+class QueueLimitError(ClusterError):
+    """A --queue request above a limit of Slurm's that no end of other jobs can lift."""
+
+
 class LaunchError(ClusterError):
     """A job could not be started, or failed on a node."""
 

@@ -18,8 +18,8 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .. import defaults
-from ..cluster import contract, ssh
+from .. import contract, defaults
+from ..cluster import ssh
 from ..cluster.fanout import each
 from ..cluster.inventory import Cluster, NodeSpec
 from ..errors import PreflightError

@@ -1,5 +1,5 @@
 """`diagnose RUN`: dump and read every rank of a running run
-(orchestrator/diagnosis/diagnose.py)."""
+(orchestrator/run/diagnose.py, orchestrator/diagnosis/diagnose.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from .. import defaults
-from ..diagnosis.diagnose import diagnose_run
+from ..run.diagnose import diagnose_run
 from . import values
 
 

@@ -1,4 +1,5 @@
-"""`doctor`: measure every link and node and name the bad ones (orchestrator/checks/doctor.py)."""
+"""`doctor`: measure every link and node and name the bad ones
+(orchestrator/workloads/doctor.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,8 @@ import sys
 from pathlib import Path
 
 from .. import defaults
-from ..checks.doctor import DoctorReport, DoctorRequest, render, run_doctor, thresholds
 from ..cluster.inventory import Cluster
-from ..run.lifecycle import run_training
+from ..workloads.doctor import DoctorReport, DoctorRequest, render, run_doctor, thresholds
 from . import values
 from .cmd_preflight import add_python_env_arg, add_selection_args, selected
 
@@ -36,10 +36,10 @@ def diagnose_cluster(cluster: Cluster, request: DoctorRequest, as_json: bool) ->
     the run's own lines go to standard error)."""
     if as_json:
         with contextlib.redirect_stdout(sys.stderr):
-            report = run_doctor(cluster, request, run_training)
+            report = run_doctor(cluster, request)
         print(json.dumps(report.to_json(), indent=2))
     else:
-        report = run_doctor(cluster, request, run_training)
+        report = run_doctor(cluster, request)
         print(render(report))
     return report
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from .. import defaults
 from ..errors import ClusterError
+from ..record.listing import listed, what
+from ..record.rundir import RunDir, list_runs, open_run
 from ..report.page import write_report
-from ..run.listing import listed, what
-from ..run.record import RunDir, list_runs, open_run
 from ..run.settle import settle
 from ..run.status import show
 from . import values

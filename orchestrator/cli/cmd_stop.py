@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from .. import defaults
-from ..run.record import open_run
+from ..record.rundir import open_run
 from ..run.settle import current_attempt
 from ..run.stop import RUN_ID, stop_run
 from . import values

@@ -12,8 +12,8 @@ from typing import Any
 from ..config.kinds import Flag, ListOf, MapOf, Number, Whole
 from ..config.options import Option, declared
 from ..errors import InputError
-from ..run.lifecycle import run_training
 from ..run.spec import Given, RunSpec, from_sources, read_job_file
+from ..workloads.train import train
 from .completion import hosts
 
 SPEC: type = RunSpec     # the spec train reads: its option fields are train's options
@@ -127,4 +127,4 @@ def parse_request(args: argparse.Namespace) -> Any:
 
 
 def _main(args: argparse.Namespace) -> int:
-    return run_training(parse_request(args), dry_run=args.dry_run)
+    return train(parse_request(args), dry_run=args.dry_run)

@@ -1,5 +1,5 @@
 """`ui`: a local web page over the runs directory (each run's report, live while it runs)
-and, with -i, the cluster's nodes (orchestrator/report/server.py)."""
+and, with -i, the cluster's nodes (orchestrator/ui/server.py)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _ui(args: argparse.Namespace) -> int:
-    from ..report.server import UiServer, ask_cluster
+    from ..ui.server import UiServer, ask_cluster
 
     runs_dir = Path(args.runs_dir)
     if not 0 <= args.port <= 65535:

@@ -18,7 +18,7 @@ HOST_ARGS = {"node", "host", "hosts"}   # hosts: a,b (train's options declare th
 
 def run_ids(prefix: str, parsed_args: argparse.Namespace, **_: Any) -> list[str]:
     """The recorded runs of the verb's --runs-dir, newest first."""
-    from ..run.record import list_runs
+    from ..record.rundir import list_runs
     root = Path(getattr(parsed_args, "runs_dir", None) or defaults.RUNS_DIR)
     return [r.run_id for r in reversed(list_runs(root)) if r.run_id.startswith(prefix)]
 

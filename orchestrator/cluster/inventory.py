@@ -19,10 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import defaults
+from .. import contract, defaults
 from ..errors import InventoryError
 from ..node.protocol import ENV_NAME_PATTERN, ENVS_DIR
-from . import contract
 from .ssh import SshTarget
 
 TRAIN_GROUP = "train_nodes"

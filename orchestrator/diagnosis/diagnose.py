@@ -28,12 +28,11 @@ from typing import Any
 
 from ..cluster import nodelib, ssh
 from ..cluster.fanout import each
-from ..cluster.inventory import NodeSpec, load_cluster
-from ..errors import ClusterError, DiagnoseError
+from ..cluster.inventory import NodeSpec
+from ..errors import DiagnoseError
 from ..node.dump import py_spy_for
 from ..node.protocol import JOBS_DIR
-from ..run.command import NodeCommand
-from ..run.record import check_owner, iso, open_run, private_dir, write_private
+from ..record.rundir import iso, private_dir, write_private
 from .hang import (
     FlightRecord,
     HangAnalysis,
@@ -246,37 +245,12 @@ def analyse(rounds: list[list[NodeDumps]], into: Path,
     return diagnosis
 
 
-def targets_of(nodes: Iterable[tuple[NodeSpec, NodeCommand]],
+def targets_of(nodes: Iterable[tuple[NodeSpec, str]],
                clients: dict[str, ssh.Connection]) -> list[Target]:
-    """The nodes of a run, from their inventory entries and the run's node commands."""
-    return [Target(spec.name, clients[spec.name], spec.python,
-                   py_spy_for(cmd.torchrun))
-            for spec, cmd in nodes]
-
-
-def diagnose_run(runs_dir: Path, run_id: str, native: bool = False) -> Diagnosis:
-    """`diagnose RUN`: sample every rank of a running run, keep the dumps in the run's
-    record (diagnose/<time>/) and name the suspects."""
-    run = open_run(runs_dir, run_id)
-    info = run.info()
-    if not info.get("node_commands"):
-        raise ClusterError(f"run {run_id} was started by an older version; it cannot be "
-                           "diagnosed")
-    summary = run.summary()
-    if summary is not None:
-        raise ClusterError(f"run {run_id} has ended ({summary['status']}): there is "
-                           f"nothing to dump; see `python -m orchestrator logs {run_id}`")
-    cluster = load_cluster(info["inventory"]).select(hosts=",".join(info["nodes"]))
-    check_owner(cluster.nodes, info, "read its processes")
-    clients = ssh.connect_all(list(cluster.nodes))
-    try:
-        commands = info["node_commands"]
-        nodes = [(spec, NodeCommand.from_record(commands[spec.name])) for spec in cluster.nodes]
-        rounds = sample(targets_of(nodes, clients), run_id, native=native)
-    finally:
-        for conn in clients.values():
-            conn.close()
-    return analyse(rounds, run.path / "diagnose" / time.strftime("%Y%m%d-%H%M%S"))
+    """The nodes of a run, from their inventory entries and each one's torchrun (the run's
+    node command's: py-spy is found beside it)."""
+    return [Target(spec.name, clients[spec.name], spec.python, py_spy_for(torchrun))
+            for spec, torchrun in nodes]
 
 
 def read_node_dumps(dumps: dict[str, dict], into: Path, found_by: str) -> dict[str, Any]:

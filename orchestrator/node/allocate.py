@@ -3,11 +3,14 @@ lives (standard library only; runs on any node with Slurm's client).
 
     node.py allocate --name clustertrain-RUN --gpus-per-node all|G -- -N 2 [--partition=P ...]
 
-`salloc --no-shell` asks for the allocation (G GPUs per node; all: as many as the
-nodes with the fewest have). While it waits, a JSON line is printed each
-time what Slurm says of the job changes: {"event": "pending", "job", "reason",
-"position", "holders"} (holders: the running jobs on the nodes the job may use, with
-their user and GPUs). Once granted: {"event": "granted", "job", "nodes", "gpus"} (gpus:
+A request above a limit that no end of other jobs can lift (queuelimits.py: the QOS's
+per-user or per-job GPUs, the partition's nodes or MaxTime) is not submitted: one line
+{"event": "over-limit", "nodes", "gpus_per_node", "limits"} says which, and the command
+ends with exit 2. Else `salloc --no-shell` asks for the allocation (G GPUs per node;
+all: as many as the nodes with the fewest have). While it waits, a JSON line is printed
+each time what Slurm says of the job changes: {"event": "pending", "job", "user",
+"reason", "position", "holders"} (user: the job's; holders: the running jobs, with their
+user, nodes and GPUs per node). Once granted: {"event": "granted", "job", "nodes", "gpus"} (gpus:
 each node's GPU indices). Then it reads its standard input to the end, which comes when
 the controller's `train` ends, however it ends (Ctrl-C, a closed terminal, kill -9: the
 SSH connection closes), and cancels the job: nothing is left in the queue. SIGHUP is
@@ -26,6 +29,8 @@ import subprocess
 import sys
 import threading
 import time
+
+from . import queuelimits
 
 POLL = 1.0   # seconds between two looks at a waiting job (the first after one)
 TICK = 0.05  # seconds between two looks at salloc
@@ -78,16 +83,17 @@ def job_gpus(detail: str) -> dict[str, list[int]]:
 def waiting(job: str) -> dict:
     """What Slurm says of a waiting job: its reason, its place among the waiting jobs (by
     priority) and who holds the nodes' GPUs now."""
-    state = slurm("squeue", "-h", "-j", job, "-o", "%T|%r").strip().split("|")
+    state = slurm("squeue", "-h", "-j", job, "-o", "%T|%r|%u").strip().split("|")
     order = slurm("squeue", "-h", "-t", "PD", "--sort=-p,i", "-o", "%i").split()
     holders = []
-    for line in slurm("squeue", "-h", "-t", "R", "-o", "%i|%u|%j|%N|%b|%M").splitlines():
+    fields = ("job", "user", "name", "nodes", "gres", "time", "count")
+    for line in slurm("squeue", "-h", "-t", "R", "-o", "%i|%u|%j|%N|%b|%M|%D").splitlines():
         parts = line.split("|")
-        if len(parts) == 6 and parts[0] != job:
-            holders.append(dict(zip(("job", "user", "name", "nodes", "gres", "time"), parts,
-                                    strict=True)))
+        if len(parts) == len(fields) and parts[0] != job:
+            holders.append(dict(zip(fields, parts, strict=True)))
     return {"event": "pending", "job": job, "state": state[0] if state else "",
             "reason": state[1] if len(state) > 1 else "",
+            "user": state[2] if len(state) > 2 else "",
             "position": order.index(job) + 1 if job in order else 0, "holders": holders}
 
 
@@ -121,9 +127,16 @@ def main(name: str, gpus_per_node: str, salloc_args: list[str]) -> int:
             ended.set()
 
     threading.Thread(target=watch_input, daemon=True).start()
+    asked = gres(gpus_per_node)
+    ask = queuelimits.Ask.from_salloc(salloc_args, asked)
+    over = queuelimits.check(ask)
+    if over:   # it would wait for ever: refused before anything is queued
+        say({"event": "over-limit", "job": "", "nodes": ask.nodes,
+             "gpus_per_node": ask.gpus_per_node, "limits": [b.to_json() for b in over]})
+        return 2
     try:
         proc = subprocess.Popen(["salloc", "--no-shell", f"--job-name={name}",
-                                 *gres(gpus_per_node), *salloc_args],
+                                 *asked, *salloc_args],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     except FileNotFoundError:
         say({"event": "refused", "job": "", "exit": 127, "said": [

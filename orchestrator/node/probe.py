@@ -38,7 +38,7 @@ LEASE_S = 120  # a claim lives this long: by then the job's TCPStore holds the p
 # Another user's claims count for at most this many ports (see live_claims).
 MAX_CLAIMS = 8
 # Under checkpoints/<user>/ on the share: where the user's runs keep their states
-# (run/record.py run_state_dir).
+# (record/rundir.py run_state_dir).
 SHARE_STATE = (".clustertrain", "runs")
 # Per user on each node: the result of the last torch import, keyed by the live fingerprint.
 TORCH_CACHE = ".cache/clustertrain/torch-check.json"
@@ -167,7 +167,7 @@ def mounts(mountinfo: str = "/proc/self/mountinfo") -> list[tuple[str, str, str]
 
 def own_places(mine: str) -> list[str]:
     """The places of a user's own on the share, from checkpoints/<user> (MINE) down to the
-    directory of their runs' states (run/record.py run_state_dir): checkpoints, a run's
+    directory of their runs' states (record/rundir.py run_state_dir): checkpoints, a run's
     records and, in a run's state, its secrets. Whoever may write one of them may read or
     replace what the user's runs keep below it."""
     return [mine, os.path.join(mine, SHARE_STATE[0]), os.path.join(mine, *SHARE_STATE)]

@@ -22,13 +22,13 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
 from typing import Any
 
 from . import cordon
+from .fault import node_fault
 from .protocol import (
     CODE_SUBDIR,
     DRAIN,
@@ -49,7 +49,6 @@ from .util import detach, read_json, write_json
 SAFE = re.compile(r"^[\w@%+=:,./-]+$")   # a value that needs no quoting in the shell line
 LOCK = "next.lock"
 DECISION_WAIT = 20.0   # a node that lost the lock waits this long for the decision
-STOPS = {signal.SIGTERM, signal.SIGINT}
 
 
 def plan_path(state_dir: str) -> str:
@@ -72,23 +71,14 @@ def attempt_dir(root_state: str, run_id: str) -> str:
 
 
 def fault(reason: End, peer: str, peer_state: dict[str, Any]) -> str | None:
-    """Why the run ended by PEER's fault (the words of the controller's recovery.py), or
+    """Why the run ended by PEER's fault (fault.py: the rule the controller uses too), or
     None when it was not a node's fault (the script's failure, a stop, a hang)."""
     if reason == End.PEER_LOST:
-        return f"lost (no word from it for {PEER_TIMEOUT:g} s)"
+        return node_fault(End.LOST, f"no word from it for {PEER_TIMEOUT:g} s", None)
     if reason != End.PEER_FAILED:
         return None
-    if peer_state.get("reason") == End.SUPERVISOR_FAILED:
-        return f"its supervisor failed ({peer_state.get('why') or 'no reason given'})"
-    code = peer_state.get("code")
-    if isinstance(code, int) and 128 < code < 160:
-        try:
-            sig = signal.Signals(code - 128)
-        except ValueError:
-            return None
-        if sig not in STOPS:
-            return f"its torchrun was killed ({sig.name})"
-    return None
+    return node_fault(peer_state.get("reason"), peer_state.get("why") or "",
+                      peer_state.get("code"))
 
 
 def next_nodes(plan: dict[str, Any], nodes: list[str], failed: str

@@ -32,10 +32,9 @@ Standard library only: it runs on the nodes (the node package).
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import os
+import select
 import socket
 import threading
 import time
@@ -71,16 +70,27 @@ class Counters:
 
 def seal(key: bytes, content: bytes) -> bytes:
     """A datagram: CONTENT behind its HMAC-SHA256 under KEY."""
-    return hmac.digest(key, content, hashlib.sha256) + content
+    return _mac(key, content) + content
 
 
 def unseal(key: bytes, data: bytes) -> bytes | None:
     """DATA's content if its MAC is KEY's, else None."""
     mac, content = data[:MAC_BYTES], data[MAC_BYTES:]
-    if len(mac) < MAC_BYTES or not hmac.compare_digest(
-            mac, hmac.digest(key, content, hashlib.sha256)):
+    if len(mac) < MAC_BYTES or not _same(mac, _mac(key, content)):
         return None
     return content
+
+
+def _mac(key: bytes, content: bytes) -> bytes:
+    # hmac (and OpenSSL behind it) is imported at the first beat, after torchrun has
+    # started: a supervisor's start before READY is part of every launch (bench/README.md).
+    import hmac  # noqa: PLC0415
+    return hmac.digest(key, content, "sha256")
+
+
+def _same(a: bytes, b: bytes) -> bool:
+    import hmac  # noqa: PLC0415 - see _mac
+    return hmac.compare_digest(a, b)
 
 
 class Ring:
@@ -117,11 +127,13 @@ class Ring:
         self.last_seq: dict[str, int] = {}     # node: the highest number heard from it
         self.ips: dict[str, set[str]] = {}     # node: the addresses its beats may come from
         self.rejections = Rejections()
-        self._resolve_peers()
         self.progress_at: float | None = None   # monotonic: the freshest progress known
         self.watching: tuple[str, float] | None = None    # (predecessor, watched since)
         self.started = time.monotonic()
         self.closed = threading.Event()
+        # close() wakes the beats' thread at once (a wait up to BEAT otherwise delays every
+        # supervisor's end, and so every run's).
+        self.wake, self.waker = socket.socketpair()
         self.thread = threading.Thread(target=self._loop, daemon=True)
 
     # -- what the supervisor tells the ring ---------------------------------------------
@@ -156,9 +168,14 @@ class Ring:
 
     def close(self) -> None:
         self.closed.set()
+        try:
+            self.waker.send(b"!")
+        except OSError:
+            pass   # closed already
         if self.thread.is_alive():
             self.thread.join(timeout=2 * BEAT)
-        self.sock.close()
+        for sock in (self.sock, self.wake, self.waker):
+            sock.close()
 
     def forgive(self) -> None:
         """This node was held up (see the module's doc): the predecessor it watches gets a
@@ -173,7 +190,6 @@ class Ring:
         the nodes this one sends to, and the word of a predecessor that went silent."""
         if len(self.names) < 2:
             return
-        self._resolve_peers()
         target = self._next(+1)
         if target is not None and target not in self.targets:
             port = self.ports.get(target)
@@ -254,15 +270,16 @@ class Ring:
         due = time.monotonic()
         while not self.closed.is_set():
             wait = max(0.0, due - time.monotonic())
+            data = None
             try:
-                self.sock.settimeout(wait or 0.001)
-                data, sender = self.sock.recvfrom(MAX_DATAGRAM)
-            except TimeoutError:
-                data = None
+                ready, _, _ = select.select([self.sock, self.wake], [], [], wait)
+                if self.wake in ready:
+                    return
+                if ready:
+                    data, sender = self.sock.recvfrom(MAX_DATAGRAM)
             except OSError:
                 if self.closed.is_set():
                     return
-                data = None
             if data is not None and self._receive(data, sender):
                 self._send()   # news: on at once
             if time.monotonic() >= due:
@@ -324,7 +341,7 @@ class Ring:
         name = beat.get("n")
         if beat.get("r") != self.run or name not in self.addresses or name == self.me:
             return {}, f"it names run {beat.get('r')!r}, node {name!r}"
-        ips = self.ips.get(name)
+        ips = self.ips.get(name) or self._resolve(name)
         if ips and _plain_ip(sender[0]) not in ips:
             return {}, f"it names {name}, whose address is {', '.join(sorted(ips))}"
         seq = beat.get("c")
@@ -334,19 +351,19 @@ class Ring:
             self.last_seq[name] = seq
         return beat, None
 
-    def _resolve_peers(self) -> None:
-        """The addresses each peer's beats may come from (its cluster address, resolved
-        once; a name not resolved yet is tried again at the next look)."""
-        for name, address in self.addresses.items():
-            if name == self.me or name in self.ips:
-                continue
-            try:
-                found = {_plain_ip(str(a[4][0])) for a in socket.getaddrinfo(
-                    address, None, type=socket.SOCK_DGRAM)}
-            except OSError:
-                continue
-            with self.lock:
-                self.ips[name] = found
+    def _resolve(self, name: str) -> set[str]:
+        """The addresses NAME's beats may come from: its cluster address, resolved at its
+        first authentic beat (a ring node hears two or three peers, not all: resolving
+        every peer at the start cost a 64-node launch a second of lookups). Empty while
+        it does not resolve (the beat is taken on its MAC; tried again at the next)."""
+        try:
+            found = {_plain_ip(str(a[4][0])) for a in socket.getaddrinfo(
+                self.addresses[name], None, type=socket.SOCK_DGRAM)}
+        except OSError:
+            return set()
+        with self.lock:
+            self.ips[name] = found
+        return found
 
     def _send(self, back: bool = False) -> None:
         """A beat to the next live node (BACK: to the previous one, where its beats came

@@ -27,6 +27,8 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from . import slurmjob
 from .carry import kept
@@ -109,7 +111,7 @@ class Peers:
         return bool(self.ring.peers_status().get(name, {}).get("timed_out"))
 
     def any_dumped(self) -> bool:
-        """A peer found the run hung and dumped its workers (see _supervise)."""
+        """A peer found the run hung and dumped its workers (see Hang)."""
         return any(s.get("hang") == "dumped" for s in self.ring.peers_status().values())
 
     def all_dumped(self) -> bool:
@@ -275,21 +277,59 @@ def _append(path: str, text: str) -> None:
         fh.write(text)
 
 
+@dataclass(frozen=True)
+class Ending:
+    """Why this node's part of the run ends, and the word that goes with it (the peer's
+    name, Slurm's reason, the hang's numbers; often none)."""
+    reason: End
+    why: str = ""
+
+    @property
+    def stops_tree(self) -> bool:
+        """This supervisor stops torchrun's tree for it: all but a plain stop request
+        (`stop` stops the tree itself)."""
+        return self.reason != End.STOPPED or bool(self.why)
+
+
+def _first(*checks: Callable[[], Ending | None]) -> Ending | None:
+    """The first ending of CHECKS, tried in order (each only if none before found one)."""
+    for check in checks:
+        ending = check()
+        if ending is not None:
+            return ending
+    return None
+
+
 def _supervise(args: argparse.Namespace, ring: Ring, secret_env: dict[str, str]) -> int:
-    job, state_dir = args.job, args.state_dir
-    os.makedirs(state_dir, exist_ok=True)
-    mine = os.path.join(state_dir, f"{args.node}.json")
-    lease = os.path.join(job, LEASE_FILE)
+    """Start torchrun, watch it tick by tick until it ends (Supervisor.watch), and record
+    how this node's part ended (Supervisor.conclude)."""
+    os.makedirs(args.state_dir, exist_ok=True)
     if args.attached:
-        open(lease, "w").close()
-    if os.path.exists(os.path.join(job, STOP_REQUESTED)):
-        # Stopped before torchrun started (the launch failed on another node).
-        final = {"node": args.node, "user": getpass.getuser(), "state": "ended",
-                 "code": 0, "reason": End.STOPPED.value, "why": "", "ended": time.time(),
-                 "time": time.time()}
-        write_json(mine, final)
-        write_json(os.path.join(job, EXIT_FILE), final)
+        open(os.path.join(args.job, LEASE_FILE), "w").close()
+    if os.path.exists(os.path.join(args.job, STOP_REQUESTED)):
+        _stopped_before_start(args)   # the launch failed on another node
         return 0
+    supervisor = Supervisor(args, ring, _start(args, secret_env))
+    during = supervisor.watch()
+    code = supervisor.proc.returncode
+    code = code if code >= 0 else 128 - code
+    supervisor.conclude(code, during or supervisor.final_ending(code))
+    return 0
+
+
+def _stopped_before_start(args: argparse.Namespace) -> None:
+    """Stopped before torchrun started: the node's state and exit say so."""
+    final = {"node": args.node, "user": getpass.getuser(), "state": "ended",
+             "code": 0, "reason": End.STOPPED.value, "why": "", "ended": time.time(),
+             "time": time.time()}
+    write_json(os.path.join(args.state_dir, f"{args.node}.json"), final)
+    write_json(os.path.join(args.job, EXIT_FILE), final)
+
+
+def _start(args: argparse.Namespace, secret_env: dict[str, str]) -> subprocess.Popen:
+    """torchrun in a session of its own, its output in JOB/output.log, its process group
+    in JOB/pgid; old runs' files are pruned while it starts, not before."""
+    job = args.job
     os.makedirs(os.path.join(job, FR_SUBDIR), exist_ok=True)  # torch's timeout dumps too
     with open(os.path.join(job, OUTPUT_LOG), "ab") as out:
         # The job's secret variables reach torchrun and its workers in their environment
@@ -299,129 +339,223 @@ def _supervise(args: argparse.Namespace, ring: Ring, secret_env: dict[str, str])
                                 env={**os.environ, **secret_env} if secret_env else None)
     with open(os.path.join(job, PGID_FILE), "w") as fh:
         fh.write(f"{proc.pid}\n")
-    if args.keep:  # old runs' files go while torchrun starts, not before
+    if args.keep:
         threading.Thread(target=prune, args=(os.path.dirname(os.path.dirname(job)),
                                               args.keep, args.run), daemon=True).start()
-    peers = Peers(ring)
-    slurm = slurmjob.job_id()
-    watch = slurmjob.Watch(slurm) if slurm else None
-    why = ""
-    reason: End | None = None
-    left_to_controller: float | None = None  # since when (see TIMEOUT_DUMP_WAIT)
-    dumped_at: float | None = None  # this hang's stacks are on the share (once a hang)
-    dumping: threading.Thread | None = None  # the dump in progress: the beat goes on
-    state = {"node": args.node, "user": getpass.getuser(), "state": "running",
-             "pid": proc.pid, "started": time.time(), "ring_port": ring.port}
-    statefile = StateFile(mine, ring.counters)
-    statefile.put(state)
-    ring.start()
+    return proc
 
-    def tell() -> None:   # this node's state changed: the share and the ring
-        statefile.put(state)
-        ring.say(state="running", hang=state.get("hang"))
 
-    looked = time.monotonic()
-    first_beat = FirstBeat(os.path.join(job, OUTPUT_LOG)) if args.recovery else None
-    while proc.poll() is None:
-        quiet = _quiet_for(job)
-        if first_beat is not None and first_beat.seen():
-            state["first_beat"], first_beat = time.time(), None   # training again
-            tell()
-        ring.progress(quiet)
-        if time.monotonic() - looked > HELD_UP:   # this process was held up, not its peers
-            print(f"{time.strftime('%H:%M:%S')} this supervisor was held up for "
-                  f"{time.monotonic() - looked:.0f} s: its peers get a fresh "
-                  f"{PEER_TIMEOUT:g} s", flush=True)
-            ring.forgive()
+class Supervisor:
+    """One node's watch over its running torchrun: a decision each tick (BEAT) on whether
+    the run must end here, the reason torchrun ended once it has, and the record of it."""
+
+    def __init__(self, args: argparse.Namespace, ring: Ring, proc: subprocess.Popen) -> None:
+        self.args, self.job, self.ring, self.proc = args, args.job, ring, proc
+        self.peers = Peers(ring)
+        self.slurm = slurmjob.job_id()
+        self.slurm_watch = slurmjob.Watch(self.slurm) if self.slurm else None
+        self.left_to_controller: float | None = None  # since when (see TIMEOUT_DUMP_WAIT)
+        self.hang = Hang(args, self.peers, self._say_hang)
+        self.state = {"node": args.node, "user": getpass.getuser(), "state": "running",
+                      "pid": proc.pid, "started": time.time(), "ring_port": ring.port}
+        self.statefile = StateFile(os.path.join(args.state_dir, f"{args.node}.json"),
+                                   ring.counters)
+        self.statefile.put(self.state)
+        ring.start()
+        self.first_beat = FirstBeat(os.path.join(self.job, OUTPUT_LOG)) \
+            if args.recovery else None
+
+    def _tell(self) -> None:
+        """This node's state changed: the share and the ring."""
+        self.statefile.put(self.state)
+        self.ring.say(state="running", hang=self.state.get("hang"))
+
+    def _say_hang(self, hang: str | None) -> None:
+        if hang is None:
+            self.state.pop("hang", None)
+        else:
+            self.state["hang"] = hang
+        self._tell()
+
+    # -- while torchrun runs ----------------------------------------------------------
+    def watch(self) -> Ending | None:
+        """Tick until torchrun ends; the ending decided meanwhile (torchrun's tree was
+        stopped for it), or None."""
+        ending: Ending | None = None
         looked = time.monotonic()
-        if reason is None:
-            found = peers.verdict()
-            if found and found[0] == End.PEER_FAILED and args.attached \
-                    and peers.timed_out(found[1]):
-                # The controller dumps the ranks still running, then stops them: stopping
-                # them here first would lose the rank that held the collective up.
-                left_to_controller = left_to_controller or time.monotonic()
-                if time.monotonic() - left_to_controller < TIMEOUT_DUMP_WAIT:
-                    found = None
-            # Hung: no node made progress for the timeout. Every node dumps its workers
-            # first and says so in its state; with --on-hang stop, a node stops only once
-            # every peer has dumped (or HANG_GATHER passed), or its stop would end the
-            # others' ranks before they are dumped. A peer's word starts this node's dump.
-            stopping = args.on_hang == "stop"
-            hung = args.hang_timeout > 0 and (
-                (found is not None and found[0] == End.HUNG)
-                or (found is None and (min(quiet, peers.quiet() or 0.0) >= args.hang_timeout
-                                       or (stopping and peers.any_dumped()))))
-            if not hung and quiet < args.hang_timeout and dumped_at is not None:
-                dumped_at = dumping = None  # progress again (--on-hang wait): a later hang is new
-                state.pop("hang", None)
-                tell()
-                _unlink(os.path.join(job, HANG_DUMPED))
-            if hung and dumping is None:
-                dumping = threading.Thread(target=_dump_hang, args=(args, quiet), daemon=True)
-                dumping.start()
-            if hung and dumped_at is None and dumping is not None and not dumping.is_alive():
-                dumped_at = time.monotonic()
-                state["hang"] = "dumped"
-                tell()
-                _touch(os.path.join(job, HANG_DUMPED))  # `follow` tells the controller
-            if hung and stopping and dumped_at is not None and (
-                    peers.all_dumped() or time.monotonic() - dumped_at > HANG_GATHER):
-                reason, why = End.HUNG, (f"no rank made progress for {quiet:.0f} s "
-                                         f"(--hang-timeout {args.hang_timeout:g})")
-            elif hung:
-                pass  # dumped; waiting for the peers' dumps (stop) or for progress (wait)
-            elif found:
-                reason, why = found[0], found[1]
-            elif os.path.exists(os.path.join(job, STOP_REQUESTED)):
-                reason = End.STOPPED
-            elif args.attached and _lease_gone(job, args.lease_timeout):
-                reason = End.CONTROLLER_LOST
-            elif watch is not None and watch.over.is_set():
-                reason, why = End.STOPPED, slurmjob.ended_why(watch.job)
-            if reason and (reason != End.STOPPED or why):  # `stop` stops the tree itself
-                threading.Thread(target=stop_tree, args=(job, args.run, args.grace),
-                                 daemon=True).start()
-        try:
-            proc.wait(timeout=BEAT)
-        except subprocess.TimeoutExpired:
-            pass
-    code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
-    if reason is None and os.path.exists(os.path.join(job, STOP_REQUESTED)):
-        reason = End.STOPPED
-    if reason is None and code != 0 and args.recovery:
+        while self.proc.poll() is None:
+            quiet = _quiet_for(self.job)
+            self._note_first_beat()
+            self.ring.progress(quiet)
+            looked = self._forgive_if_held_up(looked)
+            if ending is None:
+                ending = self._tick(quiet)
+                if ending is not None and ending.stops_tree:
+                    threading.Thread(target=stop_tree, daemon=True,
+                                     args=(self.job, self.args.run, self.args.grace)).start()
+            try:
+                self.proc.wait(timeout=BEAT)
+            except subprocess.TimeoutExpired:
+                pass
+        return ending
+
+    def _note_first_beat(self) -> None:
+        if self.first_beat is not None and self.first_beat.seen():
+            self.state["first_beat"], self.first_beat = time.time(), None  # training again
+            self._tell()
+
+    def _forgive_if_held_up(self, looked: float) -> float:
+        """A tick that came late: this process was held up, not its peers."""
+        late = time.monotonic() - looked
+        if late > HELD_UP:
+            print(f"{time.strftime('%H:%M:%S')} this supervisor was held up for "
+                  f"{late:.0f} s: its peers get a fresh {PEER_TIMEOUT:g} s", flush=True)
+            self.ring.forgive()
+        return time.monotonic()
+
+    def _tick(self, quiet: float) -> Ending | None:
+        """Whether the run must end here now. A hang comes first, and while this node
+        dumps and gathers its peers' dumps, nothing else ends it; then, in order: a
+        peer's word, a stop request, the controller's lease, the Slurm job."""
+        found = self._peers_ending()
+        if self.hang.holds(found, quiet):
+            return self.hang.ending(quiet)
+        return _first(lambda: found, self._stop_requested, self._controller_lost,
+                      self._slurm_ended)
+
+    def _peers_ending(self) -> Ending | None:
+        found = self.peers.verdict()
+        if found is None:
+            return None
+        if found[0] == End.PEER_FAILED and self.args.attached \
+                and self.peers.timed_out(found[1]):
+            # The controller dumps the ranks still running, then stops them: stopping
+            # them here first would lose the rank that held the collective up.
+            self.left_to_controller = self.left_to_controller or time.monotonic()
+            if time.monotonic() - self.left_to_controller < TIMEOUT_DUMP_WAIT:
+                return None
+        return Ending(*found)
+
+    def _stop_requested(self) -> Ending | None:
+        if os.path.exists(os.path.join(self.job, STOP_REQUESTED)):
+            return Ending(End.STOPPED)
+        return None
+
+    def _controller_lost(self) -> Ending | None:
+        if self.args.attached and _lease_gone(self.job, self.args.lease_timeout):
+            return Ending(End.CONTROLLER_LOST)
+        return None
+
+    def _slurm_ended(self) -> Ending | None:
+        watch = self.slurm_watch
+        if watch is not None and watch.over.is_set():
+            return Ending(End.STOPPED, slurmjob.ended_why(watch.job))
+        return None
+
+    # -- once torchrun has ended --------------------------------------------------------
+    def final_ending(self, code: int) -> Ending | None:
+        """Why torchrun ended, when nothing was decided while it ran (tried in order): a
+        stop request; a peer lost meanwhile (its ranks' sockets broke first); a hang this
+        node dumped for; the Slurm job ended. None: torchrun ended by itself."""
+        failed = code != 0
+        return _first(self._stop_requested,
+                      lambda: self._peer_lost_meanwhile() if failed else None,
+                      self.hang.ended_here,
+                      lambda: self._slurm_ended_at_last() if failed else None)
+
+    def _peer_lost_meanwhile(self) -> Ending | None:
         # The ranks here failed by themselves; when a peer died, its sockets broke first,
         # before its silence names it: a run that may recover waits for that name.
-        lost = _lost_meanwhile(ring)
-        if lost:
-            reason, why = End.PEER_LOST, lost
-    if reason is None and dumped_at is not None and args.on_hang == "stop":
-        # Hung and dumped: a peer stopped first, and this node's ranks ended with it.
-        reason, why = End.HUNG, f"no rank made progress (--hang-timeout {args.hang_timeout:g})"
-    if reason is None and code != 0 and watch is not None and watch.look_now():
+        lost = _lost_meanwhile(self.ring) if self.args.recovery else None
+        return Ending(End.PEER_LOST, lost) if lost else None
+
+    def _slurm_ended_at_last(self) -> Ending | None:
         # Slurm ended the job, and a peer that saw it first stopped its ranks: this node's
         # ranks failed with them before this node's own look at the job (every LOOK s).
-        reason, why = End.STOPPED, slurmjob.ended_why(watch.job)
-    final = {**state, "state": "ended", "code": code, "reason": (reason or End.EXITED).value,
-             "why": why, "ended": time.time()}
-    if reason is None and code != 0 and _timed_out(job):
-        final["timed_out"] = True
-    # The peers learn the end over the ring first: the share may be stalled.
-    ring.last_word(**{k: final[k] for k in ("state", "code", "reason", "why")},
-                   timed_out=bool(final.get("timed_out")))
-    final["supervision"] = ring.counters.to_json()
-    final["heard"] = ring.heard_at()   # when a node lost later was last heard (recovery)
-    write_json(os.path.join(job, EXIT_FILE), final)
-    statefile.close(final)
-    if slurm:
-        if watch is not None:
-            watch.close()
-        slurmjob.release(slurm, lambda: all_ended(state_dir, ring.names))
-    if args.recovery and reason in (End.PEER_LOST, End.PEER_FAILED):
-        from .recover import after_end  # a detached run that may recover: its next attempt
-        after_end(state_dir, args.run, args.node, ring.names, reason, why,
-                  ring.peers_status().get(why) or {}, final["heard"].get(why), args.argv[0])
-    return 0
+        watch = self.slurm_watch
+        if watch is not None and watch.look_now():
+            return Ending(End.STOPPED, slurmjob.ended_why(watch.job))
+        return None
+
+    def conclude(self, code: int, ending: Ending | None) -> None:
+        """Record the end: over the ring first (the share may be stalled), then the exit
+        file and the node's state; then the Slurm job's release and, for a run that may
+        recover from a peer's fault, its next attempt."""
+        reason, why = (ending.reason, ending.why) if ending else (End.EXITED, "")
+        final = {**self.state, "state": "ended", "code": code, "reason": reason.value,
+                 "why": why, "ended": time.time()}
+        if ending is None and code != 0 and _timed_out(self.job):
+            final["timed_out"] = True
+        self.ring.last_word(**{k: final[k] for k in ("state", "code", "reason", "why")},
+                            timed_out=bool(final.get("timed_out")))
+        final["supervision"] = self.ring.counters.to_json()
+        final["heard"] = self.ring.heard_at()  # when a node lost later was last heard
+        write_json(os.path.join(self.job, EXIT_FILE), final)
+        self.statefile.close(final)
+        names = self.ring.names
+        if self.slurm:
+            if self.slurm_watch is not None:
+                self.slurm_watch.close()
+            slurmjob.release(self.slurm, lambda: all_ended(self.args.state_dir, names))
+        if self.args.recovery and reason in (End.PEER_LOST, End.PEER_FAILED):
+            from .recover import after_end  # a detached run that may recover: its next try
+            after_end(self.args.state_dir, self.args.run, self.args.node, names, reason, why,
+                      self.ring.peers_status().get(why) or {}, final["heard"].get(why),
+                      self.args.argv[0])
+
+
+class Hang:
+    """This node's part in a hang (no node made progress for --hang-timeout). Every node
+    dumps its workers first and says so in its state; with --on-hang stop, a node stops
+    only once every peer has dumped (or HANG_GATHER passed), or its stop would end the
+    others' ranks before they are dumped. A peer's word starts this node's dump; progress
+    again (--on-hang wait) ends the hang, and a later one is new."""
+
+    def __init__(self, args: argparse.Namespace, peers: Peers,
+                 say: Callable[[str | None], None]) -> None:
+        self.args, self.peers, self.say = args, peers, say
+        self.stopping = args.on_hang == "stop"
+        self.dumping: threading.Thread | None = None  # the dump in progress: beats go on
+        self.dumped_at: float | None = None  # this hang's stacks are on the share
+
+    def holds(self, found: Ending | None, quiet: float) -> bool:
+        """Whether the run is hung now (FOUND: the peers' word this tick); a hang dumped
+        for ends here when the run made progress again."""
+        timeout = self.args.hang_timeout
+        hung = timeout > 0 and (
+            found.reason == End.HUNG if found is not None
+            else (min(quiet, self.peers.quiet() or 0.0) >= timeout
+                  or (self.stopping and self.peers.any_dumped())))
+        if not hung and quiet < timeout and self.dumped_at is not None:
+            self.dumped_at = self.dumping = None
+            self.say(None)
+            _unlink(os.path.join(self.args.job, HANG_DUMPED))
+        return hung
+
+    def ending(self, quiet: float) -> Ending | None:
+        """Hung: dump this node's workers (once), say it is dumped, and with --on-hang
+        stop, the end once the peers' dumps are in; None until then (or, --on-hang wait,
+        until progress)."""
+        if self.dumping is None:
+            self.dumping = threading.Thread(target=_dump_hang, args=(self.args, quiet),
+                                            daemon=True)
+            self.dumping.start()
+        if self.dumped_at is None and not self.dumping.is_alive():
+            self.dumped_at = time.monotonic()
+            self.say("dumped")
+            _touch(os.path.join(self.args.job, HANG_DUMPED))  # `follow` tells the controller
+        if self.stopping and self.dumped_at is not None and (
+                self.peers.all_dumped() or time.monotonic() - self.dumped_at > HANG_GATHER):
+            return Ending(End.HUNG, f"no rank made progress for {quiet:.0f} s "
+                                    f"(--hang-timeout {self.args.hang_timeout:g})")
+        return None
+
+    def ended_here(self) -> Ending | None:
+        """Hung and dumped: a peer stopped first, and this node's ranks ended with it."""
+        if self.dumped_at is not None and self.stopping:
+            return Ending(End.HUNG, "no rank made progress "
+                                    f"(--hang-timeout {self.args.hang_timeout:g})")
+        return None
 
 
 class FirstBeat:

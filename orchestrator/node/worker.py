@@ -13,7 +13,7 @@ stdio, prints one marker line
 and leaves with os._exit(C), skipping the interpreter's and C++'s static teardown. With
 gloo, torch's threads at that point now and then abort a finished process (SIGABRT,
 "terminate called without an active exception"), turning a finished run into a failed
-one. The orchestrator reads the marker (orchestrator/run/ends.py): a rank that printed
+one. The orchestrator reads the marker (orchestrator/record/ends.py): a rank that printed
 it and still died, died after its script had finished.
 
 The runner lets the job's user read the worker's stack (py-spy) where yama's

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import yaml
 
+from ..cluster.playbook import run_playbook
 from ..errors import ClusterError
 from ..resources import project
-from .playbook import run_playbook
 
 
 class ProvisionError(ClusterError):

@@ -16,12 +16,12 @@ from typing import Any
 from ..cluster import nodelib, ssh
 from ..cluster.fanout import each
 from ..cluster.inventory import Cluster, check_env_name
+from ..cluster.playbook import run_playbook
 from ..defaults import KEEP_ENVS
 from ..errors import ClusterError, InputError
 from ..node import fingerprint
 from ..resources import project
 from .envfile import read_environment
-from .playbook import run_playbook
 
 PLAYBOOK = "playbooks/user_env.yml"
 REPORT_TASK = "Report the environment"   # the playbook's last task: each node's result

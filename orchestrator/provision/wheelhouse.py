@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ClusterError, InputError
-from ..run.record import check_writable
+from ..record.rundir import check_writable
 from .envfile import read_environment
 
 STAMP = ".clustertrain-wheelhouse.json"

@@ -1,13 +1,14 @@
 """A run's report (runs/RUN/report.html): one self-contained page, drawn from the run's
 record alone (run.json, summary.json, timeline.jsonl, doctor.json, the nodes' logs), with
 the charts inline (svg.py) and nothing fetched: it opens from a chat attachment. The same
-page, refreshed, is a live run's page in `clustertrain ui` (server.py).
+page, refreshed, is a live run's page in `clustertrain ui` (ui/server.py).
 
 The HTML is a Jinja template (templates/), which escapes every value from the record."""
 
 from __future__ import annotations
 
 import json
+import sys
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -18,9 +19,9 @@ from typing import Any
 import jinja2
 
 from ..diagnosis.progress import WINDOW_S, Point
-from ..run.logstream import is_record
-from ..run.record import RecordUnreadable, RunDir, write_private
-from ..run.status import LAST_LINES, row
+from ..record.logstream import is_record
+from ..record.rundir import RecordUnreadable, RunDir, write_private
+from ..record.status import LAST_LINES, row
 from . import svg
 
 FINAL_METRICS = "FINAL_METRICS "   # the job's last word (train/train.py): one JSON object
@@ -265,3 +266,15 @@ def write_report(run: RunDir) -> Path:
     """Write RUN's report.html (atomically: a reader never sees half of it; its owner's
     only, as the rest of the record)."""
     return write_private(run.report_html, render_run(run))
+
+
+def try_write_report(run: RunDir) -> Path | None:
+    """RUN's report.html from its record as it stands, for whoever wrote to the record
+    last (a run's conclusion, doctor's analysis). A report that cannot be drawn costs the
+    run nothing: a note on stderr, and None."""
+    try:
+        return write_report(run)
+    except Exception as exc:  # noqa: BLE001 - the record is kept, whatever the report does
+        print(f"note: run {run.run_id}: its report.html could not be written ({exc}); "
+              f"`runs report {run.run_id}` tries again", file=sys.stderr)
+        return None

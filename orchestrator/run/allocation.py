@@ -24,14 +24,15 @@ from typing import Any
 
 from ..cluster import nodelib, ssh
 from ..cluster.inventory import Cluster
-from ..cluster.slurm import waiting_line
-from ..errors import ClusterError, LaunchError
+from ..cluster.slurm import limit_words, waiting_line
+from ..errors import ClusterError, LaunchError, QueueLimitError
 from ..node.allocate import KEEP
 from ..node.protocol import STOP_REQUESTED
 from ..node.slurmjob import JOB_ENV
-from .record import RunDir, iso, write_private
+from ..record.rundir import RunDir, iso, write_private
+from ..record.status import RunStatus, cut_short
 from .spec import RunSpec
-from .status import RunStatus, cut_short
+from .status import write_summary
 
 RELEASE_WAIT = 15.0   # seconds for the node to cancel the job once train lets go
 
@@ -155,6 +156,8 @@ def allocate(cluster: Cluster, request: AllocationRequest, run_id: str,
                         "choose them with --hosts")
                 return Allocation(event["job"], order, event.get("gpus") or {},
                                   time.monotonic() - started, proc, conn)
+            elif event["event"] == "over-limit":
+                raise QueueLimitError(limit_words(event))
             elif event["event"] == "refused":
                 raise LaunchError("Slurm refused the allocation: "
                                   + " ".join(event.get("said") or [])
@@ -174,7 +177,8 @@ def queue_for(spec: RunSpec, whole: Cluster, count: int, run_id: str) -> Allocat
     """The allocation of a --queue run, from WHOLE's nodes (COUNT of them, or spec.hosts).
     While it waits, the run's record says so (`runs` lists it as queued, `stop` cancels
     it); a run that never gets its nodes gets its summary: interrupted (Ctrl-C), stopped
-    (`stop`) or failed (Slurm refused), and nothing stays in the queue."""
+    (`stop`) or failed (Slurm refused, or QueueLimitError: a limit it could never be
+    within, checked before anything is submitted), and nothing stays in the queue."""
     run = RunDir(spec.runs_dir, run_id)
     info = {"run_id": run_id, "inventory": str(whole.inventory.resolve()), "nodes": [],
             "users": {}, "script": spec.script, "script_args": list(spec.script_args),
@@ -196,7 +200,7 @@ def queue_for(spec: RunSpec, whole: Cluster, count: int, run_id: str) -> Allocat
         why = ("stopped while queued (`stop`): its Slurm job was cancelled" if stopped else
                f"{exc or 'Ctrl-C'} while queued: its Slurm job was cancelled" if interrupted
                else str(exc) or repr(exc))
-        run.write_summary(cut_short(info, status, started, why))
+        write_summary(run, cut_short(info, status, started, why))
         if stopped:
             raise LaunchError(f"run {run_id} was stopped while queued (`stop`); its Slurm job "
                               "was cancelled and nothing ran") from None
@@ -240,7 +244,7 @@ def settle_queued(run: RunDir, info: dict[str, Any]) -> dict[str, Any] | None:
     summary = cut_short(info, RunStatus.CONTROLLER_LOST, time.time(),
                         "train ended while the run waited in Slurm's queue; its job was "
                         "cancelled when its connection closed")
-    run.write_summary(summary)
+    write_summary(run, summary)
     return summary
 
 

@@ -9,8 +9,8 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
-from .. import defaults
-from ..cluster import contract, nodelib
+from .. import contract, defaults
+from ..cluster import nodelib
 from ..errors import LaunchError
 from ..node.protocol import (
     CODE_SUBDIR,

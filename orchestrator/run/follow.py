@@ -16,17 +16,18 @@ import subprocess
 import sys
 import threading
 import time
-from typing import IO, Any, cast
+from dataclasses import dataclass, field
+from typing import IO, Any
 
 from .. import defaults
 from ..cluster.inventory import NodeSpec
 from ..diagnosis.diagnose import analyse, read_node_dumps
 from ..diagnosis.progress import Progress
 from ..node.protocol import COLLECTIVE_TIMEOUT, HANG_GATHER, HANG_MARKER, RECONNECT, End
+from ..record.ends import PEER_GONE
+from ..record.logstream import LineSplitter, is_record
+from ..record.rundir import RunDir, iso, open_private
 from .command import EXIT_MARKER, NodeCommand
-from .ends import PEER_GONE
-from .logstream import LineSplitter, is_record
-from .record import RunDir, iso, open_private
 from .scheduler import Scheduler
 from .spec import HangWatch, OnHang
 from .status import JobResult, NodeOutcome
@@ -35,6 +36,59 @@ STEADY = 5.0             # a stream followed again that breaks sooner is not a b
 HEARTBEAT = 1.0          # seconds between the lease renewals sent to every node
 PROGRESS_INTERVAL = 1.0  # seconds between looks at the run's progress (stragglers)
 FOUND_BY = "the nodes"   # who found an attached run hung, in its summary
+
+
+@dataclass(frozen=True)
+class Interrupt:
+    """Ctrl-C, SIGTERM or SIGHUP, or the output pipe closed: WHY says which."""
+    why: str
+
+
+@dataclass(frozen=True)
+class HangFound:
+    """NODE found the run hung and dumped its workers onto the share (its HANG_MARKER)."""
+    node: str
+
+
+@dataclass(frozen=True)
+class NodeExited:
+    """NODE's part ended, as its exit marker says (take_exit_marker)."""
+    node: str
+    code: int
+    reason: End
+    why: str
+
+
+@dataclass(frozen=True)
+class NodeLost:
+    """NODE's log could not be followed to its exit marker: WHY."""
+    node: str
+    why: str
+
+
+Event = Interrupt | HangFound | NodeExited | NodeLost
+
+
+@dataclass
+class Following:
+    """Where following a run stands, between the events its threads send."""
+    attached: bool
+    running: set[str]                  # the nodes whose part has not ended yet
+    next_look: float                   # at the run's progress (monotonic)
+    first_failed: str | None = None
+    interrupted: bool = False
+    why_interrupted: str = ""
+    left: bool = False                 # detached on Ctrl-C: stop following now
+    give_up_at: float | None = None    # stopped: those not ended by then are lost
+    dumped: set[str] = field(default_factory=set)  # nodes that found this hang, dumped
+    gather_until: float | None = None  # when to read the dumps of those that did
+
+    def ended(self, name: str) -> bool:
+        """NAME's part ends now (False: it had ended already)."""
+        if name not in self.running:
+            return False
+        self.running.discard(name)
+        return True
 
 
 class Job:
@@ -46,7 +100,7 @@ class Job:
         self.scheduler = scheduler
         self.out = out if out is not None else sys.stdout  # as it is now (redirect_stdout)
         self.grace = grace
-        self.events: queue.Queue[tuple[str, str, object]] = queue.Queue()
+        self.events: queue.Queue[Event] = queue.Queue()
         self.outcomes = {spec.name: NodeOutcome(spec.name) for spec, _ in nodes}
         self._print_lock = threading.Lock()
         self._done = threading.Event()
@@ -78,7 +132,7 @@ class Job:
                 try:
                     proc = self.scheduler.log_iter(spec, cmd, lease, tail, seen)
                 except Exception as exc:  # noqa: BLE001 - any failure to follow is this node's
-                    self.events.put(("lost", spec.name, f"could not follow the job: {exc}"))
+                    self.events.put(NodeLost(spec.name, f"could not follow the job: {exc}"))
                     return
                 self._followers[spec.name] = proc
                 assert proc.stdout is not None
@@ -97,15 +151,16 @@ class Job:
                     break
                 # The session ended without torchrun's exit status: the connection broke
                 # (no answer to keepalives, node down, rebooted, sshd killed).
-                if again and time.monotonic() - opened < STEADY:  # not the network: the
-                    self.events.put(("lost", spec.name, "its log stream keeps ending "  # node
-                                     "without an exit status"))  # cannot follow its log
+                if again and time.monotonic() - opened < STEADY:
+                    # Not the network: the node cannot follow its log.
+                    self.events.put(NodeLost(spec.name, "its log stream keeps ending "
+                                             "without an exit status"))
                     break
                 dropped = time.monotonic()
                 why = self.scheduler.reconnect(spec, RECONNECT)
                 if why is not None:
-                    self.events.put(("lost", spec.name, "its SSH connection dropped and "
-                                     f"a new one failed for {RECONNECT:g} s ({why})"))
+                    self.events.put(NodeLost(spec.name, "its SSH connection dropped and "
+                                             f"a new one failed for {RECONNECT:g} s ({why})"))
                     break
                 again = True
                 splitter.drop_partial()
@@ -116,14 +171,14 @@ class Job:
             lines, end = take_exit_marker(splitter.flush(), end)
             self._emit(log, outcome, self._take_hang_marker(spec.name, lines))
         if end is not None:
-            self.events.put(("exit", spec.name, end))
+            self.events.put(NodeExited(spec.name, *end))
 
     def _take_hang_marker(self, node: str, lines: list[str]) -> list[str]:
         """Lines without the node's HANG_MARKER: it found the run hung and dumped its
         workers onto the share (an event for the main loop)."""
         kept, found = take_marker(lines, HANG_MARKER)
         for _ in found:
-            self.events.put(("hang", node, ""))
+            self.events.put(HangFound(node))
         return kept
 
     def _emit(self, log: IO[str], outcome: NodeOutcome, lines: list[str]) -> None:
@@ -158,7 +213,7 @@ class Job:
             except (BrokenPipeError, OSError, ValueError):
                 # `train | head`: nobody reads any more. Stop the job rather than hang.
                 self._out_broken = True
-                self.events.put(("interrupt", "", "the output pipe was closed"))
+                self.events.put(Interrupt("the output pipe was closed"))
 
     def _heartbeat(self) -> None:
         while not self._done.wait(HEARTBEAT):
@@ -212,107 +267,140 @@ class Job:
         ATTACHED, this process holds the run's lease and stops the job on Ctrl-C,
         SIGTERM, SIGHUP or a closed output; without, Ctrl-C only stops following."""
         started = time.time()
-        first_failed: str | None = None
-        interrupted, why_interrupted = False, ""
-        running = set(self.outcomes)
+        f = Following(attached, set(self.outcomes), time.monotonic() + PROGRESS_INTERVAL)
         for spec, cmd in self.nodes:
             threading.Thread(target=self._pump, args=(spec, cmd, attached), daemon=True,
                              name=f"pump-{spec.name}").start()
         if attached:
             threading.Thread(target=self._heartbeat, daemon=True).start()
-        give_up_at: float | None = None
-        next_look = time.monotonic() + PROGRESS_INTERVAL
-        dumped: set[str] = set()          # nodes that found this hang and dumped
-        gather_until: float | None = None  # when to read the dumps of those that did
         previous = self._install_signals()
         try:
-            while running:
-                if time.monotonic() >= next_look and not interrupted and not first_failed:
-                    next_look = time.monotonic() + PROGRESS_INTERVAL
-                    self._look_at_progress()
-                if gather_until and (time.monotonic() > gather_until
-                                     or not (running - dumped)):
-                    gather_until = None
-                    self._read_hang(sorted(dumped))
-                    if self.watch and self.watch.on_hang == OnHang.STOP:
-                        give_up_at = give_up_at or time.monotonic() + HANG_GATHER + \
-                            self.grace + 20
+            while f.running and not f.left:
+                self._between_events(f)
                 try:
-                    kind, name, value = self.events.get(timeout=0.5)
+                    event = self.events.get(timeout=0.5)
                 except queue.Empty:
-                    if give_up_at and time.monotonic() > give_up_at:
-                        for name in list(running):
-                            self._finish(name, None, End.LOST)
-                            running.discard(name)
+                    self._give_up_if_due(f)
                     continue
-                if kind == "interrupt":
-                    if interrupted:
-                        continue
-                    interrupted, why_interrupted = True, str(value or "Ctrl-C")
-                    if not attached:
-                        self._say("detached: the run goes on; follow it again with "
-                                  f"`attach {self.rundir.run_id}`, stop it with "
-                                  f"`stop {self.rundir.run_id}`")
-                        break
-                    self._say(f"interrupted ({why_interrupted}): stopping the job on every "
-                              "node (press Ctrl-C again to leave without waiting)")
-                    self._stop(sorted(running), why_interrupted)
-                    give_up_at = time.monotonic() + self.grace + 20
-                    continue
-                if kind == "hang":
-                    if not dumped and not self._hang_open:
-                        self._hang_open = True
-                        quiet = self.progress.quiet_for(time.monotonic())
-                        timeout = self.watch.timeout if self.watch else 0
-                        self._say(f"hung: the run printed nothing (no line, no beat) for "
-                                  f"{quiet:.0f} s (--hang-timeout {timeout:g}); every node "
-                                  "dumps its ranks' stacks")
-                        gather_until = time.monotonic() + HANG_GATHER
-                    dumped.add(name)
-                    continue
-                if name not in running:
-                    continue
-                running.discard(name)
-                if kind == "exit":
-                    code, reason, why = cast("tuple[int, End, str]", value)  # take_exit_marker's
-                    if not reason.caused_elsewhere and name in self._stopping:
-                        reason = End.STOPPED   # this controller stopped it
-                    # As the node said it: the summary keeps why it was stopped (status.py).
-                    self._finish(name, code, reason, why)
-                    if reason == End.HUNG:
-                        self._hung = self._hung or (self.watch is not None
-                                                    and self.watch.on_hang == OnHang.STOP)
-                    if code != 0 and first_failed is None and not interrupted \
-                            and not reason.caused_elsewhere:
-                        first_failed = name
-                        lines = self.outcomes[name].last_worker_lines
-                        lost_peer = any(PEER_GONE.search(line) for line in lines)
-                        self._say(f"{name}: its clustertrain supervisor failed"
-                                  if reason == End.SUPERVISOR_FAILED
-                                  else f"{name}: torchrun exited with code {code}" + (
-                                      " (its ranks lost a peer: the cause is likely on "
-                                      "another node)" if lost_peer else ""))
-                        if running and any(COLLECTIVE_TIMEOUT.search(x) for x in lines):
-                            self._diagnose_timeout(sorted(running), name)
-                else:
-                    self._finish(name, None, End.LOST, str(value))
-                    self._say(f"{name}: {value}")
-                    if first_failed is None and not interrupted and name not in self._stopping:
-                        first_failed = name
-                if first_failed and running and attached:
-                    self._stop(sorted(running), f"{first_failed} failed")
-                    give_up_at = give_up_at or time.monotonic() + self.grace + 20
+                match event:
+                    case Interrupt():
+                        self._on_interrupt(f, event)
+                    case HangFound():
+                        self._on_hang(f, event)
+                    case NodeExited():
+                        self._on_exit(f, event)
+                    case NodeLost():
+                        self._on_lost(f, event)
         finally:
             self._done.set()
-            for proc in self._followers.values():
-                if proc.stdin is not None:
-                    try:
-                        proc.stdin.close()
-                    except OSError:
-                        pass
-                if not attached and proc.poll() is None:
-                    proc.terminate()
+            self._close_followers(attached)
             self._restore_signals(previous)
+        return self._result(f, started)
+
+    def _between_events(self, f: Following) -> None:
+        """Look at the run's progress now and then (not once it is ending), and read a
+        hang's dumps once every node that found it dumped (or HANG_GATHER passed)."""
+        now = time.monotonic()
+        if now >= f.next_look and not f.interrupted and not f.first_failed:
+            f.next_look = now + PROGRESS_INTERVAL
+            self._look_at_progress()
+        if f.gather_until and (time.monotonic() > f.gather_until
+                               or not (f.running - f.dumped)):
+            f.gather_until = None
+            self._read_hang(sorted(f.dumped))
+            if self.watch and self.watch.on_hang == OnHang.STOP:
+                f.give_up_at = f.give_up_at or time.monotonic() + HANG_GATHER + \
+                    self.grace + 20
+
+    def _give_up_if_due(self, f: Following) -> None:
+        """Stopped, and the nodes still running did not say they ended in time: lost."""
+        if f.give_up_at and time.monotonic() > f.give_up_at:
+            for name in list(f.running):
+                self._finish(name, None, End.LOST)
+                f.running.discard(name)
+
+    def _on_interrupt(self, f: Following, event: Interrupt) -> None:
+        if f.interrupted:
+            return
+        f.interrupted, f.why_interrupted = True, event.why or "Ctrl-C"
+        if not f.attached:
+            self._say("detached: the run goes on; follow it again with "
+                      f"`attach {self.rundir.run_id}`, stop it with "
+                      f"`stop {self.rundir.run_id}`")
+            f.left = True
+            return
+        self._say(f"interrupted ({f.why_interrupted}): stopping the job on every "
+                  "node (press Ctrl-C again to leave without waiting)")
+        self._stop(sorted(f.running), f.why_interrupted)
+        f.give_up_at = time.monotonic() + self.grace + 20
+
+    def _on_hang(self, f: Following, event: HangFound) -> None:
+        if not f.dumped and not self._hang_open:
+            self._hang_open = True
+            quiet = self.progress.quiet_for(time.monotonic())
+            timeout = self.watch.timeout if self.watch else 0
+            self._say(f"hung: the run printed nothing (no line, no beat) for "
+                      f"{quiet:.0f} s (--hang-timeout {timeout:g}); every node "
+                      "dumps its ranks' stacks")
+            f.gather_until = time.monotonic() + HANG_GATHER
+        f.dumped.add(event.node)
+
+    def _on_exit(self, f: Following, event: NodeExited) -> None:
+        name, code, reason = event.node, event.code, event.reason
+        if not f.ended(name):
+            return
+        if not reason.caused_elsewhere and name in self._stopping:
+            reason = End.STOPPED   # this controller stopped it
+        # As the node said it: the summary keeps why it was stopped (status.py).
+        self._finish(name, code, reason, event.why)
+        if reason == End.HUNG:
+            self._hung = self._hung or (self.watch is not None
+                                        and self.watch.on_hang == OnHang.STOP)
+        if code != 0 and f.first_failed is None and not f.interrupted \
+                and not reason.caused_elsewhere:
+            f.first_failed = name
+            lines = self.outcomes[name].last_worker_lines
+            lost_peer = any(PEER_GONE.search(line) for line in lines)
+            self._say(f"{name}: its clustertrain supervisor failed"
+                      if reason == End.SUPERVISOR_FAILED
+                      else f"{name}: torchrun exited with code {code}" + (
+                          " (its ranks lost a peer: the cause is likely on "
+                          "another node)" if lost_peer else ""))
+            if f.running and any(COLLECTIVE_TIMEOUT.search(x) for x in lines):
+                self._diagnose_timeout(sorted(f.running), name)
+        self._stop_the_rest(f)
+
+    def _on_lost(self, f: Following, event: NodeLost) -> None:
+        name = event.node
+        if not f.ended(name):
+            return
+        self._finish(name, None, End.LOST, event.why)
+        self._say(f"{name}: {event.why}")
+        if f.first_failed is None and not f.interrupted and name not in self._stopping:
+            f.first_failed = name
+        self._stop_the_rest(f)
+
+    def _stop_the_rest(self, f: Following) -> None:
+        """A node failed first (attached): the job stops on the nodes still running."""
+        if f.first_failed and f.running and f.attached:
+            self._stop(sorted(f.running), f"{f.first_failed} failed")
+            f.give_up_at = f.give_up_at or time.monotonic() + self.grace + 20
+
+    def _close_followers(self, attached: bool) -> None:
+        """End every follow session's input (the lease, when ATTACHED); detached, end
+        the sessions too."""
+        for proc in self._followers.values():
+            if proc.stdin is not None:
+                try:
+                    proc.stdin.close()
+                except OSError:
+                    pass
+            if not attached and proc.poll() is None:
+                proc.terminate()
+
+    def _result(self, f: Following, started: float) -> JobResult:
+        """What following found, once the stops asked for are done (a hang's dumps read
+        if the nodes ended it before their word came)."""
         for t in self._stop_threads:
             t.join(timeout=self.grace + 5)
         hung = [n for n, o in self.outcomes.items() if o.reason == End.HUNG]
@@ -320,8 +408,8 @@ class Job:
             self._read_hang(hung)
         progress = self.progress.to_json()   # closes the last windows
         self._keep_timeline()
-        return JobResult(self.outcomes, first_failed, interrupted, started, time.time(),
-                         why_interrupted, self._hang, self._hung, progress)
+        return JobResult(self.outcomes, f.first_failed, f.interrupted, started, time.time(),
+                         f.why_interrupted, self._hang, self._hung, progress)
 
     # -- progress: stragglers and hangs ---------------------------------------------------
     def _look_at_progress(self) -> None:
@@ -404,7 +492,7 @@ class Job:
             if pressed and signum == signal.SIGINT:
                 raise KeyboardInterrupt
             pressed.append(signum)
-            self.events.put(("interrupt", "", names.get(signum, str(signum))))
+            self.events.put(Interrupt(names.get(signum, str(signum))))
 
         return {sig: signal.signal(sig, handler) for sig in names}
 

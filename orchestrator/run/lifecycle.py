@@ -6,7 +6,7 @@
     sync       the code into a per-run snapshot on every node
     launch     the supervisors on every node at once (the scheduler; during the sync)
     supervise  follow every node's log to the end (attached), or leave it to the nodes
-    conclude   the run's summary: the one status rule (status.py), written on every exit
+    conclude   the run's summary: the one status rule (record/status.py), written on every exit
                path, and said
     recover    with --max-recoveries, an end that was a node's fault: the failed node kept
                out, the whole run again (check to conclude) as RUN.r1 on the healthy nodes
@@ -34,11 +34,7 @@ from ..cluster.ssh import connect_all
 from ..errors import ClusterError, InputError, LaunchError
 from ..node.protocol import GO, JOBS_SUBDIR, PEER_TIMEOUT, STARTED
 from ..node.recover import DECISION_WAIT, plan_path
-from .allocation import Allocation, queue_for
-from .command import NodeCommand, state_dir
-from .drain import keep_out_lost
-from .follow import Job
-from .record import (
+from ..record.rundir import (
     RunDir,
     code_revision,
     iso,
@@ -48,6 +44,11 @@ from .record import (
     run_state_dir,
     write_private,
 )
+from ..record.status import RunStatus, cut_short
+from .allocation import Allocation, queue_for
+from .command import NodeCommand, state_dir
+from .drain import keep_out_lost
+from .follow import Job
 from .recovery import (
     RECOVERY_ENV,
     Failure,
@@ -65,11 +66,11 @@ from .secret import RunSecrets
 from .session import Session, connected_ahead
 from .settle import next_attempt, recovery_decision, settle, summary_of, with_recovery
 from .spec import RunSpec
-from .status import RunStatus, conclude, cut_short, make_summary
+from .status import conclude, make_summary, write_summary
 from .sync import SyncResult, left_out, sync_code
 
 # What an attached run serves while it is followed, given node 0's command, the node and
-# its connection (run/notebook.py's tunnel).
+# its connection (workloads/notebook.py's tunnel).
 Serving = Callable[[NodeCommand, NodeSpec, Any], AbstractContextManager[Any]]
 
 
@@ -165,12 +166,17 @@ class Plan:
         }
 
 
-def run_training(spec: RunSpec, dry_run: bool = False, cluster: Cluster | None = None,
-                 serving: Serving | None = None) -> int:
-    """`train`: the run's phases, from its check to its conclusion (or, detached, until
-    it runs on every node); the run's exit status. Every exit path leaves a summary and
-    no claim on node 0's master port. CLUSTER: the spec's nodes, already read. SERVING:
-    what an attached run serves while it is followed (the notebook's tunnel)."""
+@dataclass(frozen=True)
+class Nodes:
+    """The nodes a run may use, read and checked before anything is asked of them."""
+    whole: Cluster       # the inventory's
+    cluster: Cluster     # the run's
+    spares: list[str]    # the spares of --max-recoveries, checked
+
+
+def choose_nodes(spec: RunSpec, cluster: Cluster | None = None) -> Nodes:
+    """SPEC's nodes (CLUSTER: already read), its --queue and its spares checked against
+    the inventory: LaunchError before any node is contacted."""
     whole = (cluster or load_cluster(spec.inventory)).with_user_env(spec.python_env)
     cluster = (cluster or whole.select(
         spec.nodes, ",".join(spec.hosts) if spec.hosts is not None else None)
@@ -182,8 +188,17 @@ def run_training(spec: RunSpec, dry_run: bool = False, cluster: Cluster | None =
             "and run site.yml (roles/slurm), or leave out --queue")
     spares = spares_of(whole.names, cluster.names, spec.spares, spec.spare_hosts,
                        whole.inventory, spec.min_nodes) if spec.max_recoveries else []
-    if spec.doctor:
-        _doctor_first(spec, cluster, dry_run)
+    return Nodes(whole, cluster, spares)
+
+
+def run_training(spec: RunSpec, dry_run: bool = False, nodes: Nodes | None = None,
+                 serving: Serving | None = None) -> int:
+    """A run's phases, from its check to its conclusion (or, detached, until it runs on
+    every node); the run's exit status. Every exit path leaves a summary and no claim on
+    node 0's master port. NODES: the spec's nodes, already chosen (choose_nodes).
+    SERVING: what an attached run serves while it is followed (the notebook's tunnel)."""
+    nodes = nodes or choose_nodes(spec)
+    whole, cluster, spares = nodes.whole, nodes.cluster, list(nodes.spares)
     run_id = spec.run_id or new_run_id()
     if spec.max_recoveries and not dry_run and not spec.detach:
         return _recovering(spec, whole, cluster, spares, run_id)
@@ -265,7 +280,7 @@ def _finish_recovery(runs_dir: Path, first: str, run_id: str, recovery: Recovery
     if recovery is None or summary is None:
         return
     run = RunDir(runs_dir, run_id)
-    run.write_summary(with_recovery(run, first, recovery, list(done), summary))
+    write_summary(run, with_recovery(run, first, recovery, list(done), summary))
     done.append(recovery)
 
 
@@ -273,7 +288,7 @@ def _mark_recovered(runs_dir: Path, run_id: str, next_id: str) -> None:
     """A failed attempt's summary names the attempt that followed it."""
     summary = summary_of(runs_dir, run_id)
     if summary is not None:
-        RunDir(runs_dir, run_id).write_summary({**summary, "recovered_in": next_id})
+        write_summary(RunDir(runs_dir, run_id), {**summary, "recovered_in": next_id})
 
 
 def _attempt(spec: RunSpec, whole: Cluster, cluster: Cluster, run_id: str, dry_run: bool,
@@ -388,7 +403,7 @@ def _run(plan: Plan, session: Session, scheduler: Scheduler, whole: Cluster,
         # Every exit path leaves a summary: never a record that says "running" for a
         # run that is gone.
         interrupted = isinstance(exc, KeyboardInterrupt)
-        run.write_summary(cut_short(
+        write_summary(run, cut_short(
             info, RunStatus.INTERRUPTED if interrupted else RunStatus.FAILED, started,
             (str(exc) or "Ctrl-C") if interrupted else str(exc) or repr(exc),
             submitted.launch.started if submitted is not None else ()))
@@ -396,7 +411,7 @@ def _run(plan: Plan, session: Session, scheduler: Scheduler, whole: Cluster,
     summary = make_summary(info, plan.commands, cluster.names, result,
                            submitted.meanwhile.seconds, run)
     summary.update(keep_out_lost(summary, cluster, session.clients).record())
-    run.write_summary(summary)
+    write_summary(run, summary)
     return conclude(run, result, summary)
 
 
@@ -468,26 +483,6 @@ def _write_plan(session: Session, first: NodeCommand, recovery_plan: dict[str, A
                           f"{plan_path(first.run_state)}: {result.stderr.strip()[-300:]}")
 
 
-def _doctor_first(spec: RunSpec, cluster: Cluster, dry_run: bool) -> None:
-    """`train --doctor`: doctor on the chosen nodes first; nothing starts on a suspect
-    (unless --ignore-suspects). Doctor is a run itself: a dry run does not run it."""
-    if dry_run:
-        print("# dry run: `doctor` would run first on these nodes; it was not run")
-        return
-    from ..checks.doctor import DoctorRequest, render, run_doctor
-    report = run_doctor(cluster, DoctorRequest(
-        link_seconds=spec.link_seconds, allreduce_mb=spec.allreduce_mb,
-        runs_dir=spec.runs_dir, master_port=spec.master_port, share_gpus=spec.share_gpus),
-        run_training)
-    print(render(report))
-    if report.suspects and not spec.ignore_suspects:
-        raise LaunchError(
-            f"doctor (run {report.run_id}) names "
-            + "; ".join(f"{s.node}: {s.why}" for s in report.suspects)
-            + ". Nothing was started: leave the node out (--hosts), fix it, or start "
-            "anyway with --ignore-suspects")
-
-
 def attach_run(runs_dir: Path, run_id: str, tail: int | None = None) -> int:
     """`attach`: follow a running run's logs (from the start, or each node's last TAIL
     lines) until it ends, and conclude as train does; Ctrl-C only stops following (130).
@@ -546,7 +541,7 @@ def _follow(run: RunDir, tail: int | None) -> int:
         return 130
     summary = settle(run) or make_summary(info, commands, cluster.names, result, 0.0, run)
     if run.summary() is None:
-        run.write_summary(summary)
+        write_summary(run, summary)
     return conclude(run, result, summary)
 
 

@@ -8,16 +8,16 @@ directory and CLUSTERTRAIN_RECOVERY=<n>; the job resumes from its newest whole
 checkpoint. A failed attempt's summary names the attempt that followed it
 (`recovered_in`); the last attempt's summary lists every recovery.
 
-A node's fault: it was lost (no word from it), its supervisor failed, or its torchrun or
-one of its ranks was killed by a signal that was not a stop. Anything else is the
-script's: an exception (the same on every rank, or on one), an exit code it chose; then,
-and for a run that was stopped, interrupted or hung, nothing is retried.
+A node's fault is decided by the node package's rule (node/fault.py), the one the nodes
+use to recover a detached run: it was lost, its supervisor failed, or its torchrun or one
+of its ranks was killed by a signal that was not a stop. Anything else is the script's:
+an exception (the same on every rank, or on one), an exit code it chose; then, and for a
+run that was stopped, interrupted or hung, nothing is retried.
 """
 
 from __future__ import annotations
 
 import re
-import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime
@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, LaunchError
-from ..node.protocol import TEMPLATE
+from ..node.fault import node_fault, ranks_killed
+from ..node.protocol import TEMPLATE, End
 from ..node.recover import attempt_dir
+from ..record.rundir import iso
 from .command import NodeCommand
-from .record import iso
 
 RECOVERY_ENV = "CLUSTERTRAIN_RECOVERY"   # each attempt's number: 0, then 1, 2, ...
-STOPS = {signal.SIGTERM, signal.SIGINT}
 # The project's job says where it resumed from (train/train.py).
 RESUMED = re.compile(r"resumed from (?P<checkpoint>\S+) in (?P<load_s>[\d.]+) s: epoch "
                      r"(?P<epoch>\d+), step \d+ \(global step (?P<step>\d+)\)")
@@ -51,46 +51,20 @@ class Failure:
     at: str    # ISO time: the failed node's end (its last word, for a lost node)
 
 
-def _killed(code: Any, shell_form: bool = False) -> str | None:
-    """'SIGKILL' for a code that says a signal (not a stop) ended the process: -N, or
-    with SHELL_FORM also 128+N (how a node's supervisor writes its torchrun's end)."""
-    if not isinstance(code, int):
-        return None
-    number = -code if code < 0 else code - 128 if shell_form and 128 < code < 160 else 0
-    if not number:
-        return None
-    try:
-        sig = signal.Signals(number)
-    except ValueError:
-        return f"signal {number}"
-    return None if sig in STOPS else sig.name
-
-
 def node_failure(summary: Mapping[str, Any]) -> Failure | None:
-    """The node fault that ended this attempt, or None when it was not one (it succeeded,
-    the script failed by itself, it was stopped, interrupted or hung)."""
+    """The node fault that ended this attempt (node/fault.py), or None when it was not
+    one (it succeeded, the script failed by itself, it was stopped, interrupted or hung)."""
     if summary.get("status") != "failed" or not summary.get("first_failed"):
         return None
     name = summary["first_failed"]
     node: Mapping[str, Any] = next(
         (n for n in summary.get("nodes") or [] if n.get("name") == name), {})
-    at = str(summary.get("end"))
-    reason, why = node.get("end_reason"), node.get("why") or ""
-    if reason == "lost":
-        return Failure(summary["run_id"], name, f"lost ({why or 'no word from it'})", True, at)
-    if reason == "supervisor-failed":
-        return Failure(summary["run_id"], name, f"its supervisor failed ({why})".replace(
-            " ()", ""), False, at)
-    killed = _killed(node.get("exit_code"), shell_form=True)
-    if killed:
-        return Failure(summary["run_id"], name, f"its torchrun was killed ({killed})", False,
-                       at)
-    ranks = (summary.get("rank_exit_codes") or {}).get(name) or {}
-    dead = {rank: _killed(code) for rank, code in ranks.items() if _killed(code)}
-    if dead and not any(isinstance(c, int) and c > 0 for c in ranks.values()):
-        return Failure(summary["run_id"], name, ", ".join(
-            f"rank {r} killed ({s})" for r, s in sorted(dead.items())), False, at)
-    return None
+    reason = node.get("end_reason")
+    why = node_fault(reason, node.get("why") or "", node.get("exit_code")) or ranks_killed(
+        (summary.get("rank_exit_codes") or {}).get(name) or {})
+    if why is None:
+        return None
+    return Failure(summary["run_id"], name, why, reason == End.LOST, str(summary.get("end")))
 
 
 def next_nodes(names: Sequence[str], failed: str, spares: list[str],

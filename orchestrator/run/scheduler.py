@@ -173,7 +173,8 @@ class SshScheduler:
         return why
 
     def dump(self, nodes: list[tuple[NodeSpec, NodeCommand]], run_id: str) -> list[NodeDumps]:
-        return collect(targets_of(nodes, self.clients), run_id)
+        return collect(targets_of([(spec, cmd.torchrun) for spec, cmd in nodes], self.clients),
+                       run_id)
 
 
 def stop_job(conn: ssh.Connection, python: str, run_id: str, grace: float) -> StopResult:

@@ -18,9 +18,10 @@ from ..cluster import nodelib, ssh
 from ..cluster.inventory import load_cluster
 from ..diagnosis.diagnose import read_node_dumps
 from ..errors import ClusterError
-from .record import RunDir, latest_attempt
+from ..record.rundir import RunDir, latest_attempt
+from ..record.status import summarize
 from .recovery import Recovery, attempt_info, node_failure
-from .status import summarize
+from .status import write_summary
 
 # Who found a detached run hung, in its summary.
 DETACHED = "the nodes (detached run)"
@@ -71,7 +72,7 @@ def settle(run: RunDir) -> dict | None:
         if dumps:  # the nodes found the run hung (detached): read their dumps here
             summary["hang"] = read_hang_dumps(dumps, run)
         summary = recorded(run, info, summary, decision)
-        run.write_summary(summary)
+        write_summary(run, summary)
     return summary
 
 
@@ -115,7 +116,7 @@ def next_attempt(run: RunDir, wait: float = 0.0) -> RunDir | None:
     summary = recorded(run, info, summary, decision)
     if not summary.get("recovered_in"):
         return None
-    run.write_summary(summary)
+    write_summary(run, summary)
     return RunDir(run.root, summary["recovered_in"])
 
 

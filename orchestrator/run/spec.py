@@ -40,6 +40,7 @@ from ..config.kinds import (
 )
 from ..config.options import Declared, Option, declared, option
 from ..errors import InputError
+from ..record.rundir import check_writable
 from ..resources import project
 from .command import (
     ENV_NAME,
@@ -49,7 +50,6 @@ from .command import (
     parse_env,
     reserved_env,
 )
-from .record import check_writable
 
 MODULE_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 SLURM_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")

@@ -17,7 +17,7 @@ from .. import defaults
 from ..cluster.inventory import load_cluster
 from ..errors import ClusterError
 from ..node.protocol import STOP_REQUESTED
-from .record import check_owner, open_run, write_private
+from ..record.rundir import check_owner, open_run, write_private
 from .scheduler import SshScheduler, StopResult
 from .spec import check_grace
 

@@ -32,10 +32,10 @@ import yaml
 from ..cluster import nodelib
 from ..cluster.fanout import each
 from ..cluster.inventory import Cluster
+from ..cluster.playbook import run_playbook
 from ..cluster.ssh import DROPPED, Connection
 from ..errors import LaunchError
 from ..node.protocol import CODE_SUBDIR, NODE_STATE_DIR
-from ..provision.playbook import run_playbook
 
 # What the snapshot leaves out, for rsync (the sync) and for code_digest alike.
 RSYNC_FILTERS = ("--filter=:-_.gitignore", "--exclude=.git/", "--exclude=__pycache__/")

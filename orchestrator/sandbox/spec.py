@@ -17,8 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from .. import defaults
-from ..cluster import contract
+from .. import contract, defaults
 from ..errors import SandboxError
 from ..resources import project
 

@@ -111,7 +111,9 @@ def _shown(results):
 def slurm_accounting_changes(results, cluster, account, users, qos, max_gpus, limits=True):
     """The sacctmgr commands that bring accounting to what the inventory says, each
     {label, argv}: the cluster, the account, each user of `users` in it on this cluster,
-    and the QOS with its per-user GPU limit (max_gpus; 0: none). Nothing that is already
+    and the QOS with its per-user GPU limit (max_gpus; 0: none) and the DenyOnLimit flag
+    (a job above one of its limits alone, which would wait for ever, is refused when it is
+    submitted; `show qos format=name,maxtrespu,flags`). Nothing that is already
     there; users accounting has and the inventory does not are left alone. limits=False
     leaves the limit out: accounting knows the GPU TRES only once slurmctld has registered
     with AccountingStorageTRES=gres/gpu, and slurmctld needs the partition's QOS first."""
@@ -137,6 +139,11 @@ def slurm_accounting_changes(results, cluster, account, users, qos, max_gpus, li
     if not rows:
         changes.append({"label": f"qos {qos}", "argv": ["sacctmgr", "-i", "add", "qos", qos]})
     current = rows[0][1] if rows and len(rows[0]) > 1 else ""
+    flags = rows[0][2].split(",") if rows and len(rows[0]) > 2 else []
+    if "DenyOnLimit" not in flags:
+        changes.append({"label": f"qos {qos} Flags+=DenyOnLimit",
+                        "argv": ["sacctmgr", "-i", "modify", "qos", "where", f"name={qos}",
+                                 "set", "Flags+=DenyOnLimit"]})
     if limits and current != limit:
         changes.append({"label": f"qos {qos} MaxTRESPerUser={limit or 'none'}",
                         "argv": ["sacctmgr", "-i", "modify", "qos", "where", f"name={qos}",

@@ -3,7 +3,7 @@
 It is the collection clustertrain.cluster's module_utils. Every part that needs one of
 these rules uses this file: the filters of plugins/filter/cluster_members.py (on the
 controller, loaded by path), the module `cluster_addresses` (on the nodes, shipped as the
-collection's module_utils) and the orchestrator (loaded by path, orchestrator/cluster/contract.py).
+collection's module_utils) and the orchestrator (loaded by path, orchestrator/contract.py).
 
 - A member's address is its `cluster_address`, else its `ansible_host`, else its inventory
   name. A value that is empty or only blanks counts as not set; the address is used

@@ -28,6 +28,6 @@ def test_the_architecture_page_names_the_folders_as_they_are() -> None:
                if p.is_dir() and (p / "__init__.py").exists()}
     named = set(re.findall(r"`orchestrator/(\w+)/`", text))
     assert named == folders, (folders - named, named - folders)
-    for module in re.findall(r"`((?:cli|cluster|checks|run|diagnosis|node|provision|sandbox)"
-                             r"/\w+\.py)`", text):
+    for module in re.findall(r"`((?:cli|cluster|checks|record|run|diagnosis|report|workloads|ui"
+                             r"|node|provision|sandbox)/\w+\.py)`", text):
         assert (REPO / "orchestrator" / module).exists(), module

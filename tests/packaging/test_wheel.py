@@ -65,7 +65,7 @@ def test_the_installed_tool_finds_its_own_playbooks(installed_tool):
 # wheel's copies) and the orchestrator's contract, each finding its shared file in the wheel.
 SHARED_FILES = """\
 import importlib.util, json
-from orchestrator.cluster import contract
+from orchestrator import contract
 from orchestrator.resources import project
 
 def load(path):

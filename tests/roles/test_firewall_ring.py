@@ -23,7 +23,7 @@ import yaml
 from ansible.plugins.filter.core import FilterModule as AnsibleFilters
 from ansible.plugins.test.core import TestModule as AnsibleTests
 
-from orchestrator.cluster import contract as orchestrator_contract
+from orchestrator import contract as orchestrator_contract
 
 from .sources import REPO, load
 

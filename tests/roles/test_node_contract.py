@@ -17,7 +17,7 @@ from typing import cast
 
 import pytest
 
-from orchestrator.cluster import contract as orchestrator_contract
+from orchestrator import contract as orchestrator_contract
 from orchestrator.cluster.inventory import load_cluster
 
 from .sources import REPO, load

@@ -70,7 +70,8 @@ def test_accounting_from_nothing():
                                                "lab-gpus", 4)
     assert [c["argv"][2:5] for c in changes] == [
         ["add", "cluster", "lab"], ["add", "account", "ct"], ["add", "user", "alice,bob"],
-        ["add", "qos", "lab-gpus"], ["modify", "qos", "where"]]
+        ["add", "qos", "lab-gpus"], ["modify", "qos", "where"], ["modify", "qos", "where"]]
+    assert changes[-2]["argv"][-2:] == ["set", "Flags+=DenyOnLimit"]
     assert changes[-1]["argv"][-1] == "MaxTRESPerUser=gres/gpu=4"
     assert changes[2]["argv"][-2:] == ["Account=ct", "Cluster=lab"]
 
@@ -79,21 +80,21 @@ def test_accounting_already_there_changes_nothing():
     state = shown(cluster=["lab"], account=["ct", "root"],
                   association=["lab|root|", "lab|root|root", "lab|ct|", "lab|ct|alice",
                                "lab|ct|bob"],
-                  qos=["normal|", "lab-gpus|gres/gpu=4"])
+                  qos=["normal||", "lab-gpus|gres/gpu=4|DenyOnLimit"])
     assert filters.slurm_accounting_changes(state, "lab", "ct", ["alice", "bob"],
                                             "lab-gpus", 4) == []
 
 
 def test_accounting_adds_a_new_user_and_lifts_the_limit():
     state = shown(cluster=["lab"], account=["ct"], association=["lab|ct|alice"],
-                  qos=["lab-gpus|gres/gpu=4"])
+                  qos=["lab-gpus|gres/gpu=4|DenyOnLimit"])
     changes = filters.slurm_accounting_changes(state, "lab", "ct", ["alice", "carol"],
                                                "lab-gpus", 0)
     assert [c["label"] for c in changes] == ["users carol", "qos lab-gpus MaxTRESPerUser=none"]
     assert changes[1]["argv"][-1] == "MaxTRESPerUser=gres/gpu=-1"
     # a user of another account is not in ours
     other = shown(cluster=["lab"], account=["ct"], association=["lab|other|carol"],
-                  qos=["lab-gpus|"])
+                  qos=["lab-gpus||DenyOnLimit"])
     assert [c["label"] for c in filters.slurm_accounting_changes(
         other, "lab", "ct", ["carol"], "lab-gpus", 0)] == ["users carol"]
 
@@ -102,7 +103,22 @@ def test_the_limit_waits_for_the_second_pass():
     """Before slurmctld has registered the GPU TRES, sacctmgr refuses a gres/gpu limit:
     the first pass makes the QOS without it, the second sets it."""
     first = filters.slurm_accounting_changes(shown(), "lab", "ct", [], "lab-gpus", 4, False)
-    assert [c["label"] for c in first] == ["cluster lab", "account ct", "qos lab-gpus"]
+    assert [c["label"] for c in first] == ["cluster lab", "account ct", "qos lab-gpus",
+                                           "qos lab-gpus Flags+=DenyOnLimit"]
     second = filters.slurm_accounting_changes(
-        shown(cluster=["lab"], account=["ct"], qos=["lab-gpus|"]), "lab", "ct", [], "lab-gpus", 4)
+        shown(cluster=["lab"], account=["ct"], qos=["lab-gpus||DenyOnLimit"]), "lab", "ct", [],
+        "lab-gpus", 4)
     assert [c["label"] for c in second] == ["qos lab-gpus MaxTRESPerUser=gres/gpu=4"]
+
+
+def test_a_qos_without_deny_on_limit_gets_it_and_keeps_its_other_flags():
+    """A job above the QOS's limits alone (more GPUs than one user may hold) would wait for
+    ever: DenyOnLimit makes Slurm refuse it when it is submitted. Added with '+=' (a
+    site's own flags stay), once: a QOS that has it among others is left alone."""
+    before = shown(cluster=["lab"], account=["ct"], qos=["lab-gpus|gres/gpu=4|"])
+    (change,) = filters.slurm_accounting_changes(before, "lab", "ct", [], "lab-gpus", 4)
+    assert change["argv"] == ["sacctmgr", "-i", "modify", "qos", "where", "name=lab-gpus",
+                              "set", "Flags+=DenyOnLimit"]
+    after = shown(cluster=["lab"], account=["ct"],
+                  qos=["lab-gpus|gres/gpu=4|DenyOnLimit,OverPartQOS"])
+    assert filters.slurm_accounting_changes(after, "lab", "ct", [], "lab-gpus", 4) == []

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.checks.doctor import DoctorRequest
 from orchestrator.diagnosis.diagnose import Diagnosis
 from orchestrator.errors import LaunchError
 from orchestrator.provision.wheelhouse import (
@@ -25,9 +24,10 @@ from orchestrator.provision.wheelhouse import (
     load_environment,
     target_python,
 )
-from orchestrator.run.record import RunDir, new_run_id
-from orchestrator.run.status import RunStatus, cut_short as summary_cut_short
+from orchestrator.record.rundir import RunDir, new_run_id
+from orchestrator.record.status import RunStatus, cut_short as summary_cut_short
 from orchestrator.run.sync import code_digest, left_out
+from orchestrator.workloads.doctor import DoctorRequest
 
 from ...clirun import run_cli as run
 

@@ -6,6 +6,7 @@ completion. No sandbox: nothing here reaches a node."""
 
 from __future__ import annotations
 
+import argparse
 import io
 import sys
 from dataclasses import dataclass, replace
@@ -109,8 +110,8 @@ def test_without_the_entry_there_is_no_such_option(capsys, monkeypatch) -> None:
 def test_every_option_of_the_spec_is_in_the_parser_and_the_job_file() -> None:
     """The table and what comes of it agree, option by option."""
     parser = build_parser()
-    train = next(a for a in parser._actions if hasattr(a, "choices") and a.choices and
-                 "train" in a.choices).choices["train"]
+    verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    train = verbs.choices["train"]
     dests = {a.dest for a in train._actions}
     spec = RunSpec()
     for key in KEYS:

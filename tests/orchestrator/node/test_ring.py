@@ -284,7 +284,7 @@ def test_the_supervisor_reads_ring_ports_by_the_firewalls_rule(ports) -> None:
     """The node package cannot import the collection's rule (plugins/module_utils): its
     own reading of cluster_ring_ports must accept and refuse exactly what the firewall
     role (and the controller's inventory check) does."""
-    from orchestrator.cluster import contract
+    from orchestrator import contract
     from orchestrator.node.protocol import parse_ports
 
     def accepted(read: Callable[[str], object]) -> bool:
@@ -295,3 +295,19 @@ def test_the_supervisor_reads_ring_ports_by_the_firewalls_rule(ports) -> None:
             return False
 
     assert accepted(parse_ports) == accepted(contract.rules().port_range)
+
+
+def test_a_closed_ring_ends_at_once_not_at_its_next_beat(closing, monkeypatch) -> None:
+    """A supervisor closes its ring when its part ends, and only then writes its end for
+    the controller: a ring that waited for its next beat to notice would hold up every
+    node's end, and so every run's, by up to a beat (here a beat of a minute)."""
+    monkeypatch.setattr(ring_mod, "BEAT", 60.0)
+    files: dict[str, dict] = {}
+    rings = make(["a", "b"], files)
+    closing.extend(rings.values())
+    until(lambda: rings["a"].thread.is_alive())
+    time.sleep(0.3)   # waiting for its next beat
+    started = time.monotonic()
+    rings["a"].close()
+    assert time.monotonic() - started < 5.0
+    assert not rings["a"].thread.is_alive()

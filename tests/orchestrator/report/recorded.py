@@ -10,10 +10,11 @@ import json
 import random
 from pathlib import Path
 
-from orchestrator.checks.doctor import analyse as doctor_analyse
 from orchestrator.diagnosis.hang import RankId, analyze_stacks, read_pyspy_dump
 from orchestrator.diagnosis.progress import Progress
-from orchestrator.run.record import RunDir, iso
+from orchestrator.record.rundir import RunDir, iso
+from orchestrator.run.status import write_summary
+from orchestrator.workloads.doctor import analyse as doctor_analyse
 
 HERE = Path(__file__).parents[1]
 DUMPS = HERE / "hang_dumps"
@@ -78,7 +79,7 @@ def write_run(root: Path, run_id: str, nodes: list[str], seconds: int, *,
     if doctor:
         result = json.loads((DOCTOR / doctor).read_text())
         run.write_json("doctor.json", doctor_analyse(run_id, result, nodes).to_json())
-    run.write_summary({**run.info(), "status": status, "start": iso(start),
+    write_summary(run, {**run.info(), "status": status, "start": iso(start),
                        "end": iso(start + seconds), "duration_s": float(seconds),
                        "nodes": [{"name": n, "node_rank": i, "nproc": 1,
                                   "exit_code": 0 if status == "succeeded" else 1,

@@ -37,7 +37,7 @@ def queued_run(tmp_path, pid: int):  # noqa: ANN201 - the RunDir
     import os
     import socket
 
-    from orchestrator.run.record import RunDir
+    from orchestrator.record.rundir import RunDir
 
     run = RunDir(tmp_path / "runs", "20261126-000000-abcdef")
     run.create({"run_id": run.run_id, "inventory": "hosts.yml", "nodes": [], "users": {},

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from .test_real_site_sandbox import SMALL, output, start_train
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.e2e, pytest.mark.timeout(900)]
 FOUR_GPUS = ["--queue", "--nodes", "2", "--gpus-per-node", "2"]
+SIX_GPUS = ["--queue", "--nodes", "3", "--gpus-per-node", "2"]   # over the per-user 4
 
 
 def run_info(runs: Path) -> dict:
@@ -246,3 +248,74 @@ def test_a_detached_run_holds_its_slurm_job_until_it_ends(
     wait_for(lambda: not any(sandbox_cluster.run_processes(n, long["run_id"])
                              for n in sandbox_cluster.nodes), 90,
              "the run's processes to end on every node")
+
+
+def test_a_request_above_the_per_user_limit_is_refused_at_once_naming_it(
+        sandbox_cluster: ProvisionedCluster, tmp_path: Path) -> None:
+    """bob asks for 6 GPUs where one user may hold 4: no end of other jobs would ever let
+    it start, so train refuses it within seconds (exit 2), naming the limit and what to ask
+    for instead, and Slurm never saw a job of it (neither squeue nor sacct)."""
+    runs = tmp_path / "runs"
+    started = time.monotonic()
+    done = orchestrator("train", "-i", str(sandbox_cluster.inventories["bob"]), "--runs-dir",
+                        str(runs), *SIX_GPUS, "train.py", "--", "--epochs", "1", *SMALL,
+                        timeout=120)
+    took = time.monotonic() - started
+    said = done.stdout + done.stderr
+    assert done.returncode == 2, said[-3000:]
+    assert took < 30, f"refused after {took:.1f} s"
+    assert ("6 GPUs (3 node(s) x 2) is more than one user may hold at once: 4 (QOS "
+            "clustertrain-gpus, MaxTRESPerUser=gres/gpu=4); ask for at most 4, e.g. "
+            "--nodes 2 --gpus-per-node 2") in said, said[-3000:]
+    assert "Nothing was queued" in said
+    assert "starting torchrun" not in said and "queued as Slurm job" not in said
+    name = f"clustertrain-{run_info(runs)['run_id']}"
+    assert not slurm(sandbox_cluster, "squeue", "-h", "-n", name)
+    assert not slurm(sandbox_cluster, "sacct", "-a", "-X", "-n", f"--name={name}", "-S",
+                     "now-1hours", "-o", "JobID")
+    assert summary_of(runs)["status"] == "failed"
+
+
+def test_slurm_itself_refuses_a_job_above_the_per_user_limit(
+        sandbox_cluster: ProvisionedCluster) -> None:
+    """DenyOnLimit on the role's QOS: bob's plain sbatch for 6 GPUs, by hand, is refused
+    when submitted instead of waiting for ever as QOSMaxGRESPerUser."""
+    name = "over-limit-by-hand"
+    done = sandbox_cluster.exec("node0", "runuser", "-u", "bob", "--", "sbatch", "--parsable",
+                                "-N3", "--gres=gpu:2", "-J", name, "-o", "/dev/null", "--wrap",
+                                "true", check=False)
+    try:
+        assert done.returncode != 0, f"sbatch queued job {done.stdout.strip()}"
+        assert "QOS" in done.stderr, done.stderr
+        assert not slurm(sandbox_cluster, "squeue", "-h", "-n", name)
+    finally:
+        slurm(sandbox_cluster, "scancel", "-n", name, "-u", "bob")
+
+
+def test_waiting_at_the_per_user_limit_the_line_names_what_the_user_holds(
+        sandbox_cluster: ProvisionedCluster, tmp_path: Path) -> None:
+    """bob holds 4 GPUs in a job of his own; his 2-GPU run waits at the per-user limit and
+    its line says so, naming his job, not another's; Ctrl-C takes it out of the queue."""
+    held = as_user(sandbox_cluster, "bob", "sbatch", "--parsable", "-N2", "--gres=gpu:2",
+                   "-J", "bob-holds-four", "-o", "/dev/null", "--wrap", "sleep 120")
+    runs = tmp_path / "runs"
+    proc = None
+    try:
+        wait_for(lambda: "RUNNING" in slurm(sandbox_cluster, "squeue", "-h", "-j", held, "-o",
+                                            "%T"), 60, "bob's job to hold 4 GPUs")
+        proc = start_train(sandbox_cluster.inventories["bob"], runs, "--queue", "--nodes", "1",
+                           "--gpus-per-node", "2", "train.py", "--", "--epochs", "1", *SMALL)
+        wait_for(lambda: "already held by you" in output(runs), 90,
+                 "the waiting line at the per-user limit")
+        line = next(x for x in output(runs).splitlines() if "already held by you" in x)
+        assert "with the 4 GPU(s) already held by you in running jobs" in line, line
+        assert f"held by bob's job bob-holds-four (job {held}," in line, line
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+        wait_for(lambda: not slurm(sandbox_cluster, "squeue", "-h", "-u", "bob", "-n",
+                                   f"clustertrain-{run_info(runs)['run_id']}"), 30,
+                 "bob's waiting job to leave the queue")
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        slurm(sandbox_cluster, "scancel", held)

@@ -117,7 +117,7 @@ def test_the_nodes_hang_dumps_are_read_as_diagnose_reads_its_own(tmp_path) -> No
     import json
     from pathlib import Path
 
-    from orchestrator.run.record import RunDir
+    from orchestrator.record.rundir import RunDir
     from orchestrator.run.settle import read_hang_dumps
 
     stall = Path(__file__).parents[1] / "hang_dumps" / "stall"

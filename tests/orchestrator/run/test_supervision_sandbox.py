@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.node.protocol import PEER_TIMEOUT
+
 from ...cluster import ENV, REPO, ProvisionedCluster
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.timeout(1500)]
@@ -194,21 +196,23 @@ def test_a_node_that_dies_while_detached_stops_the_others(sandbox_cluster, tmp_p
 
 
 def test_a_run_survives_its_share_stalling(sandbox_cluster, tmp_path) -> None:
-    """Every access to the share blocks, as on an NFS mount whose server stalls: 30 s on
-    every node; 30 s again, but over on node0 10 s before the others; then 30 s on node1
-    alone. The nodes' supervisors hear each other over the network meanwhile, not through
-    the share: nobody is taken for lost, and the run finishes and is reported succeeded."""
+    """Every access to the share blocks, as on an NFS mount whose server stalls, each time
+    longer than a peer's timeout (PEER_TIMEOUT, 15 s): 20 s on every node; 20 s again, but
+    over on node0 10 s before the others; then 20 s on node1 alone. The nodes' supervisors
+    hear each other over the network meanwhile, not through the share: nobody is taken for
+    lost, and the run finishes and is reported succeeded."""
+    assert PEER_TIMEOUT < 20
     train = start(sandbox_cluster, tmp_path, "--nodes", "3", "ddp_allreduce.py", "--",
-                  "--steps", "2", "--sleep", "105")
+                  "--steps", "2", "--sleep", "75")
     try:
         wait_for(lambda: text(tmp_path).count(" ok") >= 3, 180, "every rank's first line",
                  train, tmp_path)
-        sandbox_cluster.stall_share(30)
-        early = threading.Thread(target=sandbox_cluster.stall_share, args=(20, ["node0"]))
+        sandbox_cluster.stall_share(20)
+        early = threading.Thread(target=sandbox_cluster.stall_share, args=(10, ["node0"]))
         early.start()
-        sandbox_cluster.stall_share(30, ["node1", "node2"])
+        sandbox_cluster.stall_share(20, ["node1", "node2"])
         early.join()
-        sandbox_cluster.stall_share(30, ["node1"])
+        sandbox_cluster.stall_share(20, ["node1"])
         assert train.poll() is None, text(tmp_path)[-3000:]
         assert train.wait(timeout=180) == 0, text(tmp_path)[-3000:]
     finally:

@@ -3,14 +3,15 @@ user, duration and what it ran, and a note when its record or its nodes could no
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..checks.doctor import describe_run
 from ..errors import ClusterError
+from ..node import doctor as node_doctor
 from ..node.protocol import NOTEBOOK_MODULE
-from .record import RecordUnreadable, RunDir
+from .rundir import RecordUnreadable, RunDir
 from .status import row
 
 WHAT_WIDTH = 80  # a row shows this much of the script and its arguments
@@ -27,12 +28,25 @@ class Listed:
     note: str = ""     # what could not be read or asked, and why
 
 
+def describe_doctor(run: RunDir) -> str | None:
+    """What `runs` says of a doctor run (its module is the doctor's): its verdict from
+    doctor.json, instead of the job's long command line; None for any other run."""
+    if run.info().get("script") != node_doctor.__name__:
+        return None
+    path = run.path / "doctor.json"
+    if not path.exists():
+        return "doctor (no analysis: the run did not finish)"
+    suspects = json.loads(path.read_text()).get("suspects", [])
+    named = sorted({s["node"] for s in suspects})
+    return f"doctor: suspects {', '.join(named)}" if named else "doctor: no node named"
+
+
 def what(run: RunDir) -> str:
     """The run's script and arguments (cut to WHAT_WIDTH), or a doctor run's verdict."""
     info = run.info()
     if info.get("script") == NOTEBOOK_MODULE:
         return "notebook (JupyterLab)" + (" detached" if info.get("detached") else "")
-    said = describe_run(run) or f"{info.get('script', '?')} " \
+    said = describe_doctor(run) or f"{info.get('script', '?')} " \
         f"{' '.join(info.get('script_args', []))}".rstrip()
     return said if len(said) <= WHAT_WIDTH else said[:WHAT_WIDTH - 3] + "..."
 

@@ -14,7 +14,10 @@ import pytest
 from orchestrator.cluster.inventory import load_cluster
 from orchestrator.errors import ClusterError, LaunchError
 from orchestrator.node.protocol import NOTEBOOK_MODULE
-from orchestrator.run.notebook import (
+from orchestrator.record.rundir import RunDir
+from orchestrator.record.status import RunStatus, cut_short
+from orchestrator.run.spec import Given
+from orchestrator.workloads.notebook import (
     DEFAULT_IDLE,
     Served,
     free_local_port,
@@ -22,9 +25,6 @@ from orchestrator.run.notebook import (
     notebook_spec,
     uncordoned,
 )
-from orchestrator.run.record import RunDir
-from orchestrator.run.spec import Given
-from orchestrator.run.status import RunStatus, cut_short
 
 from ...clirun import run_cli as run
 

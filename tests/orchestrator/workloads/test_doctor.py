@@ -1,4 +1,4 @@
-"""doctor's analysis and report (orchestrator/checks/doctor.py) on measurements: made up here to
+"""doctor's analysis and report (orchestrator/workloads/doctor.py) on measurements: made up here to
 place one fault at a time, and recorded on the sandbox by bench/doctor.py
 (doctor_results/: healthy runs, and runs with one node's egress throttled by tc)."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.checks import doctor
 from orchestrator.errors import LaunchError
+from orchestrator.workloads import doctor
 
 RECORDED = Path(__file__).parents[1] / "doctor_results"
 NAMES = [f"node{i}" for i in range(8)]

@@ -13,7 +13,6 @@ import json
 import os
 import secrets
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterable
@@ -170,19 +169,9 @@ class RunDir:
         return self.path / "report.html"
 
     def write_summary(self, summary: dict[str, Any]) -> None:
+        """The run's summary.json (its report is drawn by whoever concludes the run:
+        run/status.py `write_summary`)."""
         _write_json(self.summary_json, summary)
-        self.write_report()
-
-    def write_report(self) -> Path | None:
-        """The run's report.html from its record as it stands (report/page.py). A report
-        that cannot be drawn costs the run nothing: a note on stderr, and None."""
-        from ..report.page import write_report  # the report reads this module
-        try:
-            return write_report(self)
-        except Exception as exc:  # noqa: BLE001 - the record is kept, whatever the report does
-            print(f"note: run {self.run_id}: its report.html could not be written ({exc}); "
-                  f"`runs report {self.run_id}` tries again", file=sys.stderr)
-            return None
 
     @property
     def ended(self) -> bool:
@@ -190,11 +179,8 @@ class RunDir:
         return self.summary_json.exists()
 
     def write_json(self, name: str, data: dict[str, Any]) -> Path:
-        """Another record of the run (doctor.json, ...) beside its summary; the report of
-        a run that has ended is drawn again with it."""
+        """Another record of the run (doctor.json, ...) beside its summary."""
         _write_json(self.path / name, data)
-        if self.ended:
-            self.write_report()
         return self.path / name
 
     def append_timeline(self, points: Iterable[Any]) -> None:

@@ -1,4 +1,4 @@
-"""`ui`'s web server (orchestrator/report/server.py), started on a free port in a thread
+"""`ui`'s web server (orchestrator/ui/server.py), started on a free port in a thread
 over a runs directory of recorded runs and asked over real HTTP: the pages, the files of a
 run, what it refuses (paths out of the runs directory, requests without the token, on
 loopback too). A request carries the server's token (the cookie its page keeps it in, as a
@@ -21,9 +21,9 @@ import pytest
 
 from orchestrator.cli import main as cli_main
 from orchestrator.errors import ClusterError
-from orchestrator.report.server import UiServer, ask_cluster
+from orchestrator.ui.server import UiServer, ask_cluster
 
-from .recorded import write_run
+from ..report.recorded import write_run
 
 REPO = Path(__file__).resolve().parents[3]
 DONE = "20260921-101500-a1b2c3"

@@ -29,8 +29,10 @@ from .. import defaults
 from ..cluster.inventory import Cluster
 from ..errors import ClusterError, LaunchError
 from ..node import doctor as node_doctor
+from ..record.rundir import RunDir, new_run_id
+from ..report.page import try_write_report
 from ..run.drain import clear_cordons, keep_out
-from ..run.record import RunDir, new_run_id
+from ..run.lifecycle import choose_nodes, run_training
 from ..run.spec import RunSpec, check_measures
 
 K = TypeVar("K")
@@ -154,11 +156,10 @@ def thresholds() -> dict:
 
 # --- running it ----------------------------------------------------------------------
 
-def run_doctor(cluster: Cluster, request: DoctorRequest,
-               run_training: Callable[..., int]) -> DoctorReport:
-    """Run the measurements on CLUSTER's nodes as a job (RUN_TRAINING: the lifecycle's,
-    which runs every job: preflight, torchrun on every node, logs under runs/), analyse
-    them and keep the analysis as doctor.json."""
+def run_doctor(cluster: Cluster, request: DoctorRequest) -> DoctorReport:
+    """Run the measurements on CLUSTER's nodes as a job (the lifecycle's, which runs every
+    job: preflight, torchrun on every node, logs under runs/), analyse them and keep the
+    analysis as doctor.json."""
     if len(cluster.nodes) < 2:
         raise LaunchError(f"doctor compares the nodes with each other (their links, their "
                           f"GFLOP/s), and {cluster.names[0]} alone has nothing to be "
@@ -170,7 +171,7 @@ def run_doctor(cluster: Cluster, request: DoctorRequest,
                    master_port=request.master_port, runs_dir=request.runs_dir,
                    hang_timeout=defaults.DOCTOR_HANG_TIMEOUT, run_id=run_id,
                    share_gpus=request.share_gpus, cordoned_ok=True)
-    code = run_training(spec, cluster=cluster)  # raises on failure
+    code = run_training(spec, nodes=choose_nodes(spec, cluster))  # raises on failure
     run = RunDir(request.runs_dir, run_id)
     if code == 130:   # Ctrl-C: the run was stopped on every node and recorded
         raise KeyboardInterrupt
@@ -189,20 +190,26 @@ def run_doctor(cluster: Cluster, request: DoctorRequest,
     report.uncordoned = clear_cordons(cluster, [n for n in cluster.names if n not in whys],
                                       f"clean doctor run {run_id}")
     run.write_json("doctor.json", report.to_json())
+    try_write_report(run)   # drawn again with the analysis
     return report
 
 
-def describe_run(run: RunDir) -> str | None:
-    """What `runs` says of a doctor run (its module is the doctor's): its verdict from
-    doctor.json, instead of the job's long command line; None for any other run."""
-    if run.info().get("script") != DOCTOR_MODULE:
-        return None
-    path = run.path / "doctor.json"
-    if not path.exists():
-        return "doctor (no analysis: the run did not finish)"
-    suspects = json.loads(path.read_text()).get("suspects", [])
-    named = sorted({s["node"] for s in suspects})
-    return f"doctor: suspects {', '.join(named)}" if named else "doctor: no node named"
+def doctor_first(spec: RunSpec, cluster: Cluster, dry_run: bool) -> None:
+    """`train --doctor`: doctor on the chosen nodes first; nothing starts on a suspect
+    (unless --ignore-suspects). Doctor is a run itself: a dry run does not run it."""
+    if dry_run:
+        print("# dry run: `doctor` would run first on these nodes; it was not run")
+        return
+    report = run_doctor(cluster, DoctorRequest(
+        link_seconds=spec.link_seconds, allreduce_mb=spec.allreduce_mb,
+        runs_dir=spec.runs_dir, master_port=spec.master_port, share_gpus=spec.share_gpus))
+    print(render(report))
+    if report.suspects and not spec.ignore_suspects:
+        raise LaunchError(
+            f"doctor (run {report.run_id}) names "
+            + "; ".join(f"{s.node}: {s.why}" for s in report.suspects)
+            + ". Nothing was started: leave the node out (--hosts), fix it, or start "
+            "anyway with --ignore-suspects")
 
 
 def read_result(log: Path) -> dict:

@@ -1,4 +1,4 @@
-"""How each rank ended, from the nodes' logs (orchestrator/run/ends.py), and how `train`
+"""How each rank ended, from the nodes' logs (orchestrator/record/ends.py), and how `train`
 records and reports a rank that died after its script had finished."""
 
 from __future__ import annotations
@@ -10,17 +10,11 @@ import pytest
 
 from orchestrator.errors import LaunchError
 from orchestrator.node.protocol import End
+from orchestrator.record.ends import NodeEnds, scan_log
+from orchestrator.record.rundir import RunDir
+from orchestrator.record.status import NodeEnd, judge
 from orchestrator.run.command import NodeCommand
-from orchestrator.run.ends import NodeEnds, scan_log
-from orchestrator.run.record import RunDir
-from orchestrator.run.status import (
-    JobResult,
-    NodeEnd,
-    NodeOutcome,
-    conclude as _conclude,
-    judge,
-    make_summary,
-)
+from orchestrator.run.status import JobResult, NodeOutcome, conclude as _conclude, make_summary
 
 # What torchrun 2.13 printed (node log, prefixed by logstream) when rank 1 aborted after
 # the runner's marker: the report's format is torch's (multiprocessing/errors).

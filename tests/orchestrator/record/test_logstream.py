@@ -1,7 +1,7 @@
 """`node/rank | line` prefixing of a node's byte stream."""
 
 from orchestrator.node import doctor as doctor_job
-from orchestrator.run.logstream import RECORD, LineSplitter, is_record, prefix_line
+from orchestrator.record.logstream import RECORD, LineSplitter, is_record, prefix_line
 
 
 def test_prefix_worker_and_torchrun_lines() -> None:

@@ -40,12 +40,12 @@ from ..cluster.inventory import Cluster, NodeSpec, check_env_name, load_cluster
 from ..cluster.ssh import SshTarget, connect, forward
 from ..errors import ClusterError, InputError, LaunchError
 from ..node.protocol import NOTEBOOK_FILE, NOTEBOOK_MODULE
-from .command import NodeCommand
-from .drain import cordons
-from .lifecycle import run_training
-from .record import check_writable, new_run_id, open_run
-from .settle import settle
-from .spec import Given, RunSpec, option_label, queue_options
+from ..record.rundir import check_writable, new_run_id, open_run
+from ..run.command import NodeCommand
+from ..run.drain import cordons
+from ..run.lifecycle import run_training
+from ..run.settle import settle
+from ..run.spec import Given, RunSpec, option_label, queue_options
 
 DEFAULT_IDLE = 3600.0      # a detached notebook ends after an hour without a request
 READY_WITHIN = 180.0       # seconds for JupyterLab to answer once its run has started

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.run.record import RunDir, latest_attempt, new_run_id
+from orchestrator.record.rundir import RunDir, latest_attempt, new_run_id
+from orchestrator.run.status import write_summary
 
 
 def make_run(root: Path, finished: bool) -> RunDir:
@@ -145,7 +146,7 @@ def test_runs_gives_a_doctor_runs_verdict_not_its_command_line(tmp_path: Path,
                                                                 capsys) -> None:
     import json
 
-    from orchestrator.checks.doctor import DOCTOR_MODULE
+    from orchestrator.workloads.doctor import DOCTOR_MODULE
 
     def doctor_run(suspects: list[dict] | None) -> RunDir:
         run = make_run(tmp_path, finished=True)
@@ -190,7 +191,7 @@ def test_a_runs_record_is_readable_by_its_owner_only_whatever_the_umask(
                     "script_args": [], "inventory": "inv.yml",
                     "spec": {"env": {"WANDB_API_KEY": "s3cret"}}})
         run.append_timeline([Point(t=1.0, nodes={"node0": NodePoint(0.1)})])
-        run.write_summary({"status": "succeeded", "duration_s": 1.0})
+        write_summary(run, {"status": "succeeded", "duration_s": 1.0})   # and its report
         run.write_json("doctor.json", {"suspects": []})
     finally:
         os.umask(old)

@@ -38,9 +38,9 @@ from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from ..errors import ClusterError
-from ..run.listing import listed
-from ..run.record import RecordUnreadable, RunDir, list_runs
-from .page import TEMPLATES, render_run
+from ..record.listing import listed
+from ..record.rundir import RecordUnreadable, RunDir, list_runs
+from ..report.page import TEMPLATES, render_run
 
 DEFAULT_PORT = 8470
 REFRESH_S = 5       # a page that changes (the runs, a live run, the nodes) reloads so often
@@ -272,114 +272,118 @@ def _content_type(path: Path) -> str:
     return guessed if guessed and guessed.startswith("text/") else "application/octet-stream"
 
 
-def _handler(ui: UiServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        server_version = "clustertrain-ui"
-        sys_version = ""
+class _Handler(BaseHTTPRequestHandler):
+    """The UI's answer to one request; UI is the server's (set on a subclass per
+    server: _handler)."""
+    ui: UiServer
+    server_version = "clustertrain-ui"
+    sys_version = ""
 
-        def version_string(self) -> str:
-            return self.server_version
+    def version_string(self) -> str:
+        return self.server_version
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
-            pass   # no access log: the terminal shows the URL and stays quiet
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
+        pass   # no access log: the terminal shows the URL and stays quiet
 
-        def do_HEAD(self) -> None:
-            self._answer(body=False)
+    def do_HEAD(self) -> None:
+        self._answer(body=False)
 
-        def do_GET(self) -> None:
-            self._answer(body=True)
+    def do_GET(self) -> None:
+        self._answer(body=True)
 
-        def _not_allowed(self) -> None:
-            self._send(HTTPStatus.METHOD_NOT_ALLOWED, "only GET and HEAD\n",
-                       headers={"Allow": "GET, HEAD"})
+    def _not_allowed(self) -> None:
+        self._send(HTTPStatus.METHOD_NOT_ALLOWED, "only GET and HEAD\n",
+                   headers={"Allow": "GET, HEAD"})
 
-        do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _not_allowed
+    do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _not_allowed
 
-        def _answer(self, body: bool) -> None:
-            self._body = body
-            url = urlsplit(self.path)
-            cookie = self._admitted(url.query)
-            if cookie is None:
-                return
-            extra = {"Set-Cookie": cookie} if cookie else {}
-            try:
-                self._route(unquote(url.path, errors="strict"), url.path, extra)
-            except UnicodeDecodeError:
-                self._send(HTTPStatus.NOT_FOUND, "not found\n")
-            except Exception as exc:  # noqa: BLE001 - the page says it; the server goes on
-                print(f"ui: {url.path}: {type(exc).__name__}: {exc}",   # not its ?token=
-                      file=sys.stderr)
-                self._send(HTTPStatus.INTERNAL_SERVER_ERROR,
-                           f"cannot show {url.path}: {type(exc).__name__}: {exc}\n")
+    def _answer(self, body: bool) -> None:
+        self._body = body
+        url = urlsplit(self.path)
+        cookie = self._admitted(url.query)
+        if cookie is None:
+            return
+        extra = {"Set-Cookie": cookie} if cookie else {}
+        try:
+            self._route(unquote(url.path, errors="strict"), url.path, extra)
+        except UnicodeDecodeError:
+            self._send(HTTPStatus.NOT_FOUND, "not found\n")
+        except Exception as exc:  # noqa: BLE001 - the page says it; the server goes on
+            print(f"ui: {url.path}: {type(exc).__name__}: {exc}",   # not its ?token=
+                  file=sys.stderr)
+            self._send(HTTPStatus.INTERNAL_SERVER_ERROR,
+                       f"cannot show {url.path}: {type(exc).__name__}: {exc}\n")
 
-        def _admitted(self, query: str) -> str | None:
-            """None when refused (answered here); else the cookie to set ('' for none).
-            Every request carries the token, loopback or not: another user of this
-            machine reaches its loopback as well as its owner does."""
-            host = (self.headers.get("Host") or "").rsplit(":", 1)[0].strip("[]")
-            if ui.loopback and host and not is_loopback(host):
-                # A page of another site whose name points here (DNS rebinding) is not
-                # this user's browser asking: refused.
-                self._send(HTTPStatus.FORBIDDEN, f"refused: Host {host!r} is not this "
-                           "machine's loopback; open the URL `ui` printed\n")
-                return None
-            given = (parse_qs(query).get("token") or [""])[0]
-            if given and hmac.compare_digest(given.encode(), ui.token.encode()):
-                return f"{ui.cookie}={ui.token}; Path=/; HttpOnly; SameSite=Strict"
-            try:
-                jar = SimpleCookie(self.headers.get("Cookie") or "")
-            except CookieError:
-                jar = SimpleCookie()
-            held = jar[ui.cookie].value if ui.cookie in jar else ""
-            if held and hmac.compare_digest(held.encode(), ui.token.encode()):
-                return ""
-            self._send(HTTPStatus.FORBIDDEN, "refused: this server asks for its token on "
-                       "every request; open the URL `ui` printed when it started (it ends "
-                       "in ?token=...), or start `ui` again for a new one\n")
+    def _admitted(self, query: str) -> str | None:
+        """None when refused (answered here); else the cookie to set ('' for none).
+        Every request carries the token, loopback or not: another user of this
+        machine reaches its loopback as well as its owner does."""
+        host = (self.headers.get("Host") or "").rsplit(":", 1)[0].strip("[]")
+        if self.ui.loopback and host and not is_loopback(host):
+            # A page of another site whose name points here (DNS rebinding) is not
+            # this user's browser asking: refused.
+            self._send(HTTPStatus.FORBIDDEN, f"refused: Host {host!r} is not this "
+                       "machine's loopback; open the URL `ui` printed\n")
             return None
+        given = (parse_qs(query).get("token") or [""])[0]
+        if given and hmac.compare_digest(given.encode(), self.ui.token.encode()):
+            return f"{self.ui.cookie}={self.ui.token}; Path=/; HttpOnly; SameSite=Strict"
+        try:
+            jar = SimpleCookie(self.headers.get("Cookie") or "")
+        except CookieError:
+            jar = SimpleCookie()
+        held = jar[self.ui.cookie].value if self.ui.cookie in jar else ""
+        if held and hmac.compare_digest(held.encode(), self.ui.token.encode()):
+            return ""
+        self._send(HTTPStatus.FORBIDDEN, "refused: this server asks for its token on "
+                   "every request; open the URL `ui` printed when it started (it ends "
+                   "in ?token=...), or start `ui` again for a new one\n")
+        return None
 
-        def _route(self, path: str, raw: str, extra: dict[str, str]) -> None:
-            html = "text/html; charset=utf-8"
-            if path == "/":
-                self._send(HTTPStatus.OK, ui.index(), html, extra)
-                return
-            if path in ("/nodes", "/nodes/"):
-                self._send(HTTPStatus.OK, ui.nodes(), html, extra)
-                return
-            parts = path.split("/")
-            run = ui.run_dir(parts[2]) if len(parts) >= 3 and parts[:2] == ["", "runs"] else None
-            if run is None:
-                self._send(HTTPStatus.NOT_FOUND, "not found\n")
-            elif len(parts) == 3:   # /runs/RUN: its page is /runs/RUN/ (its links are relative)
-                self._send(HTTPStatus.MOVED_PERMANENTLY, "",
-                           headers={**extra, "Location": raw + "/"})
-            elif parts[3:] == [""]:
-                try:   # a run whose controller is gone gets its summary now
-                    ui.summary(run)
-                except (ClusterError, OSError):
-                    pass   # its nodes do not answer: the page shows its record as it is
-                page = render_run(run, refresh=None if run.ended else REFRESH_S, served=True)
-                self._send(HTTPStatus.OK, page, html, extra)
-            elif (found := ui.file(run, parts[3:])) is None:
-                self._send(HTTPStatus.NOT_FOUND, "not found\n")
-            else:
-                self._send(HTTPStatus.OK, found.read_bytes(), _content_type(found), extra)
+    def _route(self, path: str, raw: str, extra: dict[str, str]) -> None:
+        html = "text/html; charset=utf-8"
+        if path == "/":
+            self._send(HTTPStatus.OK, self.ui.index(), html, extra)
+            return
+        if path in ("/nodes", "/nodes/"):
+            self._send(HTTPStatus.OK, self.ui.nodes(), html, extra)
+            return
+        parts = path.split("/")
+        run = self.ui.run_dir(parts[2]) if len(parts) >= 3 and parts[:2] == ["", "runs"] else None
+        if run is None:
+            self._send(HTTPStatus.NOT_FOUND, "not found\n")
+        elif len(parts) == 3:   # /runs/RUN: its page is /runs/RUN/ (its links are relative)
+            self._send(HTTPStatus.MOVED_PERMANENTLY, "",
+                       headers={**extra, "Location": raw + "/"})
+        elif parts[3:] == [""]:
+            try:   # a run whose controller is gone gets its summary now
+                self.ui.summary(run)
+            except (ClusterError, OSError):
+                pass   # its nodes do not answer: the page shows its record as it is
+            page = render_run(run, refresh=None if run.ended else REFRESH_S, served=True)
+            self._send(HTTPStatus.OK, page, html, extra)
+        elif (found := self.ui.file(run, parts[3:])) is None:
+            self._send(HTTPStatus.NOT_FOUND, "not found\n")
+        else:
+            self._send(HTTPStatus.OK, found.read_bytes(), _content_type(found), extra)
 
-        def _send(self, status: HTTPStatus, content: str | bytes,
-                  kind: str = "text/plain; charset=utf-8",
-                  headers: dict[str, str] | None = None) -> None:
-            data = content.encode("utf-8") if isinstance(content, str) else content
-            self.send_response(status)
-            self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(len(data)))
-            self.send_header("Cache-Control", "no-store")
-            self.send_header("X-Content-Type-Options", "nosniff")
-            self.send_header("Referrer-Policy", "no-referrer")
-            self.send_header("X-Frame-Options", "DENY")
-            for name, value in (headers or {}).items():
-                self.send_header(name, value)
-            self.end_headers()
-            if getattr(self, "_body", True) and data:
-                self.wfile.write(data)
+    def _send(self, status: HTTPStatus, content: str | bytes,
+              kind: str = "text/plain; charset=utf-8",
+              headers: dict[str, str] | None = None) -> None:
+        data = content.encode("utf-8") if isinstance(content, str) else content
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Referrer-Policy", "no-referrer")
+        self.send_header("X-Frame-Options", "DENY")
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        if getattr(self, "_body", True) and data:
+            self.wfile.write(data)
 
-    return Handler
+
+def _handler(ui: UiServer) -> type[BaseHTTPRequestHandler]:
+    return type("Handler", (_Handler,), {"ui": ui})

@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
-from ..errors import InventoryError
-from ..resources import project
+from .errors import InventoryError
+from .resources import project
 
 
 def rules() -> ModuleType:

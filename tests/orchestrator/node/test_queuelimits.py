@@ -1,0 +1,119 @@
+"""Which limits a --queue request can never be within (orchestrator/node/queuelimits.py),
+read from `scontrol show partition -o` and `sacctmgr show qos` output recorded on the
+sandbox's Slurm cluster (slurm_records/: 3 nodes, two fake GPUs each, at most 4 GPUs per
+user). The refusal on the cluster itself: tests/orchestrator/run/test_queue_sandbox.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from orchestrator.node import queuelimits
+from orchestrator.node.queuelimits import Ask, Breach, Limit, Qos
+from orchestrator.run.allocation import AllocationRequest
+
+RECORDS = Path(__file__).parent / "slurm_records"
+REPO = Path(__file__).resolve().parents[3]
+PARTITIONS = (RECORDS / "scontrol-show-partition-o.txt").read_text()
+QOS = (RECORDS / "sacctmgr-show-qos.txt").read_text()
+
+
+def test_the_ask_of_trains_salloc_options() -> None:
+    """What run/allocation.py asks salloc for is what the check reads back."""
+    request = AllocationRequest(nodes=3, gpus_per_node=2, partition="gpu", time="1-12:00",
+                                qos="high")
+    args = request.salloc_args()
+    assert Ask.from_salloc(args[args.index("--") + 1:], ["--gres=gpu:2"]) == Ask(
+        3, 2, "gpu", 36 * 3600, "high")
+    hosts = AllocationRequest(hosts=("node0", "node2")).salloc_args()
+    assert Ask.from_salloc(hosts[3:], []) == Ask(2, 0)
+
+
+def test_slurm_times() -> None:
+    seconds = queuelimits.seconds
+    assert [seconds(t) for t in ("90", "90:30", "2:00:00", "1-0", "1-2:30", "1-02:30:15",
+                                 "UNLIMITED", "INFINITE")] == [
+        5400, 5430, 7200, 86400, 95400, 95415, None, None]
+    assert queuelimits.slurm_time(95415) == "1-02:30:15"
+    assert queuelimits.slurm_time(7200) == "2:00:00"
+
+
+def test_the_sandbox_partition_and_its_qos() -> None:
+    (gpu,) = queuelimits.partitions(PARTITIONS)
+    assert (gpu.name, gpu.default, gpu.total_nodes, gpu.max_nodes, gpu.max_time_s,
+            gpu.qos) == ("gpu", True, 3, None, None, "clustertrain-gpus")
+    qos = queuelimits.qoses(QOS)
+    assert qos["clustertrain-gpus"] == Qos("clustertrain-gpus", None, 4, False)
+    assert qos["normal"] == Qos("normal", None, None, False)
+
+
+def test_more_gpus_than_one_user_may_hold_is_a_breach_fewer_is_not() -> None:
+    (gpu,) = queuelimits.partitions(PARTITIONS)
+    qos = queuelimits.qoses(QOS)
+    assert queuelimits.breaches(Ask(3, 2), gpu, qos) == [
+        Breach(Limit.GPUS_PER_USER, 6, 4, "QOS clustertrain-gpus",
+               "MaxTRESPerUser=gres/gpu=4")]
+    assert queuelimits.breaches(Ask(2, 2), gpu, qos) == []   # waits, if it must, and starts
+    assert queuelimits.breaches(Ask(3, 1, time_s=10 ** 7), gpu, qos) == []   # no MaxTime
+
+
+def test_more_nodes_than_the_partition_has_or_a_time_above_its_max() -> None:
+    limited = PARTITIONS.replace("MaxTime=UNLIMITED", "MaxTime=1-00:00:00")
+    (gpu,) = queuelimits.partitions(limited)
+    found = queuelimits.breaches(Ask(4, 1, time_s=2 * 86400), gpu, {})
+    assert found == [Breach(Limit.NODES, 4, 3, "partition gpu", "TotalNodes=3"),
+                     Breach(Limit.TIME, 2 * 86400, 86400, "partition gpu",
+                            "MaxTime=1-00:00:00")]
+    (two,) = queuelimits.partitions(PARTITIONS.replace("MaxNodes=UNLIMITED", "MaxNodes=2"))
+    assert [b.limit for b in queuelimits.breaches(Ask(3, 0), two, {})] == [Limit.NODES_PER_JOB]
+
+
+def test_the_partitions_qos_counts_unless_the_named_one_overrides_it() -> None:
+    (gpu,) = queuelimits.partitions(PARTITIONS)
+    qos = {**queuelimits.qoses(QOS), "big": Qos("big", 8, 8, False),
+           "over": Qos("over", None, 8, True)}
+    assert [(b.limit, b.most, b.where) for b in queuelimits.breaches(
+        Ask(3, 2, qos="big"), gpu, qos)] == [(Limit.GPUS_PER_USER, 4,
+                                              "QOS clustertrain-gpus")]
+    assert queuelimits.breaches(Ask(3, 2, qos="over"), gpu, qos) == []
+    assert [(b.limit, b.most) for b in queuelimits.breaches(
+        Ask(3, 4, qos="big"), gpu, qos)] == [(Limit.GPUS_PER_JOB, 8),
+                                            (Limit.GPUS_PER_USER, 4)]
+
+
+def slurm_bin(tmp_path: Path) -> Path:
+    """Slurm's clients as the sandbox's answer them (recorded), and an salloc that writes
+    down that it was called."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("scontrol", PARTITIONS), ("sacctmgr", QOS), ("sinfo", "gpu:2\n" * 3)):
+        (bin_dir / f"{name}.out").write_text(text)
+        (bin_dir / name).write_text(f"#!/bin/sh\ncat '{bin_dir}/{name}.out'\n")
+    (bin_dir / "salloc").write_text(f"#!/bin/sh\necho \"$@\" > '{tmp_path}/submitted'\n")
+    for path in bin_dir.iterdir():
+        path.chmod(0o755)
+    return bin_dir
+
+
+def test_allocate_refuses_a_request_above_a_limit_before_salloc(tmp_path: Path) -> None:
+    """node.py allocate says which limit and ends with exit 2; salloc never runs."""
+    env = {**os.environ, "PATH": f"{slurm_bin(tmp_path)}:{os.environ['PATH']}"}
+    done = subprocess.run([sys.executable, "-m", "orchestrator.node", "allocate", "--name",
+                           "clustertrain-x", "--gpus-per-node", "all", "--", "-N", "3"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 2, done.stdout + done.stderr
+    event = json.loads(done.stdout.splitlines()[-1])
+    assert event == {"event": "over-limit", "job": "", "nodes": 3, "gpus_per_node": 2,
+                     "limits": [{"limit": "gpus-per-user", "asked": 6, "most": 4,
+                                 "where": "QOS clustertrain-gpus",
+                                 "setting": "MaxTRESPerUser=gres/gpu=4"}]}
+    assert not (tmp_path / "submitted").exists()
+
+
+def test_without_slurms_limits_nothing_is_refused_here() -> None:
+    """No Slurm client on this machine: nothing can be read, Slurm decides."""
+    assert queuelimits.check(Ask(300, 8)) == []

@@ -1,0 +1,88 @@
+"""Following a run to its end (run/follow.py's Job), for real on this machine: two nodes
+launched as in test_launch.py (the real supervisors, a stand-in for torchrun), their
+logs followed through the node package's `follow`, stops through its `stop`."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from orchestrator.node.protocol import End
+from orchestrator.record.rundir import RunDir
+from orchestrator.run.follow import Job
+from orchestrator.run.launch import Launch
+from orchestrator.run.scheduler import SshScheduler
+from orchestrator.run.status import JobResult
+
+from .test_launch import nodes
+
+# torchrun's stand-in: each node says a word; node rank FAILS fails with 3 a second
+# later, the others live on until stopped.
+TORCHRUN = ("#!{python}\n"
+            "import os, sys, time\n"
+            "rank = os.environ['CLUSTERTRAIN_NODE_RANK']\n"
+            "print(f'node {{rank}} training', flush=True)\n"
+            "if rank == '{fails}':\n"
+            "    time.sleep(1)\n"
+            "    sys.exit(3)\n"
+            "time.sleep(120)\n")
+
+
+def follow(tmp: Path, attached: bool, fails: int | None = 1,
+           interrupt: signal.Signals | None = None) -> tuple[JobResult, str, RunDir]:
+    pairs, clients = nodes(tmp)
+    torchrun = tmp / "torchrun"
+    torchrun.write_text(TORCHRUN.format(python=sys.executable, fails=fails))
+    pairs = [(spec, replace(cmd, addresses=("127.0.0.1",) * len(pairs), grace=2.0))
+             for spec, cmd in pairs]
+    launch = Launch.start(pairs, clients)
+    try:
+        assert launch.go(b"k" * 32, {}) == {}
+    except BaseException:
+        launch.cancel()
+        raise
+    run = RunDir(tmp / "runs", "r1")
+    run.path.mkdir(parents=True)
+    out = io.StringIO()
+    job = Job(run, pairs, SshScheduler(clients), out=out, grace=2.0)
+    if interrupt is not None:   # as a user's kill would, once both nodes are training
+        threading.Thread(target=signal_when_training, args=(run, interrupt),
+                         daemon=True).start()
+    return job.run(attached=attached), out.getvalue(), run
+
+
+def signal_when_training(run: RunDir, signum: signal.Signals) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if all(path.is_file() and "training" in path.read_text()
+               for path in (run.log("n0"), run.log("n1"))):
+            os.kill(os.getpid(), signum)
+            return
+        time.sleep(0.1)
+
+
+def test_the_first_failure_is_named_and_the_other_node_ends_for_it(tmp_path: Path) -> None:
+    result, said, run = follow(tmp_path, attached=False)
+    assert result.first_failed == "n1" and not result.interrupted, said
+    assert (result.outcomes["n1"].exit_code, result.outcomes["n1"].reason) == (3, End.EXITED)
+    # n0's supervisor heard of n1's failure over the ring and stopped its torchrun.
+    assert (result.outcomes["n0"].reason, result.outcomes["n0"].why) == \
+        (End.PEER_FAILED, "n1"), said
+    assert "n1: torchrun exited with code 3" in said
+    assert "node 0 training" in said and "node 1 training" in said
+    assert "node 1 training" in run.log("n1").read_text()
+
+
+def test_sigterm_stops_the_job_on_every_node(tmp_path: Path) -> None:
+    result, said, _ = follow(tmp_path, attached=True, fails=None,
+                                 interrupt=signal.SIGTERM)
+    assert result.interrupted and result.why_interrupted == "SIGTERM", said
+    assert "interrupted (SIGTERM): stopping the job on every node" in said
+    assert result.first_failed is None, said
+    assert all(o.reason.caused_elsewhere for o in result.outcomes.values()), result.outcomes
