@@ -285,10 +285,14 @@ def test_a_port_in_use_and_a_runs_dir_that_is_not_one_are_clear_errors(
 
 
 def test_the_cli_says_a_bad_runs_dir(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    # Refused at the door, by the option's own type (cli/values.py), before it serves.
     (tmp_path / "a-file").write_text("")
-    assert cli_main(["ui", "--runs-dir", str(tmp_path / "a-file"), "--port", "0"]) == 2
+    with pytest.raises(SystemExit) as refused:
+        cli_main(["ui", "--runs-dir", str(tmp_path / "a-file"), "--port", "0"])
+    assert refused.value.code == 2
     err = capsys.readouterr().err
-    assert f"--runs-dir {tmp_path / 'a-file'}: not a directory" in err and "train's" in err
+    assert f"--runs-dir: {tmp_path / 'a-file'} is not a directory; give the directory " \
+        "the runs are recorded in" in err, err
 
 
 def test_a_new_user_without_runs_gets_an_empty_list(tmp_path: Path) -> None:
