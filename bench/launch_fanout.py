@@ -82,16 +82,19 @@ def bench_launch(cluster, containers, workdir: Path, runs: Path) -> tuple[float,
                             run_state=run_state_dir(cluster.shared_path, USER, run_id))
                 for i, spec in enumerate(cluster.nodes)]
     nodes = list(zip(cluster.nodes, commands, strict=True))
-    job = Job(rundir, nodes, SshScheduler(clients), out=open(os.devnull, "w"))
+    # The controller's lines (a stop and its why among them) kept beside the run's record.
+    out = open(rundir.path / "controller.out", "w")   # noqa: SIM115 - closed below
+    job = Job(rundir, nodes, SshScheduler(clients), out=out)
     launch = Launch.start(nodes, clients)
     assert not launch.ready()
     go = time.time()
     failed = launch.go(os.urandom(32), {})  # returns once torchrun runs on every node
     assert not failed, failed
     result = job.run()
+    out.close()
     for c in clients.values():
         c.close()
-    assert result.ok, result.outcomes
+    assert result.ok, ((rundir.path / "controller.out").read_text()[-3000:], result.outcomes)
     started = max(started_times(containers, f"{commands[0].job_dir}/pgid"))
     return started - t0, started - connected, started - go
 
