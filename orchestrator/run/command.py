@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from .. import contract, defaults
 from ..cluster import nodelib
-from ..errors import LaunchError
+from ..errors import InputError
 from ..node.protocol import (
     CODE_SUBDIR,
     EXIT_MARKER,
@@ -59,22 +59,28 @@ def reserved_env(key: str) -> str | None:
 
 
 def parse_env(items: list[str] | None) -> dict[str, str]:
-    """`--env K=V` (repeatable) into a dict; LaunchError on a malformed item or a name
+    """`--env K=V` (repeatable) into a dict; InputError on a malformed item or a name
     the tool or torchrun sets."""
     env: dict[str, str] = {}
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep or not ENV_NAME.match(key):
-            raise LaunchError(
+            raise InputError(
                 f"--env {item!r} is not KEY=VALUE with KEY a shell variable name "
                 "(letters, digits, '_', not starting with a digit); for example "
                 "--env LR=0.1")
-        why = reserved_env(key)
-        if why:
-            raise LaunchError(f"--env {key}: {key} is {why}; a job cannot set it. Pass "
-                              "your own value under another name")
+        refuse_reserved(key, f"--env {key}")
         env[key] = value
     return env
+
+
+def refuse_reserved(key: str, where: str) -> None:
+    """InputError, said as given at WHERE, for a variable KEY that the tool or torchrun
+    sets for the job."""
+    why = reserved_env(key)
+    if why:
+        raise InputError(f"{where}: {key} is {why}; a job cannot set it. Pass your own "
+                         "value under another name")
 
 
 # A node's launch line is one argument of its login shell (`sh -c LINE`), and Linux takes
@@ -83,12 +89,12 @@ ARGUMENTS_LIMIT = 100_000
 
 
 def check_arguments_size(script_args: tuple[str, ...], env: dict[str, str]) -> None:
-    """LaunchError when the script's arguments and --env values would not fit on the
+    """InputError when the script's arguments and --env values would not fit on the
     nodes' command line (ssh would fail with 'Argument list too long')."""
     size = len(shlex.join(script_args).encode()) + sum(
         len(f"{k}={shlex.quote(v)} ".encode()) for k, v in env.items())
     if size > ARGUMENTS_LIMIT:
-        raise LaunchError(f"the script's arguments and --env values come to {size} bytes; "
+        raise InputError(f"the script's arguments and --env values come to {size} bytes; "
                           f"a node's command line takes at most {ARGUMENTS_LIMIT} (one "
                           "argument of 128 KiB at most, Linux's limit). Put them in a file "
                           "in --workdir and pass its name to the script")
@@ -118,12 +124,12 @@ TORCHRUN_OPTIONS = (*TORCHRUN_SET, "--rdzv-conf", "--monitor-interval", "--start
 
 
 def check_torchrun_args(args: tuple[str, ...]) -> None:
-    """LaunchError for a --torchrun-arg that names an option the launch sets (--nnodes=3
+    """InputError for a --torchrun-arg that names an option the launch sets (--nnodes=3
     on 2 nodes would wait for a third node forever)."""
     for arg in args:
         if not arg.startswith("--"):
             if arg in ("-m", "-r", "-t"):
-                raise LaunchError(f"--torchrun-arg={arg}: torchrun's {arg} is set by "
+                raise InputError(f"--torchrun-arg={arg}: torchrun's {arg} is set by "
                                   "clustertrain (how the script starts, and where its "
                                   "output goes); leave it out")
             continue
@@ -132,7 +138,7 @@ def check_torchrun_args(args: tuple[str, ...]) -> None:
             o for o in TORCHRUN_OPTIONS if o.startswith(word)]
         owner = [o for o in matches if o in TORCHRUN_SET]
         if owner and len(matches) == 1:
-            raise LaunchError(f"--torchrun-arg={arg}: torchrun's {owner[0]} is set by "
+            raise InputError(f"--torchrun-arg={arg}: torchrun's {owner[0]} is set by "
                               f"clustertrain from {TORCHRUN_SET[owner[0]]}; use that "
                               "instead, and leave it out of --torchrun-arg")
 

@@ -48,7 +48,7 @@ from .command import (
     check_arguments_size,
     check_torchrun_args,
     parse_env,
-    reserved_env,
+    refuse_reserved,
 )
 
 MODULE_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
@@ -153,10 +153,7 @@ def _env(value: Any, label: str) -> dict[str, str]:
         if not ENV_NAME.match(key):
             raise InputError(f"{label}: {key!r} is not a variable name (letters, "
                              "digits, '_', not starting with a digit)")
-        why = reserved_env(key)
-        if why:
-            raise InputError(f"{label}: {key} is {why}; a job cannot set it. Pass "
-                             "your own value under another name")
+        refuse_reserved(key, label)
         env[key] = text
     return env
 
@@ -169,9 +166,7 @@ def _secret_env(value: Any, label: str) -> tuple[str, ...]:
         if not ENV_NAME.match(name):
             raise InputError(f"{label} {name!r}: not a variable name (letters, "
                              "digits, '_', not starting with a digit), e.g. WANDB_API_KEY")
-        why = reserved_env(name)
-        if why:
-            raise InputError(f"{label} {name}: {name} is {why}; a job cannot set it")
+        refuse_reserved(name, f"{label} {name}")
         if name not in os.environ:
             raise InputError(f"{label} {name}: not set in this shell's environment; "
                              f"set it first (`read -rs {name} && export {name}`), then run "

@@ -35,7 +35,7 @@ def test_script_missing(setup, capsys) -> None:
 def test_malformed_env(setup, capsys) -> None:
     base, runs = setup
     code, out = run([*base, "--nodes", "2", "--env", "LR0.1", "job.py"], capsys)
-    assert code != 0 and "--env 'LR0.1' is not KEY=VALUE" in out
+    assert code == 2 and "--env 'LR0.1' is not KEY=VALUE" in out
 
 
 def test_unreachable_node(setup, capsys) -> None:
