@@ -190,6 +190,7 @@ class Ring:
         the nodes this one sends to, and the word of a predecessor that went silent."""
         if len(self.names) < 2:
             return
+        self._resolve_heard()
         target = self._next(+1)
         if target is not None and target not in self.targets:
             port = self.ports.get(target)
@@ -341,7 +342,7 @@ class Ring:
         name = beat.get("n")
         if beat.get("r") != self.run or name not in self.addresses or name == self.me:
             return {}, f"it names run {beat.get('r')!r}, node {name!r}"
-        ips = self.ips.get(name) or self._resolve(name)
+        ips = self.ips.get(name)
         if ips and _plain_ip(sender[0]) not in ips:
             return {}, f"it names {name}, whose address is {', '.join(sorted(ips))}"
         seq = beat.get("c")
@@ -351,19 +352,25 @@ class Ring:
             self.last_seq[name] = seq
         return beat, None
 
-    def _resolve(self, name: str) -> set[str]:
-        """The addresses NAME's beats may come from: its cluster address, resolved at its
-        first authentic beat (a ring node hears two or three peers, not all: resolving
-        every peer at the start cost a 64-node launch a second of lookups). Empty while
-        it does not resolve (the beat is taken on its MAC; tried again at the next)."""
-        try:
-            found = {_plain_ip(str(a[4][0])) for a in socket.getaddrinfo(
-                self.addresses[name], None, type=socket.SOCK_DGRAM)}
-        except OSError:
-            return set()
+    def _resolve_heard(self) -> None:
+        """The addresses each neighbour's beats, and any other peer's heard, may come from:
+        its cluster address, resolved here in the supervisor's loop, never in the beats'
+        thread (a slow DNS must not hold the beats up), and not before torchrun has started
+        (all 63 peers resolved at the start cost a 64-node launch a second). A peer not
+        resolved yet is taken on its beats' MAC alone; tried again at the next look."""
         with self.lock:
-            self.ips[name] = found
-        return found
+            heard = list(self.heard)
+        near = [n for n in (self._next(-1), self._next(+1)) if n is not None]
+        for name in {*near, *heard} - {self.me}:
+            if name in self.ips:
+                continue
+            try:
+                found = {_plain_ip(str(a[4][0])) for a in socket.getaddrinfo(
+                    self.addresses[name], None, type=socket.SOCK_DGRAM)}
+            except OSError:
+                continue
+            with self.lock:
+                self.ips[name] = found
 
     def _send(self, back: bool = False) -> None:
         """A beat to the next live node (BACK: to the previous one, where its beats came
