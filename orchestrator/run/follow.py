@@ -527,13 +527,14 @@ def take_marker(lines: list[str], marker: str) -> tuple[list[str], list[str]]:
 def take_exit_marker(lines: list[str], end: tuple[int, End, str] | None
                      ) -> tuple[list[str], tuple[int, End, str] | None]:
     """Remove the EXIT_MARKER line that ends a node's follow session and read it:
-    (torchrun's exit code, how the node's part ended, why)."""
+    (torchrun's exit code, how the node's part ended, why: the rest of the line, words
+    and all)."""
     kept, found = take_marker(lines, EXIT_MARKER)
     for rest in found:
-        words = rest.split()
+        words = rest.split(None, 2)
         try:
             end = (int(words[0]), End(words[1]) if len(words) > 1 else End.EXITED,
-                   words[2] if len(words) > 2 and words[2] != "-" else "")
+                   words[2].strip() if len(words) > 2 and words[2].strip() != "-" else "")
         except (IndexError, ValueError):
             pass
     return kept, end

@@ -105,6 +105,10 @@ def test_the_exit_marker_is_taken_out_of_the_log() -> None:
     # Output that did not end with a newline keeps its text.
     assert take_exit_marker(["node0/torchrun | partial@@clustertrain-exit 0 exited -"],
                             None) == (["node0/torchrun | partial"], (0, "exited", ""))
+    # Why, in words: the whole rest of the line (a Slurm job's end names the job).
+    assert take_exit_marker(["node1/torchrun | @@clustertrain-exit 1 stopped its Slurm job 7 "
+                             "ended (scancel, or its time limit)"], None)[1] == (
+        1, "stopped", "its Slurm job 7 ended (scancel, or its time limit)")
     assert take_exit_marker(["node0/rank1 | no marker"], None) == (
         ["node0/rank1 | no marker"], None)
 
