@@ -76,6 +76,10 @@ def _supervise_arguments(r: argparse.ArgumentParser) -> None:
     r.add_argument("--wait-go", action="store_true",
                    help=f"say {READY}, start on {GO!r} (on stdin: it brings the ring's "
                    "key), then detach")
+    r.add_argument("--in-step", action="store_true",
+                   help="run as a step of the run's Slurm job (srun): after GO, go on in "
+                   "the foreground instead of detaching; SIGTERM (Slurm ends the job) "
+                   "ends the run here")
     r.add_argument("--key-file", help="without --wait-go: the run's ring key (hex)")
     r.add_argument("--ring-ports", help="LOW-HIGH: the ring's UDP port is the first "
                    "free one of these (the cluster's ring ports)")

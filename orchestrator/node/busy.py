@@ -118,8 +118,8 @@ def supervised_run(argv: list[str]) -> str | None:
     """The run id of a supervisor's command line, else None: `PYTHON .../node.py supervise
     ... --run RUN ... -- TORCHRUN...` as the launch starts it (run/command.py,
     NodeCommand.shell), or `python -m orchestrator.node supervise ...`."""
-    if "supervise" not in argv:
-        return None
+    if "supervise" not in argv or os.path.basename(argv[0]) == "srun":
+        return None   # srun starting a supervisor as a Slurm step: that supervisor counts
     i = argv.index("supervise")
     head = argv[:i]
     if not head or not (os.path.basename(head[-1]) == "node.py"

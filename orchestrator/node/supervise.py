@@ -22,6 +22,7 @@ import argparse
 import getpass
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -66,7 +67,7 @@ from .protocol import (
 from .ring import Counters, Ring, read_state, resolve, ring_socket
 from .statefile import StateFile
 from .stop import stop_tree
-from .util import detach, read_json, read_pid, write_json
+from .util import detach, read_json, read_pid, redirect, write_json
 
 TAIL_BYTES = 64 * 1024  # of torchrun's output, read for the words of a collective timeout
 HELD_UP = 5 * BEAT      # a loop slower than this: this supervisor itself was held up
@@ -189,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
     # Before READY: its port goes to the peers with GO.
     sock = ring_socket(addresses, parse_ports(args.ring_ports) if args.ring_ports else None)
     if args.wait_go:
-        go = await_go(args.job, args.cwd, sock.getsockname()[1])
+        go = await_go(args.job, args.cwd, sock.getsockname()[1], args.in_step)
         if go is None:
             return 0
     else:
@@ -199,8 +200,11 @@ def run(args: argparse.Namespace) -> int:
     ring = Ring(args.run, args.node, names, addresses,
                 lambda name: read_state(args.state_dir, name), Counters(), go.key,
                 sock=sock, ports=go.ports)
+    terminated = threading.Event()
+    if args.in_step:   # Slurm ends a step with SIGTERM: the run ends here, saying why
+        signal.signal(signal.SIGTERM, lambda _signum, _frame: terminated.set())
     try:
-        return _supervise(args, ring, go.env)
+        return _supervise(args, ring, go.env, terminated)
     except Exception as exc:  # noqa: BLE001 - any failure of ours ends this node's part
         _failed(args, f"{type(exc).__name__}: {exc}", ring)
         return 1
@@ -218,29 +222,40 @@ def read_key(path: str | None, alone: bool) -> bytes:
         return bytes.fromhex(fh.read().strip())
 
 
-def await_go(job: str, cwd: str | None, ring_port: int) -> GoWord | None:
+def await_go(job: str, cwd: str | None, ring_port: int,
+             in_step: bool = False) -> GoWord | None:
     """The launch's two phases, so that torchrun starts on every node at once: loaded
     (Python's start and imports are most of what a launch costs a node), say READY and
     this node's ring port on standard output and wait for GO on standard input, which
     brings every node's ring port (the peers' beats need no share to find each other), the
     run's ring key and the job's secret variables (protocol.GoWord); then go to CWD (the
-    code snapshot, synced meanwhile) and detach: the PID goes to JOB/supervisor.pid,
-    STARTED and the PID to the launch, and this process goes on in a session of its own
-    with its output in JOB/supervisor.log. None if the launch was called off first (end
-    of input): nothing was started."""
+    code snapshot, synced meanwhile) and say STARTED with the supervisor's PID (also in
+    JOB/supervisor.pid), whose output goes to JOB/supervisor.log from then on. Over SSH,
+    the supervisor detaches first, into a session of its own; IN_STEP (a step of the run's
+    Slurm job, started by srun) it goes on as it is: the step lasts as long as this process.
+    None if the launch was called off first (end of input): nothing was started."""
     print(f"{READY} {ring_port}", flush=True)
     go = GoWord.parse(sys.stdin.readline())
     if go is None:
         return None
     if cwd:
         os.chdir(cwd)  # a snapshot that is not there fails the launch, with its path
-    pid = detach(os.path.join(job, SUPERVISOR_LOG))
+    log = os.path.join(job, SUPERVISOR_LOG)
+    if in_step:
+        _started(job, os.getpid())
+        redirect(log)
+        return go
+    pid = detach(log)
     if pid:
-        with open(os.path.join(job, SUPERVISOR_PID), "w") as fh:
-            fh.write(f"{pid}\n")
-        print(f"{STARTED} {pid}", flush=True)
+        _started(job, pid)
         os._exit(0)
     return go
+
+
+def _started(job: str, pid: int) -> None:
+    with open(os.path.join(job, SUPERVISOR_PID), "w") as fh:
+        fh.write(f"{pid}\n")
+    print(f"{STARTED} {pid}", flush=True)
 
 
 def _failed(args: argparse.Namespace, why: str, ring: Ring) -> None:
@@ -300,7 +315,8 @@ def _first(*checks: Callable[[], Ending | None]) -> Ending | None:
     return None
 
 
-def _supervise(args: argparse.Namespace, ring: Ring, secret_env: dict[str, str]) -> int:
+def _supervise(args: argparse.Namespace, ring: Ring, secret_env: dict[str, str],
+               terminated: threading.Event) -> int:
     """Start torchrun, watch it tick by tick until it ends (Supervisor.watch), and record
     how this node's part ended (Supervisor.conclude)."""
     os.makedirs(args.state_dir, exist_ok=True)
@@ -309,7 +325,7 @@ def _supervise(args: argparse.Namespace, ring: Ring, secret_env: dict[str, str])
     if os.path.exists(os.path.join(args.job, STOP_REQUESTED)):
         _stopped_before_start(args)   # the launch failed on another node
         return 0
-    supervisor = Supervisor(args, ring, _start(args, secret_env))
+    supervisor = Supervisor(args, ring, _start(args, secret_env), terminated)
     during = supervisor.watch()
     code = supervisor.proc.returncode
     code = code if code >= 0 else 128 - code
@@ -349,8 +365,10 @@ class Supervisor:
     """One node's watch over its running torchrun: a decision each tick (BEAT) on whether
     the run must end here, the reason torchrun ended once it has, and the record of it."""
 
-    def __init__(self, args: argparse.Namespace, ring: Ring, proc: subprocess.Popen) -> None:
+    def __init__(self, args: argparse.Namespace, ring: Ring, proc: subprocess.Popen,
+                 terminated: threading.Event | None = None) -> None:
         self.args, self.job, self.ring, self.proc = args, args.job, ring, proc
+        self.terminated = terminated or threading.Event()   # SIGTERM came (a Slurm step)
         self.peers = Peers(ring)
         self.slurm = slurmjob.job_id()
         self.slurm_watch = slurmjob.Watch(self.slurm) if self.slurm else None
@@ -414,9 +432,12 @@ class Supervisor:
         return time.monotonic()
 
     def _tick(self, quiet: float) -> Ending | None:
-        """Whether the run must end here now. A hang comes first, and while this node
-        dumps and gathers its peers' dumps, nothing else ends it; then, in order: a
+        """Whether the run must end here now. SIGTERM to a supervisor in a Slurm step
+        (Slurm is ending it) ends it at once; else a hang comes first, and while this
+        node dumps and gathers its peers' dumps, nothing else ends it; then, in order: a
         peer's word, a stop request, the controller's lease, the Slurm job."""
+        if self.terminated.is_set():   # Slurm is ending this step: its word first
+            return self._slurm_ended()
         found = self._peers_ending()
         if self.hang.holds(found, quiet):
             return self.hang.ending(quiet)
@@ -447,18 +468,25 @@ class Supervisor:
         return None
 
     def _slurm_ended(self) -> Ending | None:
+        """The run's Slurm job is over (seen by the watch; or, SIGTERM having come to this
+        step, seen now), or this step alone was ended (SIGTERM, the job goes on)."""
         watch = self.slurm_watch
-        if watch is not None and watch.over.is_set():
+        if watch is not None and (watch.over.is_set()
+                                  or (self.terminated.is_set() and watch.look_now())):
             return Ending(End.STOPPED, slurmjob.ended_why(watch.job))
+        if self.terminated.is_set():
+            return Ending(End.STOPPED, "its Slurm step was ended (SIGTERM)")
         return None
 
     # -- once torchrun has ended --------------------------------------------------------
     def final_ending(self, code: int) -> Ending | None:
-        """Why torchrun ended, when nothing was decided while it ran (tried in order): a
-        stop request; a peer lost meanwhile (its ranks' sockets broke first); a hang this
-        node dumped for; the Slurm job ended. None: torchrun ended by itself."""
+        """Why torchrun ended, when nothing was decided while it ran (tried in order):
+        Slurm ending this step (SIGTERM); a stop request; a peer lost meanwhile (its
+        ranks' sockets broke first); a hang this node dumped for; the Slurm job ended.
+        None: torchrun ended by itself."""
         failed = code != 0
-        return _first(self._stop_requested,
+        return _first(lambda: self._slurm_ended() if self.terminated.is_set() else None,
+                      self._stop_requested,
                       lambda: self._peer_lost_meanwhile() if failed else None,
                       self.hang.ended_here,
                       lambda: self._slurm_ended_at_last() if failed else None)
@@ -475,7 +503,7 @@ class Supervisor:
         watch = self.slurm_watch
         if watch is not None and watch.look_now():
             return Ending(End.STOPPED, slurmjob.ended_why(watch.job))
-        return None
+        return self._slurm_ended()
 
     def conclude(self, code: int, ending: Ending | None) -> None:
         """Record the end: over the ring first (the share may be stalled), then the exit

@@ -17,6 +17,16 @@ def detach(log: str, append: bool = False) -> int:
     pid = os.fork()
     if pid:
         return pid
+    redirect(log, append)
+    os.setsid()
+    return 0
+
+
+def redirect(log: str, append: bool = False) -> None:
+    """This process's input from /dev/null and its output into LOG (truncated, or with
+    APPEND added to)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
     out = os.open(log, os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC),
                   0o600)
     null = os.open(os.devnull, os.O_RDONLY)
@@ -24,8 +34,6 @@ def detach(log: str, append: bool = False) -> int:
         os.dup2(fd, to)
     os.close(null)
     os.close(out)
-    os.setsid()
-    return 0
 
 
 def write_atomically(path: str, data: bytes, mode: int = 0o600, sync: bool = False) -> None:

@@ -143,6 +143,21 @@ def check_torchrun_args(args: tuple[str, ...]) -> None:
                               "instead, and leave it out of --torchrun-arg")
 
 
+# How srun is started in a step's launch line: it outlives the SSH session that started it
+# (no SIGHUP, no SIGPIPE once that session's output is gone), so that the step does too.
+STEP_SHELL = "trap '' HUP PIPE"
+
+
+def srun_argv(job: str, node: str) -> list[str]:
+    """srun starting one task on NODE as a step of Slurm job JOB (the run's allocation),
+    beside the job's other steps (--overlap: each node's supervisor step, and any step of
+    the user's own, share the job's CPUs and GPUs on that node). Its input and output are
+    the launch's (READY, GO, STARTED); --unbuffered: each word as soon as it is said."""
+    return ["srun", f"--jobid={job}", "--overlap", "--nodes=1", "--ntasks=1",
+            f"--nodelist={node}", "--job-name=clustertrain-supervisor", "--quiet",
+            "--unbuffered"]
+
+
 @dataclass(frozen=True)
 class TorchrunOptions:
     """torchrun options the user may pass through."""
@@ -280,14 +295,16 @@ class NodeCommand:
             FR_DIR_ENV: fr,
         }
 
-    def shell(self) -> str:
+    def shell(self, slurm_job: str | None = None) -> str:
         """The command line that starts this node's part of the run, phase one of the
         launch (launch.py): the node package's supervisor (`node.py supervise
         --wait-go`) loads and says READY; on GO it starts torchrun in the code snapshot.
 
-        The supervisor then runs in a session of its own (setsid), outlives the SSH session,
-        and starts torchrun in another session, so torchrun and its workers form a job of
-        their own; torchrun's PID, also its process group id, goes to JOB_DIR/pgid.
+        Without SLURM_JOB, the supervisor then runs in a session of its own (setsid) and
+        outlives the SSH session; with it, the supervisor is a step of that Slurm job
+        (srun: srun_argv), in the foreground of the step, which lasts as long as it does.
+        Either way it starts torchrun in another session, so torchrun and its workers form
+        a job of their own; torchrun's PID, also its process group id, goes to JOB_DIR/pgid.
         """
         exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.environment().items())
         job = shlex.quote(self.job_dir)
@@ -295,6 +312,7 @@ class NodeCommand:
         # -S: the node package is standard library only, and site's work (the
         # environment's .pth files, on the share) is a tenth of each supervisor's start.
         argv = [self.python, "-S", nodelib.entry(self.home), "supervise", "--wait-go",
+                *(["--in-step"] if slurm_job else []),
                 "--cwd", self.cwd, "--job", self.job_dir,
                 "--state-dir", self.run_state, "--run", self.run_id, "--node", self.node,
                 "--nodes", ",".join(self.nodes),
@@ -305,10 +323,12 @@ class NodeCommand:
                 "--hang-timeout", f"{self.hang_timeout:g}", "--on-hang", self.on_hang,
                 *(["--recovery"] if self.recovery else []),
                 "--ring-ports", self.ring_ports, "--", *self.torchrun_argv()]
+        step = f"{STEP_SHELL}; exec {shlex.join(srun_argv(slurm_job, self.node))} " \
+            if slurm_job else "exec "
         # A job directory that cannot be made fails the launch here, with mkdir's words.
         return (f"umask 077; mkdir -p {job} || exit 1; "
                 f"if [ -r {env_file} ]; then set -a; . {env_file}; set +a; fi; "
-                f"export {exports}; exec {shlex.join(argv)}")
+                f"export {exports}; {step}{shlex.join(argv)}")
 
     def follow(self, lease: bool = False, tail: int | None = None, from_line: int = 0) -> str:
         """The command line that prints this node's output as it grows (its last TAIL

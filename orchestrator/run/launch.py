@@ -5,7 +5,8 @@ Phase one (`Launch.start`, which `train` runs before the code sync so that the t
 overlap): one SSH session per node runs the node's launch line (NodeCommand.shell): the
 node package's supervisor loads and says READY.
 Phase two (`Launch.go`): once every node is ready, GO to all of them; each supervisor
-detaches, says STARTED and starts torchrun. Python's start on a node, the better part of
+detaches (or, a step of the run's Slurm job, goes on in its step), says STARTED and starts
+torchrun. Python's start on a node, the better part of
 what a launch costs there, is paid in phase one; on two cores shared by 16 nodes it was
 also what made the last node start a second after the first.
 
@@ -65,16 +66,19 @@ class _Session:
                 raise RuntimeError(self.said[-1] if self.said else f"exit {code}")
             self.buffer += chunk
 
-    def close(self) -> None:
+    def close(self, wait: float = 10.0) -> None:
         """End the session: its input ends (a supervisor still waiting for GO exits
-        without starting anything) and the ssh process is reaped."""
+        without starting anything) and the ssh process is reaped, ended after WAIT
+        seconds (at once: 0)."""
         if self.proc.stdin is not None and not self.proc.stdin.closed:
             try:
                 self.proc.stdin.close()
             except OSError:
                 pass
         try:
-            self.proc.wait(timeout=10)
+            if not wait:
+                self.proc.terminate()
+            self.proc.wait(timeout=wait or 10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
@@ -83,21 +87,24 @@ class _Session:
 class Launch:
     """A run's launch on its nodes: `start` (phase one), then `go` or `cancel`."""
 
-    def __init__(self, sessions: dict[str, _Session]) -> None:
+    def __init__(self, sessions: dict[str, _Session], lasting: bool = False) -> None:
         self._sessions = sessions
+        self.lasting = lasting   # a started node's command lasts as long as its supervisor
         self.started: dict[str, int] = {}   # node: its supervisor's PID, once started
         self._ready: dict[str, str] | None = None   # ready() once waited: its failures
         self.ring_ports: dict[str, int] = {}   # node: its supervisor's ring port (READY)
 
     @classmethod
-    def start(cls, nodes: list[tuple[NodeSpec, NodeCommand]],
-              clients: dict[str, Connection]) -> Launch:
+    def start(cls, nodes: list[tuple[NodeSpec, NodeCommand]], clients: dict[str, Connection],
+              slurm_job: str | None = None) -> Launch:
         """Phase one on every node: returns at once; the nodes load meanwhile (the node
-        package is there: preflight's probe put it there when it was missing)."""
-        sessions = {spec.name: _Session(spec.name, clients[spec.name].popen(cmd.shell(),
-                                                                            stdin=True))
-                    for spec, cmd in nodes}
-        return cls(sessions)
+        package is there: preflight's probe put it there when it was missing). With
+        SLURM_JOB, each supervisor is a step of that job (NodeCommand.shell): its node's
+        command (srun) lasts as long as it does, and outlives the session it was started
+        by, which is ended once the supervisor has started."""
+        sessions = {spec.name: _Session(spec.name, clients[spec.name].popen(
+            cmd.shell(slurm_job), stdin=True)) for spec, cmd in nodes}
+        return cls(sessions, lasting=slurm_job is not None)
 
     def ready(self) -> dict[str, str]:
         """Wait until every node is ready; {node: error} for those that will not be (the
@@ -142,7 +149,10 @@ class Launch:
             return pid
 
         done = each(list(self._sessions.values()), started, lambda s: s.node)
-        self.cancel()  # the started sessions end by themselves: reaped here
+        # The started sessions end by themselves (reaped here), or last as long as their
+        # supervisor (a Slurm step: ended here, the step goes on).
+        for session in self._sessions.values():
+            session.close(0 if self.lasting and session.node in self.started else 10)
         return {n: f"could not start the job: {e}" for n, e in done.failed.items()}
 
     def cancel(self) -> None:

@@ -61,7 +61,7 @@ from .recovery import (
     node_failure,
     spares_of,
 )
-from .scheduler import Scheduler, SshScheduler
+from .scheduler import Scheduler, scheduler_for, slurm_job_of
 from .secret import RunSecrets
 from .session import Session, connected_ahead
 from .settle import next_attempt, recovery_decision, settle, summary_of, with_recovery
@@ -324,7 +324,8 @@ def _attempt(spec: RunSpec, whole: Cluster, cluster: Cluster, run_id: str, dry_r
                 if dry_run:
                     print(plan.describe(), end="")
                     return 0
-                code = _run(plan, session, SshScheduler(session.clients), whole, serving)
+                code = _run(plan, session, scheduler_for(
+                    allocation.job_id if allocation else None, session.clients), whole, serving)
                 if spec.detach:   # running on the nodes: they hold what the run needs now
                     session.release_once_bound(plan.commands[0].master_port)
                     if allocation is not None:
@@ -531,7 +532,8 @@ def _follow(run: RunDir, tail: int | None) -> int:
         if tail is None:  # the whole log again: the local copy starts over
             for name in cluster.names:
                 write_private(run.log(name), "")
-        job = Job(run, list(zip(cluster.nodes, commands, strict=True)), SshScheduler(clients))
+        job = Job(run, list(zip(cluster.nodes, commands, strict=True)),
+                  scheduler_for(slurm_job_of(info), clients))
         job.tail = tail
         result = job.run(attached=False)
     finally:

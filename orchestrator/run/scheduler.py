@@ -1,8 +1,10 @@
 """How a run's supervisors are started, watched, cancelled and their logs read: the seam
 between the run (lifecycle.py, follow.py, settle.py, stop.py) and the way the nodes are
-reached. torchx's Scheduler is the model: submit, describe, cancel, log_iter; SSH is the
-first implementation (the nodes are reached as Ansible reaches them); a queue (Slurm) is
-another way to start the same supervisors, behind the same verbs.
+reached. torchx's Scheduler is the model: submit, describe, cancel, log_iter. SSH is the
+first implementation (the nodes are reached as Ansible reaches them); Slurm (SlurmScheduler,
+for a run that holds a Slurm allocation: `train --queue`) starts the same supervisors as
+steps of the run's job, behind the same verbs. `scheduler_for` is the one place that
+chooses, from the run.
 
 Whatever the scheduler, each node runs the node package's supervisor (node/supervise.py):
 it owns torchrun, keeps the node's state on the share, watches its peers and the hang,
@@ -105,9 +107,13 @@ class SshScheduler:
             return self.clients[node.name], False
         return ssh.connect(node.name, node.ssh), True
 
+    def _launch(self, nodes: list[tuple[NodeSpec, NodeCommand]]) -> Launch:
+        """Phase one on NODES: each loads its supervisor, started over SSH."""
+        return Launch.start(nodes, self.clients)
+
     def submit(self, nodes: list[tuple[NodeSpec, NodeCommand]],
                meanwhile: Callable[[], T], secrets: RunSecrets) -> Submitted[T]:
-        launch = Launch.start(nodes, self.clients)   # phase one: the nodes load
+        launch = self._launch(nodes)   # phase one: the nodes load
         try:
             done = meanwhile()
         except BaseException:
@@ -175,6 +181,35 @@ class SshScheduler:
     def dump(self, nodes: list[tuple[NodeSpec, NodeCommand]], run_id: str) -> list[NodeDumps]:
         return collect(targets_of([(spec, cmd.torchrun) for spec, cmd in nodes], self.clients),
                        run_id)
+
+
+class SlurmScheduler(SshScheduler):
+    """A run with a Slurm allocation (`train --queue`): each node's supervisor is a step of
+    the run's job JOB (srun, started over the same SSH session and with the same two-phase
+    launch as SshScheduler's), so that Slurm tracks, accounts and ends every process of the
+    run: `sacct -j JOB` lists a step per node, and `scancel JOB` (or the job's time limit)
+    ends them all, each supervisor recording why. The rest (the nodes' states, their logs,
+    a stop) is as over SSH."""
+
+    def __init__(self, job: str, clients: dict[str, ssh.Connection] | None = None) -> None:
+        super().__init__(clients)
+        self.job = job
+
+    def _launch(self, nodes: list[tuple[NodeSpec, NodeCommand]]) -> Launch:
+        return Launch.start(nodes, self.clients, slurm_job=self.job)
+
+
+def scheduler_for(slurm_job: str | None,
+                  clients: dict[str, ssh.Connection] | None = None) -> SshScheduler:
+    """The scheduler of a run: through Slurm for a run that holds a Slurm job (SLURM_JOB:
+    its allocation's, as its record keeps it), else over SSH. CLIENTS: the session's open
+    connections, where there are."""
+    return SlurmScheduler(slurm_job, clients) if slurm_job else SshScheduler(clients)
+
+
+def slurm_job_of(info: dict) -> str | None:
+    """The Slurm job of a run, from its record (run.json), if it holds one."""
+    return (info.get("slurm") or {}).get("job_id") or None
 
 
 def stop_job(conn: ssh.Connection, python: str, run_id: str, grace: float) -> StopResult:

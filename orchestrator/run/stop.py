@@ -18,7 +18,7 @@ from ..cluster.inventory import load_cluster
 from ..errors import ClusterError
 from ..node.protocol import STOP_REQUESTED
 from ..record.rundir import check_owner, open_run, write_private
-from .scheduler import SshScheduler, StopResult
+from .scheduler import StopResult, scheduler_for, slurm_job_of
 from .spec import check_grace
 
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$")
@@ -38,4 +38,5 @@ def stop_run(runs_dir: Path, run_id: str, grace: float = defaults.GRACE,
     cluster = load_cluster(inventory or info["inventory"]).select(hosts=",".join(info["nodes"]))
     check_owner(cluster.nodes, info, "stop it. Nothing was signalled")
     write_private(run.path / STOP_REQUESTED, f"{time.time()}\n")
-    return list(SshScheduler().cancel(list(cluster.nodes), run_id, grace).values())
+    return list(scheduler_for(slurm_job_of(info)).cancel(list(cluster.nodes), run_id, grace)
+                .values())

@@ -100,6 +100,9 @@ def test_a_supervisors_command_line_names_its_run() -> None:
     assert busy.supervised_run(["bash", "-c", line]) is None
     assert busy.supervised_run(["python3", "/h/node.py", "follow", "--job", "j"]) is None
     assert busy.supervised_run(["python", "train.py", "supervise", "--run", "x"]) is None
+    # srun starting a supervisor as a Slurm step: that supervisor is the run's, not srun
+    assert busy.supervised_run(["srun", "--jobid=7", "/usr/bin/python3", "-S", "/h/node.py",
+                                "supervise", "--in-step", "--run", "x"]) is None
     assert busy.supervised_run(["python3", "/h/node.py", "supervise", "--job", "j", "--",
                                 "torchrun", "--run", "x"]) is None
 

@@ -103,6 +103,43 @@ def test_a_failed_peer_stops_this_node(tmp_path: Path) -> None:
             p.kill()
 
 
+def test_a_supervisor_in_a_slurm_step_stays_in_its_step_and_ends_on_sigterm(
+        tmp_path: Path) -> None:
+    """--in-step (srun started it as a step of the run's Slurm job): after GO it says
+    STARTED with its own PID and goes on in the foreground (the step lasts as long as it
+    does), its words in supervisor.log; SIGTERM, Slurm ending the step, ends the run here:
+    torchrun's tree is stopped and the node's end says why."""
+    job = tmp_path / "n0" / "job"
+    job.mkdir(parents=True)
+    argv = [*NODE, "supervise", "--wait-go", "--in-step", "--job", str(job), "--state-dir",
+            str(tmp_path / "shared"), "--run", "r1", "--node", "n0", "--nodes", "n0",
+            "--addresses", "127.0.0.1", "--grace", "1", "--",
+            sys.executable, "-c", JOB, "300", "0"]
+    sup = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           env={**os.environ, "CLUSTERTRAIN_RUN_ID": "r1"},
+                           start_new_session=True)
+    assert sup.stdin is not None and sup.stdout is not None
+    try:
+        assert sup.stdout.readline().decode().startswith(protocol.READY)
+        sup.stdin.write(protocol.GoWord(os.urandom(protocol.RING_KEY_BYTES)).line().encode())
+        sup.stdin.flush()
+        assert sup.stdout.readline().decode().split() == [protocol.STARTED, str(sup.pid)]
+        assert util.read_pid(str(job / "supervisor.pid")) == sup.pid
+        deadline, log = time.monotonic() + 30, job / "output.log"
+        while not (log.exists() and "job started" in log.read_text()):
+            assert time.monotonic() < deadline, "the job never started"
+            time.sleep(0.1)
+        assert sup.poll() is None, "the supervisor left its step"
+        sup.terminate()   # SIGTERM, as slurmstepd sends it when the job is cancelled
+        assert sup.wait(timeout=30) == 0
+        end = json.loads((job / "exit").read_text())
+        assert (end["reason"], end["why"]) == ("stopped", "its Slurm step was ended (SIGTERM)")
+        assert not group_alive(job)
+        assert (job / "supervisor.log").exists()
+    finally:
+        sup.kill()
+
+
 # A rank's last words when gloo's collective timed out, as torchrun's output has them.
 TIMED_OUT = ("import sys\nprint('RuntimeError: [../third_party/gloo/gloo/transport/tcp/"
              "pair.cc:534] Timed out waiting 10000ms for recv operation to complete', "

@@ -113,6 +113,26 @@ def test_the_exit_marker_is_taken_out_of_the_log() -> None:
         ["node0/rank1 | no marker"], None)
 
 
+def test_a_queued_runs_supervisor_is_started_as_a_step_of_its_slurm_job() -> None:
+    """With the run's Slurm job, the node's launch line starts the same supervisor through
+    srun, as one task of a step on this node beside the job's other steps, told that it
+    runs in a step; srun outlives the SSH session that started it (no SIGHUP, no SIGPIPE
+    once that session is gone). Without a job, no srun."""
+    c = cmd(node="node1", nodes=("node0", "node1"))
+    line = c.shell(slurm_job="42")
+    setup, _, step = line.partition("; trap '' HUP PIPE; exec srun ")
+    assert step, line
+    assert setup == c.shell().partition("; exec ")[0]   # the same umask, job dir, exports
+    words = shlex.split("srun " + step)
+    srun = words[:words.index(c.python)]
+    assert {"--jobid=42", "--overlap", "--nodes=1", "--ntasks=1", "--nodelist=node1"} <= set(
+        srun), srun
+    supervisor = words[len(srun):]
+    plain = shlex.split(c.shell().partition("; exec ")[2])
+    assert supervisor == [*plain[:5], "--in-step", *plain[5:]]
+    assert "srun" not in c.shell() and "--in-step" not in c.shell()
+
+
 def test_shell_quotes_hostile_arguments() -> None:
     c = cmd(script_args=("$(touch /tmp/pwned)", "a;b"))
     words = shlex.split(c.shell())
