@@ -13,7 +13,9 @@ when the run must end.
   when a stop was requested, when the run is hung (no node printed anything for
   --hang-timeout: each node dumps its workers onto the share first), or (attached runs)
   when the controller's lease ran out, or when the run's Slurm job ended (slurmjob.py);
-- a run with a Slurm job cancels it once every node's part has ended.
+- a run with a Slurm job cancels it once every node's part has ended;
+- started by srun as a step of the run's Slurm job (--in-step), it stays in the foreground
+  of its step, and SIGTERM (Slurm ending the job or the step) ends the run here at once.
 """
 
 from __future__ import annotations
