@@ -64,7 +64,14 @@ from .recovery import (
 from .scheduler import Scheduler, scheduler_for, slurm_job_of
 from .secret import RunSecrets
 from .session import Session, connected_ahead
-from .settle import next_attempt, recovery_decision, settle, summary_of, with_recovery
+from .settle import (
+    next_attempt,
+    node_states,
+    recovery_decision,
+    settle,
+    summary_of,
+    with_recovery,
+)
 from .spec import RunSpec
 from .status import conclude, make_summary, write_summary
 from .sync import SyncResult, left_out, sync_code
@@ -262,10 +269,9 @@ def _last_heard(summary: dict[str, Any], failure: Failure, healthy: list[str]) -
     share; None when neither can be read."""
     if not failure.lost:
         return None
-    from .settle import fetch_states
     try:
         nodes = [n["name"] for n in summary["nodes"] if n["name"] in healthy]
-        states, _, _, _ = fetch_states({**summary, "nodes": nodes})
+        states = node_states({**summary, "nodes": nodes}).states
         heard = [float(s["heard"][failure.node]) for s in states.values()
                  if isinstance((s.get("heard") or {}).get(failure.node), (int, float))]
         return iso(max(heard) if heard else float(states[failure.node]["time"]))

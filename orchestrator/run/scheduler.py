@@ -50,6 +50,8 @@ class NodeStates:
     states: dict[str, dict]   # node -> its state (running, with a heartbeat; or ended)
     now: float                # that node's clock
     hang: dict[str, dict] = field(default_factory=dict)   # node -> its hang dumps
+    # A detached run that may recover: the nodes' decision of its next attempt, if any.
+    next: dict | None = None
 
 
 @dataclass
@@ -144,7 +146,8 @@ class SshScheduler:
                     conn.close()
             if result.exit_code == 0 and result.stdout.strip():
                 data = json.loads(result.stdout.strip().splitlines()[-1])
-                return NodeStates(data["states"], float(data["now"]), data.get("hang") or {})
+                return NodeStates(data["states"], float(data["now"]), data.get("hang") or {},
+                                  data.get("next"))
             errors.append(f"{spec.name}: {result.stderr.strip()[-200:]}")
         raise OSError("no node of the run answered: " + "; ".join(errors))
 

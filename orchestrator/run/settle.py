@@ -9,51 +9,32 @@ record says "running" for a run that is gone.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
 
-from ..cluster import nodelib, ssh
 from ..cluster.inventory import load_cluster
 from ..diagnosis.diagnose import read_node_dumps
 from ..errors import ClusterError
 from ..record.rundir import RunDir, latest_attempt
 from ..record.status import summarize
 from .recovery import Recovery, attempt_info, node_failure
+from .scheduler import NodeStates, scheduler_for, slurm_job_of
 from .status import write_summary
 
 # Who found a detached run hung, in its summary.
 DETACHED = "the nodes (detached run)"
 
 
-def fetch_states(info: dict[str, Any]
-                 ) -> tuple[dict[str, dict], float, dict[str, dict], dict | None]:
-    """The nodes' state files, the time on the node that answered, the nodes' hang dumps
-    and (a detached run that may recover) the nodes' decision of its next attempt, read
-    through the first node that answers."""
+def node_states(info: dict[str, Any]) -> NodeStates:
+    """What the run's nodes left on the share (their states, hang dumps and, a detached run
+    that may recover, their decision of its next attempt), read through the run's
+    scheduler from the first node that answers."""
     cluster = load_cluster(info["inventory"]).select(hosts=",".join(info["nodes"]))
     commands = info.get("node_commands") or {}
-    errors = []
-    for spec in cluster.nodes:
-        state_dir = (commands.get(spec.name) or {}).get("run_state")
-        if not state_dir:
-            continue
-        try:
-            conn = ssh.connect(spec.name, spec.ssh)
-        except Exception as exc:  # noqa: BLE001 - try the next node
-            errors.append(str(exc))
-            continue
-        try:
-            result = nodelib.call(conn, spec.python, "states", state_dir, timeout=30)
-        finally:
-            conn.close()
-        if result.exit_code == 0 and result.stdout.strip():
-            data = json.loads(result.stdout.strip().splitlines()[-1])
-            return (data["states"], float(data["now"]), data.get("hang") or {},
-                    data.get("next"))
-        errors.append(f"{spec.name}: {result.stderr.strip()[-200:]}")
-    raise OSError("no node of the run answered: " + "; ".join(errors))
+    nodes = [(spec, commands[spec.name]["run_state"]) for spec in cluster.nodes
+             if (commands.get(spec.name) or {}).get("run_state")]
+    return scheduler_for(slurm_job_of(info)).describe(nodes)
 
 
 def settle(run: RunDir) -> dict | None:
@@ -66,12 +47,12 @@ def settle(run: RunDir) -> dict | None:
     if info.get("queued"):   # still waiting in Slurm's queue, or its train is gone
         from .allocation import settle_queued
         return settle_queued(run, info)
-    states, now, dumps, decision = fetch_states(info)
-    summary = summarize(info, states, now, run)
+    found = node_states(info)
+    summary = summarize(info, found.states, found.now, run)
     if summary is not None:
-        if dumps:  # the nodes found the run hung (detached): read their dumps here
-            summary["hang"] = read_hang_dumps(dumps, run)
-        summary = recorded(run, info, summary, decision)
+        if found.hang:  # the nodes found the run hung (detached): read their dumps here
+            summary["hang"] = read_hang_dumps(found.hang, run)
+        summary = recorded(run, info, summary, found.next)
         write_summary(run, summary)
     return summary
 
@@ -126,7 +107,7 @@ def recovery_decision(info: dict[str, Any]) -> dict | None:
     if not info.get("recovery_plan"):
         return None
     try:
-        decision = fetch_states(info)[3]
+        decision = node_states(info).next
     except OSError:
         return None
     return decision if decision and decision.get("attempt") else None

@@ -174,3 +174,29 @@ def test_a_detached_notebook_outlives_its_tunnel_connects_again_and_ends_when_id
     assert late.wait(timeout=120) == 2, said(late)
     assert f"notebook {run_id} has ended (succeeded)" in said(late), said(late)
     assert " succeeded " in runs_row(runs, run_id)
+
+
+def test_a_notebook_through_the_queue_is_a_step_of_its_slurm_job(
+        sandbox_cluster: ProvisionedCluster, tmp_path: Path) -> None:
+    """bob's `notebook --queue --gpus-per-node 1`: Slurm grants one GPU of a node, and
+    JupyterLab runs there as a step of that job (squeue lists the step while it serves:
+    Slurm accounts for it and can end it); Ctrl-C ends the server and gives the job back,
+    leaving nothing on the node."""
+    runs = tmp_path / "runs"
+    proc = notebook(runs, "-i", str(sandbox_cluster.inventories["bob"]), "--queue",
+                    "--gpus-per-node", "1")
+    try:
+        url, token = url_of(proc)
+        assert "started" in api(url, token, "/api/status")
+        info = json.loads((runs / run_of(proc) / "run.json").read_text())
+        job, (node,) = info["slurm"]["job_id"], info["slurm"]["nodes"]
+        steps = sandbox_cluster.exec("node0", "squeue", "-h", "-s", "-j", job,
+                                     "-o", "%i|%j|%N|%u").stdout.split()
+        assert f"{job}.0|clustertrain-supervisor|{node}|bob" in steps, steps
+        assert jupyter_processes(sandbox_cluster, node)
+    finally:
+        code = interrupt(proc)
+    assert code != 0, said(proc)[-3000:]
+    wait_for(lambda: not sandbox_cluster.exec("node0", "squeue", "-h", "-j", job)
+             .stdout.strip(), 60, "Slurm to let the notebook's job go")
+    assert not jupyter_processes(sandbox_cluster, node), said(proc)[-3000:]
