@@ -61,8 +61,9 @@ molecule: deps venv
 
 # Sandbox and end-to-end tests in one session: they share one cluster provisioned by site.yml.
 # One at a time: they share the cluster, and some measure its nodes' speed.
+SANDBOX_SELECT ?= sandbox or e2e
 sandbox-tests: deps venv
-	$(BIN)/pytest -m "sandbox or e2e" -q --durations=30
+	$(BIN)/pytest -m "$(SANDBOX_SELECT)" -q --durations=30
 
 # The scenarios whose converge or checks are not the shared cluster's: `firewall`
 # (node-by-node admin networks, the rollback), `common` (members in /etc/hosts; the shared
@@ -106,9 +107,11 @@ bench: deps venv
 # background while lint and the unit tests run: site.yml keeps about one core busy and the
 # unit tests mostly wait on processes, so each takes little from the other (in a session of
 # its own, so that a failing lint or unit stage stops it; the cluster is removed on every
-# exit). Molecule's scenarios run beside the sandbox tests, one at a time at nice 19, their
-# output kept until the sandbox tests end: they mostly wait on containers and SSH, but beside
-# the provisioning they would slow it threefold. The sandbox tests run in the foreground: a
+# exit). Beside the shared cluster's tests, at nice 19, their output kept until those end:
+# the sandbox tests that make sandboxes of their own (marker own_sandbox), then molecule's
+# scenarios one at a time. They mostly wait on containers and SSH, and the shared cluster's
+# tests leave about half of the two cores idle (waiting on their runs); beside the
+# provisioning they would slow it threefold. The sandbox tests run in the foreground: a
 # command put in the background by a script ignores SIGINT, and the tests send Ctrl-C to the
 # trains they start.
 READY := .cache/sandbox-ready
@@ -128,14 +131,18 @@ test: deps venv
 	echo "the shared cluster was ready $$(( $$(date +%s) - started )) s after it was begun"; \
 	[ "$$(cat $(SHARED).rc 2>/dev/null)" = 0 ] || exit 1; \
 	( while [ ! -e $(READY) ]; do [ -e $(READY).gone ] && exit 1; sleep 5; done; \
-	  nice -n 19 $(MAKE) --no-print-directory molecule-all MOLECULE_JOBS=1 \
-	    >.cache/molecule-logs/all.log 2>&1 ) & molecule=$$!; \
+	  nice -n 19 $(BIN)/pytest -m own_sandbox -q -p no:cacheprovider \
+	    --basetemp=.cache/own-sandbox-tmp; own=$$?; \
+	  nice -n 19 $(MAKE) --no-print-directory molecule-all MOLECULE_JOBS=1; \
+	  mol=$$?; [ $$own -eq 0 ] && [ $$mol -eq 0 ] ) >.cache/molecule-logs/all.log 2>&1 & \
+	molecule=$$!; \
 	CLUSTERTRAIN_TEST_SANDBOX=$$name CLUSTERTRAIN_TEST_READY_FILE=$(READY) \
-	  $(MAKE) --no-print-directory sandbox-tests; rc=$$?; \
+	  $(MAKE) --no-print-directory sandbox-tests \
+	  SANDBOX_SELECT="(sandbox or e2e) and not own_sandbox"; rc=$$?; \
 	touch $(READY).gone; wait $$molecule; mol=$$?; \
 	[ -e .cache/molecule-logs/all.log ] && cat .cache/molecule-logs/all.log; \
 	rm -f $(READY) $(READY).gone; \
-	echo "sandbox tests: exit $$rc; molecule: exit $$mol (1 without a provisioned cluster)"; \
+	echo "sandbox tests: exit $$rc; own-sandbox tests and molecule: exit $$mol (1 without a provisioned cluster)"; \
 	[ $$rc -eq 0 ] && [ $$mol -eq 0 ]
 
 demo: deps venv

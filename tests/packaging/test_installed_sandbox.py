@@ -19,6 +19,7 @@ def recap(stdout: str) -> dict[str, dict[str, int]]:
             for m in (re.match(r"\s+(\S+)\s+(ok=.*)", line) for line in lines) if m}
 
 
+@pytest.mark.own_sandbox
 def test_a_sandbox_comes_up_and_goes_down_with_the_installed_tool(installed_tool, sandbox_name):
     name = sandbox_name("pkg")
     up = installed_tool.run("clustertrain", "sandbox", "up", "--nodes", "1", "--name", name,

@@ -19,7 +19,8 @@ from orchestrator.sandbox.image import ensure_image
 from orchestrator.sandbox.podman import podman, podman_json
 from orchestrator.sandbox.spec import LABEL, state_root
 
-pytestmark = pytest.mark.sandbox
+# Sandboxes of their own: `make test` runs these beside the shared cluster's tests.
+pytestmark = [pytest.mark.sandbox, pytest.mark.own_sandbox]
 REPO = Path(__file__).resolve().parents[3]
 
 
