@@ -50,6 +50,12 @@ def running(cluster: ProvisionedCluster, runs: Path, proc: subprocess.Popen) -> 
     return info
 
 
+def long_queued_run(cluster: ProvisionedCluster, runs: Path, name: str) -> subprocess.Popen:
+    """alice's --queue run of the example job, long enough to be ended from outside."""
+    return start_train(cluster.inventories["alice"], runs, *FOUR_GPUS, "train.py", "--",
+                       "--epochs", "200", "--run-name", name, "--no-resume", *SMALL)
+
+
 def test_a_queued_runs_processes_are_steps_of_its_job_with_their_cpu_time(
         sandbox_cluster: ProvisionedCluster, tmp_path: Path) -> None:
     """sacct lists one step per node of a --queue run, on that node, with the CPU time
@@ -89,9 +95,7 @@ def test_scancel_ends_the_run_on_every_node_before_slurm_lets_the_job_go(
     the job, no process of the run is left on any node, train ends, and the run's record
     says Slurm ended it."""
     runs = tmp_path / "runs"
-    proc = start_train(sandbox_cluster.inventories["alice"], runs, *FOUR_GPUS, "train.py",
-                       "--", "--epochs", "200", "--run-name", f"scancel-{tmp_path.name}",
-                       "--no-resume", *SMALL)
+    proc = long_queued_run(sandbox_cluster, runs, f"scancel-{tmp_path.name}")
     try:
         info = running(sandbox_cluster, runs, proc)
         job = info["slurm"]["job_id"]
@@ -113,9 +117,7 @@ def test_after_kill_9_of_train_nothing_of_the_run_outlives_its_slurm_job(
     3 s after squeue no longer lists the job, none of the run's processes is alive on any
     node (before, they went on for the controller's lease, on GPUs Slurm counted free)."""
     runs = tmp_path / "runs"
-    proc = start_train(sandbox_cluster.inventories["alice"], runs, *FOUR_GPUS, "train.py",
-                       "--", "--epochs", "200", "--run-name", f"kill9-{tmp_path.name}",
-                       "--no-resume", *SMALL)
+    proc = long_queued_run(sandbox_cluster, runs, f"kill9-{tmp_path.name}")
     try:
         info = running(sandbox_cluster, runs, proc)
         job = info["slurm"]["job_id"]
