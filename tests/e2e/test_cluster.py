@@ -140,8 +140,12 @@ def test_ctrl_c_stops_every_training_process(sandbox_cluster, tmp_path):
 
 
 def test_resume_after_a_worker_dies_with_max_restarts(sandbox_cluster, tmp_path):
+    """A worker killed after two epochs' checkpoints is restarted by torchrun and the run
+    resumes from the newest checkpoint. Four epochs, not six: the kill lands in the third
+    (an epoch takes about 5 s, the kill about a second), so the restarted worker still
+    trains one epoch or more after resuming, which is all the recovery needs."""
     ckpts = fresh_checkpoints(sandbox_cluster, "e2e-resume")
-    proc = train(sandbox_cluster, tmp_path, "--epochs", "6", "--run-name", "e2e-resume",
+    proc = train(sandbox_cluster, tmp_path, "--epochs", "4", "--run-name", "e2e-resume",
                  "--metrics-json", "/mnt/cluster/checkpoints/alice/results/e2e-resume.json", *SMALL,
                  opts=("--max-restarts", "1", "--rdzv-backend", "c10d"), background=True)
     try:
@@ -159,7 +163,7 @@ def test_resume_after_a_worker_dies_with_max_restarts(sandbox_cluster, tmp_path)
     assert "resumed from" in out
     final = json.loads(
         (sandbox_cluster.checkpoints("results") / "e2e-resume.json").read_text())["final"]
-    assert final["epochs"] == 6
+    assert final["epochs"] == 4
     assert final["resumed_from"]["epoch"] >= 2, final
 
 

@@ -200,12 +200,15 @@ def test_a_run_survives_its_share_stalling(sandbox_cluster, tmp_path) -> None:
     longer than a peer's timeout (PEER_TIMEOUT, 15 s): 20 s on every node; 20 s again, but
     over on node0 10 s before the others; then 20 s on node1 alone. The nodes' supervisors
     hear each other over the network meanwhile, not through the share: nobody is taken for
-    lost, and the run finishes and is reported succeeded."""
+    lost, and the run finishes and is reported succeeded. The job sleeps 68 s after its
+    first line: the three stalls take 60 s, and it ends a few seconds after the last."""
     assert PEER_TIMEOUT < 20
     train = start(sandbox_cluster, tmp_path, "--nodes", "3", "ddp_allreduce.py", "--",
-                  "--steps", "2", "--sleep", "75")
+                  "--steps", "2", "--sleep", "68")
     try:
-        wait_for(lambda: text(tmp_path).count(" ok") >= 3, 180, "every rank's first line",
+        # The ranks' own lines ("sum 6 ok"), not the preflight table's "ok" columns: the
+        # share stalls while the job runs, not while it starts.
+        wait_for(lambda: text(tmp_path).count("sum 6 ok") >= 3, 180, "every rank's first line",
                  train, tmp_path)
         sandbox_cluster.stall_share(20)
         early = threading.Thread(target=sandbox_cluster.stall_share, args=(10, ["node0"]))
@@ -231,15 +234,18 @@ def test_a_run_survives_a_dropped_ssh_connection(sandbox_cluster, tmp_path) -> N
     """A network blip: node1 drops every SSH packet for 12 s, so the controller's
     keepalives go unanswered and its connection to node1 ends. train connects again and
     follows node1's log on from the line where it broke: the run succeeds, nobody is taken
-    for lost, and every line node1 printed is shown once, in order."""
+    for lost, and every line node1 printed is shown once, in order. The blip is timed on
+    node1 itself (one `podman exec` adds the rule, sleeps and deletes it): a loaded machine's
+    slow `podman exec` must not stretch it past what train waits for a node (keepalives 8 s,
+    then RECONNECT, 10 s). The job ticks for 30 s: the blip ends at about tick 16, and node1
+    still prints after train is connected again."""
     train = start(sandbox_cluster, tmp_path, "--nodes", "3", "ddp_allreduce.py", "--",
-                  "--steps", "2", "--sleep", "40", "--tick")
+                  "--steps", "2", "--sleep", "30", "--tick")
     try:
         wait_for(lambda: "node1/rank1 | tick 3" in text(tmp_path), 240, "node1's ticks",
                  train, tmp_path)
-        sandbox_cluster.exec("node1", "sh", "-c", BLIP)
-        time.sleep(12)
-        sandbox_cluster.exec("node1", "nft", "delete", "table", "inet", "blip")
+        sandbox_cluster.exec("node1", "sh", "-c",
+                             f"{BLIP}; sleep 12; nft delete table inet blip")
         assert train.wait(timeout=180) == 0, text(tmp_path)[-3000:]
     finally:
         sandbox_cluster.exec("node1", "nft", "delete", "table", "inet", "blip", check=False)
@@ -250,7 +256,7 @@ def test_a_run_survives_a_dropped_ssh_connection(sandbox_cluster, tmp_path) -> N
     assert re.search(r"node1: its SSH connection dropped; connected again after [\d.]+ s",
                      out), out[-3000:]
     ticks = [int(n) for n in re.findall(r"^node1/rank1 \| tick (\d+)$", out, re.M)]
-    assert ticks == list(range(len(ticks))) and len(ticks) >= 38, ticks
+    assert ticks == list(range(len(ticks))) and len(ticks) >= 28, ticks
     assert "succeeded" in out and "lost" not in out, out[-3000:]
     assert not left(sandbox_cluster, tmp_path)
 

@@ -21,6 +21,10 @@ from ..run.test_train_sandbox import Train, assert_no_job_processes
 pytestmark = [pytest.mark.sandbox, pytest.mark.timeout(900)]
 NODES = ("node0", "node1", "node2")
 RATE_GBIT = 0.2
+# Half the default traffic per link and a quarter of the default all_reduce: at 200 Mbit/s
+# node1's links still carry 12 MB each way (read as 0.192 Gbit/s, as with a whole second)
+# and the all_reduce 4 MB a round; each of the test's three doctor runs is about 6 s shorter.
+QUICK = ("--link-seconds", "0.5", "--allreduce-mb", "4")
 
 
 @pytest.fixture
@@ -43,7 +47,7 @@ def test_a_node_with_throttled_egress_is_named_alone(sandbox_cluster: Sandbox,
         # Slurm, returning a node is an admin's).
         sandbox_cluster.exec("node1", "tc", "qdisc", "del", "dev", "eth0", "root")
         clean = cli(sandbox_cluster, tmp_path, "doctor", "-i", str(sandbox_cluster.inventory),
-                    "--nodes", "3", "--json")
+                    "--nodes", "3", "--json", *QUICK)
         again = json.loads(clean.stdout)
         # Two shared cores make the matrix products noisy: doctor may name another node
         # now and then (which it cordons); node1, unless named again, is returned.
@@ -63,7 +67,7 @@ def test_a_node_with_throttled_egress_is_named_alone(sandbox_cluster: Sandbox,
 
 def named_and_drained(sandbox_cluster: Sandbox, tmp_path: Path) -> None:
     done = cli(sandbox_cluster, tmp_path, "doctor", "-i", str(sandbox_cluster.inventory),
-               "--nodes", "3", "--json")
+               "--nodes", "3", "--json", *QUICK)
     assert done.returncode == 1, done.stderr[-3000:]   # 1: a suspect was named
     report = json.loads(done.stdout)
     assert [s["node"] for s in report["suspects"]] == ["node1"], report["suspects"]
@@ -96,8 +100,8 @@ def named_and_drained(sandbox_cluster: Sandbox, tmp_path: Path) -> None:
     assert min(rows, key=rows.__getitem__) == "node1", rows
     assert_no_job_processes(sandbox_cluster, NODES, within=10)
 
-    t = Train(sandbox_cluster, tmp_path, "--nodes", "3", "--doctor", "ddp_allreduce.py",
-              "--", "--steps", "2")
+    t = Train(sandbox_cluster, tmp_path, "--nodes", "3", "--doctor", *QUICK,
+              "ddp_allreduce.py", "--", "--steps", "2")
     assert t.finish(timeout=300) == 1
     assert "names node1: sends at" in t.stderr and "Nothing was started" in t.stderr, t.stderr
     assert "--ignore-suspects" in t.stderr
