@@ -27,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 # a record line (logstream.RECORD): in the run's log, not on the terminal
 RESULT_MARK = "##clustertrain record doctor "
@@ -193,20 +194,40 @@ def _sync(torch, device) -> None:  # noqa: ANN001 (torch module)
 
 
 def matmul_gflops(torch, device, seconds: float) -> float:  # noqa: ANN001 (torch module)
-    """Matrix products for about SECONDS: GFLOP/s (bf16 on a GPU, float32 on the CPU)."""
+    """Matrix products for about SECONDS: GFLOP/s (bf16 on a GPU, float32 on the CPU), of
+    the best of COMPUTE_WINDOWS windows (best_rate)."""
     n, dtype = (8192, torch.bfloat16) if device.type == "cuda" else (512, torch.float32)
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     torch.matmul(a, b)
     _sync(torch, device)
-    count, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        torch.matmul(a, b)
-        count += 1
-        if count % 10 == 0:   # a GPU queues work ahead: the clock reads it every 10
-            _sync(torch, device)
-    _sync(torch, device)
-    return 2 * n ** 3 * count / (time.perf_counter() - start) / 1e9
+    per_second = best_rate(lambda: torch.matmul(a, b), seconds,
+                           sync=lambda: _sync(torch, device))
+    return 2 * n ** 3 * per_second / 1e9
+
+
+# GFLOP/s is the best window's rate: a node whose compute is slow is slow in every window,
+# while a moment of someone else's work on its cores (or, in the sandbox, three nodes
+# sharing two cores) slows only some; the mean of the whole time named healthy nodes.
+COMPUTE_WINDOWS = 5
+SYNC_EVERY = 10   # a GPU queues work ahead: the clock reads it once this many are done
+
+
+def best_rate(step: Callable[[], object], seconds: float, windows: int = COMPUTE_WINDOWS,
+              sync: Callable[[], object] = lambda: None) -> float:
+    """STEPs per second in the best of WINDOWS windows of SECONDS / WINDOWS each (each
+    window ends with SYNC, and at least one step is timed in it)."""
+    best, window = 0.0, seconds / windows
+    for _ in range(windows):
+        count, start = 0, time.perf_counter()
+        while count == 0 or time.perf_counter() - start < window:
+            step()
+            count += 1
+            if count % SYNC_EVERY == 0:
+                sync()
+        sync()
+        best = max(best, count / (time.perf_counter() - start))
+    return best
 
 
 def allreduce(torch, dist, device, megabytes: float, iters: int) -> dict:  # noqa: ANN001

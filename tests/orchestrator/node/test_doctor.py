@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -70,3 +71,23 @@ def test_the_job_under_torchrun_measures_links_compute_and_all_reduce(tmp_path: 
     assert ar["ranks"] == 2 and ar["backend"] == "gloo" and ar["bytes"] == 1_000_000
     assert ar["busbw_gbyte_s"] == pytest.approx(ar["algbw_gbyte_s"])  # 2(n-1)/n = 1
     assert result["gpus"] == {}   # no nvidia-smi here
+
+
+def test_a_moment_of_someone_elses_work_does_not_lower_the_compute_rate() -> None:
+    """GFLOP/s is the best window's: steps slowed fivefold during the first three of five
+    windows (another process on the cores for a while) leave the rate that of the last
+    two, where the mean over the whole time (one window) falls by about half."""
+
+    def slowed_at_first():  # noqa: ANN202 - a step, slow for its first 0.9 s
+        started = time.perf_counter()
+        return lambda: time.sleep(0.01 if time.perf_counter() - started > 0.9 else 0.05)
+
+    rate = job.best_rate(slowed_at_first(), seconds=1.5, windows=5)
+    assert 75 < rate <= 100, rate   # ~100 steps/s outside the slow moment
+    mean = job.best_rate(slowed_at_first(), seconds=1.5, windows=1)
+    assert mean < 70, mean           # one window: the whole time's mean, the old reading
+
+
+def test_a_slow_node_is_slow_in_every_window() -> None:
+    rate = job.best_rate(lambda: time.sleep(0.04), seconds=0.5, windows=5)
+    assert rate < 26, rate
