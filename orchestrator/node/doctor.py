@@ -194,15 +194,21 @@ def _sync(torch, device) -> None:  # noqa: ANN001 (torch module)
 
 
 def matmul_gflops(torch, device, seconds: float) -> float:  # noqa: ANN001 (torch module)
-    """Matrix products for about SECONDS: GFLOP/s (bf16 on a GPU, float32 on the CPU), of
-    the best of COMPUTE_WINDOWS windows (best_rate)."""
+    """Matrix products for about SECONDS: GFLOP/s (bf16 on a GPU, float32 on the CPU with
+    CPU_THREADS threads), of the best of COMPUTE_WINDOWS windows (best_rate)."""
     n, dtype = (8192, torch.bfloat16) if device.type == "cuda" else (512, torch.float32)
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    torch.matmul(a, b)
-    _sync(torch, device)
-    per_second = best_rate(lambda: torch.matmul(a, b), seconds,
-                           sync=lambda: _sync(torch, device))
+    threads = torch.get_num_threads()
+    if device.type != "cuda":   # one core per rank: see CPU_THREADS
+        torch.set_num_threads(CPU_THREADS)
+    try:
+        torch.matmul(a, b)
+        _sync(torch, device)
+        per_second = best_rate(lambda: torch.matmul(a, b), seconds,
+                               sync=lambda: _sync(torch, device))
+    finally:
+        torch.set_num_threads(threads)
     return 2 * n ** 3 * per_second / 1e9
 
 
@@ -210,6 +216,11 @@ def matmul_gflops(torch, device, seconds: float) -> float:  # noqa: ANN001 (torc
 # while a moment of someone else's work on its cores (or, in the sandbox, three nodes
 # sharing two cores) slows only some; the mean of the whole time named healthy nodes.
 COMPUTE_WINDOWS = 5
+# On the CPU each rank measures with one thread: with torch's default (a thread per core)
+# the ranks of a node, or nodes sharing a machine's cores, fight over them and one reads a
+# fifth of the others' GFLOP/s (seen on the sandbox: 3 nodes on 2 cores). One thread's rate
+# still tells a slow node from the others, which is all doctor asks of it.
+CPU_THREADS = 1
 SYNC_EVERY = 10   # a GPU queues work ahead: the clock reads it once this many are done
 
 
