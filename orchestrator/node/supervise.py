@@ -505,7 +505,7 @@ class Supervisor:
         watch = self.slurm_watch
         if watch is not None and watch.look_now():
             return Ending(End.STOPPED, slurmjob.ended_why(watch.job))
-        return self._slurm_ended()
+        return None   # SIGTERM to this step: final_ending asked _slurm_ended first
 
     def conclude(self, code: int, ending: Ending | None) -> None:
         """Record the end: over the ring first (the share may be stalled), then the exit
