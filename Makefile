@@ -10,10 +10,12 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 # molecule and ansible-lint call ansible-config, ansible-galaxy... by name.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 SCENARIO ?= common
-SYSTEM_PACKAGES := podman runc debootstrap rsync openssh-client libnfs-utils python3-venv \
-  unionfs-fuse fuse3 chromium
+# What the tool and its sandbox need on this machine (make demo), then what only the tests
+# add: nfs-ls (the share reached with another uid) and chromium (the reports' screenshots).
+SYSTEM_PACKAGES := podman runc debootstrap rsync openssh-client python3-venv unionfs-fuse fuse3
+TEST_PACKAGES := $(SYSTEM_PACKAGES) libnfs-utils chromium
 
-.PHONY: help deps venv lint unit molecule molecule-all sandbox-tests e2e bench test demo clean
+.PHONY: help deps test-deps venv test-venv lint unit molecule molecule-all sandbox-tests e2e bench test demo clean
 
 help:
 	@echo "make demo            2-node sandbox cluster: provision it and train on it"
@@ -26,24 +28,32 @@ help:
 	@echo "make clean           remove the virtualenv and caches (not sandboxes)"
 
 # System packages (Debian/Ubuntu). Skipped when everything is already there.
-deps:
-	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+deps test-deps: PACKAGES = $(if $(filter test-deps,$@),$(TEST_PACKAGES),$(SYSTEM_PACKAGES))
+deps test-deps:
+	@missing=$$(for p in $(PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 	  echo "installing system packages: $$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
 	fi
 
+# The tool alone (make demo: the controller needs neither torch nor the test tools), then
+# the extras that the tests and benchmarks use.
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
 	$(BIN)/pip install -q -e '.[test,train]'
 	touch $@
 
 venv: $(VENV)/.installed
+test-venv: $(VENV)/.installed-test
 
 # ruff and mypy read their settings from pyproject.toml ([tool.ruff], [tool.mypy]).
-lint: venv
+lint: test-venv
 	$(BIN)/ansible-lint
 	$(BIN)/ansible-playbook --syntax-check -i inventory/hosts.yml site.yml
 	$(BIN)/ruff check .
@@ -53,16 +63,16 @@ lint: venv
 # deps: some use rsync and debootstrap on this machine. Two at a time (pytest-xdist): many
 # wait on real processes rather than use a core.
 PYTEST_UNIT := $(BIN)/pytest -n 2 -q
-unit: deps venv
+unit: test-deps test-venv
 	$(PYTEST_UNIT) -m "not sandbox and not e2e and not slow"
 
-molecule: deps venv
+molecule: test-deps test-venv
 	cd $(CURDIR) && $(BIN)/molecule test -s $(SCENARIO)
 
 # Sandbox and end-to-end tests in one session: they share one cluster provisioned by site.yml.
 # One at a time: they share the cluster, and some measure its nodes' speed.
 SANDBOX_SELECT ?= sandbox or e2e
-sandbox-tests: deps venv
+sandbox-tests: test-deps test-venv
 	$(BIN)/pytest -m "$(SANDBOX_SELECT)" -q --durations=30
 
 # The scenarios whose converge or checks are not the shared cluster's: `firewall`
@@ -76,18 +86,18 @@ sandbox-tests: deps venv
 # containers and SSH), longest first; each one's output is printed whole when it ends.
 MOLECULE_SCENARIOS := firewall nfs common nvidia_driver
 MOLECULE_JOBS ?= 2
-molecule-all: deps venv
+molecule-all: test-deps test-venv
 	@mkdir -p .cache/molecule-logs
 	printf '%s\n' $(MOLECULE_SCENARIOS) | xargs -P $(MOLECULE_JOBS) -I{} sh -c \
 	  'log=.cache/molecule-logs/{}.log; start=$$(date +%s); $(BIN)/molecule test -s {} >$$log 2>&1; \
 	   rc=$$?; cat $$log; echo "molecule {}: exit $$rc after $$(( $$(date +%s) - start )) s"; exit $$rc'
 
-e2e: deps venv
+e2e: test-deps test-venv
 	$(BIN)/pytest -m e2e -q
 
 # All benchmarks, one after another (about three and a half hours on 2 cores, a third of it the 2x50
 # runs of teardown_abort.py); results in bench/results/.
-bench: deps venv
+bench: test-deps test-venv
 	$(PY) bench/ddp_overhead.py
 	$(PY) bench/launch_fanout.py
 	$(PY) bench/launch_fanout.py --bastion
@@ -116,7 +126,7 @@ bench: deps venv
 # trains they start.
 READY := .cache/sandbox-ready
 SHARED := .cache/shared-cluster
-test: deps venv
+test: test-deps test-venv
 	@mkdir -p .cache/molecule-logs; \
 	rm -f $(READY) $(READY).gone $(SHARED).* .cache/molecule-logs/all.log; \
 	name=$${CLUSTERTRAIN_TEST_SANDBOX_PREFIX:-}cl-$$(od -An -N3 -tx1 /dev/urandom | tr -d ' \n'); \

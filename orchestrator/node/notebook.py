@@ -11,7 +11,11 @@ command line (the arguments below are given to JupyterLab inside this process, w
 JupyterLab then runs in this process: on 127.0.0.1 only (the tunnel is the one way in),
 its root the user's home (notebooks outlive the run's job directory), its kernels in this
 Python, the run's environment. With --idle S (a detached notebook) the server ends itself
-after S seconds without a request, and idle kernels are culled after S seconds.
+after S seconds without a request, and idle kernels are culled after S seconds. JupyterLab
+looks for inactivity once a minute, a period no option changes (so `--idle 10` would end
+the server 60-120 s after its last request): a thread here asks the server to take the
+same look (its own rule: no kernel, no terminal, no request for S seconds) every S/10
+seconds, at most once a minute, and kernels and terminals are culled as often.
 
 Standard library only, up to JupyterLab itself (which the environment provides).
 """
@@ -26,11 +30,13 @@ import runpy
 import secrets
 import socket
 import sys
+import threading
+import time
 
 from .protocol import JOBS_SUBDIR, NODE_STATE_DIR, NOTEBOOK_FILE
 from .util import write_atomically
 
-CULL_INTERVAL = 60   # seconds between the server's looks for idle kernels
+LONGEST_LOOK = 60   # seconds: the longest period between looks for inactivity
 
 
 def free_port() -> int:
@@ -46,16 +52,39 @@ def info_path(run_id: str) -> str:
                         NOTEBOOK_FILE)
 
 
+def look_interval(idle: float) -> int:
+    """Seconds between looks for inactivity for an --idle of IDLE seconds: a tenth of it,
+    at least 1 and at most LONGEST_LOOK (the server ends at most a tenth late)."""
+    return int(min(LONGEST_LOOK, max(1.0, idle / 10)))
+
+
 def jupyter_argv(port: int, token: str, root: str, idle: float) -> list[str]:
     argv = ["jupyter-lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
             "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
             f"--ServerApp.root_dir={root}"]
     if idle > 0:
+        look = look_interval(idle)
         argv += [f"--ServerApp.shutdown_no_activity_timeout={int(idle)}",
                  f"--MappingKernelManager.cull_idle_timeout={int(idle)}",
-                 f"--MappingKernelManager.cull_interval={CULL_INTERVAL}",
-                 f"--TerminalManager.cull_inactive_timeout={int(idle)}"]
+                 f"--MappingKernelManager.cull_interval={look}",
+                 f"--TerminalManager.cull_inactive_timeout={int(idle)}",
+                 f"--TerminalManager.cull_interval={look}"]
     return argv
+
+
+def look_for_inactivity(every: float) -> None:
+    """Forever, every EVERY seconds: once JupyterLab's server is up, ask it (on its own
+    event loop) to end if it has been inactive for its shutdown_no_activity_timeout. (The
+    server's module is taken once JupyterLab has imported it whole, never imported here.)"""
+    while True:
+        time.sleep(every)
+        server_app = getattr(sys.modules.get("jupyter_server.serverapp"), "ServerApp", None)
+        if server_app is None or not server_app.initialized():
+            continue
+        app = server_app.instance()
+        loop = getattr(app, "io_loop", None)
+        if loop is not None:
+            loop.add_callback(app.shutdown_no_activity)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -78,6 +107,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"[clustertrain] JupyterLab starting on 127.0.0.1:{port} (root {home})",
           flush=True)
     sys.argv = jupyter_argv(port, token, home, args.idle)
+    if args.idle > 0:
+        threading.Thread(target=look_for_inactivity, args=(look_interval(args.idle),),
+                         name="idle-look", daemon=True).start()
     runpy.run_module("jupyterlab", run_name="__main__", alter_sys=True)
 
 

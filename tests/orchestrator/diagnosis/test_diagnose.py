@@ -71,7 +71,7 @@ def node_dump(job: Path, py_spy: str) -> list[dict]:
 
 
 def test_the_node_dumps_every_worker_of_the_run_and_no_other_process(fake_run: Path) -> None:
-    assert PY_SPY is not None, "py-spy is a test dependency (pyproject.toml): make venv"
+    assert PY_SPY is not None, "py-spy is a test dependency (pyproject.toml): make test-venv"
     entries = node_dump(fake_run, PY_SPY)
     assert [e["rank"] for e in entries] == [0, 1], entries  # not the data-loader child
     for e in entries:

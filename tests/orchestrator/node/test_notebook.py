@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from orchestrator.node.notebook import jupyter_argv
+from orchestrator.node.notebook import jupyter_argv, look_interval
 
 REPO = Path(__file__).resolve().parents[3]
 STAND_IN = ("import json, os, sys\n"
@@ -27,7 +27,15 @@ def test_jupyterlab_listens_on_loopback_with_the_nodes_token_and_ends_when_idle(
     assert not [a for a in argv if "timeout" in a]
     idle = jupyter_argv(41000, "t0k", "/home/bob", 600)
     assert {"--ServerApp.shutdown_no_activity_timeout=600",
-            "--MappingKernelManager.cull_idle_timeout=600"} <= set(idle)
+            "--MappingKernelManager.cull_idle_timeout=600",
+            "--MappingKernelManager.cull_interval=60",
+            "--TerminalManager.cull_interval=60"} <= set(idle)
+
+
+def test_a_short_idle_is_looked_for_often_enough_to_end_on_time() -> None:
+    # JupyterLab's own look comes once a minute: --idle 10 would end 60-120 s late.
+    assert [look_interval(s) for s in (10, 45, 600, 3600, 86400, 0.5)] == [1, 4, 60, 60, 60, 1]
+    assert "--MappingKernelManager.cull_interval=1" in jupyter_argv(1, "t", "/h", 10)
 
 
 def test_the_port_and_token_go_to_the_job_directory_only(tmp_path) -> None:

@@ -1,7 +1,7 @@
 """A page as a reader sees it: headless Chromium renders it (with every network request
 refused) into a screenshot, kept as a test artifact, and into its DOM after loading.
 
-Chromium is a system package (`make deps` installs it); without it these tests fail and say
+Chromium is a system package (`make test-deps` installs it); without it these tests fail and say
 so: a report nobody looked at is not tested."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ OFFLINE = ["--host-resolver-rules=MAP * ~NOTFOUND", "--proxy-server=127.0.0.1:9"
 
 def chromium() -> str:
     found = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert found, "headless Chromium is needed to look at the report: `make deps` installs it"
+    assert found, "headless Chromium is needed to look at the report: `make test-deps` installs it"
     return found
 
 

@@ -165,10 +165,11 @@ def test_a_detached_notebook_outlives_its_tunnel_connects_again_and_ends_when_id
         assert "started" in api(url2, token2, "/api/status")
     finally:
         assert interrupt(again) == 0, said(again)[-2000:]
-    # Nobody uses it: it ends itself (JupyterLab looks for activity once a minute), and
-    # `connect` says so (settled from its node: nobody followed its end).
-    wait_for(lambda: not sandbox_cluster.run_processes("node2", run_id, user="bob"), 180,
-             "the idle notebook to end by itself")
+    # Nobody uses it: it ends itself about --idle seconds after the last request (not at
+    # JupyterLab's own look, once a minute), and `connect` says so (settled from its node:
+    # nobody followed its end).
+    wait_for(lambda: not sandbox_cluster.run_processes("node2", run_id, user="bob"), 40,
+             "the idle notebook to end by itself within 40 s of --idle 10")
     assert not jupyter_processes(sandbox_cluster, "node2")
     late = notebook(runs, "connect", run_id)
     assert late.wait(timeout=120) == 2, said(late)
