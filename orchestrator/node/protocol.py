@@ -47,6 +47,9 @@ GO = "go"   # GO's line: `go {"ports": ..., "key": ..., "env": ...}` (GoWord)
 STARTED = "@@clustertrain-started"   # and the supervisor's PID, once detached
 EXIT_MARKER = "@@clustertrain-exit"  # the last line of a node's log stream: code, end, why
 HANG_MARKER = "@@clustertrain-hang"  # in a node's log stream: it found the run hung, dumped
+# A line of JOB/output.log written just before the run's processes there are signalled to
+# stop: what torchrun says after it is the stop's echo (kept in the log, not shown live).
+STOP_MARKER = "@@clustertrain-stopping"
 # The worker runner's last line for a rank whose script finished.
 FINISHED_MARKER = "[clustertrain] rank {rank} finished: exit code {code}"
 FR_DIR_ENV = "CLUSTERTRAIN_FR_DIR"   # where a worker serves its flight recorder

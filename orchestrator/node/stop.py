@@ -13,7 +13,15 @@ import os
 import signal
 import time
 
-from .protocol import PGID_FILE, RUN_ID_ENV, STOP_REQUESTED, STOPPED_FILE, SUPERVISOR_PID
+from .protocol import (
+    OUTPUT_LOG,
+    PGID_FILE,
+    RUN_ID_ENV,
+    STOP_MARKER,
+    STOP_REQUESTED,
+    STOPPED_FILE,
+    SUPERVISOR_PID,
+)
 from .util import environ, process_table, read_pid
 
 
@@ -73,6 +81,19 @@ def _await_end(tree: Tree, grace: float) -> bool:
     return False
 
 
+def _mark_output(job: str) -> None:
+    """STOP_MARKER as a line of the run's output, before its processes hear of the stop
+    (the output is appended to: the line cannot land inside another write)."""
+    path = os.path.join(job, OUTPUT_LOG)
+    if not os.path.exists(path):
+        return
+    try:
+        with open(path, "a") as fh:
+            fh.write(f"{STOP_MARKER}\n")
+    except OSError:   # a full disk: the stop matters more than its mark
+        pass
+
+
 def stop_tree(job: str, run_id: str, grace: float) -> dict:
     """Stop the run whose torchrun recorded its process group in JOB/pgid. A run whose
     supervisor has been launched but has not started torchrun yet is stopped too: asked
@@ -99,6 +120,7 @@ def stop_tree(job: str, run_id: str, grace: float) -> dict:
         # The PID was reused by something that is not this run: signal nothing.
         return {"found": True, "user": me, "pgid": pgid, "initial": [], "killed": [],
                 "left": [], "stale": True}
+    _mark_output(job)
     try:
         os.killpg(pgid, signal.SIGTERM)
     except (ProcessLookupError, PermissionError):

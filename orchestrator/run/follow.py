@@ -23,7 +23,14 @@ from .. import defaults
 from ..cluster.inventory import NodeSpec
 from ..diagnosis.diagnose import analyse, read_node_dumps
 from ..diagnosis.progress import Progress
-from ..node.protocol import COLLECTIVE_TIMEOUT, HANG_GATHER, HANG_MARKER, RECONNECT, End
+from ..node.protocol import (
+    COLLECTIVE_TIMEOUT,
+    HANG_GATHER,
+    HANG_MARKER,
+    RECONNECT,
+    STOP_MARKER,
+    End,
+)
 from ..record.ends import PEER_GONE
 from ..record.logstream import LineSplitter, is_record
 from ..record.rundir import RunDir, iso, open_private
@@ -116,6 +123,7 @@ class Job:
         self._hung = False               # stopped for a hang (--on-hang stop)
         self._hang_open = False          # a hang found and not yet resolved
         self._stragglers: set[str] = set()
+        self._stop_echo: set[str] = set()  # nodes whose torchrun now echoes a stop
 
     # -- per-node threads -------------------------------------------------------------
     def _pump(self, spec: NodeSpec, cmd: NodeCommand, lease: bool) -> None:
@@ -182,18 +190,28 @@ class Job:
         return kept
 
     def _emit(self, log: IO[str], outcome: NodeOutcome, lines: list[str]) -> None:
+        """LINES of OUTCOME's node into the run's log and onto the terminal; not onto the
+        terminal: a rank's beats and records, and what torchrun says once the node's
+        processes were told to stop (its SignalException traceback: the stop's echo, which
+        the tool's own lines account for)."""
         now = time.monotonic()
-        shown = []
+        shown, echo = [], []
         for line in lines:  # every rank's line is progress; its beats are not shown
             head, sep, text = line.partition(" | ")
+            if sep and text.startswith(STOP_MARKER):
+                self._stop_echo.add(outcome.node)
+                continue
             node, slash, rank = head.partition("/rank")
             if not (sep and slash and rank.isdigit()
                     and self.progress.line(node, int(rank), text, now)):
                 shown.append(line)
+                echo.append(outcome.node in self._stop_echo and head.endswith("/torchrun"))
         if not shown:
             return
         text = "".join(line + "\n" for line in shown)   # the log keeps records
         lines = [line for line in shown if not is_record(line)]
+        said = [line for line, quiet in zip(shown, echo, strict=True)
+                if not quiet and not is_record(line)]
         outcome.last_lines.extend(lines)
         outcome.last_worker_lines.extend(line for line in lines if "/rank" in line.split(" | ")[0])
         try:
@@ -205,10 +223,10 @@ class Job:
                 print(f"[clustertrain] warning: cannot write the run's log ({exc}); the "
                       "nodes keep their own copy (logs RUN fetches it)", file=sys.stderr)
         with self._print_lock:
-            if self._out_broken or not lines:
+            if self._out_broken or not said:
                 return
             try:
-                self.out.write("".join(line + "\n" for line in lines))
+                self.out.write("".join(line + "\n" for line in said))
                 self.out.flush()
             except (BrokenPipeError, OSError, ValueError):
                 # `train | head`: nobody reads any more. Stop the job rather than hang.

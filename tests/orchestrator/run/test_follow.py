@@ -25,8 +25,14 @@ from .test_launch import nodes
 # torchrun's stand-in: each node says a word; node rank FAILS fails with 3 a second
 # later, the others live on until stopped.
 TORCHRUN = ("#!{python}\n"
-            "import os, sys, time\n"
+            "import os, signal, sys, time\n"
             "rank = os.environ['CLUSTERTRAIN_NODE_RANK']\n"
+            "def stopped(signum, frame):   # as torchrun says it: a traceback\n"
+            "    print('Traceback (most recent call last):', flush=True)\n"
+            "    print(f'SignalException: Process {{os.getpid()}} got signal: {{signum}}',\n"
+            "          flush=True)\n"
+            "    sys.exit(1)\n"
+            "signal.signal(signal.SIGTERM, stopped)\n"
             "print(f'node {{rank}} training', flush=True)\n"
             "if rank == '{fails}':\n"
             "    time.sleep(1)\n"
@@ -80,9 +86,25 @@ def test_the_first_failure_is_named_and_the_other_node_ends_for_it(tmp_path: Pat
 
 
 def test_sigterm_stops_the_job_on_every_node(tmp_path: Path) -> None:
-    result, said, _ = follow(tmp_path, attached=True, fails=None,
-                                 interrupt=signal.SIGTERM)
+    result, said, run = follow(tmp_path, attached=True, fails=None,
+                               interrupt=signal.SIGTERM)
     assert result.interrupted and result.why_interrupted == "SIGTERM", said
     assert "interrupted (SIGTERM): stopping the job on every node" in said
     assert result.first_failed is None, said
     assert all(o.reason.caused_elsewhere for o in result.outcomes.values()), result.outcomes
+    # torchrun's traceback at the stop is in each node's log, not on the terminal.
+    assert "Traceback" not in said and "SignalException" not in said, said
+    for name in ("n0", "n1"):
+        log = run.log(name).read_text()
+        assert f"{name}/torchrun | SignalException: Process" in log, log
+        assert "@@clustertrain" not in log, log
+
+
+def test_a_failing_node_still_shows_its_cause(tmp_path: Path) -> None:
+    """n1's torchrun fails by itself: what it says is shown; n0, stopped for it, says
+    its traceback into its log only."""
+    result, said, run = follow(tmp_path, attached=True, fails=1)
+    assert result.first_failed == "n1", said
+    assert "n1/torchrun | node 1 training" in said
+    assert "SignalException" not in said, said
+    assert "SignalException" in run.log("n0").read_text()

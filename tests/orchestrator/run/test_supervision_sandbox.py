@@ -116,6 +116,12 @@ def test_sighup_and_sigterm_act_like_ctrl_c(sandbox_cluster, tmp_path, sig) -> N
     assert f"interrupted ({sig.name}): stopping the job on every node" in text(tmp_path)
     (summary,) = tmp_path.glob("*/summary.json")
     assert json.loads(summary.read_text())["status"] == "interrupted"
+    # torchrun's own traceback at the stop (its SignalException, on every node) stays in
+    # the nodes' logs: the terminal has the tool's account of the stop only.
+    assert "Traceback" not in text(tmp_path), text(tmp_path)[-3000:]
+    logs = [(summary.parent / f"node{i}.log").read_text() for i in range(3)]
+    assert any("/torchrun | torch.distributed.elastic.multiprocessing.api.SignalException"
+               in log for log in logs), logs
 
 
 def test_detach_then_attach_follows_to_the_end(sandbox_cluster, tmp_path) -> None:
