@@ -33,10 +33,13 @@ class ProvisionFailed(Exception):
 def up(name: str, say: Callable[[str], None] = print) -> dict[str, Any]:
     """Make and provision the sandbox NAME; its `sandbox up --json` description. On failure
     the sandbox is removed again and ProvisionFailed says which step and why."""
+    started = time.monotonic()
     made = orchestrator("sandbox", "up", "--nodes", "3", "--outsiders", "1", "--bastion",
                         "--slurm", "--name", name, "--json")
     if made.returncode != 0:
         raise ProvisionFailed(f"sandbox up: {made.stdout[-3000:]}{made.stderr[-3000:]}")
+    say(f"{name}: sandbox up took {time.monotonic() - started:.0f} s")
+    started = time.monotonic()
     try:
         info: dict[str, Any] = json.loads(made.stdout)
         share = Path(info["share"])
@@ -47,6 +50,7 @@ def up(name: str, say: Callable[[str], None] = print) -> dict[str, Any]:
         data = orchestrator("data", "synthetic", "--dest", str(share / "data" / "cifar10"))
         if data.returncode != 0:
             raise ProvisionFailed(f"data synthetic: {data.stderr[-3000:]}")
+        say(f"{name}: the wheelhouse and the dataset took {time.monotonic() - started:.0f} s")
         started = time.monotonic()
         site = run(str(BIN / "ansible-playbook"), "-i", info["inventory"], "site.yml")
         if site.returncode != 0:
