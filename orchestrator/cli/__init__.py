@@ -2,8 +2,8 @@
 
 Each verb is a thin module here, `cmd_<verb>.py`: `register(subparsers)` adds its parser
 and sets `func`, which parses the arguments into the core's request, calls the core
-(orchestrator/<module>.py: preflight, train, stop, diagnose, ...) and prints. Add new
-modules to COMMANDS.
+(orchestrator/<module>.py: preflight, train, stop, diagnose, ...) and prints. Name each
+new verb in VERBS (a command loads its verb's module only).
 """
 
 from __future__ import annotations
