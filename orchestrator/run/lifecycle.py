@@ -391,7 +391,7 @@ def _run(plan: Plan, session: Session, scheduler: Scheduler, whole: Cluster,
             raise LaunchError(f"{first_failed}: {submitted.failed[first_failed]}; " + (
                 "the job was stopped on the other nodes" if submitted.launch.started else
                 "no node was started"))
-        session.release_once_bound(plan.commands[0].master_port)
+        session.release_once_bound(plan.commands[0].master_port, detached=spec.detach)
         if spec.detach:
             print(f"run {run_id}: running on {', '.join(cluster.names)}, supervised by "
                   "the nodes (detached).\n"

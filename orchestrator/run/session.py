@@ -25,6 +25,7 @@ class Session:
     clients: dict[str, ssh.Connection] = field(default_factory=dict)
     run_id: str | None = None                         # the run the port is claimed for
     releasing: threading.Thread | None = None         # see release_once_bound
+    wait_release: bool = False                        # ... and close()
 
     @classmethod
     def check(cls, cluster: Cluster, *, master_port: int | None, nproc_per_node: int | None,
@@ -40,12 +41,16 @@ class Session:
         clients, report.clients = report.clients, {}   # the session owns them now
         return cls(cluster, report, clients, run_id)
 
-    def release_once_bound(self, port: int) -> None:
+    def release_once_bound(self, port: int, detached: bool) -> None:
         """The run started on its nodes: node 0's master-port claim is dropped once
         torchrun listens on PORT (or node 0's part ended; BOUND_WAIT at most): dropped
         before, a launch a moment later could take the same port. In the background, from
-        now: the run's end does not wait for it (`close()` does, if it is not done)."""
+        now: an attached run's end does not wait for it. `close()` waits for it when the
+        run is DETACHED (the launch is all this process does); an attached run's
+        `close()` drops a claim still held at once (the run ended before torchrun
+        listened, or Ctrl-C twice left it)."""
         self.releasing = threading.Thread(target=self._release, args=(port,), daemon=True)
+        self.wait_release = detached
         self.releasing.start()
 
     def _release(self, once_bound: int | None = None) -> None:
@@ -57,10 +62,10 @@ class Session:
                 pass  # the claim lapses by itself
 
     def close(self) -> None:
-        if self.releasing is None:
-            self._release()
-        else:
+        if self.releasing is not None and self.wait_release:
             self.releasing.join(timeout=BOUND_WAIT + 30)
+        elif self.releasing is None or self.releasing.is_alive():
+            self._release()
         each(list(self.clients.values()), lambda conn: conn.close(), lambda conn: conn.name)
         self.clients.clear()
 

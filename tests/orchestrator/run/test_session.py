@@ -8,6 +8,7 @@ from __future__ import annotations
 import getpass
 import os
 import socket
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -54,7 +55,7 @@ def test_the_claim_goes_once_torchrun_listens_not_at_the_runs_end(tmp_path: Path
     held = claim(port, run_id)
     try:
         t0 = time.monotonic()
-        s.release_once_bound(port)
+        s.release_once_bound(port, detached=False)
         assert time.monotonic() - t0 < 0.5     # in the background
         time.sleep(1.0)
         assert held.exists()                   # torchrun does not listen yet
@@ -69,6 +70,45 @@ def test_the_claim_goes_once_torchrun_listens_not_at_the_runs_end(tmp_path: Path
         s.close()
         assert time.monotonic() - t0 < 1.0 and node.closed
         assert sum("release" in r for r in node.runs) == 1
+    finally:
+        held.unlink(missing_ok=True)
+
+
+def test_an_attached_run_that_ends_before_torchrun_listens_gives_its_claim_back_at_once(
+        tmp_path: Path) -> None:
+    """Attached, the run ended (or Ctrl-C twice left it) before torchrun listened: close()
+    drops the claim now, not after waiting for a port nobody will bind."""
+    run_id = f"test-{uuid.uuid4().hex[:8]}"
+    s, node = session(tmp_path, run_id)
+    held = claim(unused_port(), run_id)
+    try:
+        s.release_once_bound(int(held.name.split(".")[0]), detached=False)
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        s.close()
+        assert time.monotonic() - t0 < 5 and not held.exists() and node.closed
+    finally:
+        held.unlink(missing_ok=True)
+
+
+def test_a_detached_run_holds_its_claim_until_torchrun_listens(tmp_path: Path) -> None:
+    """Detached, the launch is all this process does: close() waits until the port is
+    bound before the claim goes (dropped before, a launch a moment later could take it)."""
+    run_id = f"test-{uuid.uuid4().hex[:8]}"
+    s, node = session(tmp_path, run_id)
+    port = unused_port()
+    held = claim(port, run_id)
+    try:
+        s.release_once_bound(port, detached=True)
+        closing = threading.Thread(target=s.close)
+        closing.start()
+        closing.join(timeout=1.5)
+        assert closing.is_alive() and held.exists()   # waiting for the bind
+        with socket.socket() as store:
+            store.bind(("0.0.0.0", port))
+            store.listen()
+            closing.join(timeout=20)
+        assert not closing.is_alive() and not held.exists() and node.closed
     finally:
         held.unlink(missing_ok=True)
 
