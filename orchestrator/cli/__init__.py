@@ -2,8 +2,8 @@
 
 Each verb is a thin module here, `cmd_<verb>.py`: `register(subparsers)` adds its parser
 and sets `func`, which parses the arguments into the core's request, calls the core
-(orchestrator/<module>.py: preflight, train, stop, diagnose, ...) and prints. Add new
-modules to COMMANDS.
+(orchestrator/<module>.py: preflight, train, stop, diagnose, ...) and prints. Name each
+new verb in VERBS (a command loads its verb's module only).
 """
 
 from __future__ import annotations
@@ -15,27 +15,19 @@ import sys
 from typing import Any
 
 from ..errors import ClusterError, InputError
-from .completion import complete
+from .completion import COMPLETING, complete
 
-COMMANDS = (
-    "orchestrator.cli.cmd_sandbox",
-    "orchestrator.cli.cmd_data",
-    "orchestrator.cli.cmd_preflight",
-    "orchestrator.cli.cmd_train",
-    "orchestrator.cli.cmd_attach",
-    "orchestrator.cli.cmd_notebook",
-    "orchestrator.cli.cmd_stop",
-    "orchestrator.cli.cmd_queue",
-    "orchestrator.cli.cmd_cordon",
-    "orchestrator.cli.cmd_diagnose",
-    "orchestrator.cli.cmd_doctor",
-    "orchestrator.cli.cmd_runs",
-    "orchestrator.cli.cmd_ui",
-    "orchestrator.cli.cmd_provision",
-    "orchestrator.cli.cmd_wheelhouse",
-    "orchestrator.cli.cmd_env",
-    "orchestrator.cli.cmd_completion",
-)
+# Each verb (aliases too) and its module, in the order help lists them.
+VERBS = {
+    "sandbox": "cmd_sandbox", "data": "cmd_data", "preflight": "cmd_preflight",
+    "train": "cmd_train", "attach": "cmd_attach", "notebook": "cmd_notebook",
+    "stop": "cmd_stop", "queue": "cmd_queue", "cordon": "cmd_cordon",
+    "uncordon": "cmd_cordon", "undrain": "cmd_cordon", "diagnose": "cmd_diagnose",
+    "doctor": "cmd_doctor", "runs": "cmd_runs", "logs": "cmd_runs", "ui": "cmd_ui",
+    "provision": "cmd_provision", "wheelhouse": "cmd_wheelhouse", "env": "cmd_env",
+    "completion": "cmd_completion",
+}
+COMMANDS = tuple(dict.fromkeys(f"{__name__}.{module}" for module in VERBS.values()))
 
 
 class Parser(argparse.ArgumentParser):
@@ -47,12 +39,16 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
-def build_parser() -> Parser:
+def build_parser(verb: str | None = None) -> Parser:
+    """The command line's parser: every verb's, or (VERB) only that verb's, which parses
+    its arguments, says its help and its errors as the whole parser does. A command that
+    names its verb loads only that verb's module: every verb's imports cost each command
+    a third of a second."""
     parser = Parser(
         prog="python -m orchestrator",
         description="Provision a PyTorch training cluster over SSH and run jobs on it.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in COMMANDS:
+    for module in COMMANDS if verb is None else (f"{__name__}.{VERBS[verb]}",):
         importlib.import_module(module).register(sub)
     _know_yourself(parser)
     return parser
@@ -80,10 +76,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     """The verb's arguments. An argument the verb does not know is its error, said with
     the verb's own usage (and, where it has one, its hint: `train`'s script options go
     after `--`), not the top-level usage."""
-    parser = build_parser()
+    words = list(sys.argv[1:] if argv is None else argv)
+    completing = argv is None and COMPLETING in os.environ
+    # The whole parser for help, completion and anything but a verb first (an unknown
+    # word's error lists every verb).
+    parser = build_parser(words[0] if words and words[0] in VERBS and not completing
+                          else None)
     if argv is None:
         complete(parser)   # the shell asking for completions: answered, and exits
-    words = list(sys.argv[1:] if argv is None else argv)
     after: list[str] | None = None
     if words and _verb(parser, words[0]).get_default("takes_separator") and "--" in words:
         # Everything after the first `--` is the script's, whatever it looks like

@@ -12,6 +12,7 @@ import argcomplete
 
 from .. import defaults
 
+COMPLETING = "_ARGCOMPLETE"   # argcomplete's variable: set when the shell asks
 RUN_ARGS = {"run"}
 HOST_ARGS = {"node", "host", "hosts"}   # hosts: a,b (train's options declare their own)
 

@@ -135,6 +135,7 @@ class Ring:
         # supervisor's end, and so every run's).
         self.wake, self.waker = socket.socketpair()
         self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.repeats: threading.Thread | None = None   # the last word's (last_word)
 
     # -- what the supervisor tells the ring ---------------------------------------------
     def start(self) -> None:
@@ -156,17 +157,25 @@ class Ring:
             self.progress_at = max(self.progress_at or at, at)
 
     def last_word(self, **word: object) -> None:
-        """This node's part ended: say so a few times (datagrams can be lost), to the next
-        node and to the one before, which then sends past this node at once; then stop."""
+        """This node's part ended: say so at once to the next node and to the one before
+        (which then sends past this node at once), and again a few times, BEAT/10 apart,
+        on a thread of its own (datagrams can be lost): the caller records the end
+        meanwhile, not a fifth of a second later. `close()` waits for the repeats."""
         self.say(**word)
-        for i in range(FINAL_REPEATS):
-            if i:
-                time.sleep(BEAT / 10)
-                self._send()
+        self._send(back=True)
+        self.repeats = threading.Thread(target=self._repeat_last_word, daemon=True)
+        self.repeats.start()
+
+    def _repeat_last_word(self) -> None:
+        for _ in range(FINAL_REPEATS - 1):
+            time.sleep(BEAT / 10)
+            self._send()
             self._send(back=True)
-        self.close()
 
     def close(self) -> None:
+        """Stop, once the last word's repeats are sent."""
+        if self.repeats is not None:
+            self.repeats.join(timeout=FINAL_REPEATS * BEAT)
         self.closed.set()
         try:
             self.waker.send(b"!")

@@ -284,6 +284,7 @@ def _failed(args: argparse.Namespace, why: str, ring: Ring) -> None:
             write()
         except OSError:
             traceback.print_exc()
+    ring.close()
     slurm = slurmjob.job_id()
     if slurm:   # the run has failed (its peers stop too): its Slurm job goes now
         slurmjob.release(slurm, lambda: True)
@@ -522,6 +523,7 @@ class Supervisor:
         final["heard"] = self.ring.heard_at()  # when a node lost later was last heard
         write_json(os.path.join(self.job, EXIT_FILE), final)
         self.statefile.close(final)
+        self.ring.close()
         names = self.ring.names
         if self.slurm:
             if self.slurm_watch is not None:

@@ -332,10 +332,8 @@ def _attempt(spec: RunSpec, whole: Cluster, cluster: Cluster, run_id: str, dry_r
                     return 0
                 code = _run(plan, session, scheduler_for(
                     allocation.job_id if allocation else None, session.clients), whole, serving)
-                if spec.detach:   # running on the nodes: they hold what the run needs now
-                    session.release_once_bound(plan.commands[0].master_port)
-                    if allocation is not None:
-                        allocation.keep()   # the nodes give it back when the run ends
+                if spec.detach and allocation is not None:
+                    allocation.keep()   # running on the nodes: they give it back at the end
                 return code
         finally:
             if allocation is not None:
@@ -393,6 +391,7 @@ def _run(plan: Plan, session: Session, scheduler: Scheduler, whole: Cluster,
             raise LaunchError(f"{first_failed}: {submitted.failed[first_failed]}; " + (
                 "the job was stopped on the other nodes" if submitted.launch.started else
                 "no node was started"))
+        session.release_once_bound(plan.commands[0].master_port, detached=spec.detach)
         if spec.detach:
             print(f"run {run_id}: running on {', '.join(cluster.names)}, supervised by "
                   "the nodes (detached).\n"

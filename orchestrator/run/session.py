@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -14,6 +15,7 @@ from ..checks.probe import release_port
 from ..cluster import ssh
 from ..cluster.fanout import each
 from ..cluster.inventory import Cluster
+from ..node.protocol import BOUND_WAIT
 
 
 @dataclass
@@ -22,7 +24,8 @@ class Session:
     report: Report                                    # what preflight found
     clients: dict[str, ssh.Connection] = field(default_factory=dict)
     run_id: str | None = None                         # the run the port is claimed for
-    bound_port: int | None = None                     # see release_once_bound
+    releasing: threading.Thread | None = None         # see release_once_bound
+    wait_release: bool = False                        # ... and close()
 
     @classmethod
     def check(cls, cluster: Cluster, *, master_port: int | None, nproc_per_node: int | None,
@@ -38,21 +41,32 @@ class Session:
         clients, report.clients = report.clients, {}   # the session owns them now
         return cls(cluster, report, clients, run_id)
 
-    def release_once_bound(self, port: int) -> None:
-        """A detached run: `close()` drops node 0's master-port claim only once torchrun
-        listens on PORT (within BOUND_WAIT): dropped before, a launch a moment later could
-        take the same port."""
-        self.bound_port = port
+    def release_once_bound(self, port: int, detached: bool) -> None:
+        """The run started on its nodes: node 0's master-port claim is dropped once
+        torchrun listens on PORT (or node 0's part ended; BOUND_WAIT at most): dropped
+        before, a launch a moment later could take the same port. In the background, from
+        now: an attached run's end does not wait for it. `close()` waits for it when the
+        run is DETACHED (the launch is all this process does); an attached run's
+        `close()` drops a claim still held at once (the run ended before torchrun
+        listened, or Ctrl-C twice left it)."""
+        self.releasing = threading.Thread(target=self._release, args=(port,), daemon=True)
+        self.wait_release = detached
+        self.releasing.start()
 
-    def close(self) -> None:
+    def _release(self, once_bound: int | None = None) -> None:
         node0 = self.clients.get(self.cluster.nodes[0].name)
         if node0 is not None and self.run_id:
             try:
-                release_port(self.cluster.nodes[0], node0, self.run_id, self.bound_port)
+                release_port(self.cluster.nodes[0], node0, self.run_id, once_bound)
             except (OSError, TimeoutError, RuntimeError):
                 pass  # the claim lapses by itself
-        for conn in self.clients.values():
-            conn.close()
+
+    def close(self) -> None:
+        if self.releasing is not None and self.wait_release:
+            self.releasing.join(timeout=BOUND_WAIT + 30)
+        elif self.releasing is None or self.releasing.is_alive():
+            self._release()
+        each(list(self.clients.values()), lambda conn: conn.close(), lambda conn: conn.name)
         self.clients.clear()
 
     def __enter__(self) -> Session:

@@ -33,13 +33,14 @@ from ..cluster import nodelib
 from ..cluster.fanout import each
 from ..cluster.inventory import Cluster
 from ..cluster.playbook import run_playbook
-from ..cluster.ssh import DROPPED, Connection
+from ..cluster.ssh import DROPPED, Connection, Result
 from ..errors import LaunchError
 from ..node.protocol import CODE_SUBDIR, NODE_STATE_DIR
 
 # What the snapshot leaves out, for rsync (the sync) and for code_digest alike.
 RSYNC_FILTERS = ("--filter=:-_.gitignore", "--exclude=.git/", "--exclude=__pycache__/")
 SEAL = f"{NODE_STATE_DIR}/synced"   # in a snapshot: "<code digest> <snapshot state>"
+NOT_REUSED = 3   # reuse_command's exit code: the latest snapshot is not this code's
 # The state of the snapshot in $1 as it is on the node: every file's path, size, mtime and
 # mode, every directory's path and mode. Left out: its .clustertrain/ (the seal), and
 # __pycache__/ (written by every import, as the sync leaves it too); a directory's mtime
@@ -144,12 +145,12 @@ def _node_state_root() -> str:
 
 def reuse_command(run_id: str, digest: str) -> str:
     """Shell for a node: make RUN_ID's snapshot a hard-linked copy of the latest one if
-    that one was sealed with DIGEST and is still as it was sealed; exit 3 if not."""
+    that one was sealed with DIGEST and is still as it was sealed; exit NOT_REUSED if not."""
     root, run = _node_state_root(), shlex.quote(run_id)
-    return _sh(f"{_STATE}; root={root}; prev=$(readlink \"$root/latest\") || exit 3; "
-            f"read -r have sealed < \"$root/$prev/{SEAL}\" || exit 3; "
+    return _sh(f"{_STATE}; root={root}; prev=$(readlink \"$root/latest\") || exit {NOT_REUSED}; "
+            f"read -r have sealed < \"$root/$prev/{SEAL}\" || exit {NOT_REUSED}; "
             f"[ \"$have\" = {digest} ] && [ \"$(state \"$root/$prev\")\" = \"$sealed\" ] "
-            f"|| exit 3; rm -rf \"$root/.{run}.part\" && "
+            f"|| exit {NOT_REUSED}; rm -rf \"$root/.{run}.part\" && "
             f"cp -al \"$root/$prev\" \"$root/.{run}.part\" && "
             f"mv \"$root/.{run}.part\" \"$root/\"{run} && "
             f"ln -sfn {run} \"$root/latest\" && {_seal_script(run_id, digest)}")
@@ -224,9 +225,9 @@ def sync_code(cluster: Cluster, workdir: Path, run_id: str, quiet: bool = True,
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="clustertrain-sync-") as tmp:
         digest = code_digest(workdir, exclude) if clients else None
-        reused = [] if digest is None or clients is None else [
-            n for n, rc in _each(clients, cluster.names, reuse_command(run_id, digest)).items()
-            if rc == 0]
+        carried = {} if digest is None or clients is None else \
+            reuse_and_carry(cluster, workdir, run_id, digest, clients)
+        reused = [n for n in cluster.names if n in carried]
         rest = [n for n in cluster.names if n not in reused]
         if rest:
             playbook = Path(tmp) / "project" / "sync.yml"
@@ -242,7 +243,8 @@ def sync_code(cluster: Cluster, workdir: Path, run_id: str, quiet: bool = True,
             # unsealed, a snapshot is only synced again next time
             if digest is not None and clients is not None:
                 _each(clients, rest, seal_command(run_id, digest))
-    carried = carry(cluster, workdir, run_id, clients) if clients else {}
+    if clients:
+        carried.update(carry(cluster, workdir, run_id, clients, rest))
     return SyncResult(run_id, time.monotonic() - start, reused, carried)
 
 
@@ -251,19 +253,52 @@ def work_key(workdir: Path) -> str:
     return hashlib.sha256(str(workdir.resolve()).encode()).hexdigest()[:16]
 
 
-def carry(cluster: Cluster, workdir: Path, run_id: str,
-          clients: dict[str, Connection]) -> dict[str, dict]:
-    """On every node, what the last run from WORKDIR wrote into its working directory,
-    into RUN_ID's snapshot (node/carry.py); what was carried, per node."""
-    root = f"~/{NODE_STATE_DIR}/{CODE_SUBDIR}"
+CARRY_ROOT = f"~/{NODE_STATE_DIR}/{CODE_SUBDIR}"   # the snapshots, for `node.py carry`
 
+
+def carry(cluster: Cluster, workdir: Path, run_id: str, clients: dict[str, Connection],
+          names: list[str]) -> dict[str, dict]:
+    """On each node of NAMES, what the last run from WORKDIR wrote into its working
+    directory, into RUN_ID's snapshot (node/carry.py); what was carried, per node."""
     def one(name: str) -> dict:
-        result = nodelib.call(clients[name], cluster.node(name).python, "carry", root,
-                              run_id, work_key(workdir), timeout=300)
-        if result.exit_code != 0:
-            raise LaunchError(f"{name}: could not carry the last run's files into the new "
-                              f"snapshot: {(result.stderr.strip().splitlines() or ['?'])[-1]}")
-        parsed: dict = json.loads(result.stdout.strip().splitlines()[-1])
-        return parsed
+        return _carried(name, nodelib.call(clients[name], cluster.node(name).python, "carry",
+                                           CARRY_ROOT, run_id, work_key(workdir),
+                                           timeout=300))
 
-    return each(cluster.names, one, str).values_or_raise()
+    return each(names, one, str).values_or_raise()
+
+
+def reuse_and_carry(cluster: Cluster, workdir: Path, run_id: str, digest: str,
+                    clients: dict[str, Connection]) -> dict[str, dict]:
+    """The nodes whose latest snapshot is sealed with DIGEST and untouched: RUN_ID's
+    snapshot linked from it (reuse_command), then the last run's files carried into it
+    (carry), in one round trip per node; what was carried, per such node. The others
+    (not in the answer) need the sync."""
+    key = work_key(workdir)
+
+    def one(name: str) -> dict | None:
+        python = cluster.node(name).python
+        both = _sh(f"{reuse_command(run_id, digest)} || exit {NOT_REUSED}; "
+                   + nodelib.command(python, "carry", CARRY_ROOT, run_id, key))
+        try:
+            result = clients[name].run(both, timeout=300)
+        except (OSError, TimeoutError):
+            return None   # the sync tries the node again (and says what is wrong)
+        if result.exit_code == NOT_REUSED:
+            return None
+        if result.exit_code == nodelib.MISSING:   # linked; the node lacks this version
+            result = nodelib.call(clients[name], python, "carry", CARRY_ROOT, run_id, key,
+                                  timeout=300)
+        return _carried(name, result)
+
+    found = each(cluster.names, one, str).values_or_raise()
+    return {n: c for n, c in found.items() if c is not None}
+
+
+def _carried(name: str, result: Result) -> dict:
+    """What `node.py carry` said it carried on node NAME (LaunchError if it failed)."""
+    if result.exit_code != 0:
+        raise LaunchError(f"{name}: could not carry the last run's files into the new "
+                          f"snapshot: {(result.stderr.strip().splitlines() or ['?'])[-1]}")
+    parsed: dict = json.loads(result.stdout.strip().splitlines()[-1])
+    return parsed

@@ -163,6 +163,26 @@ def test_a_node_that_finished_is_passed_at_once_by_the_one_before(closing) -> No
           and "n0" in n2.heard and time.monotonic() - n2.heard["n0"][0] < 0.5, timeout=3)
 
 
+def test_a_last_word_is_said_at_once_and_repeated_without_holding_up_the_end(closing) -> None:
+    """A node's last word leaves at once, and its repeats (datagrams can be lost) follow on
+    a thread of their own: the supervisor records its end meanwhile (it waited for them,
+    a fifth of a second on every run's end). close() sends them all before it stops."""
+    files: dict[str, dict] = {}
+    rings = make([f"n{i}" for i in range(3)], files)
+    closing.extend(rings.values())
+    until(lambda: all_heard(rings))
+    n1 = rings["n1"]
+    sent = n1.counters.sent
+    t0 = time.monotonic()
+    n1.last_word(state="ended", reason="exited", code=0, why="")
+    assert time.monotonic() - t0 < ring_mod.BEAT / 20   # not a repeat waited for
+    until(lambda: rings["n2"].peers_status().get("n1", {}).get("state") == "ended",
+          timeout=0.5)
+    n1.close()
+    # To n2 and back to n0, each time (beats of n1's own may come on top).
+    assert n1.counters.sent - sent >= 2 * ring_mod.FINAL_REPEATS
+
+
 def test_two_runs_on_the_same_nodes_do_not_hear_each_other(closing) -> None:
     """Two users' runs on the same two nodes, the second's beats sent to the first's ports
     (a port the first run holds, taken for the second's by a stale state file): the first

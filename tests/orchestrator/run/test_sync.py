@@ -5,9 +5,22 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
+from typing import cast
 
-from orchestrator.run.sync import code_digest, reuse_command, seal_command
+from orchestrator.cluster.inventory import Cluster, NodeSpec
+from orchestrator.cluster.ssh import Connection, SshTarget
+from orchestrator.run.sync import (
+    carry,
+    code_digest,
+    reuse_and_carry,
+    reuse_command,
+    seal_command,
+    work_key,
+)
+
+from ..local_node import LocalNode, installed
 
 
 def code_tree(root: Path) -> Path:
@@ -84,3 +97,32 @@ def test_a_sealed_untouched_snapshot_is_linked_not_copied(tmp_path) -> None:
     (r2 / "train.py").write_text("print('edited on the node')\n")
     assert on_node(home, reuse_command("r3", "D1")) == 3
     assert not (root / "r3").exists()
+
+
+def test_linked_code_and_the_last_runs_files_come_in_one_round_trip(tmp_path) -> None:
+    """Unchanged code: the new snapshot is linked and the last run's files from the same
+    work directory carried into it (node/carry.py) by one command per node, not two
+    rounds over every node; code that changed runs nothing more (the sync comes first)."""
+    home = tmp_path / "n0"
+    installed(home)
+    root = home / ".clustertrain" / "code"
+    work = code_tree(tmp_path / "work")
+    snap = code_tree(root / "r1")
+    (root / "latest").symlink_to("r1")
+    assert on_node(home, seal_command("r1", "D1")) == 0
+    cluster = Cluster(tmp_path / "hosts", (NodeSpec("n0", SshTarget("127.0.0.1"), "127.0.0.1",
+                                                    python=sys.executable),))
+    node = LocalNode(home)
+    clients = {"n0": cast(Connection, node)}
+    assert carry(cluster, work, "r1", clients, ["n0"])["n0"]["from"] is None   # WORK's first
+
+    node.runs.clear()
+    assert reuse_and_carry(cluster, work, "r2", "D2", clients) == {}
+    assert not (root / "r2").exists() and len(node.runs) == 1
+
+    node.runs.clear()
+    found = reuse_and_carry(cluster, work, "r2", "D1", clients)
+    assert len(node.runs) == 1
+    assert found["n0"]["from"] == "r1" and found["n0"]["carried"] == []
+    assert (root / "r2" / "train.py").stat().st_ino == (snap / "train.py").stat().st_ino
+    assert os.readlink(root / ".work" / work_key(work)) == "../r2"   # WORK's latest now
