@@ -198,14 +198,15 @@ class Job:
         shown, echo = [], []
         for line in lines:  # every rank's line is progress; its beats are not shown
             head, sep, text = line.partition(" | ")
-            if sep and text.startswith(STOP_MARKER):
+            torchrun = head.endswith("/torchrun")   # the node's stop writes there, not a rank
+            if sep and torchrun and text.startswith(STOP_MARKER):
                 self._stop_echo.add(outcome.node)
                 continue
             node, slash, rank = head.partition("/rank")
             if not (sep and slash and rank.isdigit()
                     and self.progress.line(node, int(rank), text, now)):
                 shown.append(line)
-                echo.append(outcome.node in self._stop_echo and head.endswith("/torchrun"))
+                echo.append(torchrun and outcome.node in self._stop_echo)
         if not shown:
             return
         text = "".join(line + "\n" for line in shown)   # the log keeps records

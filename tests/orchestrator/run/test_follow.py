@@ -18,7 +18,7 @@ from orchestrator.record.rundir import RunDir
 from orchestrator.run.follow import Job
 from orchestrator.run.launch import Launch
 from orchestrator.run.scheduler import SshScheduler
-from orchestrator.run.status import JobResult
+from orchestrator.run.status import JobResult, NodeOutcome
 
 from .test_launch import nodes
 
@@ -108,3 +108,17 @@ def test_a_failing_node_still_shows_its_cause(tmp_path: Path) -> None:
     assert "n1/torchrun | node 1 training" in said
     assert "SignalException" not in said, said
     assert "SignalException" in run.log("n0").read_text()
+
+
+def test_a_rank_that_prints_the_stop_mark_hides_nothing(tmp_path: Path) -> None:
+    """The mark counts where the node's stop writes it (torchrun's own lines), not in a
+    rank's output: a script printing it is shown, and so is what torchrun says after."""
+    run = RunDir(tmp_path / "runs", "r1")
+    run.path.mkdir(parents=True)
+    out = io.StringIO()
+    job = Job(run, [], SshScheduler({}), out=out)
+    lines = ["n0/rank0 | @@clustertrain-stopping", "n0/torchrun | Traceback (most recent "
+             "call last):"]
+    with open(run.log("n0"), "a") as log:
+        job._emit(log, NodeOutcome("n0"), lines)
+    assert out.getvalue().splitlines() == lines
