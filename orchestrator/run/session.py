@@ -17,6 +17,8 @@ from ..cluster.fanout import each
 from ..cluster.inventory import Cluster
 from ..node.protocol import BOUND_WAIT
 
+IN_FLIGHT = 0.5   # seconds an attached run's close() gives a release under way to answer
+
 
 @dataclass
 class Session:
@@ -62,9 +64,11 @@ class Session:
                 pass  # the claim lapses by itself
 
     def close(self) -> None:
-        if self.releasing is not None and self.wait_release:
-            self.releasing.join(timeout=BOUND_WAIT + 30)
-        elif self.releasing is None or self.releasing.is_alive():
+        if self.releasing is not None:
+            # Detached: until the port is bound. Attached: a moment, for a release whose
+            # claim is gone on the node but whose answer is still on its way back.
+            self.releasing.join(timeout=BOUND_WAIT + 30 if self.wait_release else IN_FLIGHT)
+        if self.releasing is None or (self.releasing.is_alive() and not self.wait_release):
             self._release()
         each(list(self.clients.values()), lambda conn: conn.close(), lambda conn: conn.name)
         self.clients.clear()
