@@ -128,6 +128,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except RuntimeError as exc:
+        # Ctrl-C while a module defines a class: Python wraps it ("Error calling
+        # __set_name__"), the KeyboardInterrupt its cause.
+        if not isinstance(exc.__cause__, KeyboardInterrupt):
+            raise
+        print("interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:
         # `... | head`: the reader left. Say nothing more on stdout (a run that had
         # started was stopped and recorded by train itself).

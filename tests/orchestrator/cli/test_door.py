@@ -295,3 +295,26 @@ def test_the_trap_does_count_a_command_that_reaches_a_node(place, trap, capsys) 
     """The watch itself: a command with nothing wrong gets as far as the nodes."""
     code, out = run(train(place, "--nodes", "2", "job.py"), capsys)
     assert code != 0 and trap.knocks > 0, out
+
+
+def test_ctrl_c_while_a_module_defines_a_class_is_an_interruption(monkeypatch, capsys) -> None:
+    """Python wraps a KeyboardInterrupt raised while a class is made (its fields'
+    __set_name__) in a RuntimeError: seen once in CI, a traceback at an early Ctrl-C."""
+    import orchestrator.cli as cli
+
+    def loading(argv):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as exc:
+            raise RuntimeError("Error calling __set_name__ on 'Field' instance") from exc
+
+    monkeypatch.setattr(cli, "parse", loading)
+    assert cli.main(["train"]) == 130
+    assert capsys.readouterr().err == "interrupted\n"
+    monkeypatch.setattr(cli, "parse", lambda argv: (_ for _ in ()).throw(RuntimeError("x")))
+    try:
+        cli.main(["train"])
+    except RuntimeError:
+        pass   # any other RuntimeError is not ours to hide
+    else:
+        raise AssertionError("a RuntimeError not caused by Ctrl-C was swallowed")
