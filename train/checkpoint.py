@@ -92,8 +92,13 @@ class CheckpointStore:
 
     # -- writing ----------------------------------------------------------------------
     def save(self, state: dict[str, Any], pos: Position) -> Path:
-        """Write `state` durably as the checkpoint for `pos`, then prune old ones."""
+        """Write `state` durably as the checkpoint for `pos`, then prune old ones.
+
+        Old ones are pruned before the write too: a writer killed between its rename
+        and its prune leaves one extra, which the next save removes before adding
+        its own, so the directory never holds more than `keep` + 1."""
         self.directory.mkdir(parents=True, exist_ok=True)
+        self.prune()
         final = self.directory / pos.filename()
         tmp = self.directory / f".{pos.filename()}{_TMP_MARK}{os.getpid()}"
         payload = dict(state, format=FORMAT, epoch=pos.epoch, step=pos.step)

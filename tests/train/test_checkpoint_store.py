@@ -114,6 +114,27 @@ def test_keeps_the_last_k_and_orders_mid_epoch_after_epoch_boundary(ckpt, tmp_pa
     assert store.latest()[1]["step"] == 7
 
 
+def test_a_writer_killed_before_its_prune_leaves_one_extra_that_the_next_save_removes(
+        ckpt, tmp_path, monkeypatch):
+    """Killed between rename and prune, twice in a row: never more than keep + 1 files,
+    even while the second save is being written (where the kill may land)."""
+    store = ckpt.CheckpointStore(tmp_path, keep=2)
+    for epoch in range(3):  # three final names: the first writer died before its prune
+        torch.save({"format": ckpt.FORMAT, "epoch": epoch, "step": 0},
+                   tmp_path / ckpt.Position(epoch, 0).filename())
+    seen: list[int] = []
+    real_replace = os.replace
+
+    def replace(src, dst):
+        real_replace(src, dst)
+        seen.append(len(store.positions()))  # what a kill right here would leave
+
+    monkeypatch.setattr(ckpt.os, "replace", replace)
+    store.save({"model": {}}, ckpt.Position(3, 0))
+    assert seen == [3]
+    assert [p.epoch for p, _ in store.positions()] == [2, 3]
+
+
 def test_loading_refuses_pickled_code(ckpt, tmp_path):
     """weights_only=True: a checkpoint that would run code on load is not loaded."""
     store = ckpt.CheckpointStore(tmp_path, keep=2)
