@@ -11,9 +11,13 @@ line per step, on every rank:
 optimizer), without the time it waited for its peers in a collective: every rank of a
 synchronous job waits for the slowest, so only its own work shows which one is slow.
 Every field is optional (`step=N`, the training step reached, too); a bare
-`##clustertrain beat` counts as progress only. Beat lines are not shown in the terminal nor
-kept in the run's log: what they say is kept per window of WINDOW_S seconds (`Point`, the
-run's timeline.jsonl, its report's charts).
+`##clustertrain beat` counts as progress only. A script that trains with
+DistributedDataParallel needs none of this: the worker runner measures its steps
+(node/steptime.py) and prints beats for it, marked `by=ddp`, with `wait_s=`, the time a
+step waited for the peers (what shows the others waiting for a straggler). A rank that
+prints beats of its own keeps them: its measured ones are then ignored. Beat lines are
+not shown in the terminal nor kept in the run's log: what they say is kept per window of
+WINDOW_S seconds (`Point`, the run's timeline.jsonl, its report's charts).
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ class Beat:
     samples: int | None = None
     step: int | None = None     # the training step it reached (optional: step=N)
     loss: float | None = None   # the job's training loss (optional: loss=X)
+    wait_s: float | None = None  # of a step, the time it waited for its peers (wait_s=)
+    measured: bool = False      # printed by the worker runner (by=...), not by the script
 
 
 def parse_beat(text: str) -> Beat | None:
@@ -57,13 +63,9 @@ def parse_beat(text: str) -> Beat | None:
     if rest and not rest[0].isspace():
         return None
     fields = dict(word.split("=", 1) for word in rest.split() if "=" in word)
-    step_s = samples = None
-    try:
-        step_s = float(fields["step_s"])
-        if not 0 < step_s < float("inf"):
-            step_s = None
-    except (KeyError, ValueError):
-        pass
+    step_s = _seconds(fields, "step_s", positive=True)
+    wait_s = _seconds(fields, "wait_s", positive=False)
+    samples = None
     try:
         samples = int(fields["samples"])
     except (KeyError, ValueError):
@@ -78,7 +80,16 @@ def parse_beat(text: str) -> Beat | None:
         loss = value if math.isfinite(value) else None   # nan, inf: nothing to draw
     except (KeyError, ValueError):
         pass
-    return Beat(step_s, samples, step, loss)
+    return Beat(step_s, samples, step, loss, wait_s, "by" in fields)
+
+
+def _seconds(fields: dict[str, str], name: str, positive: bool) -> float | None:
+    """FIELDS[NAME] as a finite number of seconds (over 0, or at least 0), else None."""
+    try:
+        value = float(fields[name])
+    except (KeyError, ValueError):
+        return None
+    return value if (0 < value if positive else 0 <= value) and math.isfinite(value) else None
 
 
 @dataclass(frozen=True)
@@ -162,6 +173,7 @@ class NodePoint:
     step_s: float
     samples_per_s: float | None = None
     slow: bool = False
+    wait_s: float | None = None   # that rank's median time a step waited for its peers
 
 
 @dataclass(frozen=True)
@@ -176,6 +188,7 @@ class Point:
             n: {"step_s": round(p.step_s, 6),
                 **({"samples_per_s": round(p.samples_per_s, 3)}
                    if p.samples_per_s is not None else {}),
+                **({"wait_s": round(p.wait_s, 6)} if p.wait_s is not None else {}),
                 **({"slow": True} if p.slow else {})} for n, p in sorted(self.nodes.items())},
             **({"loss": round(self.loss, 6)} if self.loss is not None else {})}
 
@@ -184,7 +197,8 @@ class Point:
         """A point as to_json wrote it (KeyError, TypeError, ValueError: it was not)."""
         nodes = {str(n): NodePoint(float(p["step_s"]),
                                    float(p["samples_per_s"]) if "samples_per_s" in p else None,
-                                   bool(p.get("slow", False)))
+                                   bool(p.get("slow", False)),
+                                   float(p["wait_s"]) if "wait_s" in p else None)
                  for n, p in raw["nodes"].items()}
         loss = raw.get("loss")
         return cls(float(raw["t"]), nodes, float(loss) if loss is not None else None)
@@ -203,8 +217,11 @@ def point_of(t: float, beats: dict[tuple[str, int], list[Beat]],
         samples = {r: [b.samples for b in beats[(node, r)] if b.samples is not None]
                    for r in medians}
         rates = [statistics.median(samples[r]) / medians[r] for r in medians if samples[r]]
-        nodes[node] = NodePoint(max(medians.values()), sum(rates) if rates else None,
-                                node in judged and judged[node].slow)
+        slowest = max(medians, key=lambda r: medians[r])
+        waits = [b.wait_s for b in beats[(node, slowest)] if b.wait_s is not None]
+        nodes[node] = NodePoint(medians[slowest], sum(rates) if rates else None,
+                                node in judged and judged[node].slow,
+                                statistics.median(waits) if waits else None)
     losses = [b.loss for bs in beats.values() for b in bs if b.loss is not None]
     if not nodes and not losses:
         return None
@@ -225,6 +242,9 @@ class Progress:
             lambda: deque(maxlen=RECENT))
         self._samples: dict[tuple[str, int], deque[int]] = defaultdict(
             lambda: deque(maxlen=RECENT))
+        self._waits: dict[tuple[str, int], deque[float]] = defaultdict(
+            lambda: deque(maxlen=RECENT))
+        self._own: set[tuple[str, int]] = set()   # ranks that print beats of their own
         # window index -> (node, rank) -> beats; closed windows' verdicts are kept
         self._windows: dict[int, dict[tuple[str, int], list[Beat]]] = defaultdict(
             lambda: defaultdict(list))
@@ -246,6 +266,12 @@ class Progress:
             self._last = max(self._last, now)
             if beat is None:
                 return False
+            key = (node, rank)
+            if beat.measured and key in self._own:
+                return True   # the script's own beats win
+            if not beat.measured and key not in self._own:
+                self._own.add(key)
+                self._forget_measured(key)
             if self.first_beat is None:
                 self.first_beat = time.time()
             if beat.step is not None:
@@ -253,10 +279,21 @@ class Progress:
             if beat.step_s is not None or beat.loss is not None:
                 self._windows[self._window(now)][(node, rank)].append(beat)
             if beat.step_s is not None:
-                self._steps[(node, rank)].append(beat.step_s)
+                self._steps[key].append(beat.step_s)
                 if beat.samples is not None:
-                    self._samples[(node, rank)].append(beat.samples)
+                    self._samples[key].append(beat.samples)
+                if beat.wait_s is not None:
+                    self._waits[key].append(beat.wait_s)
         return True
+
+    def _forget_measured(self, key: tuple[str, int]) -> None:
+        """Drop what the worker runner measured for KEY's rank until now, once the rank
+        prints beats of its own (the two are not mixed in a window nor in the summary)."""
+        for beats in self._windows.values():
+            if key in beats:
+                beats[key] = [b for b in beats[key] if not b.measured]
+        for kept in (self._steps, self._samples, self._waits):
+            kept.pop(key, None)
 
     def _window(self, now: float) -> int:
         return int(max(0.0, now - self._start) // WINDOW_S)
@@ -301,16 +338,23 @@ class Progress:
             return points
 
     def to_json(self) -> dict:
-        """Per node: the median step time of its slowest rank and the samples per second
-        of all its ranks (when the beats carry samples), over each rank's last RECENT
-        steps; and the stragglers named during the run."""
+        """Per node: the median step time of its slowest rank (and the time that rank
+        waited for its peers a step, when measured) and the samples per second of all its
+        ranks (when the beats carry samples), over each rank's last RECENT steps; and the
+        stragglers named during the run."""
         with self._lock:
             medians = self._medians()
             rates = {key: statistics.median(self._samples[key]) / step_s
                      for key, step_s in medians.items() if self._samples.get(key)}
+            waits = {key: statistics.median(self._waits[key])
+                     for key in medians if self._waits.get(key)}
         nodes: dict[str, dict] = defaultdict(dict)
-        for (node, _), step_s in medians.items():
-            nodes[node]["step_s"] = round(max(step_s, nodes[node].get("step_s", 0.0)), 6)
+        for key, step_s in sorted(medians.items(), key=lambda item: item[1]):
+            node = key[0]   # the slowest rank's, the last one written of its node
+            nodes[node]["step_s"] = round(step_s, 6)
+            nodes[node].pop("wait_s", None)
+            if key in waits:
+                nodes[node]["wait_s"] = round(waits[key], 6)
         for (node, _), rate in rates.items():
             nodes[node]["samples_per_s"] = round(nodes[node].get("samples_per_s", 0.0) + rate, 3)
         return {"nodes": dict(sorted(nodes.items())),

@@ -19,6 +19,9 @@ it and still died, died after its script had finished.
 The runner lets the job's user read the worker's stack (py-spy) where yama's
 ptrace_scope=1 would allow only its ancestors (allow_same_user_tracers).
 
+A script that trains with DistributedDataParallel gets its step times measured, without a
+change to it (steptime.py): beats like those a script may print, from DDP's own timers.
+
 With CLUSTERTRAIN_FR_DIR set (the launch sets it), the runner also answers requests for
 the rank's PyTorch flight recorder (`diagnose`, a hang): a daemon thread reads tokens from
 the named pipe DIR/rank{R}.pipe and, for each, writes torch's own dump of the recorder
@@ -42,6 +45,7 @@ import threading
 import types
 import warnings
 
+from . import steptime
 from .protocol import FINISHED_MARKER, FR_DIR_ENV
 from .util import write_atomically
 
@@ -270,6 +274,7 @@ def run(argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> None:
     allow_same_user_tracers()
     _start_flight_record_server()
+    steptime.install()
     code = run(sys.argv[1:] if argv is None else argv)
     finish(130 if code == INTERRUPTED else code, interrupted=code == INTERRUPTED)
 

@@ -135,7 +135,7 @@ def _marks(summary: dict) -> list[svg.Mark]:
 
 def charts(points: list[Point], summary: dict, start: float | None,
            end: float | None, order: list[str]) -> list[str]:
-    """The step-time, samples/s and loss charts of the run (none without beats)."""
+    """The step-time, wait, samples/s and loss charts of the run (none without beats)."""
     if not points:
         return []
     t0 = min(start or points[0].t, points[0].t)
@@ -146,6 +146,10 @@ def charts(points: list[Point], summary: dict, start: float | None,
     steps = _series(points, "step_s", stragglers, order)
     drawn = [svg.line_chart("Step time per node (its slowest rank's own work)", "s / step",
                             steps, t0, t1, marks, "chart step", GAP_S)]
+    waits = [s for s in _series(points, "wait_s", stragglers, order) if s.points]
+    if waits:
+        drawn.append(svg.line_chart("Time waiting for peers per node (the same rank's)",
+                                    "s / step", waits, t0, t1, marks, "chart wait", GAP_S))
     rates = [s for s in _series(points, "samples_per_s", stragglers, order) if s.points]
     if rates:
         drawn.append(svg.line_chart("Samples per second per node", "samples / s", rates, t0,

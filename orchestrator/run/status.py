@@ -164,14 +164,16 @@ def show(run_id: str, summary: dict, what: str) -> list[str]:
     lines = [f"run {run_id}: {summary['status']}{first} after {summary['duration_s']:.1f} s",
              f"  {what}"]
     times = summary.get("step_times") or {}
-    lines.append(f"  {'NODE':<12} {'EXIT':>5}  {'END':<14} {'STEP_S':>8} {'SAMPLES/S':>10}")
+    lines.append(f"  {'NODE':<12} {'EXIT':>5}  {'END':<14} {'STEP_S':>8} {'WAIT_S':>8} "
+                 f"{'SAMPLES/S':>10}")
     for node in summary.get("nodes", []):
         t = times.get(node["name"], {})
         step = f"{t['step_s']:.3f}" if "step_s" in t else "-"
+        wait = f"{t['wait_s']:.3f}" if "wait_s" in t else "-"
         rate = f"{t['samples_per_s']:.1f}" if "samples_per_s" in t else "-"
         code = "-" if node.get("exit_code") is None else str(node["exit_code"])
         lines.append(f"  {node['name']:<12} {code:>5}  {node.get('end_reason', ''):<14} "
-                     f"{step:>8} {rate:>10}")
+                     f"{step:>8} {wait:>8} {rate:>10}")
     for s in summary.get("stragglers", []):
         lines.append("  straggler: " + Straggler(
             s["node"], s["rank"], s["step_s"], s["median_step_s"],

@@ -148,11 +148,14 @@ def test_diagnose_of_a_healthy_run_names_nobody_and_the_run_finishes(
     assert "##clustertrain beat" not in (run / "node0.log").read_text()
 
 
-def test_a_cpu_throttled_node_is_flagged_as_the_straggler(sandbox_cluster: Sandbox,
-                                                          tmp_path: Path) -> None:
-    """node2's container gets a tenth of a CPU: its own work per step takes several
-    times longer, in every window of the run (a minute and more: a straggler is named only
-    when it is slower persistently), and it alone is flagged, live and in the summary.
+def test_a_cpu_throttled_node_running_a_plain_ddp_script_is_flagged_as_the_straggler(
+        sandbox_cluster: Sandbox, tmp_path: Path) -> None:
+    """A plain DDP script, one that prints nothing while it trains and knows nothing of
+    clustertrain, on 3 nodes; node2's container gets a tenth of a CPU. The worker runner
+    times every rank's steps from DDP's own timers: node2's own work per step takes
+    several times longer in every window of the run (a minute and more: a straggler is
+    named only when it is slower persistently), it alone is flagged, live and in the
+    summary, and the others are seen waiting for it.
     A tenth, not a quarter: on two cores that the other nodes share with whatever else
     runs (CI's molecule scenarios), node0 and node1 slowed to 0.3 s a step beside node2's
     0.39 s under a quarter, and nobody was named."""
@@ -164,12 +167,11 @@ def test_a_cpu_throttled_node_is_flagged_as_the_straggler(sandbox_cluster: Sandb
 
     cpus("0.1")
     try:
-        # About 0.05 s of work per step on a free core: five times what a tenth of a CPU's
-        # quota (10 ms of each 100 ms) lets through, so node2's steps take about ten times
-        # longer (0.55 s, 0.8 s with the step's exchange: 110 steps, about 85 s, enough windows
-        # to judge).
-        t = Train(sandbox_cluster, tmp_path, "--nodes", "3", JOB, "--", "steps", "--steps",
-                  "110", "--work", "1000")
+        # About 0.02 s of forward and backward a step on a free core: ten times that under a
+        # tenth of a CPU's quota (10 ms of each 100 ms): 320 steps, about 80 s, enough
+        # windows to judge.
+        t = Train(sandbox_cluster, tmp_path, "--nodes", "3", "plain_ddp.py", "--",
+                  "--steps", "320", "--batch", "128")
         code = t.finish(timeout=400)
     finally:
         cpus(str(os.cpu_count()))  # `--cpus 0` does not undo a quota here (SANDBOX.md)
@@ -178,10 +180,13 @@ def test_a_cpu_throttled_node_is_flagged_as_the_straggler(sandbox_cluster: Sandb
     assert [s["node"] for s in summary["stragglers"]] == ["node2"], summary["stragglers"]
     assert "node2 is " in t.text and "% slower than the median step time" in t.text
     assert "node0 is " not in t.text and "node1 is " not in t.text
+    assert "##clustertrain beat" not in t.text   # measured beats are read, not shown
     times = summary["step_times"]
     assert set(times) == set(NODES) and all(times[n]["samples_per_s"] > 0 for n in NODES)
     assert times["node2"]["step_s"] > 1.2 * max(times["node0"]["step_s"],
                                                 times["node1"]["step_s"])
+    # The others wait for node2 in the gradients' all-reduce; it hardly waits.
+    assert min(times["node0"]["wait_s"], times["node1"]["wait_s"]) > 2 * times["node2"]["wait_s"]
     shown = subprocess.run([sys.executable, "-m", "orchestrator", "runs", "show",
                             summary["run_id"], "--runs-dir", str(tmp_path)], cwd=REPO,
                            env=PODMAN_ENV, capture_output=True, text=True, timeout=60)
@@ -190,11 +195,11 @@ def test_a_cpu_throttled_node_is_flagged_as_the_straggler(sandbox_cluster: Sandb
             if line.startswith("  node")}
     assert set(rows) == set(NODES) and all(float(rows[n][-1]) > 0 for n in NODES), rows
     assert "  straggler: node2 is " in shown.stdout
-    # Its report draws a line per node, node2's marked as the straggler.
+    # Its report draws a line per node, node2's marked as the straggler, and the wait.
     report = tmp_path / summary["run_id"] / "report.html"
     screenshot(report, "sandbox-straggler")
     elements = dom(report)
-    for chart in ("step", "rate"):
+    for chart in ("step", "wait", "rate"):
         lines = series(elements, chart)
-        assert set(lines) == set(NODES), lines.keys()
+        assert set(lines) == set(NODES), (chart, lines.keys())
         assert [n for n, a in lines.items() if "data-mark" in a] == ["node2"]

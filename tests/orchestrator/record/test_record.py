@@ -40,7 +40,7 @@ def test_runs_show_gives_each_nodes_end_step_time_stragglers_and_hang(tmp_path: 
         "status": "hung", "duration_s": 61.0, "first_failed": None,
         "nodes": [{"name": "node0", "exit_code": -15, "end_reason": "stopped"},
                   {"name": "node1", "exit_code": None, "end_reason": "lost"}],
-        "step_times": {"node0": {"step_s": 0.13, "samples_per_s": 61.5},
+        "step_times": {"node0": {"step_s": 0.13, "wait_s": 0.02, "samples_per_s": 61.5},
                        "node1": {"step_s": 0.41}},
         "stragglers": [{"node": "node1", "rank": 1, "step_s": 0.41, "median_step_s": 0.13,
                         "slower_pct": 215}],
@@ -51,8 +51,9 @@ def test_runs_show_gives_each_nodes_end_step_time_stragglers_and_hang(tmp_path: 
     assert main(["runs", "show", run.run_id, "--runs-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == f"run {run.run_id}: hung after 61.0 s"
-    assert out[3].split() == ["node0", "-15", "stopped", "0.130", "61.5"]
-    assert out[4].split() == ["node1", "-", "lost", "0.410", "-"]
+    assert out[2].split() == ["NODE", "EXIT", "END", "STEP_S", "WAIT_S", "SAMPLES/S"]
+    assert out[3].split() == ["node0", "-15", "stopped", "0.130", "0.020", "61.5"]
+    assert out[4].split() == ["node1", "-", "lost", "0.410", "-", "-"]
     assert out[5] == ("  straggler: node1 is 215 % slower than the median step time (rank 1: "
                       "0.410 s per step, median 0.130 s)")
     assert "    suspect: rank 1 on node1 is in f (a.py:3), outside any collective" in out

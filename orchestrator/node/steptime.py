@@ -1,0 +1,245 @@
+"""Step times of any script that trains with DistributedDataParallel, without a line of it
+changed: the worker runner (worker.py) installs this before the script runs.
+
+When the script imports torch's DDP module, its `DistributedDataParallel.forward` is
+wrapped. A step of a rank is the time from one training forward of its (first) DDP model
+to the next; of that, the part spent waiting for its peers comes from DDP's own
+instrumentation, the reducer's timers (`_get_ddp_logging_data()`: the time its gradient
+all-reduce went on after its own backward had finished computing, which is what a rank
+spends waiting for the slowest one). The rest is the rank's own work: data, forward,
+backward, optimizer, which is what shows which node is slow (diagnosis/progress.py).
+Samples per step are the batch dimension of the forward's first tensor argument.
+
+About once a second (every step, for steps longer than that) the rank prints a beat, as a
+script may print its own:
+
+    ##clustertrain beat step_s=OWN wait_s=WAIT samples=N step=K by=ddp
+
+(means over the steps since the last beat). `by=` says the beat is measured, not the
+script's: a rank that prints its own beats keeps them (the controller ignores the
+measured ones of that rank). Evaluation forwards (no grad, or the model in eval mode)
+are not steps, and the time around them is not counted.
+
+The cost: a clock read per forward, the reducer's timers on every iteration (torch samples
+them every 100th otherwise), and DDP's logging data read at most every READ_S. Standard
+library only until torch itself is imported by the script.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .protocol import BEAT_MARKER
+
+DDP_MODULE = "torch.nn.parallel.distributed"
+EMIT_S = 1.0    # a beat at most this often (each step, when steps are longer)
+READ_S = 0.2    # DDP's logging data read at most this often (~0.1 ms a read)
+NS = 1e-9
+
+
+def batch_size(args: Sequence[Any], kwargs: dict[str, Any], depth: int = 2) -> int | None:
+    """The first dimension of the first tensor among a forward's arguments (inside lists,
+    tuples and dicts, DEPTH levels down: a (x, y) batch, a tokenizer's dict), or None."""
+    for value in (*args, *kwargs.values()):
+        shape = getattr(value, "shape", None)
+        if shape is not None and hasattr(value, "dim"):
+            if len(shape) >= 1:
+                return int(shape[0])
+            continue
+        if depth > 0 and isinstance(value, (list, tuple, dict)):
+            inner = list(value.values()) if isinstance(value, dict) else list(value)
+            found = batch_size(inner, {}, depth - 1)
+            if found is not None:
+                return found
+    return None
+
+
+def beat_line(step_s: float, wait_s: float | None, samples: int | None, step: int,
+              by: str = "ddp") -> str:
+    wait = f" wait_s={wait_s:.6f}" if wait_s is not None else ""
+    count = f" samples={samples}" if samples is not None else ""
+    return f"{BEAT_MARKER} step_s={step_s:.6f}{wait}{count} step={step} by={by}"
+
+
+@dataclass
+class StepMeter:
+    """The steps of one rank's DDP model, summed until the next beat (pure but for the
+    clock it is given).
+
+    A step's wait is known for the steps whose timers were read (at most every READ_S),
+    each paired with that same step's wall time; their share of waiting is applied to
+    every step that all-reduced since the last beat (under no_sync(), for gradient
+    accumulation, the others do not). Pairing matters: a slow peer's pace varies step to
+    step, and a mean wait of some steps taken from a mean wall time of all would leave
+    a fast rank's own work below zero."""
+
+    clock: Callable[[], float] = time.perf_counter
+    emit_s: float = EMIT_S
+    read_s: float = READ_S
+    started: float | None = None      # the current step's training forward began
+    syncing: bool = True              # the current step all-reduces its gradients
+    steps: int = 0                    # every training step so far (the beat's step=)
+    closed: tuple[float, bool] | None = None   # the step just ended: its wall time, synced
+    counted: int = 0                  # steps summed since the last beat, and their wall
+    wall_synced: float = 0.0          # time: of steps that all-reduced...
+    wall_local: float = 0.0           # ...and of those that did not
+    paired_wall: float = 0.0          # steps whose timers were read: their wall time
+    paired_wait: float = 0.0          # and the part of it they waited for their peers
+    samples: list[int] = field(default_factory=list)
+    iteration: int | None = None      # the reducer's iteration last read
+    last_read: float = float("-inf")
+    last_beat: float | None = None
+
+    def forward(self, training: bool, synced: bool, samples: int | None) -> None:
+        """A forward of the model begins; TRAINING: with grad, in train mode; SYNCED: its
+        backward will all-reduce (not under no_sync())."""
+        now = self.clock()
+        self.closed = None
+        if not training:
+            self.started = None   # an evaluation: the time around it is not a step's
+            return
+        if self.started is not None:
+            wall = now - self.started
+            self.closed = (wall, self.syncing)
+            self.counted += 1
+            self.steps += 1
+            if self.syncing:
+                self.wall_synced += wall
+            else:
+                self.wall_local += wall
+        self.started, self.syncing = now, synced
+        if samples is not None:
+            self.samples.append(samples)
+        if self.last_beat is None:
+            self.last_beat = now
+
+    def wants_reading(self) -> bool:
+        """Whether to read the reducer's timers now: they are the step's just ended."""
+        return self.closed is not None and self.closed[1] \
+            and self.clock() - self.last_read >= self.read_s
+
+    def read(self, data: dict[str, Any]) -> None:
+        """DDP's logging data, read after a forward began: the reducer's timers of the
+        iteration before it, the step just ended."""
+        self.last_read = self.clock()
+        iteration = data.get("iteration")
+        comm = data.get("backward_comm_time")
+        overlap = data.get("backward_compute_comm_overlap_time")
+        if self.closed is None or iteration == self.iteration \
+                or not isinstance(comm, int) or comm <= 0:
+            return
+        self.iteration = iteration
+        wall = self.closed[0]
+        wait = max(0, comm - (overlap if isinstance(overlap, int) else 0)) * NS
+        self.paired_wall += wall
+        self.paired_wait += min(wait, wall)
+
+    def beat(self) -> str | None:
+        """The beat line due now (then a new sum begins), or None."""
+        if not self.counted or self.last_beat is None \
+                or self.clock() - self.last_beat < self.emit_s:
+            return None
+        step = (self.wall_synced + self.wall_local) / self.counted
+        wait = None
+        if self.paired_wall > 0:
+            wait = self.paired_wait / self.paired_wall * self.wall_synced / self.counted
+        own = step - (wait or 0.0)
+        samples = round(sum(self.samples) / len(self.samples)) if self.samples else None
+        line = beat_line(max(own, 1e-6), wait, samples, self.steps)
+        self.counted, self.wall_synced, self.wall_local = 0, 0.0, 0.0
+        self.paired_wall = self.paired_wait = 0.0
+        self.samples = []
+        self.last_beat = self.clock()
+        return line
+
+
+def say(line: str) -> None:
+    """LINE on the rank's stdout, after what the script printed so far."""
+    try:
+        sys.stdout.flush()
+    except Exception:  # noqa: BLE001 - the script's stdout is its own business
+        pass
+    try:
+        os.write(1, (line + "\n").encode())
+    except OSError:
+        pass
+
+
+def instrument(ddp_class: Any, meter: StepMeter, out: Callable[[str], None] = say) -> None:
+    """Wrap DDP_CLASS.forward so that METER sees every forward of the first model that
+    trains, and OUT gets its beats."""
+    import torch
+
+    original = ddp_class.forward
+    tracked: list[weakref.ref] = []   # the model whose steps are timed (the first to train)
+
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        training = bool(self.training) and torch.is_grad_enabled()
+        if not tracked and training:
+            tracked.append(weakref.ref(self))
+            rate = getattr(self, "_set_ddp_runtime_logging_sample_rate", None)
+            if rate is not None:
+                rate(1)   # the reducer's timers on every iteration
+        mine = bool(tracked) and tracked[0]() is self
+        if mine:
+            meter.forward(training, bool(getattr(self, "require_backward_grad_sync", True)),
+                          batch_size(args, kwargs) if training else None)
+        result = original(self, *args, **kwargs)   # records the last iteration's timers
+        if mine and training:
+            if meter.wants_reading():
+                try:
+                    meter.read(self._get_ddp_logging_data())
+                except Exception:  # noqa: BLE001 - a torch without it: step times only
+                    meter.last_read = float("inf")
+            line = meter.beat()
+            if line is not None:
+                out(line)
+        return result
+
+    forward.__wrapped__ = original  # type: ignore[attr-defined]
+    forward.__doc__ = original.__doc__
+    ddp_class.forward = forward
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Finds torch's DDP module with the finders after it and instruments the module's
+    class once it has run; leaves sys.meta_path then."""
+
+    def __init__(self, meter: StepMeter) -> None:
+        self.meter = meter
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != DDP_MODULE:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        loader, meter = spec.loader, self.meter
+        run = loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            run(module)
+            try:
+                instrument(module.DistributedDataParallel, meter)
+            except Exception as exc:  # noqa: BLE001 - the script runs on, unmeasured
+                print(f"[clustertrain] no step times from DDP: {type(exc).__name__}: {exc}",
+                      file=sys.stderr, flush=True)
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def install() -> None:
+    """Time the steps of the DDP model the script will make (when it makes one)."""
+    if DDP_MODULE not in sys.modules:
+        sys.meta_path.insert(0, _Finder(StepMeter()))

@@ -1,0 +1,172 @@
+"""Step times of a plain DDP script, measured by the worker runner (node/steptime.py): the
+meter's arithmetic on a clock of the test's own, and two real gloo ranks through the
+runner as torchrun starts them, one of them slower."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.diagnosis.progress import Progress, parse_beat
+from orchestrator.node import steptime
+
+from ..local_node import unused_port
+from .test_worker import node_py
+
+JOBS = Path(__file__).parents[1] / "jobs"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def ddp_data(iteration: int, comm_ms: float, overlap_ms: float = 0.0) -> dict:
+    return {"iteration": iteration, "backward_comm_time": int(comm_ms * 1e6),
+            "backward_compute_comm_overlap_time": int(overlap_ms * 1e6)}
+
+
+def test_the_module_needs_only_the_standard_library_until_torch_is_imported() -> None:
+    tree = ast.parse(Path(steptime.__file__).read_text())
+    top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    names = {a.name.split(".")[0] for n in top if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module.split(".")[0] for n in top
+              if isinstance(n, ast.ImportFrom) and n.module and n.level == 0}
+    assert names - {"__future__"} <= set(sys.stdlib_module_names), names
+
+
+def test_a_step_is_its_wall_time_less_the_wait_the_reducer_timed() -> None:
+    clock = Clock()
+    meter = steptime.StepMeter(clock=clock)
+    lines = []
+    for i in range(5):   # 0.25 s a step, of which the all-reduce went on 0.1 s after compute
+        meter.forward(training=True, synced=True, samples=32)
+        if i:
+            meter.read(ddp_data(i, comm_ms=120, overlap_ms=20))
+        lines.append(meter.beat())
+        clock.now += 0.25
+    assert lines[:4] == [None] * 4   # a beat a second at most
+    beat = parse_beat(lines[4] or "")
+    assert beat is not None and beat.measured
+    assert beat.step_s == pytest.approx(0.15) and beat.wait_s == pytest.approx(0.1)
+    assert beat.samples == 32 and beat.step == 4
+    assert meter.beat() is None   # a new sum begins
+
+
+def test_a_peers_uneven_pace_leaves_the_fast_ranks_own_work_as_it_is() -> None:
+    """A throttled peer's steps take 0.05 s and 0.35 s in turn; this rank works 0.01 s of
+    each and waits the rest. Its timers are read on the long steps only (READ_S): each
+    read pairs with that step's own wall time, so the own work stays near 0.01 s (a mean
+    wait of the long steps against the mean wall of all would say less than nothing)."""
+    clock = Clock()
+    meter = steptime.StepMeter(clock=clock, read_s=0.3)
+    walls = [0.05, 0.35] * 4
+    meter.forward(training=True, synced=True, samples=8)
+    for i, wall in enumerate(walls):
+        clock.now += wall
+        meter.forward(training=True, synced=True, samples=8)
+        if meter.wants_reading():
+            meter.read(ddp_data(i, comm_ms=(wall - 0.01) * 1000))
+    beat = parse_beat(meter.beat() or "")
+    assert beat is not None and beat.step == 8
+    assert 0.005 < beat.step_s < 0.02   # (0.0057: the long steps' share applied to all)
+    assert beat.step_s + beat.wait_s == pytest.approx(0.2)
+
+
+def test_an_evaluation_is_not_a_step_and_the_time_around_it_is_not_counted() -> None:
+    clock = Clock()
+    meter = steptime.StepMeter(clock=clock)
+    meter.forward(training=True, synced=True, samples=8)
+    clock.now += 0.5
+    meter.forward(training=False, synced=True, samples=None)   # evaluation: 30 s of it
+    clock.now += 30
+    meter.forward(training=True, synced=True, samples=8)
+    clock.now += 0.5
+    meter.forward(training=True, synced=True, samples=8)
+    beat = parse_beat(meter.beat() or "")
+    assert beat is not None and beat.step == 1 and beat.step_s == pytest.approx(0.5)
+    assert beat.wait_s is None   # no timers read: no wait said
+
+
+def test_gradient_accumulation_spreads_the_wait_over_the_steps_that_do_not_sync() -> None:
+    clock = Clock()
+    meter = steptime.StepMeter(clock=clock)
+    for i in range(9):   # no_sync() for 3 of every 4 forwards; the 4th all-reduces
+        meter.forward(training=True, synced=i % 4 == 3, samples=4)
+        meter.read(ddp_data(i // 4, comm_ms=200))   # the same iteration is read once
+        clock.now += 0.2
+    beat = parse_beat(meter.beat() or "")
+    assert beat is not None and beat.step == 8
+    assert beat.wait_s == pytest.approx(0.2 * 2 / 8)   # 2 synced forwards of 8 steps
+
+
+def test_the_batch_dimension_is_found_in_tensors_tuples_and_dicts() -> None:
+    torch = pytest.importorskip("torch")
+    x = torch.zeros(16, 3)
+    assert steptime.batch_size((x,), {}) == 16
+    assert steptime.batch_size(([x, torch.zeros(16)], 7), {}) == 16   # Lightning's (batch, i)
+    assert steptime.batch_size((), {"input_ids": torch.zeros(5, 9, dtype=torch.long)}) == 5
+    assert steptime.batch_size((torch.tensor(3.0), "text"), {}) is None
+
+
+def test_a_scripts_own_beats_win_over_the_measured_ones() -> None:
+    progress = Progress(now=0.0)
+    measured = "##clustertrain beat step_s=0.5 wait_s=0.1 samples=8 step=3 by=ddp"
+    own = "##clustertrain beat step_s=0.2 samples=8"
+    for t in range(4):
+        assert progress.line("n0", 0, measured, float(t))
+    for t in range(4, 8):
+        assert progress.line("n0", 0, own, float(t))
+        assert progress.line("n0", 0, measured, float(t))   # hidden, and not counted
+    assert progress.to_json()["nodes"] == {"n0": {"step_s": 0.2, "samples_per_s": 40.0}}
+
+
+def run_ranks(tmp_path: Path, *args: str) -> list[str]:
+    """Two gloo ranks of the plain DDP job through the runner, as torchrun starts them."""
+    port = str(unused_port())
+    procs = []
+    for rank in (0, 1):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+        procs.append(subprocess.Popen(
+            [sys.executable, str(node_py()), "worker", str(JOBS / "plain_ddp.py"), *args],
+            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        outs.append(out)
+    return outs
+
+
+def test_a_plain_ddp_script_gets_step_times_and_the_slow_rank_shows(tmp_path: Path) -> None:
+    """Rank 1 sleeps 50 ms a step before its forward: its own work is the longer, and
+    rank 0 waits for it in the gradients' all-reduce."""
+    pytest.importorskip("torch")
+    outs = run_ranks(tmp_path, "--steps", "80", "--width", "64", "--layers", "2",
+                     "--slow-rank", "1", "--slow-s", "0.05", "--eval-every", "10")
+    beats = [[b for line in out.splitlines() if (b := parse_beat(line)) is not None]
+             for out in outs]
+    assert all(len(b) >= 2 and all(x.measured for x in b) for b in beats), outs
+    assert all(x.samples == 64 and x.step_s and x.wait_s is not None for b in beats for x in b)
+    last0, last1 = beats[0][-1], beats[1][-1]
+    assert last1.step_s > 0.04 > last0.step_s, (last0, last1)
+    assert last0.wait_s > 0.03 > last1.wait_s, (last0, last1)
+    assert "rank 0 done" in outs[0]   # the script's own lines are as they were
+
+
+def test_a_script_without_ddp_gets_no_beats(tmp_path: Path) -> None:
+    script = tmp_path / "job.py"
+    script.write_text("import torch\nprint(torch.nn.Linear(2, 2)(torch.zeros(1, 2)).shape)\n")
+    out = subprocess.run([sys.executable, str(node_py()), "worker", str(script)],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "##clustertrain beat" not in out.stdout and "torch.Size([1, 2])" in out.stdout
