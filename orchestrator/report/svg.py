@@ -55,22 +55,64 @@ def thin(points: Sequence[tuple[float, float]], t0: float, t1: float,
             for _, b in sorted(buckets.items())]
 
 
-def nice_max(value: float) -> float:
-    """The smallest 1, 2, 2.5 or 5 x 10^k at or above VALUE (an axis' top)."""
-    if value <= 0:
-        return 1.0
-    power = 10 ** math.floor(math.log10(value))
-    for step in (1, 2, 2.5, 5, 10):
-        if value <= step * power * (1 + 1e-9):
-            return step * power
-    return 10 * power
+def ticks(value: float) -> tuple[list[float], float]:
+    """A y axis from 0 up to VALUE (the data's highest): 4 to 6 ticks a round step apart
+    (1, 2 or 5 x 10^k), the last at or above VALUE; and the step."""
+    if not 0 < value < math.inf:
+        value = 1.0
+    power = 10.0 ** math.floor(math.log10(value / 5))
+    for factor in (1, 2, 5, 10):   # the smallest step that needs at most 5 of them
+        step = factor * power
+        count = math.ceil(value / step - 1e-9)
+        if count <= 5:
+            break
+    return [round(i * step, _decimals(step)) for i in range(count + 1)], step
 
 
-def clock(seconds: float) -> str:
-    """Seconds from the run's start as h:mm:ss (m:ss under an hour)."""
+def _decimals(step: float) -> int:
+    """The digits after the point that a multiple of STEP (1, 2 or 5 x 10^k) needs."""
+    return max(0, -math.floor(math.log10(step) + 1e-9))
+
+
+SI = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+SMALL = ((1e-6, "µ"), (1e-9, "n"), (1e-12, "p"))   # below 0.0001 decimals get too wide
+
+
+def number(v: float, step: float) -> str:
+    """V, a multiple of STEP, as a reader writes it: no exponent, no float noise, no
+    trailing zeros; from a thousand on with k, M, G or T (1.5k, 20M); plain decimals down
+    to steps of 0.0001, then a whole axis in µ, n or p (20µ, 40µ)."""
+    scale, suffix = next(((sc, sf) for sc, sf in SI if abs(v) >= sc), (1.0, ""))
+    if step < 1e-4 and v:
+        scale, suffix = next(((sc, sf) for sc, sf in SMALL if sc <= 10 * step), SMALL[-1])
+    text = f"{v / scale:.{_decimals(step / scale)}f}"
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return ("0" if text == "-0" else text) + suffix
+
+
+# Round steps of elapsed time: 1, 2, 3, 5, 10, 15, 30 s and min; 1, 2, 3, 6, 12 h; days.
+TIME_STEPS = (1, 2, 3, 5, 10, 15, 30, 60, 120, 180, 300, 600, 900, 1800, 3600, 7200,
+              10800, 21600, 43200, 86400, 2 * 86400, 3 * 86400, 7 * 86400)
+
+
+def time_ticks(span: float) -> list[float]:
+    """Ticks over [0, SPAN] seconds a round step apart (TIME_STEPS, then whole weeks
+    doubled), the smallest that leaves at most 7: 4 to 7 of them (over 3 s and more)."""
+    step = next((s for s in TIME_STEPS if span / s < 7 - 1e-9), None)
+    if step is None:
+        step = TIME_STEPS[-1]
+        while span / step >= 7 - 1e-9:
+            step *= 2
+    return [float(i * step) for i in range(int(span / step + 1e-9) + 1)]
+
+
+def clock(seconds: float, hours: bool = False) -> str:
+    """Seconds from the run's start as m:ss, or h:mm:ss from an hour on (or if HOURS)."""
     s = int(round(seconds))
     h, rest = divmod(s, 3600)
-    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
+    return (f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h or hours
+            else f"{rest // 60}:{rest % 60:02d}")
 
 
 def _num(x: float) -> str:
@@ -96,7 +138,8 @@ def line_chart(title: str, unit: str, series: Sequence[Series], t0: float, t1: f
     points are more than GAP apart (or two of its thinned spans)."""
     t1 = max(t1, t0 + 1.0)
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
-    top = nice_max(max((y for s in series for _, y in s.points), default=1.0))
+    levels, step = ticks(max((y for s in series for _, y in s.points), default=1.0))
+    top = levels[-1]
 
     def x(t: float) -> float:
         return LEFT + (t - t0) / (t1 - t0) * plot_w
@@ -108,18 +151,16 @@ def line_chart(title: str, unit: str, series: Sequence[Series], t0: float, t1: f
            f'viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}" role="img" '
            f'aria-label="{escape(title)}">',
            f'<text x="{LEFT}" y="18" class="title">{escape(title)}</text>']
-    for i in range(5):   # the grid and the y axis' numbers
-        v = top * i / 4
+    for v in levels:   # the grid and the y axis' numbers
         out.append(f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{y(v):.1f}" y2="{y(v):.1f}" '
                    'class="grid"/>')
-        out.append(f'<text x="{LEFT - 6}" y="{y(v) + 4:.1f}" text-anchor="end" class="tick">'
-                   f'{v:.3g}</text>')
+        out.append(f'<text x="{LEFT - 6}" y="{y(v) + 4:.1f}" text-anchor="end" class="tick" '
+                   f'data-axis="y">{number(v, step)}</text>')
     out.append(f'<text x="14" y="{TOP + plot_h / 2:.0f}" class="tick" transform="rotate(-90 '
                f'14 {TOP + plot_h / 2:.0f})" text-anchor="middle">{escape(unit)}</text>')
-    for i in range(6):   # the time axis
-        t = t0 + (t1 - t0) * i / 5
-        out.append(f'<text x="{x(t):.1f}" y="{HEIGHT - 12}" text-anchor="middle" '
-                   f'class="tick">{clock(t - t0)}</text>')
+    for dt in time_ticks(t1 - t0):   # the time axis: h:mm:ss all along from an hour on
+        out.append(f'<text x="{x(t0 + dt):.1f}" y="{HEIGHT - 12}" text-anchor="middle" '
+                   f'class="tick" data-axis="t">{clock(dt, hours=t1 - t0 >= 3600)}</text>')
     for n, mark in enumerate(m for m in marks if t0 <= m.t <= t1):
         stroke = OK_COLOR if mark.ok else MARK_COLOR
         at = x(mark.t)

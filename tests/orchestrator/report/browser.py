@@ -75,8 +75,13 @@ class _Collect(HTMLParser):
 
 def dom(page: Path | str) -> list[Element]:
     """Every element of PAGE's DOM once Chromium has loaded it, in document order."""
+    return elements(_run(["--dump-dom"], page).stdout.decode("utf-8", errors="replace"))
+
+
+def elements(markup: str) -> list[Element]:
+    """Every element of MARKUP (HTML or inline SVG), in document order."""
     parser = _Collect()
-    parser.feed(_run(["--dump-dom"], page).stdout.decode("utf-8", errors="replace"))
+    parser.feed(markup)
     return parser.elements
 
 

@@ -138,24 +138,3 @@ def test_a_report_is_drawn_from_a_timeline_cut_short(tmp_path: Path) -> None:
     assert read_timeline(run) == [point]
     html = run.report_html if try_write_report(run) else None
     assert html is not None and "running" in html.read_text()
-
-
-def test_a_series_is_thinned_to_the_means_of_equal_spans() -> None:
-    points = [(float(t), float(t % 2)) for t in range(10_000)]
-    thinned = svg.thin(points, 0.0, 10_000.0, limit=100)
-    assert len(thinned) == 100
-    assert all(abs(y - 0.5) < 1e-9 for _, y in thinned)
-    assert svg.thin(points[:50], 0.0, 50.0, limit=100) == points[:50]
-
-
-def test_a_line_is_cut_where_its_points_are_far_apart() -> None:
-    points = [(0.0, 1.0), (10.0, 1.0), (60.0, 2.0), (70.0, 2.0)]
-    assert svg.segments(points, 25.0) == [points[:2], points[2:]]
-    assert svg.segments(points, 100.0) == [points]
-
-
-def test_axes_end_on_round_numbers_and_cells_go_from_dark_red_to_pale_green() -> None:
-    assert [svg.nice_max(v) for v in (0.13, 0.2, 7, 380, 0)] == [0.2, 0.2, 10, 500, 1.0]
-    assert svg.heat(0, 10) == "#7f0000" and svg.heat(10, 10) == "#e8f5e9"
-    assert svg.heat(5, 10) == "#f4a261" and svg.heat(20, 10) == "#e8f5e9"
-    assert svg.clock(3725) == "1:02:05" and svg.clock(65) == "1:05"
