@@ -36,6 +36,7 @@ from ..node.protocol import (
 from ..record.ends import PEER_GONE
 from ..record.logstream import LineSplitter, is_record
 from ..record.rundir import RunDir, iso, open_private
+from ..report.page import read_system
 from .command import EXIT_MARKER, NodeCommand
 from .scheduler import Scheduler
 from .spec import HangWatch, OnHang
@@ -129,6 +130,7 @@ class Job:
         self._system_lock = threading.Lock()
         self.system = SystemWatch()             # the nodes' system metrics: flags
         self._samples: list[Sample] = []        # not yet in the timeline
+        self._sampled: dict[str, float] | None = None   # each node's last sample kept
 
     # -- per-node threads -------------------------------------------------------------
     def _pump(self, spec: NodeSpec, cmd: NodeCommand, lease: bool) -> None:
@@ -198,7 +200,8 @@ class Job:
 
     def _take_system(self, node: str, lines: list[str]) -> list[str]:
         """Lines without the node's system samples (its supervisor's SYSTEM_MARKER lines,
-        not the job's output nor its progress): kept for the timeline, and a flag they
+        not the job's output nor its progress): kept for the timeline (but those it has
+        already: `attach` again follows the node's log from its start), and a flag they
         raise said once."""
         kept, found = take_marker(lines, SYSTEM_MARKER)
         for text in found:
@@ -206,6 +209,13 @@ class Job:
             if sample is None:
                 continue
             with self._system_lock:
+                if self._sampled is None:
+                    self._sampled = {}
+                    for s in read_system(self.rundir):
+                        self._sampled[s.node] = max(s.t, self._sampled.get(s.node, s.t))
+                if sample.t <= self._sampled.get(node, float("-inf")):
+                    continue
+                self._sampled[node] = sample.t
                 self._samples.append(sample)
                 flags = self.system.feed(sample)
             for flag in flags:

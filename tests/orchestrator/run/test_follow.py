@@ -155,6 +155,11 @@ def test_a_nodes_system_samples_go_to_the_timeline_and_a_flag_is_said_once(
     assert read_timeline(run) == []
     assert job._result(Following(False, set(), 0.0), 0.0).system_flags == [
         {"node": "n0", "kind": "memory", "t": 100.0, "message": flag[len("[clustertrain] "):]}]
+    # `attach` again: the node's log from its start; only the newer sample is added.
+    again = Job(run, [], SshScheduler({}), out=io.StringIO())
+    again._take_system("n0", [*lines, sample(120.0, 3 * gib)])
+    again._keep_timeline()
+    assert [s.t for s in read_system(run)] == [100.0, 110.0, 120.0]
 
 
 # A quiet job: one line, then nothing for 12 s (one system sample comes meanwhile).
