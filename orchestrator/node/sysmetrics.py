@@ -286,8 +286,9 @@ def keep_sampling(sampler: Sampler, lines: OutputLines, stop: threading.Event,
 
 def start(root_pid: int, address: str | None, output: OutputLines) -> threading.Event:
     """Sample this node beside the run (a daemon thread); set the event it returns to
-    stop. The first counters are read here, before torchrun's work starts."""
+    stop. The thread makes its sampler (the address resolved, the first counters read)
+    at once, while torchrun starts: a name slow to resolve never holds up the supervisor."""
     stop = threading.Event()
-    threading.Thread(target=keep_sampling, args=(Sampler(root_pid, address), output, stop),
+    threading.Thread(target=lambda: keep_sampling(Sampler(root_pid, address), output, stop),
                      daemon=True, name="sysmetrics").start()
     return stop
