@@ -50,6 +50,11 @@ HANG_MARKER = "@@clustertrain-hang"  # in a node's log stream: it found the run 
 # A line of JOB/output.log written just before the run's processes there are signalled to
 # stop: what torchrun says after it is the stop's echo (kept in the log, not shown live).
 STOP_MARKER = "@@clustertrain-stopping"
+# A line of JOB/output.log the supervisor writes every SYSTEM_INTERVAL seconds while
+# torchrun runs: the node's system metrics as one JSON object (node/sysmetrics.py). The
+# controller keeps it in the run's timeline, never on the terminal nor as progress.
+SYSTEM_MARKER = "@@clustertrain-system"
+SYSTEM_INTERVAL = 10.0
 # The worker runner's last line for a rank whose script finished.
 FINISHED_MARKER = "[clustertrain] rank {rank} finished: exit code {code}"
 FR_DIR_ENV = "CLUSTERTRAIN_FR_DIR"   # where a worker serves its flight recorder

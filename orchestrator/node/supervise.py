@@ -14,6 +14,9 @@ when the run must end.
   --hang-timeout: each node dumps its workers onto the share first), or (attached runs)
   when the controller's lease ran out, or when the run's Slurm job ended (slurmjob.py);
 - a run with a Slurm job cancels it once every node's part has ended;
+- while torchrun runs, the node's system metrics (CPU, memory, the job's memory, the
+  cluster interface's traffic, the GPUs) go into the job's output every SYSTEM_INTERVAL s
+  (sysmetrics.py), lines that are not the job's progress;
 - started by srun as a step of the run's Slurm job (--in-step), it stays in the foreground
   of its step, and SIGTERM (Slurm ending the job or the step) ends the run here at once.
 """
@@ -33,7 +36,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import slurmjob
+from . import slurmjob, sysmetrics
 from .carry import kept
 from .dump import dump_workers, py_spy_for
 from .protocol import (
@@ -329,7 +332,10 @@ def _supervise(args: argparse.Namespace, ring: Ring, secret_env: dict[str, str],
         _stopped_before_start(args)   # the launch failed on another node
         return 0
     supervisor = Supervisor(args, ring, _start(args, secret_env), terminated)
-    during = supervisor.watch()
+    try:
+        during = supervisor.watch()
+    finally:
+        supervisor.sampling.set()   # no sample of a node whose torchrun has ended
     code = supervisor.proc.returncode
     code = code if code >= 0 else 128 - code
     supervisor.conclude(code, during or supervisor.final_ending(code))
@@ -385,6 +391,8 @@ class Supervisor:
         ring.start()
         self.first_beat = FirstBeat(os.path.join(self.job, OUTPUT_LOG)) \
             if args.recovery else None
+        self.output = sysmetrics.OutputLines(os.path.join(self.job, OUTPUT_LOG))
+        self.sampling = sysmetrics.start(proc.pid, ring.addresses.get(args.node), self.output)
 
     def _tell(self) -> None:
         """This node's state changed: the share and the ring."""
@@ -405,7 +413,7 @@ class Supervisor:
         ending: Ending | None = None
         looked = time.monotonic()
         while self.proc.poll() is None:
-            quiet = _quiet_for(self.job)
+            quiet = _quiet_for(self.job, self.output)
             self._note_first_beat()
             self.ring.progress(quiet)
             looked = self._forgive_if_held_up(looked)
@@ -639,10 +647,12 @@ def _timed_out(job: str) -> bool:
     return COLLECTIVE_TIMEOUT.search(tail) is not None
 
 
-def _quiet_for(job: str) -> float:
-    """Seconds since the job last printed anything (a line, a beat, part of a line)."""
+def _quiet_for(job: str, own: sysmetrics.OutputLines | None = None) -> float:
+    """Seconds since the job last printed anything (a line, a beat, part of a line); the
+    supervisor's OWN lines (system metrics) are not the job's."""
     try:
-        return max(0.0, time.time() - os.stat(os.path.join(job, OUTPUT_LOG)).st_mtime)
+        st = os.stat(os.path.join(job, OUTPUT_LOG))
+        return max(0.0, time.time() - (own.last_output(st) if own else st.st_mtime))
     except OSError:
         return 0.0
 

@@ -184,7 +184,8 @@ class RunDir:
         return self.path / name
 
     def append_timeline(self, points: Iterable[Any]) -> None:
-        """Add POINTS (progress.Point) to the run's timeline."""
+        """Add POINTS (progress.Point, system.Sample: anything with to_json) to the run's
+        timeline."""
         lines = "".join(json.dumps(p.to_json(), separators=(",", ":")) + "\n" for p in points)
         if lines:
             with open_private(self.timeline, "a") as fh:

@@ -18,7 +18,9 @@ from typing import Any
 
 import jinja2
 
+from ..diagnosis import system
 from ..diagnosis.progress import WINDOW_S, Point
+from ..node.protocol import SYSTEM_INTERVAL
 from ..record.logstream import is_record
 from ..record.rundir import RecordUnreadable, RunDir, write_private
 from ..record.status import LAST_LINES, row
@@ -162,6 +164,66 @@ def charts(points: list[Point], summary: dict, start: float | None,
     return drawn
 
 
+def _per_node(samples: list[system.Sample], order: list[str], value: Any,
+              marked: dict[str, str]) -> list[svg.Series]:
+    """A series per node (in ORDER, then any other) of VALUE(sample), None left out."""
+    seen = {s.node for s in samples}
+    nodes = [n for n in order if n in seen] + sorted(seen - set(order))
+    series = [svg.Series(node, [(s.t, v) for s in samples if s.node == node
+                                and (v := value(s)) is not None], marked.get(node))
+              for node in nodes]
+    return [s for s in series if s.points]
+
+
+def _per_gpu(samples: list[system.Sample], order: list[str], value: Any,
+             marked: dict[tuple[str, int], str]) -> list[svg.Series]:
+    """A series per GPU ("node0 GPU 1") of VALUE(gpu sample)."""
+    rank = {n: i for i, n in enumerate(order)}
+    gpus = sorted({(s.node, g.index) for s in samples for g in s.gpus},
+                  key=lambda k: (rank.get(k[0], len(rank)), k))
+    return [svg.Series(f"{node} GPU {index}",
+                       [(s.t, value(g)) for s in samples if s.node == node
+                        for g in s.gpus if g.index == index], marked.get((node, index)))
+            for node, index in gpus]
+
+
+def system_charts(samples: list[system.Sample], flags: list[dict], start: float | None,
+                  end: float | None, order: list[str]) -> list[str]:
+    """The nodes' system metrics, a chart per metric with a line per node (per GPU):
+    CPU, memory, the job's memory, the cluster interface's traffic in and out, and with
+    nvidia-smi each GPU's utilisation and memory. A flagged node's (GPU's) line is marked."""
+    if not samples:
+        return []
+    t0 = min(start or samples[0].t, samples[0].t)
+    t1 = max(end or samples[-1].t, samples[-1].t + 1)
+    memory = {f["node"]: "low memory" for f in flags if f.get("kind") == "memory"}
+    idle = {(f["node"], f["gpu"]): "idle" for f in flags
+            if f.get("kind") == "gpu-idle" and "gpu" in f}
+    mb, gib = 1e6, float(system.GIB)
+    wanted = [
+        ("CPU use per node (all its cores)", "%",
+         _per_node(samples, order, lambda s: s.cpu_pct, {}), "cpu"),
+        ("Memory in use per node", "%", _per_node(samples, order, lambda s: s.mem_pct,
+                                                   memory), "memory"),
+        ("The job's processes' memory per node (resident)", "GiB",
+         _per_node(samples, order, lambda s: None if s.job_rss is None else s.job_rss / gib,
+                   memory), "rss"),
+        ("Network in per node (its cluster interface)", "MB / s",
+         _per_node(samples, order, lambda s: None if s.rx_bps is None else s.rx_bps / mb,
+                   {}), "net-in"),
+        ("Network out per node (its cluster interface)", "MB / s",
+         _per_node(samples, order, lambda s: None if s.tx_bps is None else s.tx_bps / mb,
+                   {}), "net-out"),
+        ("GPU utilisation", "%", _per_gpu(samples, order, lambda g: g.util_pct, idle),
+         "gpu-util"),
+        ("GPU memory in use", "GiB", _per_gpu(samples, order, lambda g: g.mem_used / gib, {}),
+         "gpu-memory"),
+    ]
+    return [svg.line_chart(title, unit, series, t0, t1, (), f"chart system {kind}",
+                           system.GAP_S)
+            for title, unit, series, kind in wanted if series]
+
+
 def doctor_section(doctor: dict) -> dict[str, Any]:
     """The doctor's findings: the link matrix as a heatmap, each node's numbers."""
     names = [n["name"] for n in doctor.get("nodes", [])]
@@ -206,6 +268,10 @@ def context(run: RunDir) -> dict[str, Any]:
     names = [n["name"] if isinstance(n, dict) else n
              for n in (summary or {}).get("nodes") or info.get("nodes") or []]
     points = [p for a in attempts(run, summary) for p in read_timeline(a)]
+    samples = [s for a in attempts(run, summary) for s in system.read_samples(a.timeline)]
+    # A live run's flags from its samples, by the rule its controller says them by.
+    flags = (summary.get("system_flags") or []) if summary else \
+        [f.to_json() for f in system.flags_of(samples)]
     start = _time((summary or {}).get("start"))
     if start is None and points:
         start = points[0].t
@@ -241,6 +307,8 @@ def context(run: RunDir) -> dict[str, Any]:
         "charts": charts(points, summary or {}, start, end, names),
         "has_steps": any(p.nodes for p in points),
         "stragglers": (summary or {}).get("stragglers") or [],
+        "system": system_charts(samples, flags, start, end, names),
+        "system_flags": [f for f in flags if isinstance(f, dict) and f.get("message")],
         "hang": _hang(summary["hang"]) if summary and summary.get("hang") else None,
         "recoveries": (summary or {}).get("recoveries") or [],
         "recovered_in": (summary or {}).get("recovered_in"),
@@ -263,7 +331,8 @@ def render_run(run: RunDir, refresh: int | None = None, served: bool = False) ->
     """The run's page. REFRESH: reload every so many seconds (a live run in `ui`); SERVED:
     its logs are links the server answers (a file on its own has them beside it)."""
     return TEMPLATES.get_template("run.html.j2").render(
-        **context(run), refresh=refresh, served=served, window_s=WINDOW_S)
+        **context(run), refresh=refresh, served=served, window_s=WINDOW_S,
+        system_interval=SYSTEM_INTERVAL)
 
 
 def write_report(run: RunDir) -> Path:

@@ -23,12 +23,14 @@ from .. import defaults
 from ..cluster.inventory import NodeSpec
 from ..diagnosis.diagnose import analyse, read_node_dumps
 from ..diagnosis.progress import Progress
+from ..diagnosis.system import Sample, SystemWatch, parse_system, read_samples
 from ..node.protocol import (
     COLLECTIVE_TIMEOUT,
     HANG_GATHER,
     HANG_MARKER,
     RECONNECT,
     STOP_MARKER,
+    SYSTEM_MARKER,
     End,
 )
 from ..record.ends import PEER_GONE
@@ -124,6 +126,10 @@ class Job:
         self._hang_open = False          # a hang found and not yet resolved
         self._stragglers: set[str] = set()
         self._stop_echo: set[str] = set()  # nodes whose torchrun now echoes a stop
+        self._system_lock = threading.Lock()
+        self.system = SystemWatch()             # the nodes' system metrics: flags
+        self._samples: list[Sample] = []        # not yet in the timeline
+        self._sampled: dict[str, float] | None = None   # each node's last sample kept
 
     # -- per-node threads -------------------------------------------------------------
     def _pump(self, spec: NodeSpec, cmd: NodeCommand, lease: bool) -> None:
@@ -150,7 +156,8 @@ class Job:
                     seen += sum(1 for line in lines
                                 if EXIT_MARKER not in line and HANG_MARKER not in line)
                     lines, end = take_exit_marker(lines, end)
-                    lines = self._take_hang_marker(spec.name, lines)
+                    lines = self._take_system(spec.name,
+                                              self._take_hang_marker(spec.name, lines))
                     if lines:  # the node's own words (a hang's marker is not progress)
                         self.progress.output(time.monotonic())
                     self._emit(log, outcome, lines)
@@ -177,7 +184,8 @@ class Job:
                 self._say(f"{spec.name}: its SSH connection dropped; connected again after "
                           f"{time.monotonic() - dropped:.1f} s, following its log on")
             lines, end = take_exit_marker(splitter.flush(), end)
-            self._emit(log, outcome, self._take_hang_marker(spec.name, lines))
+            self._emit(log, outcome, self._take_system(
+                spec.name, self._take_hang_marker(spec.name, lines)))
         if end is not None:
             self.events.put(NodeExited(spec.name, *end))
 
@@ -187,6 +195,30 @@ class Job:
         kept, found = take_marker(lines, HANG_MARKER)
         for _ in found:
             self.events.put(HangFound(node))
+        return kept
+
+    def _take_system(self, node: str, lines: list[str]) -> list[str]:
+        """Lines without the node's system samples (its supervisor's SYSTEM_MARKER lines,
+        not the job's output nor its progress): kept for the timeline (but those it has
+        already: `attach` again follows the node's log from its start), and a flag they
+        raise said once."""
+        kept, found = take_marker(lines, SYSTEM_MARKER)
+        for text in found:
+            sample = parse_system(node, text)
+            if sample is None:
+                continue
+            with self._system_lock:
+                if self._sampled is None:
+                    self._sampled = {}
+                    for s in read_samples(self.rundir.timeline):
+                        self._sampled[s.node] = max(s.t, self._sampled.get(s.node, s.t))
+                if sample.t <= self._sampled.get(node, float("-inf")):
+                    continue
+                self._sampled[node] = sample.t
+                self._samples.append(sample)
+                flags = self.system.feed(sample)
+            for flag in flags:
+                self._say(flag.message)
         return kept
 
     def _emit(self, log: IO[str], outcome: NodeOutcome, lines: list[str]) -> None:
@@ -427,8 +459,10 @@ class Job:
             self._read_hang(hung)
         progress = self.progress.to_json()   # closes the last windows
         self._keep_timeline()
+        with self._system_lock:
+            flags = [flag.to_json() for flag in self.system.flags]
         return JobResult(self.outcomes, f.first_failed, f.interrupted, started, time.time(),
-                         f.why_interrupted, self._hang, self._hung, progress)
+                         f.why_interrupted, self._hang, self._hung, progress, flags)
 
     # -- progress: stragglers and hangs ---------------------------------------------------
     def _look_at_progress(self) -> None:
@@ -446,9 +480,12 @@ class Job:
             self._say("the run makes progress again")
 
     def _keep_timeline(self) -> None:
-        """Append the windows closed since the last look to the run's timeline.jsonl."""
+        """Append the windows closed since the last look, and the nodes' system samples
+        come since, to the run's timeline.jsonl."""
+        with self._system_lock:
+            samples, self._samples = self._samples, []
         try:
-            self.rundir.append_timeline(self.progress.take_points())
+            self.rundir.append_timeline([*self.progress.take_points(), *samples])
         except OSError as exc:
             if not self._log_broken:
                 self._log_broken = True

@@ -54,6 +54,7 @@ class JobResult:
     hang: dict[str, Any] | None = None   # the hang found (summary.json "hang")
     hung: bool = False                   # and the run was stopped for it
     progress: dict[str, Any] = field(default_factory=dict)  # step times, stragglers
+    system_flags: list[dict] = field(default_factory=list)  # diagnosis/system.py's Flags
 
     @property
     def ok(self) -> bool:
@@ -83,6 +84,7 @@ def make_summary(info: dict, commands: list[NodeCommand], names: list[str],
                      **({"step_times": progress["nodes"]} if progress.get("nodes") else {}),
                      **({"stragglers": progress["stragglers"]}
                         if progress.get("stragglers") else {}),
+                     **({"system_flags": result.system_flags} if result.system_flags else {}),
                      **({"first_step_at": iso(first_beat)} if first_beat else {}),
                      **({"last_step": last_step} if last_step is not None else {})})
 
@@ -158,8 +160,8 @@ def suspects(hang: dict, nobody: str = "nobody") -> str:
 
 
 def show(run_id: str, summary: dict, what: str) -> list[str]:
-    """`runs show RUN`: the run's status, each node's end, step times, stragglers and
-    the hang."""
+    """`runs show RUN`: the run's status, each node's end, step times, stragglers, the
+    system metrics' flags and the hang."""
     first = f" (first failed: {summary['first_failed']})" if summary.get("first_failed") else ""
     lines = [f"run {run_id}: {summary['status']}{first} after {summary['duration_s']:.1f} s",
              f"  {what}"]
@@ -178,6 +180,8 @@ def show(run_id: str, summary: dict, what: str) -> list[str]:
         lines.append("  straggler: " + Straggler(
             s["node"], s["rank"], s["step_s"], s["median_step_s"],
             tuple(s.get("windows") or (0, 0))).message())
+    lines += [f"  system: {f['message']}" for f in summary.get("system_flags") or []
+              if isinstance(f, dict) and f.get("message")]
     hang = summary.get("hang")
     if hang:
         lines.append(f"  hang found at {hang['detected_at']}: {hang['verdict']}")

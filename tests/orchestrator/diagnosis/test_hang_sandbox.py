@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -13,7 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.diagnosis.system import read_samples
+from orchestrator.record.rundir import RunDir
+
 from ...cluster import ENV as PODMAN_ENV, REPO, ProvisionedCluster as Sandbox
+from ..node.test_sysmetrics import SMI_BIN
 from ..report.browser import dom, screenshot, series, suspects
 from ..run.test_supervision_sandbox import JOBS, cli
 from ..run.test_train_sandbox import Train, assert_no_job_processes
@@ -21,6 +26,9 @@ from ..run.test_train_sandbox import Train, assert_no_job_processes
 pytestmark = [pytest.mark.sandbox, pytest.mark.timeout(1500)]
 NODES = ("node0", "node1", "node2")
 JOB = "hang_or_straggle.py"
+# The nodes' own PATH, after the nvidia-smi test double's directory (relative: the job's
+# working directory on the node is its code snapshot, which carries doubles/).
+NODE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def test_a_stalled_rank_is_named_and_the_run_ends_as_hung(sandbox_cluster: Sandbox,
@@ -155,7 +163,8 @@ def test_a_cpu_throttled_node_running_a_plain_ddp_script_is_flagged_as_the_strag
     times every rank's steps from DDP's own timers: node2's own work per step takes
     several times longer in every window of the run (a minute and more: a straggler is
     named only when it is slower persistently), it alone is flagged, live and in the
-    summary, and the others are seen waiting for it.
+    summary, and the others are seen waiting for it. Every node's system metrics are
+    charted too (with nvidia-smi's test double on the nodes' PATH: two GPUs at 0 %).
     A tenth, not a quarter: on two cores that the other nodes share with whatever else
     runs (CI's molecule scenarios), node0 and node1 slowed to 0.3 s a step beside node2's
     0.39 s under a quarter, and nobody was named."""
@@ -165,12 +174,17 @@ def test_a_cpu_throttled_node_running_a_plain_ddp_script_is_flagged_as_the_strag
         subprocess.run(["podman", "update", "--cpus", n, container], env=PODMAN_ENV,
                        check=True, capture_output=True, timeout=60)
 
+    work = tmp_path / "work"   # the job and nvidia-smi's test double (a GPU at 0 %)
+    work.mkdir()
+    shutil.copy(JOBS / "plain_ddp.py", work)
+    shutil.copytree(SMI_BIN, work / "doubles")
     cpus("0.1")
     try:
         # About 0.02 s of forward and backward a step on a free core: ten times that under a
         # tenth of a CPU's quota (10 ms of each 100 ms): 320 steps, about 80 s, enough
         # windows to judge.
-        t = Train(sandbox_cluster, tmp_path, "--nodes", "3", "plain_ddp.py", "--",
+        t = Train(sandbox_cluster, tmp_path, "--workdir", str(work), "--nodes", "3",
+                  "--env", f"PATH=doubles:{NODE_PATH}", "plain_ddp.py", "--",
                   "--steps", "320", "--batch", "128")
         code = t.finish(timeout=400)
     finally:
@@ -203,3 +217,23 @@ def test_a_cpu_throttled_node_running_a_plain_ddp_script_is_flagged_as_the_strag
         lines = series(elements, chart)
         assert set(lines) == set(NODES), (chart, lines.keys())
         assert [n for n, a in lines.items() if "data-mark" in a] == ["node2"]
+    # Whatever the script: every node's system metrics, sampled every 10 s by its
+    # supervisor, kept in the timeline (not on the terminal nor in the logs) and charted.
+    run = RunDir(tmp_path, summary["run_id"])
+    assert "@@clustertrain" not in t.text
+    assert not any("@@clustertrain" in run.log(n).read_text() for n in NODES)
+    samples = read_samples(run.timeline)
+    for node in NODES:
+        mine = [s for s in samples if s.node == node]
+        assert len(mine) >= 3, samples
+        for s in mine:
+            assert s.cpu_pct is not None and 0 <= s.cpu_pct <= 100
+            assert s.mem_total and s.mem_available and 0 < s.mem_available < s.mem_total
+            assert s.job_rss is not None and s.job_rss > 64 << 20   # torchrun + the rank
+            assert s.rx_bps is not None and s.tx_bps is not None    # eth0: the all-reduces
+            assert [(g.index, g.util_pct) for g in s.gpus] == [(0, 0.0), (1, 0.0)]
+    assert max(s.tx_bps or 0 for s in samples) > 0
+    for chart in ("cpu", "memory", "rss", "net-in", "net-out"):
+        assert sorted(series(elements, chart)) == sorted(NODES), chart
+    assert sorted(series(elements, "gpu-util")) == [f"{n} GPU {i}" for n in sorted(NODES)
+                                                    for i in (0, 1)]

@@ -13,9 +13,10 @@ import sys
 from pathlib import Path
 
 from orchestrator.diagnosis.progress import Point
+from orchestrator.diagnosis.system import GpuSample, Sample, flags_of, read_samples
 from orchestrator.record.rundir import RunDir, iso
 from orchestrator.report import svg
-from orchestrator.report.page import read_timeline, try_write_report
+from orchestrator.report.page import context, read_timeline, try_write_report
 
 from .browser import count_color, dom, marked_rows, screenshot, series, suspects
 from .recorded import START, write_run
@@ -138,3 +139,44 @@ def test_a_report_is_drawn_from_a_timeline_cut_short(tmp_path: Path) -> None:
     assert read_timeline(run) == [point]
     html = run.report_html if try_write_report(run) else None
     assert html is not None and "running" in html.read_text()
+
+
+def test_the_system_section_draws_every_nodes_metrics_and_lists_the_flags(
+        tmp_path: Path) -> None:
+    """From the timeline's system samples: a chart per metric with a line per node (per
+    GPU), the idle GPU's line marked, and the flags listed; a live run's flags come from
+    its samples by the same rule."""
+    names = ["node0", "node1"]
+    gib = 1 << 30
+    samples = [Sample(n, START + t, 20.0 + i, 64 * gib, (40 - i) * gib, 3 * gib, 1e6 * (i + 1),
+                      5e5, (GpuSample(0, 0.0, gib, 80 * gib),
+                            GpuSample(1, 90.0, 2 * gib, 80 * gib)))
+               for t in range(0, 200, 10) for i, n in enumerate(names)]
+    idle = [f.to_json() for f in flags_of(samples)]
+    assert [(f["node"], f["gpu"]) for f in idle] == [("node0", 0), ("node1", 0)]
+    run = write_run(tmp_path, "20260921-000000-5y5731", names, 200,
+                    summary={"system_flags": idle})
+    run.append_timeline(samples)
+    assert len(read_timeline(run)) == 20 and read_samples(run.timeline) == samples
+    try_write_report(run)
+    elements = dom(run.report_html)
+    for chart in ("cpu", "memory", "rss", "net-in", "net-out"):
+        assert sorted(series(elements, chart)) == names, chart
+    gpus = series(elements, "gpu-util")
+    assert sorted(gpus) == ["node0 GPU 0", "node0 GPU 1", "node1 GPU 0", "node1 GPU 1"]
+    assert {g for g, a in gpus.items() if a.get("data-mark") == "idle"} == \
+        {"node0 GPU 0", "node1 GPU 0"}
+    assert sorted(series(elements, "gpu-memory")) == sorted(gpus)
+    said = [e for e in elements if e.attrs.get("data-flag") == "gpu-idle"]
+    assert [e.attrs["data-node"] for e in said] == names
+    assert "node0 GPU 0 idle (0 % used) for 3 minutes" in said[0].text
+    assert series(elements, "step")   # the progress charts are still there
+    run.summary_json.unlink()          # live: no summary yet
+    assert context(run)["system_flags"] == idle
+
+
+def test_a_run_without_samples_says_so_and_draws_no_system_chart(tmp_path: Path) -> None:
+    run = write_run(tmp_path, "20260921-000000-n05y5", ["node0"], 60)
+    page = context(run)
+    assert page["system"] == [] and page["system_flags"] == []
+    assert "No system samples yet" in run.report_html.read_text()

@@ -13,13 +13,16 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from orchestrator.diagnosis.system import read_samples
 from orchestrator.node.protocol import End
 from orchestrator.record.rundir import RunDir
-from orchestrator.run.follow import Job
+from orchestrator.report.page import read_timeline
+from orchestrator.run.follow import Following, Job
 from orchestrator.run.launch import Launch
 from orchestrator.run.scheduler import SshScheduler
 from orchestrator.run.status import JobResult, NodeOutcome
 
+from ..node.test_sysmetrics import SMI_BIN
 from .test_launch import nodes
 
 # torchrun's stand-in: each node says a word; node rank FAILS fails with 3 a second
@@ -122,3 +125,76 @@ def test_a_rank_that_prints_the_stop_mark_hides_nothing(tmp_path: Path) -> None:
     with open(run.log("n0"), "a") as log:
         job._emit(log, NodeOutcome("n0"), lines)
     assert out.getvalue().splitlines() == lines
+
+
+def test_a_nodes_system_samples_go_to_the_timeline_and_a_flag_is_said_once(
+        tmp_path: Path) -> None:
+    """The supervisor's sample lines are neither shown nor kept in the run's log: they
+    go to its timeline; a node close to running out of memory is said once."""
+    run = RunDir(tmp_path / "runs", "r1")
+    run.path.mkdir(parents=True)
+    out = io.StringIO()
+    job = Job(run, [], SshScheduler({}), out=out)
+    gib = 1 << 30
+
+    def sample(t: float, available: int) -> str:
+        return (f'n0/torchrun | @@clustertrain-system {{"t":{t},"cpu_pct":12.5,'
+                f'"mem_total":{64 * gib},"mem_available":{available},"job_rss":{60 * gib}}}')
+
+    lines = ["n0/rank0 | epoch 1", sample(100.0, 2 * gib), sample(110.0, gib),
+             "n0/torchrun | done"]
+    with open(run.log("n0"), "a") as log:
+        job._emit(log, NodeOutcome("n0"), job._take_system("n0", lines))
+    job._keep_timeline()
+    flag = ("[clustertrain] n0 is close to running out of memory: 2.0 GiB of 64.0 GiB "
+            "available, the job's processes hold 60.0 GiB")
+    assert out.getvalue().splitlines() == [flag, "n0/rank0 | epoch 1", "n0/torchrun | done"]
+    assert "@@clustertrain" not in run.log("n0").read_text()
+    samples = read_samples(run.timeline)
+    assert [(s.node, s.t, s.mem_available) for s in samples] == [("n0", 100.0, 2 * gib),
+                                                                 ("n0", 110.0, gib)]
+    assert read_timeline(run) == []
+    assert job._result(Following(False, set(), 0.0), 0.0).system_flags == [
+        {"node": "n0", "kind": "memory", "t": 100.0, "message": flag[len("[clustertrain] "):]}]
+    # `attach` again: the node's log from its start; only the newer sample is added.
+    again = Job(run, [], SshScheduler({}), out=io.StringIO())
+    again._take_system("n0", [*lines, sample(120.0, 3 * gib)])
+    again._keep_timeline()
+    assert [s.t for s in read_samples(run.timeline)] == [100.0, 110.0, 120.0]
+
+
+# A quiet job: one line, then nothing for 12 s (one system sample comes meanwhile).
+QUIET = ("#!{python}\n"
+         "import time\n"
+         "print('[rank0]:started', flush=True)\n"
+         "time.sleep(12)\n")
+
+
+def test_the_supervisor_samples_its_node_while_the_job_prints_nothing(tmp_path: Path) -> None:
+    """The real supervisor: its samples reach the timeline (GPUs from nvidia-smi's test
+    double on the job's PATH), not the terminal, and the quiet job stays quiet."""
+    pairs, clients = nodes(tmp_path, count=1)
+    torchrun = tmp_path / "torchrun"
+    torchrun.write_text(QUIET.format(python=sys.executable))
+    path = f"{SMI_BIN}:{os.environ['PATH']}"
+    pairs = [(spec, replace(cmd, addresses=("127.0.0.1",), env={"PATH": path}))
+             for spec, cmd in pairs]
+    launch = Launch.start(pairs, clients)
+    try:
+        assert launch.go(b"k" * 32, {}) == {}
+    except BaseException:
+        launch.cancel()
+        raise
+    run = RunDir(tmp_path / "runs", "r1")
+    run.path.mkdir(parents=True)
+    out = io.StringIO()
+    job = Job(run, pairs, SshScheduler(clients), out=out)
+    result = job.run(attached=True)
+    said = out.getvalue()
+    assert result.ok, said
+    assert said.splitlines() == ["n0/rank0 | started"]
+    assert job.progress.quiet_for(time.monotonic()) > 9   # the samples were not progress
+    (sample, *_) = read_samples(run.timeline)
+    assert sample.node == "n0" and sample.cpu_pct is not None and sample.job_rss
+    assert [g.util_pct for g in sample.gpus] == [0.0, 0.0]
+    assert sample.rx_bps is not None    # loopback: the address the run gave the node
