@@ -20,8 +20,9 @@ script's: a rank that prints its own beats keeps them (the controller ignores th
 measured ones of that rank). Evaluation forwards (no grad, or the model in eval mode)
 are not steps, and the time around them is not counted.
 
-The cost: a clock read per forward, the reducer's timers on every iteration (torch samples
-them every 100th otherwise), and DDP's logging data read at most every READ_S. Standard
+The cost: a clock read per forward, the reducer's figures computed every few iterations
+(torch's default is every 100th; here as often as the reads need them), and DDP's logging
+data read at most every READ_S. Standard
 library only until torch itself is imported by the script.
 """
 
@@ -42,6 +43,7 @@ from .protocol import BEAT_MARKER
 DDP_MODULE = "torch.nn.parallel.distributed"
 EMIT_S = 1.0    # a beat at most this often (each step, when steps are longer)
 READ_S = 0.2    # DDP's logging data read at most this often (~0.1 ms a read)
+MAX_RATE = 64   # the reducer's figures at least every this many iterations
 NS = 1e-9
 
 
@@ -79,7 +81,13 @@ class StepMeter:
     every step that all-reduced since the last beat (under no_sync(), for gradient
     accumulation, the others do not). Pairing matters: a slow peer's pace varies step to
     step, and a mean wait of some steps taken from a mean wall time of all would leave
-    a fast rank's own work below zero."""
+    a fast rank's own work below zero.
+
+    The reducer computes its timers' figures every `rate`-th iteration (DDP's
+    ddp_runtime_logging_sample_rate; about 10 us each time, a few % of a short step): the
+    rate follows the step time, so that one comes about every READ_S / 2. DDP logs an
+    iteration's figures at the start of its next iteration (the next forward with grad
+    that all-reduces), as iteration number N - 1 where this meter has counted N."""
 
     clock: Callable[[], float] = time.perf_counter
     emit_s: float = EMIT_S
@@ -96,13 +104,23 @@ class StepMeter:
     samples: list[int] = field(default_factory=list)
     iteration: int | None = None      # the reducer's iteration last read
     last_read: float = float("-inf")
+    last_counted: float = float("-inf")   # the batch's size last looked at
     last_beat: float | None = None
+    now: float = 0.0                  # the last forward's start: one clock read a step
+    iterations: int = 0               # the reducer's iterations: forwards with grad, synced
+    rate: int = 1                     # the reducer's figures every `rate`-th iteration
+    synced_wall: float | None = None  # the wall time of the last step that all-reduced
 
-    def forward(self, training: bool, synced: bool, samples: int | None) -> None:
+    def forward(self, training: bool, synced: bool, samples: Callable[[], int | None],
+                iterates: bool | None = None) -> None:
         """A forward of the model begins; TRAINING: with grad, in train mode; SYNCED: its
-        backward will all-reduce (not under no_sync())."""
-        now = self.clock()
+        backward will all-reduce (not under no_sync()); SAMPLES: its batch's size, asked
+        for at most every READ_S (it rarely changes; asking costs microseconds);
+        ITERATES: an iteration of the reducer (with grad and synced, in train mode or
+        not; by default TRAINING and SYNCED)."""
+        now = self.now = self.clock()
         self.closed = None
+        self.iterations += (training and synced) if iterates is None else iterates
         if not training:
             self.started = None   # an evaluation: the time around it is not a step's
             return
@@ -113,31 +131,37 @@ class StepMeter:
             self.steps += 1
             if self.syncing:
                 self.wall_synced += wall
+                self.synced_wall = wall
             else:
                 self.wall_local += wall
         self.started, self.syncing = now, synced
-        if samples is not None:
-            self.samples.append(samples)
+        if now - self.last_counted >= self.read_s or not self.samples:
+            self.last_counted = now
+            size = samples()
+            if size is not None:
+                self.samples.append(size)
         if self.last_beat is None:
             self.last_beat = now
 
     def wants_reading(self) -> bool:
-        """Whether to read the reducer's timers now: they are the step's just ended."""
-        return self.closed is not None and self.closed[1] \
-            and self.clock() - self.last_read >= self.read_s
+        """Whether to read the reducer's timers now: this forward logged the figures of
+        the last step that all-reduced."""
+        return self.closed is not None and self.syncing and self.synced_wall is not None \
+            and (self.iterations - 1) % self.rate == 0 \
+            and self.now - self.last_read >= self.read_s
 
     def read(self, data: dict[str, Any]) -> None:
         """DDP's logging data, read after a forward began: the reducer's timers of the
-        iteration before it, the step just ended."""
-        self.last_read = self.clock()
+        iteration before it, the last step that all-reduced."""
+        self.last_read = self.now
         iteration = data.get("iteration")
         comm = data.get("backward_comm_time")
         overlap = data.get("backward_compute_comm_overlap_time")
-        if self.closed is None or iteration == self.iteration \
-                or not isinstance(comm, int) or comm <= 0:
-            return
+        if self.synced_wall is None or iteration == self.iteration \
+                or iteration != self.iterations - 1 or not isinstance(comm, int) or comm <= 0:
+            return   # not the figures of that step (or none): nothing to pair
         self.iteration = iteration
-        wall = self.closed[0]
+        wall = self.synced_wall
         wait = max(0, comm - (overlap if isinstance(overlap, int) else 0)) * NS
         self.paired_wall += wall
         self.paired_wait += min(wait, wall)
@@ -145,7 +169,7 @@ class StepMeter:
     def beat(self) -> str | None:
         """The beat line due now (then a new sum begins), or None."""
         if not self.counted or self.last_beat is None \
-                or self.clock() - self.last_beat < self.emit_s:
+                or self.now - self.last_beat < self.emit_s:
             return None
         step = (self.wall_synced + self.wall_local) / self.counted
         wait = None
@@ -154,10 +178,11 @@ class StepMeter:
         own = step - (wait or 0.0)
         samples = round(sum(self.samples) / len(self.samples)) if self.samples else None
         line = beat_line(max(own, 1e-6), wait, samples, self.steps)
+        self.rate = max(1, min(MAX_RATE, int(self.read_s / 2 / step))) if step > 0 else 1
         self.counted, self.wall_synced, self.wall_local = 0, 0.0, 0.0
         self.paired_wall = self.paired_wait = 0.0
         self.samples = []
-        self.last_beat = self.clock()
+        self.last_beat = self.now
         return line
 
 
@@ -180,19 +205,23 @@ def instrument(ddp_class: Any, meter: StepMeter, out: Callable[[str], None] = sa
 
     original = ddp_class.forward
     tracked: list[weakref.ref] = []   # the model whose steps are timed (the first to train)
+    applied = [0]                     # the sample rate set on it
 
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        training = bool(self.training) and torch.is_grad_enabled()
+        grad = torch.is_grad_enabled()
+        training = grad and bool(self.training)
         if not tracked and training:
             tracked.append(weakref.ref(self))
-            rate = getattr(self, "_set_ddp_runtime_logging_sample_rate", None)
-            if rate is not None:
-                rate(1)   # the reducer's timers on every iteration
         mine = bool(tracked) and tracked[0]() is self
         if mine:
-            meter.forward(training, bool(getattr(self, "require_backward_grad_sync", True)),
-                          batch_size(args, kwargs) if training else None)
-        result = original(self, *args, **kwargs)   # records the last iteration's timers
+            synced = bool(getattr(self, "require_backward_grad_sync", True))
+            meter.forward(training, synced, lambda: batch_size(args, kwargs), grad and synced)
+            if meter.rate != applied[0]:
+                applied[0] = meter.rate
+                rate = getattr(self, "_set_ddp_runtime_logging_sample_rate", None)
+                if rate is not None:
+                    rate(meter.rate)
+        result = original(self, *args, **kwargs)   # logs the last iteration's figures
         if mine and training:
             if meter.wants_reading():
                 try:
