@@ -106,6 +106,7 @@ e2e: test-deps test-venv
 # runs of teardown_abort.py); results in bench/results/.
 bench: test-deps test-venv
 	$(PY) bench/ddp_overhead.py
+	$(PY) bench/steptime_paired.py
 	$(PY) bench/launch_fanout.py
 	$(PY) bench/launch_fanout.py --bastion
 	$(PY) bench/train_overhead.py
