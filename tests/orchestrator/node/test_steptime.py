@@ -77,6 +77,7 @@ def test_a_peers_uneven_pace_leaves_the_fast_ranks_own_work_as_it_is() -> None:
             meter.read(ddp_data(i + 1, comm_ms=(wall - 0.01) * 1000))
     beat = parse_beat(meter.beat() or "")
     assert beat is not None and beat.step == 8
+    assert beat.step_s is not None and beat.wait_s is not None
     assert 0.005 < beat.step_s < 0.02   # (0.0057: the long steps' share applied to all)
     assert beat.step_s + beat.wait_s == pytest.approx(0.2)
 
@@ -178,6 +179,7 @@ def test_a_plain_ddp_script_gets_step_times_and_the_slow_rank_shows(tmp_path: Pa
     assert all(len(b) >= 2 and all(x.measured for x in b) for b in beats), outs
     assert all(x.samples == 64 and x.step_s and x.wait_s is not None for b in beats for x in b)
     last0, last1 = beats[0][-1], beats[1][-1]
+    assert last0.step_s and last1.step_s and last0.wait_s is not None and last1.wait_s is not None
     assert last1.step_s > 0.015 > last0.step_s, (last0, last1)
     assert last0.wait_s > 0.012 > last1.wait_s, (last0, last1)
     assert "rank 0 done" in outs[0]   # the script's own lines are as they were
