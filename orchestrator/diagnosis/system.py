@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from enum import Enum
-from pathlib import Path
 
 from ..node.protocol import SYSTEM_INTERVAL
 
@@ -184,18 +183,3 @@ def flags_of(samples: list[Sample]) -> list[Flag]:
 
 GAP_S = 2.5 * SYSTEM_INTERVAL   # samples further apart: the node's line is cut there
 
-
-def read_samples(timeline: Path) -> list[Sample]:
-    """The nodes' system samples in a run's TIMELINE (timeline.jsonl), in order; the
-    progress windows' points and lines that do not read are left out."""
-    try:
-        text = timeline.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return []
-    samples = []
-    for line in text.splitlines():
-        try:
-            samples.append(Sample.from_json(json.loads(line)))
-        except (ValueError, KeyError, TypeError, AttributeError):
-            continue
-    return samples

@@ -200,8 +200,9 @@ def say(line: str) -> None:
 
 def instrument(ddp_class: Any, meter: StepMeter, out: Callable[[str], None] = say) -> None:
     """Wrap DDP_CLASS.forward so that METER sees every forward of the first model that
-    trains, and OUT gets its beats."""
-    import torch
+    trains, and OUT gets its beats. Torch is the script's: imported by now (DDP_CLASS is
+    torch's), and not by this module, which runs in any Python."""
+    torch = sys.modules["torch"]
 
     original = ddp_class.forward
     tracked: list[weakref.ref] = []   # the model whose steps are timed (the first to train)

@@ -15,13 +15,15 @@ import secrets
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from ..errors import ClusterError
+
+T = TypeVar("T")
 
 
 def check_owner(specs: Iterable[Any], info: dict, action: str) -> None:
@@ -190,6 +192,22 @@ class RunDir:
         if lines:
             with open_private(self.timeline, "a") as fh:
                 fh.write(lines)
+
+    def read_timeline(self, parse: Callable[[Any], T]) -> list[T]:
+        """The timeline's lines that PARSE takes (it raises ValueError, KeyError, TypeError
+        or AttributeError on a line of another kind), in order; a line that is no JSON (cut
+        short by a crash) is left out too."""
+        try:
+            text = self.timeline.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return []
+        found = []
+        for line in text.splitlines():
+            try:
+                found.append(parse(json.loads(line)))
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue
+        return found
 
     def info(self) -> dict[str, Any]:
         info = self._read(self.run_json)

@@ -42,19 +42,9 @@ def _time(iso: str | None) -> float | None:
 
 
 def read_timeline(run: RunDir) -> list[Point]:
-    """The run's points in order; a line that does not read (cut short by a crash) is
-    left out."""
-    try:
-        text = run.timeline.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return []
-    points = []
-    for line in text.splitlines():
-        try:
-            points.append(Point.from_json(json.loads(line)))
-        except (ValueError, KeyError, TypeError, AttributeError):
-            continue
-    return points
+    """The run's progress windows in order (its system samples, and a line cut short by a
+    crash, left out)."""
+    return run.read_timeline(Point.from_json)
 
 
 def attempts(run: RunDir, summary: dict | None) -> list[RunDir]:
@@ -268,7 +258,7 @@ def context(run: RunDir) -> dict[str, Any]:
     names = [n["name"] if isinstance(n, dict) else n
              for n in (summary or {}).get("nodes") or info.get("nodes") or []]
     points = [p for a in attempts(run, summary) for p in read_timeline(a)]
-    samples = [s for a in attempts(run, summary) for s in system.read_samples(a.timeline)]
+    samples = [s for a in attempts(run, summary) for s in a.read_timeline(system.Sample.from_json)]
     # A live run's flags from its samples, by the rule its controller says them by.
     flags = (summary.get("system_flags") or []) if summary else \
         [f.to_json() for f in system.flags_of(samples)]

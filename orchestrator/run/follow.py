@@ -23,7 +23,7 @@ from .. import defaults
 from ..cluster.inventory import NodeSpec
 from ..diagnosis.diagnose import analyse, read_node_dumps
 from ..diagnosis.progress import Progress
-from ..diagnosis.system import Sample, SystemWatch, parse_system, read_samples
+from ..diagnosis.system import Sample, SystemWatch, parse_system
 from ..node.protocol import (
     COLLECTIVE_TIMEOUT,
     HANG_GATHER,
@@ -210,7 +210,7 @@ class Job:
             with self._system_lock:
                 if self._sampled is None:
                     self._sampled = {}
-                    for s in read_samples(self.rundir.timeline):
+                    for s in self.rundir.read_timeline(Sample.from_json):
                         self._sampled[s.node] = max(s.t, self._sampled.get(s.node, s.t))
                 if sample.t <= self._sampled.get(node, float("-inf")):
                     continue

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.diagnosis.system import read_samples
+from orchestrator.diagnosis.system import Sample
 from orchestrator.record.rundir import RunDir
 
 from ...cluster import ENV as PODMAN_ENV, REPO, ProvisionedCluster as Sandbox
@@ -222,7 +222,7 @@ def test_a_cpu_throttled_node_running_a_plain_ddp_script_is_flagged_as_the_strag
     run = RunDir(tmp_path, summary["run_id"])
     assert "@@clustertrain" not in t.text
     assert not any("@@clustertrain" in run.log(n).read_text() for n in NODES)
-    samples = read_samples(run.timeline)
+    samples = run.read_timeline(Sample.from_json)
     for node in NODES:
         mine = [s for s in samples if s.node == node]
         assert len(mine) >= 3, samples

@@ -4,7 +4,6 @@ runner as torchrun starts them, one of them slower."""
 
 from __future__ import annotations
 
-import ast
 import os
 import subprocess
 import sys
@@ -32,15 +31,6 @@ class Clock:
 def ddp_data(iteration: int, comm_ms: float, overlap_ms: float = 0.0) -> dict:
     return {"iteration": iteration, "backward_comm_time": int(comm_ms * 1e6),
             "backward_compute_comm_overlap_time": int(overlap_ms * 1e6)}
-
-
-def test_the_module_needs_only_the_standard_library_until_torch_is_imported() -> None:
-    tree = ast.parse(Path(steptime.__file__).read_text())
-    top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
-    names = {a.name.split(".")[0] for n in top if isinstance(n, ast.Import) for a in n.names}
-    names |= {n.module.split(".")[0] for n in top
-              if isinstance(n, ast.ImportFrom) and n.module and n.level == 0}
-    assert names - {"__future__"} <= set(sys.stdlib_module_names), names
 
 
 def test_a_step_is_its_wall_time_less_the_wait_the_reducer_timed() -> None:
@@ -172,7 +162,7 @@ def test_a_plain_ddp_script_gets_step_times_and_the_slow_rank_shows(tmp_path: Pa
     rank 0 waits for it in the gradients' all-reduce. (Steps of about 20 ms: the reducer's
     figures come every 4th iteration, and the reads find them.)"""
     pytest.importorskip("torch")
-    outs = run_ranks(tmp_path, "--steps", "200", "--width", "64", "--layers", "2",
+    outs = run_ranks(tmp_path, "--steps", "160", "--width", "64", "--layers", "2",
                      "--slow-rank", "1", "--slow-s", "0.02", "--eval-every", "10")
     beats = [[b for line in out.splitlines() if (b := parse_beat(line)) is not None]
              for out in outs]

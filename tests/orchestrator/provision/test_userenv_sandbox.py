@@ -1,8 +1,10 @@
 """A user's own environment on the real-site sandbox: bob (no sudo) makes one from his own
 wheelhouse on every node with `env create`, runs in it with `train --python-env` while alice
-runs in the cluster's environment on the same nodes, and preflight names a package he
-installed by hand. One test: each step needs the one before (an environment takes a minute
-to make on three nodes)."""
+runs in the cluster's environment on the same nodes, runs a PyTorch Lightning and a Hugging
+Face Trainer script in it (each launched twice: the second resumes from the first's
+checkpoints on the share, as its framework does it; both get step times without printing
+a beat), and preflight names a package he installed by hand. One test: each step needs the
+one before (an environment takes a minute to make on three nodes)."""
 
 from __future__ import annotations
 
@@ -35,16 +37,60 @@ dist.destroy_process_group()
 """
 
 
+# What bob's environment has beyond the cluster's: a package of his own, and the two
+# frameworks his scripts train with (with their dependencies, which pip resolves).
+BOBS = ["tabulate==0.10.0", "lightning==2.6.6", "transformers==5.24.0", "accelerate==1.15.0"]
+
+
 def env_file(path: Path) -> Path:
-    """The project's environment.yml with one more pip package, tabulate (not in the
-    cluster's environment), and without JupyterLab (a training environment needs none:
-    making it on three nodes then takes a minute less), named bobenv."""
+    """The project's environment.yml with more pip packages (BOBS: not in the cluster's
+    environment), and without JupyterLab (a training environment needs none: making it on
+    three nodes then takes a minute less), named bobenv."""
     text = (REPO / "environment.yml").read_text().replace("name: clustertrain",
                                                           "name: bobenv")
     text = "".join(line for line in text.splitlines(keepends=True)
                    if not line.strip().startswith("- jupyterlab=="))
-    path.write_text(text.replace("      - pyyaml==", "      - tabulate==0.10.0\n      - pyyaml=="))
+    more = "".join(f"      - {p}\n" for p in BOBS)
+    path.write_text(text.replace("      - pyyaml==", more + "      - pyyaml=="))
     return path
+
+
+def frameworks(bob: Path, runs: Path, share: Path, name: str) -> None:
+    """A Lightning and a Hugging Face Trainer script in bob's environment on 3 nodes, each
+    launched twice: the second launch resumes from the first's checkpoints on the share.
+    Neither prints a beat: the worker runner measures their DDP steps."""
+    jobs = Path(__file__).parents[1] / "jobs"
+    ckpt = f"/mnt/cluster/checkpoints/bob/{name}"
+    launches = [("lightning", ["lightning_job.py", "--", "--nodes", "3", "--ckpt-dir",
+                               f"{ckpt}/lightning", "--samples", "3072", "--epochs", e])
+                for e in ("2", "3")]
+    launches += [("hf", ["hf_trainer_job.py", "--", "--out", f"{ckpt}/hf", "--steps", s])
+                 for s in ("60", "90")]
+    said = {}
+    for n, (what, args) in enumerate(launches):
+        out = orchestrator("train", "-i", str(bob), "--nodes", "3", "--python-env", "bobenv",
+                           "--workdir", str(jobs), "--runs-dir", str(runs / f"{n}-{what}"),
+                           *args, timeout=600)
+        assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+        assert "##clustertrain beat" not in out.stdout
+        [record] = (runs / f"{n}-{what}").glob("*/summary.json")
+        summary = json.loads(record.read_text())
+        times = summary.get("step_times") or {}
+        assert sorted(times) == list(NODES) and all(
+            t["step_s"] > 0 and "wait_s" in t and t["samples_per_s"] > 0
+            for t in times.values()), (what, times)
+        assert (record.parent / "timeline.jsonl").read_text().count('"step_s"') >= 1
+        said[(what, n % 2)] = out.stdout
+    assert "epoch 0 starts" in said[("lightning", 0)] and "trained to epoch 2" in \
+        said[("lightning", 0)]
+    resumed = said[("lightning", 1)]
+    assert "Restoring states from the checkpoint path at " \
+        f"{ckpt}/lightning/last.ckpt" in resumed, resumed[-3000:]
+    assert "epoch 2 starts" in resumed and "epoch 0 starts" not in resumed
+    assert "trained to step 60" in said[("hf", 0)] and "resuming" not in said[("hf", 0)]
+    assert "resuming from checkpoint-60" in said[("hf", 1)], said[("hf", 1)][-3000:]
+    assert "trained to step 90" in said[("hf", 1)]
+    assert share.joinpath("checkpoints", "bob", name, "hf", "checkpoint-90").is_dir()
 
 
 def listed(inventory: Path) -> list[dict]:
@@ -124,6 +170,9 @@ def test_bob_makes_his_own_environment_and_runs_in_it_beside_alice(
             json.loads(next((tmp_path / "bob-example").glob("*/run.json")).read_text())
             ["commands"])
 
+        # His own scripts, written for Lightning and for the Hugging Face Trainer.
+        frameworks(bob, tmp_path / "bob-frameworks", sandbox_cluster.share, tmp_path.name)
+
         # A pip install by hand into bob's environment on node1 (of a package the project's
         # environment lacks): refused by preflight.
         run(sys.executable, "-m", "pip", "download", "--no-deps", "--dest", str(wheelhouse),
@@ -178,4 +227,6 @@ def test_bob_makes_his_own_environment_and_runs_in_it_beside_alice(
             orchestrator("env", "rm", name, "-i", str(bob))
         shutil.rmtree(wheelhouse, ignore_errors=True)
         shutil.rmtree(tools_wheels, ignore_errors=True)
+        shutil.rmtree(sandbox_cluster.share / "checkpoints" / "bob" / tmp_path.name,
+                      ignore_errors=True)
     assert listed(bob) == []

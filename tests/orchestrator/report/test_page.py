@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from orchestrator.diagnosis.progress import Point
-from orchestrator.diagnosis.system import GpuSample, Sample, flags_of, read_samples
+from orchestrator.diagnosis.system import GpuSample, Sample, flags_of
 from orchestrator.record.rundir import RunDir, iso
 from orchestrator.report import svg
 from orchestrator.report.page import context, read_timeline, try_write_report
@@ -157,7 +157,7 @@ def test_the_system_section_draws_every_nodes_metrics_and_lists_the_flags(
     run = write_run(tmp_path, "20260921-000000-5y5731", names, 200,
                     summary={"system_flags": idle})
     run.append_timeline(samples)
-    assert len(read_timeline(run)) == 20 and read_samples(run.timeline) == samples
+    assert len(read_timeline(run)) == 20 and run.read_timeline(Sample.from_json) == samples
     try_write_report(run)
     elements = dom(run.report_html)
     for chart in ("cpu", "memory", "rss", "net-in", "net-out"):

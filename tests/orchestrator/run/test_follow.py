@@ -13,7 +13,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from orchestrator.diagnosis.system import read_samples
+from orchestrator.diagnosis.system import Sample
 from orchestrator.node.protocol import End
 from orchestrator.record.rundir import RunDir
 from orchestrator.report.page import read_timeline
@@ -43,12 +43,12 @@ TORCHRUN = ("#!{python}\n"
             "time.sleep(120)\n")
 
 
-def follow(tmp: Path, attached: bool, fails: int | None = 1,
-           interrupt: signal.Signals | None = None) -> tuple[JobResult, str, RunDir]:
-    pairs, clients = nodes(tmp)
-    torchrun = tmp / "torchrun"
-    torchrun.write_text(TORCHRUN.format(python=sys.executable, fails=fails))
-    pairs = [(spec, replace(cmd, addresses=("127.0.0.1",) * len(pairs), grace=2.0))
+def launched(tmp: Path, torchrun: str, count: int = 2, **changes) -> tuple[Job, io.StringIO]:
+    """A Job over COUNT local nodes whose torchrun is the script TORCHRUN, launched (its
+    node commands with CHANGES), and the StringIO its terminal writes to."""
+    pairs, clients = nodes(tmp, count=count)
+    (tmp / "torchrun").write_text(torchrun)
+    pairs = [(spec, replace(cmd, addresses=("127.0.0.1",) * len(pairs), **changes))
              for spec, cmd in pairs]
     launch = Launch.start(pairs, clients)
     try:
@@ -59,7 +59,14 @@ def follow(tmp: Path, attached: bool, fails: int | None = 1,
     run = RunDir(tmp / "runs", "r1")
     run.path.mkdir(parents=True)
     out = io.StringIO()
-    job = Job(run, pairs, SshScheduler(clients), out=out, grace=2.0)
+    return Job(run, pairs, SshScheduler(clients), out=out,
+               **({"grace": changes["grace"]} if "grace" in changes else {})), out
+
+
+def follow(tmp: Path, attached: bool, fails: int | None = 1,
+           interrupt: signal.Signals | None = None) -> tuple[JobResult, str, RunDir]:
+    job, out = launched(tmp, TORCHRUN.format(python=sys.executable, fails=fails), grace=2.0)
+    run = job.rundir
     if interrupt is not None:   # as a user's kill would, once both nodes are training
         threading.Thread(target=signal_when_training, args=(run, interrupt),
                          daemon=True).start()
@@ -150,7 +157,7 @@ def test_a_nodes_system_samples_go_to_the_timeline_and_a_flag_is_said_once(
             "available, the job's processes hold 60.0 GiB")
     assert out.getvalue().splitlines() == [flag, "n0/rank0 | epoch 1", "n0/torchrun | done"]
     assert "@@clustertrain" not in run.log("n0").read_text()
-    samples = read_samples(run.timeline)
+    samples = run.read_timeline(Sample.from_json)
     assert [(s.node, s.t, s.mem_available) for s in samples] == [("n0", 100.0, 2 * gib),
                                                                  ("n0", 110.0, gib)]
     assert read_timeline(run) == []
@@ -160,7 +167,7 @@ def test_a_nodes_system_samples_go_to_the_timeline_and_a_flag_is_said_once(
     again = Job(run, [], SshScheduler({}), out=io.StringIO())
     again._take_system("n0", [*lines, sample(120.0, 3 * gib)])
     again._keep_timeline()
-    assert [s.t for s in read_samples(run.timeline)] == [100.0, 110.0, 120.0]
+    assert [s.t for s in run.read_timeline(Sample.from_json)] == [100.0, 110.0, 120.0]
 
 
 # A quiet job: one line, then nothing for 12 s (one system sample comes meanwhile).
@@ -173,28 +180,15 @@ QUIET = ("#!{python}\n"
 def test_the_supervisor_samples_its_node_while_the_job_prints_nothing(tmp_path: Path) -> None:
     """The real supervisor: its samples reach the timeline (GPUs from nvidia-smi's test
     double on the job's PATH), not the terminal, and the quiet job stays quiet."""
-    pairs, clients = nodes(tmp_path, count=1)
-    torchrun = tmp_path / "torchrun"
-    torchrun.write_text(QUIET.format(python=sys.executable))
-    path = f"{SMI_BIN}:{os.environ['PATH']}"
-    pairs = [(spec, replace(cmd, addresses=("127.0.0.1",), env={"PATH": path}))
-             for spec, cmd in pairs]
-    launch = Launch.start(pairs, clients)
-    try:
-        assert launch.go(b"k" * 32, {}) == {}
-    except BaseException:
-        launch.cancel()
-        raise
-    run = RunDir(tmp_path / "runs", "r1")
-    run.path.mkdir(parents=True)
-    out = io.StringIO()
-    job = Job(run, pairs, SshScheduler(clients), out=out)
+    job, out = launched(tmp_path, QUIET.format(python=sys.executable), count=1,
+                        env={"PATH": f"{SMI_BIN}:{os.environ['PATH']}"})
+    run = job.rundir
     result = job.run(attached=True)
     said = out.getvalue()
     assert result.ok, said
     assert said.splitlines() == ["n0/rank0 | started"]
     assert job.progress.quiet_for(time.monotonic()) > 9   # the samples were not progress
-    (sample, *_) = read_samples(run.timeline)
+    (sample, *_) = run.read_timeline(Sample.from_json)
     assert sample.node == "n0" and sample.cpu_pct is not None and sample.job_rss
     assert [g.util_pct for g in sample.gpus] == [0.0, 0.0]
     assert sample.rx_bps is not None    # loopback: the address the run gave the node
