@@ -125,7 +125,8 @@ bench: test-deps test-venv
 # background while lint and the unit tests run: site.yml keeps about one core busy and the
 # unit tests mostly wait on processes, so each takes little from the other (in a session of
 # its own, so that a failing lint or unit stage stops it; the cluster is removed on every
-# exit). Beside the shared cluster's tests, at nice 19, their output kept until those end:
+# exit). Lint runs beside the unit tests too (its output shown after theirs): it fills the
+# time they wait. Beside the shared cluster's tests, at nice 19, their output kept until those end:
 # the sandbox tests that make sandboxes of their own (marker own_sandbox), then molecule's
 # scenarios one at a time. They mostly wait on containers and SSH, and the shared cluster's
 # tests leave about half of the two cores idle (waiting on their runs); beside the
@@ -142,8 +143,11 @@ test: test-deps test-venv
 	echo "making the shared cluster $$name beside lint and the unit tests ($(SHARED).log)"; \
 	setsid sh -c '$(PY) -m tests.shared_cluster up "$$1" >$(SHARED).json 2>$(SHARED).log; \
 	  echo $$? >$(SHARED).rc' sh "$$name" & prov=$$!; started=$$(date +%s); \
-	$(MAKE) --no-print-directory lint && $(PYTEST_UNIT) -m "not sandbox and not e2e" --durations=10; \
-	rc=$$?; \
+	( $(MAKE) --no-print-directory lint >.cache/lint.log 2>&1; echo $$? >.cache/lint.rc ) & \
+	lint=$$!; \
+	$(PYTEST_UNIT) -m "not sandbox and not e2e" --durations=10; rc=$$?; \
+	wait $$lint; cat .cache/lint.log; [ "$$(cat .cache/lint.rc)" = 0 ] || rc=1; \
+	echo "lint and the unit tests ended $$(( $$(date +%s) - started )) s after they were begun"; \
 	if [ $$rc -ne 0 ]; then kill -TERM -- -$$prov 2>/dev/null; wait $$prov; exit $$rc; fi; \
 	wait $$prov; cat $(SHARED).log; \
 	echo "the shared cluster was ready $$(( $$(date +%s) - started )) s after it was begun"; \

@@ -178,14 +178,17 @@ def test_a_cpu_throttled_node_running_a_plain_ddp_script_is_flagged_as_the_strag
     work.mkdir()
     shutil.copy(JOBS / "plain_ddp.py", work)
     shutil.copytree(SMI_BIN, work / "doubles")
-    cpus("0.1")
+    # About 0.02 s of forward and backward a step on a free core: ten times that under a
+    # tenth of a CPU's quota (10 ms of each 100 ms): 300 steps, about 75 s, enough windows
+    # to judge. The quota comes once every rank trains: importing torch under it took
+    # half a minute more.
+    runs = tmp_path / "runs"
+    t = Train(sandbox_cluster, runs, "--workdir", str(work), "--nodes", "3",
+              "--env", f"PATH=doubles:{NODE_PATH}", "plain_ddp.py", "--",
+              "--steps", "300", "--batch", "128")
     try:
-        # About 0.02 s of forward and backward a step on a free core: ten times that under a
-        # tenth of a CPU's quota (10 ms of each 100 ms): 320 steps, about 80 s, enough
-        # windows to judge.
-        t = Train(sandbox_cluster, tmp_path, "--workdir", str(work), "--nodes", "3",
-                  "--env", f"PATH=doubles:{NODE_PATH}", "plain_ddp.py", "--",
-                  "--steps", "320", "--batch", "128")
+        t.wait_for("rank 2 training")
+        cpus("0.1")
         code = t.finish(timeout=400)
     finally:
         cpus(str(os.cpu_count()))  # `--cpus 0` does not undo a quota here (SANDBOX.md)
@@ -202,7 +205,7 @@ def test_a_cpu_throttled_node_running_a_plain_ddp_script_is_flagged_as_the_strag
     # The others wait for node2 in the gradients' all-reduce; it hardly waits.
     assert min(times["node0"]["wait_s"], times["node1"]["wait_s"]) > 2 * times["node2"]["wait_s"]
     shown = subprocess.run([sys.executable, "-m", "orchestrator", "runs", "show",
-                            summary["run_id"], "--runs-dir", str(tmp_path)], cwd=REPO,
+                            summary["run_id"], "--runs-dir", str(runs)], cwd=REPO,
                            env=PODMAN_ENV, capture_output=True, text=True, timeout=60)
     assert shown.returncode == 0, shown.stderr
     rows = {line.split()[0]: line.split() for line in shown.stdout.splitlines()
@@ -210,7 +213,7 @@ def test_a_cpu_throttled_node_running_a_plain_ddp_script_is_flagged_as_the_strag
     assert set(rows) == set(NODES) and all(float(rows[n][-1]) > 0 for n in NODES), rows
     assert "  straggler: node2 is " in shown.stdout
     # Its report draws a line per node, node2's marked as the straggler, and the wait.
-    report = tmp_path / summary["run_id"] / "report.html"
+    report = runs / summary["run_id"] / "report.html"
     screenshot(report, "sandbox-straggler")
     elements = dom(report)
     for chart in ("step", "wait", "rate"):
@@ -219,7 +222,7 @@ def test_a_cpu_throttled_node_running_a_plain_ddp_script_is_flagged_as_the_strag
         assert [n for n, a in lines.items() if "data-mark" in a] == ["node2"]
     # Whatever the script: every node's system metrics, sampled every 10 s by its
     # supervisor, kept in the timeline (not on the terminal nor in the logs) and charted.
-    run = RunDir(tmp_path, summary["run_id"])
+    run = RunDir(runs, summary["run_id"])
     assert "@@clustertrain" not in t.text
     assert not any("@@clustertrain" in run.log(n).read_text() for n in NODES)
     samples = run.read_timeline(Sample.from_json)

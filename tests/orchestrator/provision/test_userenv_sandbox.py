@@ -62,7 +62,7 @@ def frameworks(bob: Path, runs: Path, share: Path, name: str) -> None:
     jobs = Path(__file__).parents[1] / "jobs"
     ckpt = f"/mnt/cluster/checkpoints/bob/{name}"
     launches = [("lightning", ["lightning_job.py", "--", "--nodes", "3", "--ckpt-dir",
-                               f"{ckpt}/lightning", "--samples", "3072", "--epochs", e])
+                               f"{ckpt}/lightning", "--samples", "6144", "--epochs", e])
                 for e in ("2", "3")]
     launches += [("hf", ["hf_trainer_job.py", "--", "--out", f"{ckpt}/hf", "--steps", s])
                  for s in ("60", "90")]
@@ -78,7 +78,7 @@ def frameworks(bob: Path, runs: Path, share: Path, name: str) -> None:
         times = summary.get("step_times") or {}
         assert sorted(times) == list(NODES) and all(
             t["step_s"] > 0 and "wait_s" in t and t["samples_per_s"] > 0
-            for t in times.values()), (what, times)
+            for t in times.values()), (what, times, out.stdout[-3000:])
         assert (record.parent / "timeline.jsonl").read_text().count('"step_s"') >= 1
         said[(what, n % 2)] = out.stdout
     assert "epoch 0 starts" in said[("lightning", 0)] and "trained to epoch 2" in \
