@@ -31,6 +31,7 @@ LEASE_TIMEOUT = _node.LEASE_TIMEOUT       # --lease-timeout
 KEEP_RUNS = _node.KEEP_RUNS               # --keep-runs
 KEEP_ENVS = _node.KEEP_ENVS               # env create --keep
 HANG_TIMEOUT = 1800.0                     # --hang-timeout (0: off)
+GPU_IDLE = 180.0                          # --gpu-idle: a GPU idle this long is flagged (0: off)
 ON_HANG = "stop"                          # --on-hang stop|wait
 MAX_RESTARTS = 0                          # --max-restarts (torchrun's)
 RDZV_BACKEND = "static"                   # --rdzv-backend static|c10d

@@ -11,12 +11,13 @@ import json
 from dataclasses import dataclass
 from enum import Enum
 
+from .. import defaults
 from ..node.protocol import SYSTEM_INTERVAL
 
 MEMORY_LOW = 0.05       # flagged: a node's available memory under 5 % of its total,
 JOB_MEMORY_HIGH = 0.90  # or the job's processes there holding over 90 % of it
-GPU_IDLE_PCT = 1.0      # a GPU at or under this utilisation is idle,
-GPU_IDLE_S = 180.0      # and flagged once it was idle in every sample for this long
+GPU_IDLE_PCT = 1.0      # a GPU at or under this utilisation is idle, and flagged once it
+                        # was idle in every sample for train's --gpu-idle seconds
 GIB = 1024 ** 3
 
 
@@ -107,7 +108,7 @@ def parse_system(node: str, text: str) -> Sample | None:
 
 class FlagKind(str, Enum):
     MEMORY = "memory"       # the node is close to running out of memory
-    GPU_IDLE = "gpu-idle"   # a GPU idle for GPU_IDLE_S or more
+    GPU_IDLE = "gpu-idle"   # a GPU idle for --gpu-idle seconds or more
 
 
 @dataclass(frozen=True)
@@ -140,11 +141,16 @@ def memory_flag(s: Sample) -> Flag | None:
                 f"{_gib(s.mem_total)} available, the job's processes hold {_gib(rss)}")
 
 
+def _lasting(seconds: float) -> str:
+    return f"{seconds / 60:.0f} minutes" if seconds >= 120 else f"{seconds:.0f} s"
+
+
 class SystemWatch:
     """Fed each node's samples in order (from one thread at a time): the flags, each said
-    once per node (memory) or per GPU (idle)."""
+    once per node (memory) or per GPU (idle for IDLE_S seconds; 0: never)."""
 
-    def __init__(self) -> None:
+    def __init__(self, idle_s: float = defaults.GPU_IDLE) -> None:
+        self.idle_s = idle_s
         self._idle_since: dict[tuple[str, int], float] = {}
         self._said: set[tuple[str, FlagKind, int | None]] = set()
         self.flags: list[Flag] = []
@@ -165,17 +171,16 @@ class SystemWatch:
                 self._idle_since.pop(key, None)
                 continue
             since = self._idle_since.setdefault(key, s.t)
-            if s.t - since >= GPU_IDLE_S:
+            if self.idle_s and s.t - since >= self.idle_s:
                 flags.append(Flag(s.node, FlagKind.GPU_IDLE, s.t,
                                   f"{s.node} GPU {g.index} idle ({g.util_pct:g} % used) for "
-                                  f"{(s.t - since) / 60:.0f} minutes while the run trains",
-                                  g.index))
+                                  f"{_lasting(s.t - since)} while the run trains", g.index))
         return flags
 
 
-def flags_of(samples: list[Sample]) -> list[Flag]:
+def flags_of(samples: list[Sample], idle_s: float = defaults.GPU_IDLE) -> list[Flag]:
     """The flags of a run's samples, in the order they were raised (a live run's report)."""
-    watch = SystemWatch()
+    watch = SystemWatch(idle_s)
     for s in sorted(samples, key=lambda s: s.t):
         watch.feed(s)
     return watch.flags

@@ -18,6 +18,7 @@ from typing import Any
 
 import jinja2
 
+from .. import defaults
 from ..diagnosis import system
 from ..diagnosis.progress import WINDOW_S, Point
 from ..node.protocol import SYSTEM_INTERVAL
@@ -261,7 +262,8 @@ def context(run: RunDir) -> dict[str, Any]:
     samples = [s for a in attempts(run, summary) for s in a.read_timeline(system.Sample.from_json)]
     # A live run's flags from its samples, by the rule its controller says them by.
     flags = (summary.get("system_flags") or []) if summary else \
-        [f.to_json() for f in system.flags_of(samples)]
+        [f.to_json() for f in system.flags_of(
+            samples, float(info.get("gpu_idle", defaults.GPU_IDLE)))]
     start = _time((summary or {}).get("start"))
     if start is None and points:
         start = points[0].t

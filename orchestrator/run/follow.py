@@ -103,7 +103,8 @@ class Following:
 class Job:
     def __init__(self, run: RunDir, nodes: list[tuple[NodeSpec, NodeCommand]],
                  scheduler: Scheduler, out: IO[str] | None = None,
-                 grace: float = defaults.GRACE, hang: HangWatch | None = None) -> None:
+                 grace: float = defaults.GRACE, hang: HangWatch | None = None,
+                 gpu_idle: float = defaults.GPU_IDLE) -> None:
         self.rundir = run
         self.nodes = nodes
         self.scheduler = scheduler
@@ -127,7 +128,7 @@ class Job:
         self._stragglers: set[str] = set()
         self._stop_echo: set[str] = set()  # nodes whose torchrun now echoes a stop
         self._system_lock = threading.Lock()
-        self.system = SystemWatch()             # the nodes' system metrics: flags
+        self.system = SystemWatch(gpu_idle)     # the nodes' system metrics: flags
         self._samples: list[Sample] = []        # not yet in the timeline
         self._sampled: dict[str, float] | None = None   # each node's last sample kept
 

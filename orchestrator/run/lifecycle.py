@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .. import defaults
 from ..checks.preflight import print_report, raise_if_blocked
 from ..checks.probe import NodeFacts
 from ..cluster import nodelib
@@ -166,6 +167,7 @@ class Plan:
             "python_env": {"name": spec.python_env, "dir": session.report.facts[0].env_dir}
             if spec.python_env else None,
             "hang_timeout": spec.hang_timeout, "on_hang": str(spec.on_hang),
+            "gpu_idle": spec.gpu_idle,
             "node_commands": {c.node: c.to_record() for c in self.commands},
             "spec": spec.to_file(),
             "slurm": self.allocation.record() if self.allocation else None,
@@ -400,7 +402,8 @@ def _run(plan: Plan, session: Session, scheduler: Scheduler, whole: Cluster,
                   f"  stop it:   python -m orchestrator stop {run_id} "
                   f"--runs-dir {spec.runs_dir}", flush=True)
             return 0
-        job = Job(run, plan.nodes, scheduler, grace=spec.grace, hang=spec.watch)
+        job = Job(run, plan.nodes, scheduler, grace=spec.grace, hang=spec.watch,
+                  gpu_idle=spec.gpu_idle)
         node, first = plan.nodes[0]
         with (serving(first, node, session.clients[node.name]) if serving
               else nullcontext()):
@@ -538,7 +541,8 @@ def _follow(run: RunDir, tail: int | None) -> int:
             for name in cluster.names:
                 write_private(run.log(name), "")
         job = Job(run, list(zip(cluster.nodes, commands, strict=True)),
-                  scheduler_for(slurm_job_of(info), clients))
+                  scheduler_for(slurm_job_of(info), clients),
+                  gpu_idle=float(info.get("gpu_idle", defaults.GPU_IDLE)))
         job.tail = tail
         result = job.run(attached=False)
     finally:

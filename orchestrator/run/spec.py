@@ -307,6 +307,12 @@ class RunSpec:
         check=_seconds(0, "give the seconds without progress after which the run counts as "
                        "hung, as a number of 0 or more (0: never; default "
                        f"{defaults.HANG_TIMEOUT:g})")))
+    gpu_idle: float = option(defaults.GPU_IDLE, Option(
+        _SECONDS, "flag a GPU that did nothing (at most 1 %% used) for S seconds while the run "
+        "lives: said live, kept in summary.json and the report (nvidia-smi, every 10 s); 0: "
+        f"never (default: {defaults.GPU_IDLE:g})", metavar="S",
+        check=_seconds(0, "give the seconds a GPU may idle before it is flagged, as a number "
+                       f"of 0 or more (0: never; default {defaults.GPU_IDLE:g})")))
     on_hang: OnHang = option(OnHang.STOP, Option(
         Text("stop or wait"), "after the diagnosis of a hang: stop the run (status hung, "
         f"exit 1) or wait (keep it, keep watching) (default: {defaults.ON_HANG})",

@@ -164,7 +164,8 @@ def test_a_cpu_throttled_node_running_a_plain_ddp_script_is_flagged_as_the_strag
     several times longer in every window of the run (a minute and more: a straggler is
     named only when it is slower persistently), it alone is flagged, live and in the
     summary, and the others are seen waiting for it. Every node's system metrics are
-    charted too (with nvidia-smi's test double on the nodes' PATH: two GPUs at 0 %).
+    charted too (with nvidia-smi's test double on the nodes' PATH: two GPUs at 0 %, each
+    flagged idle after --gpu-idle 20 s).
     A tenth, not a quarter: on two cores that the other nodes share with whatever else
     runs (CI's molecule scenarios), node0 and node1 slowed to 0.3 s a step beside node2's
     0.39 s under a quarter, and nobody was named."""
@@ -184,7 +185,7 @@ def test_a_cpu_throttled_node_running_a_plain_ddp_script_is_flagged_as_the_strag
     # half a minute more.
     runs = tmp_path / "runs"
     t = Train(sandbox_cluster, runs, "--workdir", str(work), "--nodes", "3",
-              "--env", f"PATH=doubles:{NODE_PATH}", "plain_ddp.py", "--",
+              "--env", f"PATH=doubles:{NODE_PATH}", "--gpu-idle", "20", "plain_ddp.py", "--",
               "--steps", "300", "--batch", "128")
     try:
         t.wait_for("rank 2 training")
@@ -240,3 +241,12 @@ def test_a_cpu_throttled_node_running_a_plain_ddp_script_is_flagged_as_the_strag
         assert sorted(series(elements, chart)) == sorted(NODES), chart
     assert sorted(series(elements, "gpu-util")) == [f"{n} GPU {i}" for n in sorted(NODES)
                                                     for i in (0, 1)]
+    # The double's GPUs do nothing: with --gpu-idle 20 each is flagged once, live, in the
+    # summary and in the report.
+    gpus = [(n, i) for n in NODES for i in (0, 1)]
+    for node, index in gpus:
+        assert t.text.count(f"{node} GPU {index} idle (0 % used) for ") == 1, t.text[-3000:]
+    flagged = summary["system_flags"]
+    assert sorted((f["node"], f["gpu"]) for f in flagged if f["kind"] == "gpu-idle") == gpus
+    assert sorted(e.attrs["data-node"] for e in elements
+                  if e.attrs.get("data-flag") == "gpu-idle") == sorted(n for n, _ in gpus)

@@ -12,7 +12,6 @@ import pytest
 from orchestrator.diagnosis.progress import NodePoint, Point
 from orchestrator.diagnosis.system import (
     GIB,
-    GPU_IDLE_S,
     FlagKind,
     GpuSample,
     Sample,
@@ -69,15 +68,25 @@ def test_a_node_close_to_running_out_of_memory_is_flagged_once() -> None:
     assert [f.node for f in watch.flags] == ["node0", "node1"]
 
 
+def test_the_idle_time_is_the_runs_own_and_0_flags_no_gpu() -> None:
+    """train --gpu-idle 20: flagged after 20 s, said in seconds; --gpu-idle 0: never."""
+    watch, never = SystemWatch(20.0), SystemWatch(0.0)
+    for t in (0, 10):
+        assert watch.feed(sample(t=t, util=0.0)) == [] and never.feed(sample(t=t)) == []
+    (flag,) = watch.feed(sample(t=20, util=0.0))
+    assert flag.message == "node0 GPU 0 idle (0 % used) for 20 s while the run trains"
+    assert all(never.feed(sample(t=t, util=0.0)) == [] for t in range(20, 4000, 10))
+
+
 def test_a_gpu_idle_for_minutes_is_flagged_once_and_a_busy_sample_starts_over() -> None:
     watch = SystemWatch()
     # Idle for 170 s, then busy once, then idle again: not yet.
     for t in range(0, 180, 10):
         assert watch.feed(sample(t=t, util=0.0)) == []
     assert watch.feed(sample(t=180, util=55.0)) == []
-    for t in range(190, 190 + int(GPU_IDLE_S), 10):
+    for t in range(190, 190 + 180, 10):
         assert watch.feed(sample(t=t, util=0.5)) == []
-    (flag,) = watch.feed(sample(t=190 + GPU_IDLE_S, util=0.0))
+    (flag,) = watch.feed(sample(t=190 + 180, util=0.0))
     assert (flag.kind, flag.node, flag.gpu) == (FlagKind.GPU_IDLE, "node0", 0)
     assert flag.message == "node0 GPU 0 idle (0 % used) for 3 minutes while the run trains"
     assert flag.to_json() == {"node": "node0", "kind": "gpu-idle", "t": 370.0,
