@@ -200,6 +200,8 @@ def test_an_early_ctrl_c_is_an_interruption_not_a_traceback(place) -> None:
         time.sleep(delay)
         p.send_signal(signal.SIGINT)
         _, err = p.communicate(timeout=60)
+        if err.startswith("Fatal Python error: init_import_site"):
+            continue   # Python itself, importing `site` before any code of ours (under load)
         assert "Traceback" not in err, (delay, err)
         if p.returncode == 130:
             assert err.strip() == "interrupted", err
