@@ -190,7 +190,7 @@ def scan(exclude: str | None = None, smi: str = "nvidia-smi") -> Busy:
                 runs.setdefault((user, run), LiveRun(run, user, kind=kind_of(argv))
                                 ).pids.append(pid)
     by_run = {r.run: r for r in runs.values()}
-    parents = {pid: ppid for pid, (_, ppid, _) in table.items()}
+    parents = {pid: proc.ppid for pid, proc in table.items()}
     found = Busy(hidden=not os.access("/proc/1/cmdline", os.R_OK))
     used, found.error = gpu_processes(smi)
     for g in used:

@@ -35,15 +35,15 @@ class Tree:
 
     def members(self) -> set[int]:
         procs = process_table()
-        live = {p for p, (st, _, pg) in procs.items() if pg == self.pgid and st != "Z"}
+        live = {p for p, proc in procs.items() if proc.pgrp == self.pgid and proc.state != "Z"}
         grew = True
         while grew:
             grew = False
-            for p, (st, pp, _) in procs.items():
-                if pp in live and p not in live and st != "Z":
+            for p, proc in procs.items():
+                if proc.ppid in live and p not in live and proc.state != "Z":
                     live.add(p)
                     grew = True
-        live |= {p for p in self.seen if p in procs and procs[p][0] != "Z"}
+        live |= {p for p in self.seen if p in procs and procs[p].state != "Z"}
         self.seen |= live
         return live
 

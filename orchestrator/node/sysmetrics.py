@@ -4,8 +4,8 @@ SYSTEM_INTERVAL seconds the supervisor appends one line to the job's output,
     @@clustertrain-system {"t": ..., "cpu_pct": ..., "mem_total": ..., ...}
 
 with the node's CPU use (/proc/stat) and memory (/proc/meminfo), the resident memory of
-torchrun's whole process tree (/proc/PID/stat), the traffic of the interface that carries
-the node's cluster address (/proc/net/dev, the interface by /proc/net/route), and each
+torchrun's whole process tree (util.process_table), the traffic of the interface that
+carries the node's cluster address (/proc/net/dev, the interface by /proc/net/route), and each
 GPU's utilisation and memory when nvidia-smi is on PATH. The controller keeps the lines in
 the run's timeline (diagnosis/system.py), never on the terminal. One sample reads a few
 /proc files and one short line per process of the node; nothing is read in between.
@@ -29,6 +29,7 @@ import traceback
 from dataclasses import dataclass
 
 from .protocol import SYSTEM_INTERVAL, SYSTEM_MARKER
+from .util import Proc, process_table
 
 NVIDIA_SMI = "nvidia-smi"
 SMI_QUERY = ["--query-gpu=index,utilization.gpu,memory.used,memory.total",
@@ -64,25 +65,15 @@ def parse_meminfo(meminfo: str) -> tuple[int, int]:
     return found["MemTotal"], found["MemAvailable"]
 
 
-def parse_proc_stat(text: str) -> tuple[int, int, int]:
-    """(pid, ppid, rss in pages) from one /proc/PID/stat line; the command's name, in
-    parentheses, may hold spaces and parentheses itself."""
-    pid, _, rest = text.partition(" (")
-    fields = rest.rpartition(")")[2].split()
-    return int(pid), int(fields[1]), int(fields[21])   # fields from the state, field 3
-
-
-def tree_rss(stats: list[tuple[int, int, int]], root: int, page: int) -> int:
-    """Bytes resident in ROOT and every process below it, from (pid, ppid, rss pages)."""
+def tree_rss(table: dict[int, Proc], root: int, page: int) -> int:
+    """Bytes resident in ROOT and every process below it (TABLE: util.process_table)."""
     children: dict[int, list[int]] = {}
-    rss = {}
-    for pid, ppid, pages in stats:
-        children.setdefault(ppid, []).append(pid)
-        rss[pid] = pages
+    for pid, proc in table.items():
+        children.setdefault(proc.ppid, []).append(pid)
     total, todo = 0, [root]
     while todo:
         pid = todo.pop()
-        total += rss.get(pid, 0)
+        total += table[pid].rss_pages if pid in table else 0
         todo += children.get(pid, [])
     return total * page
 
@@ -154,18 +145,6 @@ def _read(path: str) -> str:
         return fh.read()
 
 
-def process_stats(proc: str = "/proc") -> list[tuple[int, int, int]]:
-    """(pid, ppid, rss pages) of every process of the node that can be read now."""
-    stats = []
-    for name in os.listdir(proc):
-        if name.isdigit():
-            try:
-                stats.append(parse_proc_stat(_read(f"{proc}/{name}/stat")))
-            except (OSError, ValueError, IndexError):
-                continue   # it ended meanwhile
-    return stats
-
-
 def own_address(address: str) -> str | None:
     """This node's cluster address (a name resolved), None when it has no IPv4 one."""
     try:
@@ -213,7 +192,7 @@ class Sampler:
             out["mem_total"], out["mem_available"] = parse_meminfo(_read("/proc/meminfo"))
         except (OSError, ValueError):
             pass
-        out["job_rss"] = tree_rss(process_stats(), self.root_pid, self.page)
+        out["job_rss"] = tree_rss(process_table(), self.root_pid, self.page)
         if net0 and net1 and now > was:
             out["net"] = {"iface": self.iface,
                           "rx_bps": round(max(0, net1[0] - net0[0]) / (now - was)),

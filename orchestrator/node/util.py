@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any
+from typing import Any, NamedTuple
 
 
 def detach(log: str, append: bool = False) -> int:
@@ -91,18 +91,33 @@ def environ(pid: int) -> dict[str, str]:
     return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
 
 
-def process_table() -> dict[int, tuple[str, int, int]]:
-    """Every process: its state, parent and process group, from /proc."""
+class Proc(NamedTuple):
+    """What /proc/PID/stat says of a process."""
+    state: str
+    ppid: int
+    pgrp: int
+    rss_pages: int
+
+
+def parse_stat(text: str) -> tuple[int, Proc]:
+    """(pid, Proc) from one /proc/PID/stat line; the command's name, in parentheses, may
+    hold spaces and parentheses itself. ValueError, IndexError: not such a line."""
+    fields = text[text.rindex(")") + 2:].split()   # from the state on (field 3)
+    return int(text[:text.index(" (")]), Proc(fields[0], int(fields[1]), int(fields[2]),
+                                              int(fields[21]))
+
+
+def process_table() -> dict[int, Proc]:
+    """Every process that can be read now, from /proc."""
     procs = {}
     for d in os.listdir("/proc"):
         if d.isdigit():
             try:
                 with open(f"/proc/{d}/stat") as fh:
-                    stat = fh.read()
-            except OSError:
-                continue
-            fields = stat[stat.rindex(")") + 2:].split()
-            procs[int(d)] = (fields[0], int(fields[1]), int(fields[2]))  # state, ppid, pgrp
+                    pid, proc = parse_stat(fh.read())
+            except (OSError, ValueError, IndexError):
+                continue   # it ended meanwhile
+            procs[pid] = proc
     return procs
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.node import sysmetrics
+from orchestrator.node import sysmetrics, util
 from orchestrator.node.protocol import SYSTEM_MARKER
 from orchestrator.node.supervise import _quiet_for
 
@@ -49,20 +49,22 @@ def test_cpu_and_memory_of_this_machine_and_as_the_kernel_writes_them() -> None:
 
 def test_the_jobs_memory_is_its_whole_process_tree() -> None:
     # A command's name may hold spaces and parentheses.
-    assert sysmetrics.parse_proc_stat(
+    pid, proc = util.parse_stat(
         "4242 (python (rank 0)) S 4200 4242 4242 0 -1 4194560 1 0 0 0 5 1 0 0 20 0 3 0 "
-        "100 123456 789 18446744073709551615") == (4242, 4200, 789)
-    stats = [(1, 0, 5), (10, 1, 100), (11, 10, 200), (12, 11, 300), (20, 1, 7000)]
+        "100 123456 789 18446744073709551615")
+    assert (pid, proc.ppid, proc.rss_pages) == (4242, 4200, 789)
+    stats = {pid: util.Proc("S", ppid, pid, pages) for pid, ppid, pages in
+             [(1, 0, 5), (10, 1, 100), (11, 10, 200), (12, 11, 300), (20, 1, 7000)]}
     assert sysmetrics.tree_rss(stats, 10, 4096) == 600 * 4096   # not its parent, not 20
     # On this machine: a child holding 200 MB counts under this process, not beside it.
     page = os.sysconf("SC_PAGE_SIZE")
-    alone = sysmetrics.tree_rss(sysmetrics.process_stats(), os.getpid(), page)
+    alone = sysmetrics.tree_rss(util.process_table(), os.getpid(), page)
     child = subprocess.Popen([sys.executable, "-c", "import sys, time; b = bytearray(200 << 20);"
                               " b[::4096] = b'x' * len(b[::4096]); print(1, flush=True); "
                               "time.sleep(30)"], stdout=subprocess.PIPE)
     try:
         assert child.stdout is not None and child.stdout.readline()
-        held = sysmetrics.tree_rss(sysmetrics.process_stats(), os.getpid(), page)
+        held = sysmetrics.tree_rss(util.process_table(), os.getpid(), page)
     finally:
         child.kill()
         child.wait()
