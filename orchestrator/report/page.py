@@ -104,11 +104,15 @@ def _why(summary: dict) -> str:
     return ""
 
 
+def _in_order(seen: set[str], order: list[str]) -> list[str]:
+    """The nodes SEEN in ORDER (the run's), then any other, by name."""
+    return [n for n in order if n in seen] + sorted(seen - set(order))
+
+
 def _series(points: list[Point], field: str, stragglers: dict[str, str],
             order: list[str]) -> list[svg.Series]:
     """A series per node, in ORDER (the run's), then any other node the beats named."""
-    seen = {n for p in points for n in p.nodes}
-    nodes = [n for n in order if n in seen] + sorted(seen - set(order))
+    nodes = _in_order({n for p in points for n in p.nodes}, order)
     return [svg.Series(node, [(p.t, v) for p in points if node in p.nodes
                               and (v := getattr(p.nodes[node], field)) is not None],
                        stragglers.get(node)) for node in nodes]
@@ -158,8 +162,7 @@ def charts(points: list[Point], summary: dict, start: float | None,
 def _per_node(samples: list[system.Sample], order: list[str], value: Any,
               marked: dict[str, str]) -> list[svg.Series]:
     """A series per node (in ORDER, then any other) of VALUE(sample), None left out."""
-    seen = {s.node for s in samples}
-    nodes = [n for n in order if n in seen] + sorted(seen - set(order))
+    nodes = _in_order({s.node for s in samples}, order)
     series = [svg.Series(node, [(s.t, v) for s in samples if s.node == node
                                 and (v := value(s)) is not None], marked.get(node))
               for node in nodes]
@@ -169,13 +172,12 @@ def _per_node(samples: list[system.Sample], order: list[str], value: Any,
 def _per_gpu(samples: list[system.Sample], order: list[str], value: Any,
              marked: dict[tuple[str, int], str]) -> list[svg.Series]:
     """A series per GPU ("node0 GPU 1") of VALUE(gpu sample)."""
-    rank = {n: i for i, n in enumerate(order)}
-    gpus = sorted({(s.node, g.index) for s in samples for g in s.gpus},
-                  key=lambda k: (rank.get(k[0], len(rank)), k))
+    nodes = _in_order({s.node for s in samples}, order)
     return [svg.Series(f"{node} GPU {index}",
                        [(s.t, value(g)) for s in samples if s.node == node
                         for g in s.gpus if g.index == index], marked.get((node, index)))
-            for node, index in gpus]
+            for node in nodes
+            for index in sorted({g.index for s in samples if s.node == node for g in s.gpus})]
 
 
 def system_charts(samples: list[system.Sample], flags: list[dict], start: float | None,
