@@ -13,6 +13,7 @@ from enum import Enum
 
 from .. import defaults
 from ..node.protocol import SYSTEM_INTERVAL
+from ..node.sysmetrics import Gpu
 
 MEMORY_LOW = 0.05       # flagged: a node's available memory under 5 % of its total,
 JOB_MEMORY_HIGH = 0.90  # or the job's processes there holding over 90 % of it
@@ -21,26 +22,14 @@ GPU_IDLE_PCT = 1.0      # a GPU at or under this utilisation is idle, and flagge
 GIB = 1024 ** 3
 
 
-@dataclass(frozen=True)
-class GpuSample:
-    index: int
-    util_pct: float
-    mem_used: int     # bytes
-    mem_total: int    # bytes
-
-    @classmethod
-    def from_json(cls, raw: dict) -> GpuSample:
-        return cls(int(raw["index"]), float(raw["util_pct"]), int(raw["mem_used"]),
-                   int(raw["mem_total"]))
-
-    def to_json(self) -> dict:
-        return {"index": self.index, "util_pct": self.util_pct, "mem_used": self.mem_used,
-                "mem_total": self.mem_total}
-
-
-def _opt(raw: dict, key: str, kind: type) -> float | None:
+def _int(raw: dict, key: str) -> int | None:
     value = raw.get(key)
-    return None if value is None else kind(value)
+    return None if value is None else int(value)
+
+
+def _float(raw: dict, key: str) -> float | None:
+    value = raw.get(key)
+    return None if value is None else float(value)
 
 
 @dataclass(frozen=True)
@@ -55,7 +44,7 @@ class Sample:
     job_rss: int | None = None          # bytes resident in torchrun's process tree
     rx_bps: float | None = None         # bytes/s in on the cluster interface
     tx_bps: float | None = None         # bytes/s out on it
-    gpus: tuple[GpuSample, ...] = ()
+    gpus: tuple[Gpu, ...] = ()
 
     @property
     def mem_pct(self) -> float | None:
@@ -68,14 +57,10 @@ class Sample:
         """A sample as the node's supervisor wrote it (KeyError, TypeError, ValueError:
         it was not one)."""
         net = raw.get("net") or {}
-        total, available, rss = (_opt(raw, k, int) for k in ("mem_total", "mem_available",
-                                                             "job_rss"))
-        return cls(node, float(raw["t"]), _opt(raw, "cpu_pct", float),
-                   None if total is None else int(total),
-                   None if available is None else int(available),
-                   None if rss is None else int(rss),
-                   _opt(net, "rx_bps", float), _opt(net, "tx_bps", float),
-                   tuple(GpuSample.from_json(g) for g in raw.get("gpus") or []))
+        return cls(node, float(raw["t"]), _float(raw, "cpu_pct"), _int(raw, "mem_total"),
+                   _int(raw, "mem_available"), _int(raw, "job_rss"),
+                   _float(net, "rx_bps"), _float(net, "tx_bps"),
+                   tuple(Gpu.from_json(g) for g in raw.get("gpus") or []))
 
     @classmethod
     def from_json(cls, raw: dict) -> Sample:

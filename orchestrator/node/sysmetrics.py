@@ -113,10 +113,16 @@ def interface_for(address: str, route: str) -> str | None:
 
 @dataclass(frozen=True)
 class Gpu:
+    """One GPU in a sample (the controller reads it back: diagnosis/system.py)."""
     index: int
     util_pct: float
     mem_used: int     # bytes
     mem_total: int    # bytes
+
+    @classmethod
+    def from_json(cls, raw: dict) -> Gpu:
+        return cls(int(raw["index"]), float(raw["util_pct"]), int(raw["mem_used"]),
+                   int(raw["mem_total"]))
 
     def to_json(self) -> dict:
         return {"index": self.index, "util_pct": self.util_pct, "mem_used": self.mem_used,

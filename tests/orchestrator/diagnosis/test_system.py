@@ -13,12 +13,12 @@ from orchestrator.diagnosis.progress import NodePoint, Point
 from orchestrator.diagnosis.system import (
     GIB,
     FlagKind,
-    GpuSample,
     Sample,
     SystemWatch,
     flags_of,
     parse_system,
 )
+from orchestrator.node.sysmetrics import Gpu
 
 LINE = ('{"t":1000.5,"cpu_pct":37.5,"mem_total":%d,"mem_available":%d,"job_rss":%d,'
         '"net":{"iface":"eth0","rx_bps":1200000,"tx_bps":800000},'
@@ -28,7 +28,7 @@ LINE = ('{"t":1000.5,"cpu_pct":37.5,"mem_total":%d,"mem_available":%d,"job_rss":
 def sample(node: str = "node0", t: float = 0.0, available: float = 0.5, rss: float = 0.1,
            util: float | None = None) -> Sample:
     total = 64 * GIB
-    gpus = (GpuSample(0, util, GIB, 80 * GIB),) if util is not None else ()
+    gpus = (Gpu(0, util, GIB, 80 * GIB),) if util is not None else ()
     return Sample(node, t, 10.0, total, int(available * total), int(rss * total), 0.0, 0.0,
                   gpus)
 
@@ -39,7 +39,7 @@ def test_a_nodes_line_reads_and_keeps_its_place_in_the_timeline() -> None:
     assert (s.node, s.t, s.cpu_pct, s.job_rss, s.rx_bps, s.tx_bps) == \
         ("node1", 1000.5, 37.5, 8 * GIB, 1.2e6, 8e5)
     assert s.mem_pct == pytest.approx(25.0)
-    assert s.gpus == (GpuSample(0, 0.0, GIB, 85520809984),)
+    assert s.gpus == (Gpu(0, 0.0, GIB, 85520809984),)
     line = json.loads(json.dumps(s.to_json()))
     assert Sample.from_json(line) == s
     # Each reader of timeline.jsonl takes only its own lines.

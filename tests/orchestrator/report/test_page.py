@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 from orchestrator.diagnosis.progress import Point
-from orchestrator.diagnosis.system import GpuSample, Sample, flags_of
+from orchestrator.diagnosis.system import Sample, flags_of
+from orchestrator.node.sysmetrics import Gpu
 from orchestrator.record.rundir import RunDir, iso
 from orchestrator.report import svg
 from orchestrator.report.page import context, read_timeline, try_write_report
@@ -149,8 +150,8 @@ def test_the_system_section_draws_every_nodes_metrics_and_lists_the_flags(
     names = ["node0", "node1"]
     gib = 1 << 30
     samples = [Sample(n, START + t, 20.0 + i, 64 * gib, (40 - i) * gib, 3 * gib, 1e6 * (i + 1),
-                      5e5, (GpuSample(0, 0.0, gib, 80 * gib),
-                            GpuSample(1, 90.0, 2 * gib, 80 * gib)))
+                      5e5, (Gpu(0, 0.0, gib, 80 * gib),
+                            Gpu(1, 90.0, 2 * gib, 80 * gib)))
                for t in range(0, 200, 10) for i, n in enumerate(names)]
     idle = [f.to_json() for f in flags_of(samples)]
     assert [(f["node"], f["gpu"]) for f in idle] == [("node0", 0), ("node1", 0)]
