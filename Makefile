@@ -127,17 +127,21 @@ bench: test-deps test-venv
 # its own, so that a failing lint or unit stage stops it; the cluster is removed on every
 # exit). Lint runs beside the unit tests too (its output shown after theirs): it fills the
 # time they wait. Beside the shared cluster's tests, at nice 19, their output kept until those end:
-# the sandbox tests that make sandboxes of their own (marker own_sandbox), then molecule's
-# scenarios one at a time. They mostly wait on containers and SSH, and the shared cluster's
+# the unit tests marked slow (the training job's, the conda backend's, the role modules' own
+# playbooks: 140 s on two idle cores, which beside the provisioning kept the cluster waiting
+# for the unit stage), the sandbox tests that make sandboxes of their own (marker
+# own_sandbox), then molecule's scenarios one at a time. They mostly wait on containers and SSH, and the shared cluster's
 # tests leave about half of the two cores idle (waiting on their runs); beside the
 # provisioning they would slow it threefold. The sandbox tests run in the foreground: a
 # command put in the background by a script ignores SIGINT, and the tests send Ctrl-C to the
 # trains they start.
 READY := .cache/sandbox-ready
+FAILED := .cache/failed-tests
 SHARED := .cache/shared-cluster
 test: test-deps test-venv
 	@mkdir -p .cache/molecule-logs; \
-	rm -f $(READY) $(READY).gone $(SHARED).* .cache/molecule-logs/all.log; \
+	rm -f $(READY) $(READY).gone $(SHARED).* $(FAILED) .cache/molecule-logs/all.log; \
+	export CLUSTERTRAIN_TEST_FAILURES=$(CURDIR)/$(FAILED); \
 	name=$${CLUSTERTRAIN_TEST_SANDBOX_PREFIX:-}cl-$$(od -An -N3 -tx1 /dev/urandom | tr -d ' \n'); \
 	trap '$(PY) -m tests.shared_cluster down '"$$name"' >/dev/null 2>&1' EXIT; \
 	echo "making the shared cluster $$name beside lint and the unit tests ($(SHARED).log)"; \
@@ -145,18 +149,23 @@ test: test-deps test-venv
 	  echo $$? >$(SHARED).rc' sh "$$name" & prov=$$!; started=$$(date +%s); \
 	( $(MAKE) --no-print-directory lint >.cache/lint.log 2>&1; echo $$? >.cache/lint.rc ) & \
 	lint=$$!; \
-	$(PYTEST_UNIT) -m "not sandbox and not e2e" --durations=10; rc=$$?; \
+	$(PYTEST_UNIT) -m "not sandbox and not e2e and not slow" --durations=10; rc=$$?; \
 	wait $$lint; cat .cache/lint.log; [ "$$(cat .cache/lint.rc)" = 0 ] || rc=1; \
 	echo "lint and the unit tests ended $$(( $$(date +%s) - started )) s after they were begun"; \
-	if [ $$rc -ne 0 ]; then kill -TERM -- -$$prov 2>/dev/null; wait $$prov; exit $$rc; fi; \
+	if [ $$rc -ne 0 ]; then kill -TERM -- -$$prov 2>/dev/null; wait $$prov; \
+	  [ -s $(FAILED) ] && { echo "the failed tests (their output is above):"; cat $(FAILED); }; \
+	  exit $$rc; fi; \
 	wait $$prov; cat $(SHARED).log; \
 	echo "the shared cluster was ready $$(( $$(date +%s) - started )) s after it was begun"; \
 	[ "$$(cat $(SHARED).rc 2>/dev/null)" = 0 ] || exit 1; \
 	( while [ ! -e $(READY) ]; do [ -e $(READY).gone ] && exit 1; sleep 5; done; \
+	  nice -n 19 $(PYTEST_UNIT) -p no:cacheprovider -m "slow and not sandbox and not e2e" \
+	    --durations=5; slow=$$?; \
 	  nice -n 19 $(BIN)/pytest -m own_sandbox -q -p no:cacheprovider \
 	    --basetemp=.cache/own-sandbox-tmp; own=$$?; \
 	  nice -n 19 $(MAKE) --no-print-directory molecule-all MOLECULE_JOBS=1; \
-	  mol=$$?; [ $$own -eq 0 ] && [ $$mol -eq 0 ] ) >.cache/molecule-logs/all.log 2>&1 & \
+	  mol=$$?; [ $$slow -eq 0 ] && [ $$own -eq 0 ] && [ $$mol -eq 0 ] \
+	) >.cache/molecule-logs/all.log 2>&1 & \
 	molecule=$$!; \
 	CLUSTERTRAIN_TEST_SANDBOX=$$name CLUSTERTRAIN_TEST_READY_FILE=$(READY) \
 	  $(MAKE) --no-print-directory sandbox-tests \
@@ -164,7 +173,9 @@ test: test-deps test-venv
 	touch $(READY).gone; wait $$molecule; mol=$$?; \
 	[ -e .cache/molecule-logs/all.log ] && cat .cache/molecule-logs/all.log; \
 	rm -f $(READY) $(READY).gone; \
-	echo "sandbox tests: exit $$rc; own-sandbox tests and molecule: exit $$mol (1 without a provisioned cluster)"; \
+	echo "sandbox tests: exit $$rc; slow unit tests, own-sandbox tests and molecule:" \
+	  "exit $$mol (1 without a provisioned cluster)"; \
+	[ -s $(FAILED) ] && { echo "the failed tests (their output is above):"; cat $(FAILED); }; \
 	[ $$rc -eq 0 ] && [ $$mol -eq 0 ]
 
 demo: deps venv

@@ -14,6 +14,18 @@ os.environ.setdefault("CONTAINERS_CONF", str(project().containers_conf))
 NAME_PREFIX = os.environ.get("CLUSTERTRAIN_TEST_SANDBOX_PREFIX", "")
 
 
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Each failing test, a line in CLUSTERTRAIN_TEST_FAILURES (make test prints them last:
+    CI shows the end of its output, and molecule's logs come after the sandbox tests')."""
+    path = os.environ.get("CLUSTERTRAIN_TEST_FAILURES")
+    if not path or not report.failed or os.environ.get("PYTEST_XDIST_WORKER"):
+        return   # (pytest-xdist's workers pass their reports on to the controller)
+    crash = getattr(report.longrepr, "reprcrash", None)
+    why = (crash.message if crash else str(report.longrepr)).strip().splitlines() or [""]
+    with open(path, "a", encoding="utf-8") as out:
+        out.write(f"FAILED {report.nodeid} ({report.when}): {why[0][:400]}\n")
+
+
 @pytest.fixture
 def sandbox_name():
     """A sandbox name unique to this test run; whatever it left behind is removed after the test."""
