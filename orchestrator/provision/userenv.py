@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import shlex
 import tempfile
 import time
 from collections.abc import Callable
@@ -132,6 +133,8 @@ def create(cluster: Cluster, env_file: EnvFile, name: str, wheelhouse: str | Non
     if wheelhouse and not wheelhouse.startswith("/"):
         raise EnvError(f"--wheelhouse {wheelhouse}: give the directory as the nodes see it, "
                        "an absolute path (e.g. on the share: /mnt/cluster/wheelhouse-mine)")
+    if wheelhouse:
+        _check_wheelhouse(cluster, wheelhouse, name)
     extra = {"user_env_file": str(env_file.path), "user_env_name": name,
              "user_env_wheelhouse": wheelhouse or "", "user_env_nonce": secrets.token_hex(8)}
     created = Created(name)
@@ -165,6 +168,32 @@ def create(cluster: Cluster, env_file: EnvFile, name: str, wheelhouse: str | Non
         say(f"  {node}: removed the older {', '.join(Path(d).name for d in dirs)} (unused; "
             f"the {keep} newest states of {name} are kept)")
     return created
+
+
+def _check_wheelhouse(cluster: Cluster, wheelhouse: str, name: str) -> None:
+    """The nodes install from WHEELHOUSE themselves: EnvError naming those that cannot read
+    it (most often a directory on the controller alone), before anything is made."""
+    quoted = shlex.quote(wheelhouse)
+
+    def readable(node: Any) -> bool:
+        conn = ssh.connect(node.name, node.ssh)
+        try:
+            return conn.run(f"test -d {quoted} -a -r {quoted} -a -x {quoted}",
+                            timeout=60).exit_code == 0
+        finally:
+            conn.close()
+
+    blind = [n for n, ok in each(cluster.nodes, readable, lambda n: n.name)
+             .values_or_raise().items() if not ok]
+    if not blind:
+        return
+    here = (" (it is a directory on this machine: the nodes read the wheelhouse themselves)"
+            if Path(wheelhouse).is_dir() else "")
+    raise EnvError(f"--wheelhouse {wheelhouse}: {', '.join(blind)} cannot read it{here}. "
+                   "Put it where every node reads it, on the share (e.g. `python -m "
+                   "orchestrator wheelhouse --env FILE --dest DIR` with DIR the share's "
+                   f"{cluster.shared_path}/wheelhouse-{name} as this machine reaches it), "
+                   "and give that path as the nodes see it.")
 
 
 # -- env list, env rm: through the node package --------------------------------------------

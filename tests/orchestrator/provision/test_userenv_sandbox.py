@@ -3,8 +3,9 @@ wheelhouse on every node with `env create`, runs in it with `train --python-env`
 runs in the cluster's environment on the same nodes, runs a PyTorch Lightning and a Hugging
 Face Trainer script in it (each launched twice: the second resumes from the first's
 checkpoints on the share, as its framework does it; both get step times without printing
-a beat), and preflight names a package he installed by hand. One test: each step needs the
-one before (an environment takes a minute to make on three nodes)."""
+a beat), and preflight names a package he installed by hand. A wheelhouse the nodes cannot
+read is refused first. One test: each step needs the one before (an environment takes a
+minute to make on three nodes)."""
 
 from __future__ import annotations
 
@@ -124,6 +125,18 @@ def test_bob_makes_his_own_environment_and_runs_in_it_beside_alice(
     wheelhouse = sandbox_cluster.share / "wheelhouse-bob"
     tools_wheels = sandbox_cluster.share / "wheelhouse-tools"
     shutil.rmtree(wheelhouse, ignore_errors=True)
+    # A wheelhouse on this machine alone: the nodes cannot read it, refused before any
+    # node is touched, naming them and where to put it.
+    here = tmp_path / "wheelhouse-here"
+    here.mkdir()
+    refused = orchestrator("env", "create", "-f", str(spec), "--wheelhouse", str(here),
+                           "-i", str(bob))
+    assert refused.returncode != 0, refused.stdout + refused.stderr
+    assert f"--wheelhouse {here}: node0, node1, node2 cannot read it (it is a directory " \
+        "on this machine" in refused.stderr and "/mnt/cluster/wheelhouse-bobenv" in \
+        refused.stderr, refused.stdout + refused.stderr
+    assert sandbox_cluster.exec("node0", "sh", "-c", "ls -d /home/bob/.clustertrain/envs/bob*",
+                                check=False).returncode != 0
     built = orchestrator("wheelhouse", "--env", str(spec), "--dest", str(wheelhouse))
     assert built.returncode == 0, built.stdout + built.stderr
     try:
