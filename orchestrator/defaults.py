@@ -25,6 +25,12 @@ SCHEDULER = str(_contract.role_default("contract", "cluster_scheduler"))  # none
 RING_PORTS = str(_contract.role_default("contract", "cluster_ring_ports"))  # UDP LOW-HIGH
 ADMIN_GROUP = str(_contract.role_default("contract", "cluster_admin_group"))  # lift any cordon
 NODE_PYTHON = "/usr/bin/python3"          # a node's system python: runs the node package
+# Free space where runs write (the share, each node's home and temporary directory): a run
+# is refused below MIN_FREE_GB (the inventory's cluster_min_free_gb) or MIN_FREE_INODES,
+# and warned below SPACE_WARN of the filesystem's space or inodes.
+MIN_FREE_GB = 2.0
+MIN_FREE_INODES = 1000
+SPACE_WARN = 0.05
 # -- a run's policies (train's options) ---------------------------------------------------
 GRACE = _node.GRACE                       # --grace: SIGTERM, then SIGKILL after this long
 LEASE_TIMEOUT = _node.LEASE_TIMEOUT       # --lease-timeout

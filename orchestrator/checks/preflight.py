@@ -4,7 +4,8 @@ Everything is read as it is now, on every node: the environment (a fingerprint f
 metadata, compared across nodes and with the one written at provisioning; torch imported
 only when it changed), GPUs, the shared path (mounted as the inventory says, writable by
 the job's user, one filesystem for all nodes), node 0's master port (free, claimed, and
-reachable from every node), names and clocks, and who else uses the nodes (another run,
+reachable from every node), names and clocks, free space where runs write (the share,
+each node's home and temporary directory), and who else uses the nodes (another run,
 any user's, or a process on a GPU: refused unless --share-gpus). At most two SSH round
 trips per node.
 
@@ -275,6 +276,7 @@ def _judge(report: Report, port: int, strict_port: bool) -> None:
         if unresolved:
             w.append(f"{name}: cannot resolve {', '.join(unresolved)} (torchrun uses IP "
                      "addresses, but scripts that use host names will fail)")
+    _judge_space(report)
     _judge_drift(report)
     offsets = [f.clock_offset for f in report.facts if f.clock_offset is not None]
     if len(offsets) > 1 and max(offsets) - min(offsets) > CLOCK_SKEW_WARN:
@@ -285,6 +287,53 @@ def _judge(report: Report, port: int, strict_port: bool) -> None:
     _judge_port(report, port, strict_port)
     gpus = [f.gpus for f in report.facts if not f.error]
     report.backend = "nccl" if gpus and all(g > 0 for g in gpus) else "gloo"
+
+
+WHAT_GROWS = {"share": "checkpoints, datasets, the runs' snapshots",
+              "home": "environments under ~/.clustertrain, caches",
+              "tmp": "temporary files"}
+
+
+def _judge_space(report: Report) -> None:
+    """Too little free space or too few inodes where runs write: refused below the
+    cluster's minimum, a warning below SPACE_WARN. The share once (every node sees the
+    same), a node's home and temporary directory per node."""
+    need = report.cluster.min_free_gb
+    seen_share = False
+    for f in report.facts:
+        for place in f.space:
+            if place["what"] == "share":
+                if seen_share:
+                    continue
+                seen_share = True
+                where = f"the share {place['path']}"
+            else:
+                where = f"{f.node.name}: {place['path']}"
+            if place.get("error"):
+                report.warnings.append(f"{where}: free space unknown ({place['error']})")
+                continue
+            free, total = place["free"], place["total"]
+            ifree, itotal = place["ifree"], place["itotal"]
+            grows = WHAT_GROWS.get(place["what"], "files")
+            gib = f"{_size(free)} free of {_size(total)}"
+            if free < need * 2**30:
+                report.problems.append(
+                    f"{where} has {gib}, below the {need:g} GiB a run needs there "
+                    f"(cluster_min_free_gb): free some ({grows}) or lower "
+                    "cluster_min_free_gb in the inventory")
+            elif itotal and ifree < defaults.MIN_FREE_INODES:
+                report.problems.append(
+                    f"{where} has {ifree} inodes free of {itotal}, below "
+                    f"{defaults.MIN_FREE_INODES}: remove files there ({grows})")
+            elif total and free < defaults.SPACE_WARN * total:
+                report.warnings.append(f"{where} is nearly full: {gib} ({grows})")
+            elif itotal and ifree < defaults.SPACE_WARN * itotal:
+                report.warnings.append(f"{where} is nearly out of inodes: {ifree} free "
+                                       f"of {itotal} ({grows})")
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
 def _judge_port(report: Report, port: int, strict_port: bool) -> None:

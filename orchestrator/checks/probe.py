@@ -64,6 +64,7 @@ class NodeFacts:
     busy: dict[str, Any] | None = None          # node/busy.py: other runs, GPU processes
     cordon: dict[str, Any] | None = None        # node/cordon.py: this node's cordon, if any
     shared: dict[str, Any] = field(default_factory=dict)
+    space: list[dict[str, Any]] = field(default_factory=list)  # node/probe.py space()
     port_free: bool | None = None
     free_port: int | None = None
     port_error: str | None = None

@@ -91,6 +91,13 @@ class Cluster:
         return str(self.variables.get("cluster_admin_group") or defaults.ADMIN_GROUP)
 
     @property
+    def min_free_gb(self) -> float:
+        """The inventory's cluster_min_free_gb: preflight refuses a run below this free on
+        the share, a node's home or its temporary directory."""
+        value = self.variables.get("cluster_min_free_gb")
+        return defaults.MIN_FREE_GB if value is None else float(value)
+
+    @property
     def ring_ports(self) -> str:
         """The inventory's cluster_ring_ports ('LOW-HIGH'): the supervisors' beats."""
         return str(self.variables.get("cluster_ring_ports") or defaults.RING_PORTS)
@@ -158,6 +165,7 @@ _CONNECTION_OPTIONS = ("host", "remote_user", "port", "private_key_file",
 _OWN_VARS = ("cluster_address", "cluster_shared_path", "cluster_rendezvous_port",
              "cluster_scheduler", "cluster_ring_ports",
              "cluster_rendezvous_port_span", "cluster_admin_group", "python_env_backend",
+             "cluster_min_free_gb",
              "ansible_python_interpreter",
              # node paths the roles make configurable (NodeSpec, _ROLE_PATHS)
              "python_env_state_dir", "common_cluster_env_file",
@@ -306,6 +314,15 @@ def load_cluster(path: str | os.PathLike[str] = defaults.INVENTORY) -> Cluster:
                              f"{first.get('cluster_rendezvous_port_span')!r}: give the number "
                              f"of master ports from {port} up, at least 1, the last at most "
                              "65535 (default 200)")
+    try:
+        min_free = cluster.min_free_gb
+    except (TypeError, ValueError):
+        min_free = -1.0
+    if not min_free >= 0:
+        raise InventoryError(f"cluster_min_free_gb in {path}: "
+                             f"{first.get('cluster_min_free_gb')!r}: give the GiB a run needs "
+                             "free on the share and on each node's home and temporary "
+                             f"directory, a number of 0 or more (default {defaults.MIN_FREE_GB:g})")
     return cluster
 
 

@@ -24,6 +24,7 @@ import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -320,6 +321,29 @@ def check_shared(spec: dict, user: str, uid: int) -> dict[str, Any]:
             return res
     res["ok"] = True
     return res
+
+
+# --- free space where runs write ----------------------------------------------------------
+
+def space(places: dict[str, str]) -> list[dict[str, Any]]:
+    """Free space and inodes of each of PLACES ({what: path}), one entry per filesystem
+    (the first place named on it): what, path, and free, total (bytes), ifree, itotal."""
+    found: list[dict[str, Any]] = []
+    seen: set[int] = set()
+    for what, path in places.items():
+        try:
+            dev = os.stat(path).st_dev
+            st = os.statvfs(path)
+        except OSError as exc:
+            found.append({"what": what, "path": path, "error": exc.strerror})
+            continue
+        if dev in seen:
+            continue
+        seen.add(dev)
+        found.append({"what": what, "path": path, "free": st.f_bavail * st.f_frsize,
+                      "total": st.f_blocks * st.f_frsize, "ifree": st.f_favail,
+                      "itotal": st.f_files})
+    return found
 
 
 # --- the master port: free, and claimed for one launch ----------------------------------
@@ -651,6 +675,8 @@ def probe(req: dict) -> dict[str, Any]:
         else out.get("fingerprint_error"))
     out["busy"] = busy.scan(exclude=req.get("run")).to_json()  # after torch's import
     out["shared"] = check_shared(req["shared"], out["user"], out["uid"])
+    out["space"] = space({**({"share": req["shared"]["path"]} if out["shared"]["ok"] else {}),
+                          "home": out["home"], "tmp": tempfile.gettempdir()})
     if out["shared"]["ok"] and req.get("node"):
         out["cordon"] = cordon.current(req["shared"]["path"], req["node"],
                                        req.get("admin_group") or cordon.DEFAULT_ADMIN_GROUP)

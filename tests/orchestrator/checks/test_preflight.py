@@ -380,3 +380,41 @@ def test_doctors_own_run_measures_a_cordoned_node_with_a_warning() -> None:
     assert r.problems == [] and r.warnings == [
         "node1: cordoned since 2026-11-26T03:12:00+00:00 by bob: node1 lost mid-run r1 "
         "(heartbeat silent 15 s)"]
+
+
+def place(what: str, path: str, free_gib: float, total_gib: float = 100.0,
+          ifree: int = 500_000, itotal: int = 1_000_000) -> dict:
+    return {"what": what, "path": path, "free": int(free_gib * 2**30),
+            "total": int(total_gib * 2**30), "ifree": ifree, "itotal": itotal}
+
+
+def test_too_little_space_is_refused_naming_the_place_and_nearly_full_is_a_warning() -> None:
+    share = place("share", "/mnt/cluster", 1.5, 500)      # below the 2 GiB default
+    r = report(facts("node0", {}, space=[share, place("home", "/home/alice", 50),
+                                         place("tmp", "/tmp", 4, 100)]),
+               facts("node1", {}, space=[share, place("home", "/home/alice", 0.5, 100),
+                                         place("tmp", "/tmp", 8, 8, ifree=900)]))
+    assert r.problems == [
+        "the share /mnt/cluster has 1.5 GiB free of 500.0 GiB, below the 2 GiB a run needs "
+        "there (cluster_min_free_gb): free some (checkpoints, datasets, the runs' snapshots) "
+        "or lower cluster_min_free_gb in the inventory",
+        "node1: /home/alice has 512 MiB free of 100.0 GiB, below the 2 GiB a run needs there "
+        "(cluster_min_free_gb): free some (environments under ~/.clustertrain, caches) or "
+        "lower cluster_min_free_gb in the inventory",
+        "node1: /tmp has 900 inodes free of 1000000, below 1000: remove files there "
+        "(temporary files)"]
+    assert r.warnings == ["node0: /tmp is nearly full: 4.0 GiB free of 100.0 GiB "
+                          "(temporary files)"]
+
+
+def test_the_inventory_sets_the_space_a_run_needs() -> None:
+    nodes = (spec("node0"),)
+    f = facts("node0", {}, space=[place("home", "/home/alice", 1.0),
+                                  {"what": "tmp", "path": "/tmp", "error": "Permission denied"}],
+              resolve={"192.0.2.10": "192.0.2.10"})
+    r = Report(Cluster(Path("/site/hosts.yml"), nodes,
+                       variables={"cluster_min_free_gb": 0.5}), [f])
+    _judge(r, 29500, strict_port=False)
+    assert r.problems == [] and r.warnings == [
+        "node0: /home/alice is nearly full: 1.0 GiB free of 100.0 GiB (environments under "
+        "~/.clustertrain, caches)", "node0: /tmp: free space unknown (Permission denied)"]

@@ -171,3 +171,30 @@ def test_a_wheel_changed_on_the_share_is_refused_by_name(sandbox_cluster: Provis
     assert (f"does not match its lock on node2: mpmath-1.3.0-py3-none-any.whl (mpmath==1.3.0): "
             f"expected sha256 {original}, got {changed}") in said, p.stdout[-3000:]
     assert "Nothing was installed from it" in said
+
+
+def test_a_node_whose_temporary_directory_is_nearly_full_is_refused_then_warned_about(
+        sandbox_cluster: ProvisionedCluster, tmp_path: Path) -> None:
+    """node2's /tmp replaced by a 64 MiB filesystem with 62 MiB written: below the 2 GiB a
+    run needs (the default), preflight refuses naming node2's /tmp; with the inventory's
+    cluster_min_free_gb lowered to 1 MiB, the run may start and the nearly full /tmp is a
+    warning. The share and the other nodes are named in neither."""
+    lowered = tmp_path / "inventory.yml"
+    lowered.write_text(sandbox_cluster.inventory.read_text().replace(
+        "\n  vars:\n", "\n  vars:\n    cluster_min_free_gb: 0.001\n", 1))
+    with changed_mount(sandbox_cluster, "node2",
+                       "mount -t tmpfs -o size=64m,mode=1777 ct-small /tmp && "
+                       "head -c 62M /dev/zero > /tmp/filler", "umount /tmp"):
+        refused = preflight(sandbox_cluster)
+        warned = subprocess.run([sys.executable, "-m", "orchestrator", "preflight", "-i",
+                                 str(lowered), "--nodes", "3"], cwd=REPO, env=ENV,
+                                capture_output=True, text=True, timeout=300)
+    assert refused.returncode != 0, refused.stdout
+    [problem] = [line for line in refused.stdout.splitlines() if line.startswith("problem:")]
+    assert problem == ("problem: node2: /tmp has 2 MiB free of 64 MiB, below the 2 GiB a run "
+                       "needs there (cluster_min_free_gb): free some (temporary files) or "
+                       "lower cluster_min_free_gb in the inventory"), refused.stdout
+    assert warned.returncode == 0, warned.stdout + warned.stderr
+    assert "warning: node2: /tmp is nearly full: 2 MiB free of 64 MiB (temporary files)" \
+        in warned.stdout, warned.stdout
+    assert "problem:" not in warned.stdout and "/mnt/cluster" not in warned.stdout

@@ -179,3 +179,19 @@ def test_hosts_naming_nothing_is_refused(tmp_path: Path, hosts: str) -> None:
     cluster = load_cluster(write(tmp_path, "hosts.ini", INI))
     with pytest.raises(InventoryError, match=r"--hosts .* names no node; .*--hosts gpu-b,gpu-a"):
         cluster.select(hosts=hosts)
+
+
+@pytest.mark.parametrize("value", ["lots", "-1", ".nan"])
+def test_a_space_minimum_that_is_not_a_number_of_gib_is_refused(tmp_path: Path,
+                                                                value: str) -> None:
+    assert load_cluster(write(tmp_path, "hosts.ini", INI)).min_free_gb == 2.0
+    inv = write(tmp_path, "space.yml", YAML.replace(
+        "    cluster_shared_path: /data/shared\n",
+        f"    cluster_shared_path: /data/shared\n    cluster_min_free_gb: {value}\n"))
+    with pytest.raises(InventoryError, match=r"cluster_min_free_gb in .*space.yml: .*give the "
+                       r"GiB a run needs free .* a number of 0 or more \(default 2\)"):
+        load_cluster(inv)
+    ok = write(tmp_path, "ok.yml", YAML.replace(
+        "    cluster_shared_path: /data/shared\n",
+        "    cluster_shared_path: /data/shared\n    cluster_min_free_gb: 0.5\n"))
+    assert load_cluster(ok).min_free_gb == 0.5
