@@ -120,21 +120,19 @@ bench: test-deps test-venv
 	$(PY) bench/report.py
 	$(PY) bench/ring_mac.py
 
-# Everything CI runs (.ci/run calls this). Stops at the first failing stage. The sandbox
-# tests' shared cluster (tests/shared_cluster.py: sandbox up, then site.yml) is made in the
-# background while lint and the unit tests run: site.yml keeps about one core busy and the
-# unit tests mostly wait on processes, so each takes little from the other (in a session of
-# its own, so that a failing lint or unit stage stops it; the cluster is removed on every
-# exit). Lint runs beside the unit tests too (its output shown after theirs): it fills the
-# time they wait. Beside the shared cluster's tests, at nice 19, their output kept until those end:
-# the unit tests marked slow (the training job's, the conda backend's, the role modules' own
-# playbooks: 140 s on two idle cores, which beside the provisioning kept the cluster waiting
-# for the unit stage), the sandbox tests that make sandboxes of their own (marker
-# own_sandbox), then molecule's scenarios one at a time. They mostly wait on containers and SSH, and the shared cluster's
-# tests leave about half of the two cores idle (waiting on their runs); beside the
-# provisioning they would slow it threefold. The sandbox tests run in the foreground: a
-# command put in the background by a script ignores SIGINT, and the tests send Ctrl-C to the
-# trains they start.
+# Everything CI runs (.ci/run calls this). The sandbox tests' shared cluster
+# (tests/shared_cluster.py: sandbox up, then site.yml) is made in the background while the
+# unit tests run: site.yml keeps about one core busy and the unit tests mostly wait on
+# processes, so each takes little from the other (in a session of its own, so that a
+# failing unit stage stops it; the cluster is removed on every exit). Then, beside the
+# shared cluster's tests, at nice 19, their output kept until those end: lint (CPU only,
+# nothing timed: beside the unit tests and the provisioning it kept the cluster waiting),
+# the sandbox tests that make sandboxes of their own (marker own_sandbox), then molecule's
+# scenarios one at a time. They mostly wait on containers and SSH, and the shared
+# cluster's tests leave about half of the two cores idle (waiting on their runs); beside
+# the provisioning they would slow it threefold. The sandbox tests run in the foreground: a
+# command put in the background by a script ignores SIGINT, and the tests send Ctrl-C to
+# the trains they start. The failed tests are named again at the very end.
 READY := .cache/sandbox-ready
 FAILED := .cache/failed-tests
 SHARED := .cache/shared-cluster
@@ -144,27 +142,24 @@ test: test-deps test-venv
 	export CLUSTERTRAIN_TEST_FAILURES=$(CURDIR)/$(FAILED); \
 	name=$${CLUSTERTRAIN_TEST_SANDBOX_PREFIX:-}cl-$$(od -An -N3 -tx1 /dev/urandom | tr -d ' \n'); \
 	trap '$(PY) -m tests.shared_cluster down '"$$name"' >/dev/null 2>&1' EXIT; \
-	echo "making the shared cluster $$name beside lint and the unit tests ($(SHARED).log)"; \
+	failed() { [ -s $(FAILED) ] && { echo "the failed tests (their output is above):"; \
+	  cat $(FAILED); }; }; \
+	echo "making the shared cluster $$name beside the unit tests ($(SHARED).log)"; \
 	setsid sh -c '$(PY) -m tests.shared_cluster up "$$1" >$(SHARED).json 2>$(SHARED).log; \
 	  echo $$? >$(SHARED).rc' sh "$$name" & prov=$$!; started=$$(date +%s); \
-	( $(MAKE) --no-print-directory lint >.cache/lint.log 2>&1; echo $$? >.cache/lint.rc ) & \
-	lint=$$!; \
-	$(PYTEST_UNIT) -m "not sandbox and not e2e and not slow" --durations=10; rc=$$?; \
-	wait $$lint; cat .cache/lint.log; [ "$$(cat .cache/lint.rc)" = 0 ] || rc=1; \
-	echo "lint and the unit tests ended $$(( $$(date +%s) - started )) s after they were begun"; \
-	if [ $$rc -ne 0 ]; then kill -TERM -- -$$prov 2>/dev/null; wait $$prov; \
-	  [ -s $(FAILED) ] && { echo "the failed tests (their output is above):"; cat $(FAILED); }; \
+	$(PYTEST_UNIT) -m "not sandbox and not e2e" --durations=10; rc=$$?; \
+	echo "the unit tests ended $$(( $$(date +%s) - started )) s after they were begun"; \
+	if [ $$rc -ne 0 ]; then kill -TERM -- -$$prov 2>/dev/null; wait $$prov; failed; \
 	  exit $$rc; fi; \
 	wait $$prov; cat $(SHARED).log; \
 	echo "the shared cluster was ready $$(( $$(date +%s) - started )) s after it was begun"; \
 	[ "$$(cat $(SHARED).rc 2>/dev/null)" = 0 ] || exit 1; \
 	( while [ ! -e $(READY) ]; do [ -e $(READY).gone ] && exit 1; sleep 5; done; \
-	  nice -n 19 $(PYTEST_UNIT) -p no:cacheprovider -m "slow and not sandbox and not e2e" \
-	    --durations=5; slow=$$?; \
+	  nice -n 19 $(MAKE) --no-print-directory lint; lint=$$?; \
 	  nice -n 19 $(BIN)/pytest -m own_sandbox -q -p no:cacheprovider \
 	    --basetemp=.cache/own-sandbox-tmp; own=$$?; \
 	  nice -n 19 $(MAKE) --no-print-directory molecule-all MOLECULE_JOBS=1; \
-	  mol=$$?; [ $$slow -eq 0 ] && [ $$own -eq 0 ] && [ $$mol -eq 0 ] \
+	  mol=$$?; [ $$lint -eq 0 ] && [ $$own -eq 0 ] && [ $$mol -eq 0 ] \
 	) >.cache/molecule-logs/all.log 2>&1 & \
 	molecule=$$!; \
 	CLUSTERTRAIN_TEST_SANDBOX=$$name CLUSTERTRAIN_TEST_READY_FILE=$(READY) \
@@ -173,10 +168,9 @@ test: test-deps test-venv
 	touch $(READY).gone; wait $$molecule; mol=$$?; \
 	[ -e .cache/molecule-logs/all.log ] && cat .cache/molecule-logs/all.log; \
 	rm -f $(READY) $(READY).gone; \
-	echo "sandbox tests: exit $$rc; slow unit tests, own-sandbox tests and molecule:" \
-	  "exit $$mol (1 without a provisioned cluster)"; \
-	[ -s $(FAILED) ] && { echo "the failed tests (their output is above):"; cat $(FAILED); }; \
-	[ $$rc -eq 0 ] && [ $$mol -eq 0 ]
+	echo "sandbox tests: exit $$rc; lint, own-sandbox tests and molecule: exit $$mol" \
+	  "(1 without a provisioned cluster)"; \
+	failed; [ $$rc -eq 0 ] && [ $$mol -eq 0 ]
 
 demo: deps venv
 	bash sandbox/demo.sh
