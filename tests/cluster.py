@@ -15,8 +15,10 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 ENV = {**os.environ, "CONTAINERS_CONF": str(REPO / "sandbox" / "containers.conf"),
        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "PYTHONUNBUFFERED": "1"}
-# What the python_env role installs; torchrun and its workers run this interpreter.
+# What the python_env role installs: the link to its current state's interpreter (runs use
+# the state's own path, under NODE_ENV_HOME/envs/, and keep it while they run).
 NODE_PYTHON = "/opt/clustertrain/venv/bin/python"
+NODE_ENV_HOME = "/opt/clustertrain/"
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,7 @@ class ProvisionedCluster:
         """torchrun and its workers on NODE, found the way a user would: with ps."""
         out = self.exec(node, "ps", "-eo", "pid,args", "--no-headers").stdout
         return [line.strip() for line in out.splitlines()
-                if "torchrun" in line or NODE_PYTHON in line]
+                if "torchrun" in line or NODE_ENV_HOME in line]
 
     def run_processes(self, node: str, run_id: str, user: str | None = None) -> list[str]:
         """The pids on NODE of every live process of run RUN_ID (supervisor, torchrun,

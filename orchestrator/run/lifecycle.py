@@ -164,6 +164,9 @@ class Plan:
             "commands": {s.name: c.torchrun_argv() for s, c in self.nodes},
             "code_revision": code_revision(spec.workdir) if spec.workdir else None,
             "fingerprint": session.report.fingerprint, "detached": spec.detach,
+            # the state of the environment the run runs in (the cluster's are versioned:
+            # a re-provisioning makes a new one beside it, and this run keeps its own)
+            "env_prefix": (session.report.facts[0].python_env or {}).get("prefix"),
             "python_env": {"name": spec.python_env, "dir": session.report.facts[0].env_dir}
             if spec.python_env else None,
             "hang_timeout": spec.hang_timeout, "on_hang": str(spec.on_hang),

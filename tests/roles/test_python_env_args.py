@@ -63,6 +63,7 @@ REPAIR_PLAYBOOK = """\
         __python_env_prefix: "{{ env_prefix }}"
         python_env_home: "{{ env_home }}"
         python_env_state_dir: "{{ env_state }}"
+        python_env_versioned: false
 """
 
 

@@ -173,3 +173,53 @@ def test_nodes_that_share_a_home_make_the_environment_once(site: dict[str, Path]
     assert "nodeA" in recap and "nodeB" in recap and "failed=0" in recap, recap
     assert '"shared_with": "nodeA"' in both.stdout, both.stdout[-4000:]
     assert not list((site["home"] / ENVS_DIR).glob(".mark-*"))   # the marks are cleared
+
+
+def cluster_env(site: dict[str, Path], spec: Path) -> subprocess.CompletedProcess[str]:
+    """The python_env role as site.yml runs it for the cluster's environment (states on,
+    the default), with the conda backend, every path under the test's directory."""
+    tmp = site["tmp"]
+    play = tmp / "cluster_env.yml"
+    play.write_text("- hosts: all\n  gather_facts: true\n  roles:\n    - role: python_env\n")
+    variables = {"python_env_file": str(spec), "python_env_backend": "conda",
+                 "python_env_conda_prefix": str(site["conda"]),
+                 "python_env_home": str(tmp / "opt"), "python_env_state_dir": str(tmp / "etc"),
+                 "python_env_wheelhouse": str(site["wheels"]), "python_env_os_packages": False}
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+               ANSIBLE_ROLES_PATH=str(REPO / "roles"), ANSIBLE_CACHE_PLUGIN="memory",
+               ANSIBLE_NOCOLOR="1", ANSIBLE_LOCAL_TEMP=str(tmp / "ansible-tmp"))
+    argv = [str(Path(sys.executable).with_name("ansible-playbook")), "-i", "localhost,",
+            "-c", "local", "-e", f"ansible_python_interpreter={sys.executable}",
+            "-e", json.dumps(variables), str(play)]
+    return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
+
+
+def test_the_clusters_conda_environment_is_a_state_per_file_and_the_old_one_stays(
+        site: dict[str, Path]) -> None:
+    """site.yml's python_env with conda: each file its own state under envs/, made with
+    `conda env create --prefix`; python_env.json names the newest and conda's usual
+    envs/NAME links to it; the previous state stays (a run may use it), and going back to
+    it calls conda no more."""
+    opt, published = site["tmp"] / "opt" / "envs", site["tmp"] / "etc" / "python_env.json"
+    first = cluster_env(site, site["spec"])
+    assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-2000:]
+    [a] = list(opt.iterdir())
+    assert json.loads(published.read_text())["prefix"] == str(a / "conda")
+    assert calls(site) == [["env", "create", "--file", str(a / "environment.yml"),
+                            "--prefix", str(a / "conda")]]
+    link = site["conda"] / "envs" / "tools"
+    assert link.resolve() == a / "conda"
+    changed = site["tmp"] / "changed.yml"
+    changed.write_text(ENV_FILE.replace("numpy=2.1", "numpy=2.2"))
+    second = cluster_env(site, changed)
+    assert second.returncode == 0, second.stdout[-4000:] + second.stderr[-2000:]
+    [b] = [p for p in opt.iterdir() if p != a]
+    assert json.loads(published.read_text())["prefix"] == str(b / "conda")
+    assert json.loads((b / "fingerprint.json").read_text())["conda"]["numpy"] == "2.2=0"
+    assert json.loads((a / "fingerprint.json").read_text())["conda"]["numpy"] == "2.1=0"
+    assert link.resolve() == b / "conda" and (a / "conda" / "bin" / "python").exists()
+    back = cluster_env(site, site["spec"])
+    assert back.returncode == 0, back.stdout[-4000:] + back.stderr[-2000:]
+    assert [c[:2] for c in calls(site)] == [["env", "create"]] * 2, calls(site)
+    assert json.loads(published.read_text())["prefix"] == str(a / "conda")
+    assert link.resolve() == a / "conda" and sorted(opt.iterdir()) == sorted([a, b])
