@@ -17,7 +17,7 @@ description:
     process runs from it, else left as it is (said in C(left)).
   - The states beyond the C(keep) newest (by when each was made) are removed, never the
     current one and never one a process runs from (its command line starts with the
-    state's path, or it has a file of it mapped: a library of torch, say); those are
+    state's path, or it has a file of it mapped, a library of torch say); those are
     said in C(in_use) and removed by a later run.
   - Check mode supported.
 options:

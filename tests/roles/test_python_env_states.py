@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from .sources import load
+from .sources import REPO, load
 
 states = load("plugins/modules/python_env_states.py", "python_env_states")
 
@@ -99,7 +99,8 @@ def test_keeping_no_state_is_refused(tmp_path: Path, keep: int) -> None:
     args = tmp_path / "args.json"
     args.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {
         "root": str(tmp_path), "current": "a" * 12, "keep": keep}}))
-    out = subprocess.run([sys.executable, str(Path(states.__file__)), str(args)],
+    module = REPO / "plugins" / "modules" / "python_env_states.py"
+    out = subprocess.run([sys.executable, str(module), str(args)],
                          capture_output=True, text=True, timeout=60)
     result = json.loads(out.stdout)
     assert result["failed"] and "keep at least the current state" in result["msg"], result
