@@ -58,7 +58,7 @@ class EnvFile:
         cluster has no conda), before any node is touched."""
         if backend != "venv":
             return
-        # The role's own rule (its venv.yml refuses the same on every node).
+        # The role's own rule (its venv_checks.yml refuses the same on every node).
         unsupported = project().plugin("filter", "python_env_filters").venv_unsupported(
             self.conda)
         if unsupported:
