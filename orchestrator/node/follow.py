@@ -6,6 +6,9 @@ dumped its workers (the controller then reads every node's dumps from the share)
 on where it broke). With --lease, each byte read on standard input renews the attached
 controller's lease; end-of-input (the controller killed, the connection cut) gives it up
 unless a new follower renews it within RECONNECT_GRACE (supervise.py reads it).
+The exit marker waits (up to SUPERVISOR_EXIT_WAIT) for the supervisor's own exit: the
+exit file comes before its last writes, so a controller that returns on the marker leaves
+no process of the run behind.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from .protocol import (
     End,
 )
 from .util import last_lines, read_json, read_pid
+
+SUPERVISOR_EXIT_WAIT = 15.0   # seconds: its last state onto the share, the ring's last word
 
 
 def follow(args: argparse.Namespace) -> int:
@@ -83,6 +88,8 @@ def follow(args: argparse.Namespace) -> int:
         out.write((b"" if last == b"\n" else b"\n") + text.encode())
         last = b"\n"
         final = {"code": 1, "reason": End.SUPERVISOR_FAILED.value}
+    else:
+        _await_supervisor_exit(job, SUPERVISOR_EXIT_WAIT)
     code = int(final.get("code", 1))
     sep = b"" if last == b"\n" else b"\n"  # the marker starts a line of its own
     out.write(sep + f"{EXIT_MARKER} {code} {final.get('reason', End.EXITED.value)} "
@@ -106,16 +113,29 @@ def _supervisor_vanished(job: str) -> bool:
     """The supervisor (its pid in JOB/supervisor.pid, written at launch) is gone without
     an exit status. Unknown (no pid file yet) counts as not gone."""
     pid = read_pid(os.path.join(job, SUPERVISOR_PID))
-    if pid is None:
+    if pid is None or _alive(pid):
         return False
+    return not os.path.exists(os.path.join(job, EXIT_FILE))  # it may have ended just now
+
+
+def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-        return False
+        return True
     except ProcessLookupError:
-        pass
+        return False
     except PermissionError:  # the pid now belongs to someone else's process: ours is gone
-        pass
-    return not os.path.exists(os.path.join(job, EXIT_FILE))  # it may have ended just now
+        return False
+
+
+def _await_supervisor_exit(job: str, limit: float) -> None:
+    """Until the supervisor (which wrote its exit file) has exited, LIMIT seconds at
+    most: a share that stalls its last write must not hold the controller for ever."""
+    pid = read_pid(os.path.join(job, SUPERVISOR_PID))
+    deadline = time.monotonic() + limit
+    while pid is not None and pid != os.getpid() and _alive(pid) \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _hold_lease(job: str) -> None:

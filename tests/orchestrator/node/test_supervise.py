@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -383,6 +384,24 @@ def test_follow_ends_when_the_supervisor_is_gone_without_a_word(tmp_path: Path) 
     assert lines[0] == "step 1"
     assert "clustertrain supervisor ended without an exit status: MemoryError" in lines
     assert lines[-1].startswith(f"{protocol.EXIT_MARKER} 1 supervisor-failed")
+
+
+def test_follow_ends_only_once_the_supervisor_has_exited(tmp_path: Path) -> None:
+    """The exit file comes before the supervisor's last writes (its state onto the share,
+    the ring's last word): the marker waits for its exit, so a controller that returns on
+    it leaves no process of the run behind."""
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "output.log").write_text("step 1\n")
+    util.write_json(str(job / "exit"), {"code": 0, "reason": "exited"})
+    late = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2)"])
+    (job / "supervisor.pid").write_text(f"{late.pid}\n")
+    reaped = threading.Thread(target=late.wait)   # as init reaps a detached supervisor
+    reaped.start()
+    out = follow(job)
+    assert late.poll() is not None, "the marker came while the supervisor still ran"
+    assert out.stdout.splitlines() == ["step 1", f"{protocol.EXIT_MARKER} 0 exited -"]
+    reaped.join()
 
 
 def test_a_peer_whose_supervisor_failed_stops_this_node(tmp_path: Path) -> None:
