@@ -24,13 +24,13 @@ import socket
 import stat
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from . import busy, cordon, fingerprint as fp
 from .protocol import BOUND_WAIT, EXIT_FILE, JOBS_DIR, LAST_USED, PORT_CLAIMS_DIR
+from .space import space, temp_dir
 from .util import read_json_or_why, write_json
 
 # Master-port claims on node 0, shared by every user of the node (see claim()).
@@ -321,29 +321,6 @@ def check_shared(spec: dict, user: str, uid: int) -> dict[str, Any]:
             return res
     res["ok"] = True
     return res
-
-
-# --- free space where runs write ----------------------------------------------------------
-
-def space(places: dict[str, str]) -> list[dict[str, Any]]:
-    """Free space and inodes of each of PLACES ({what: path}), one entry per filesystem
-    (the first place named on it): what, path, and free, total (bytes), ifree, itotal."""
-    found: list[dict[str, Any]] = []
-    seen: set[int] = set()
-    for what, path in places.items():
-        try:
-            dev = os.stat(path).st_dev
-            st = os.statvfs(path)
-        except OSError as exc:
-            found.append({"what": what, "path": path, "error": exc.strerror})
-            continue
-        if dev in seen:
-            continue
-        seen.add(dev)
-        found.append({"what": what, "path": path, "free": st.f_bavail * st.f_frsize,
-                      "total": st.f_blocks * st.f_frsize, "ifree": st.f_favail,
-                      "itotal": st.f_files})
-    return found
 
 
 # --- the master port: free, and claimed for one launch ----------------------------------
@@ -676,7 +653,7 @@ def probe(req: dict) -> dict[str, Any]:
     out["busy"] = busy.scan(exclude=req.get("run")).to_json()  # after torch's import
     out["shared"] = check_shared(req["shared"], out["user"], out["uid"])
     out["space"] = space({**({"share": req["shared"]["path"]} if out["shared"]["ok"] else {}),
-                          "home": out["home"], "tmp": tempfile.gettempdir()})
+                          "home": out["home"], "tmp": temp_dir()})
     if out["shared"]["ok"] and req.get("node"):
         out["cordon"] = cordon.current(req["shared"]["path"], req["node"],
                                        req.get("admin_group") or cordon.DEFAULT_ADMIN_GROUP)

@@ -55,6 +55,9 @@ STOP_MARKER = "@@clustertrain-stopping"
 # controller keeps it in the run's timeline, never on the terminal nor as progress.
 SYSTEM_MARKER = "@@clustertrain-system"
 SYSTEM_INTERVAL = 10.0
+# A line of JOB/output.log the supervisor writes when torchrun failed and its ranks' output
+# says a disk was full: the fullest place the job wrote to, with its figures (space.py).
+NO_SPACE_MARKER = "[clustertrain] out of space:"
 # The worker runner's last line for a rank whose script finished.
 FINISHED_MARKER = "[clustertrain] rank {rank} finished: exit code {code}"
 FR_DIR_ENV = "CLUSTERTRAIN_FR_DIR"   # where a worker serves its flight recorder

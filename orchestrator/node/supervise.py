@@ -70,11 +70,11 @@ from .protocol import (
     parse_ports,
 )
 from .ring import Counters, Ring, read_state, resolve, ring_socket
+from .space import out_of_space
 from .statefile import StateFile
 from .stop import stop_tree
-from .util import detach, read_json, read_pid, redirect, write_json
+from .util import detach, read_json, read_pid, redirect, tail_text, write_json
 
-TAIL_BYTES = 64 * 1024  # of torchrun's output, read for the words of a collective timeout
 HELD_UP = 5 * BEAT      # a loop slower than this: this supervisor itself was held up
 
 
@@ -338,6 +338,10 @@ def _supervise(args: argparse.Namespace, ring: Ring, secret_env: dict[str, str],
         supervisor.sampling.set()   # no sample of a node whose torchrun has ended
     code = supervisor.proc.returncode
     code = code if code >= 0 else 128 - code
+    if code != 0:   # a full disk, said where the controller reads it (before the end)
+        note = out_of_space(os.path.join(args.job, OUTPUT_LOG), args.state_dir)
+        if note:
+            _append(os.path.join(args.job, OUTPUT_LOG), note + "\n")
     supervisor.conclude(code, during or supervisor.final_ending(code))
     return 0
 
@@ -638,13 +642,7 @@ def _lost_meanwhile(ring: Ring) -> str | None:
 
 def _timed_out(job: str) -> bool:
     """Whether the end of torchrun's output tells of a collective that timed out."""
-    try:
-        with open(os.path.join(job, OUTPUT_LOG), "rb") as fh:
-            fh.seek(max(0, os.fstat(fh.fileno()).st_size - TAIL_BYTES))
-            tail = fh.read().decode("utf-8", "replace")
-    except OSError:
-        return False
-    return COLLECTIVE_TIMEOUT.search(tail) is not None
+    return COLLECTIVE_TIMEOUT.search(tail_text(os.path.join(job, OUTPUT_LOG))) is not None
 
 
 def _quiet_for(job: str, own: sysmetrics.OutputLines | None = None) -> float:

@@ -121,6 +121,17 @@ def process_table() -> dict[int, Proc]:
     return procs
 
 
+def tail_text(path: str, size: int = 65536) -> str:
+    """The last SIZE bytes of a file as text ('' if it cannot be read): where a failed
+    process's words are."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, os.fstat(fh.fileno()).st_size - size))
+            return fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
 def last_lines(path: str, n: int) -> list[str]:
     """The last N non-empty lines of a text file ([] if it cannot be read)."""
     try:

@@ -22,7 +22,7 @@ import signal
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ..node.protocol import FINISHED_MARKER
+from ..node.protocol import FINISHED_MARKER, NO_SPACE_MARKER
 
 MARKER = re.compile("^" + re.escape(FINISHED_MARKER).replace(r"\{rank\}", r"(\d+)")
                     .replace(r"\{code\}", r"(-?\d+)") + r"\s*$")
@@ -44,6 +44,7 @@ class NodeEnds:
     finished: dict[int, int] = field(default_factory=dict)  # rank -> the script's exit code
     failed: dict[int, int] = field(default_factory=dict)    # rank -> torchrun's exit code
     peer_gone: bool = False  # a rank said that a peer went away (PEER_GONE)
+    no_space: str | None = None  # the supervisor's NO_SPACE_MARKER line: the full place
 
 
 def _text(line: str) -> tuple[str, str]:
@@ -68,7 +69,9 @@ def scan_log(lines: Iterable[str]) -> NodeEnds:
             if source.startswith("rank") and PEER_GONE.search(text):
                 ends.peer_gone = True
         if source == "" or source == "torchrun":
-            if RESTART in text:
+            if text.startswith(NO_SPACE_MARKER):
+                ends.no_space = text[len(NO_SPACE_MARKER):].strip()
+            elif RESTART in text:
                 ends = NodeEnds()
                 in_report, rank = False, None
             elif REPORT_START.match(text):

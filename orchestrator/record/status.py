@@ -65,6 +65,7 @@ class Verdict:
     # node -> rank -> the script's exit code (its marker), or for a rank that never
     # finished, the code torchrun reported for it (negative: the signal that ended it)
     exit_codes: dict[str, dict[int, int]] = field(default_factory=dict)
+    no_space: dict[str, str] = field(default_factory=dict)  # node -> its full place
 
     def notes(self) -> list[str]:
         return [note for notes in self.after_finish.values() for note in notes]
@@ -98,7 +99,8 @@ def judge(nodes: list[NodeEnd], ends: dict[str, NodeEnds], clean_exit: bool) -> 
                 f"then torchrun {how_it_ended(node.exit_code)}"]
     codes = {node.name: {**ends[node.name].failed, **ends[node.name].finished}
              for node in nodes if node.name in ends}
-    return Verdict(completed, finished, after, {n: c for n, c in codes.items() if c})
+    full = {n: e.no_space for n, e in ends.items() if e.no_space}
+    return Verdict(completed, finished, after, {n: c for n, c in codes.items() if c}, full)
 
 
 def root_cause(first: str | None, nodes: list[NodeEnd], ends: dict[str, NodeEnds]) -> str | None:
@@ -196,6 +198,7 @@ def write(info: dict[str, Any], nodes: list[NodeEnd], decision: Decision, *, sta
         "first_failed": decision.first_failed,
         "training_completed": True if decision.ok else verdict.training_completed,
         **({"after_finish": verdict.after_finish} if verdict.after_finish else {}),
+        **({"no_space": verdict.no_space} if verdict.no_space else {}),
         "rank_exit_codes": {n: {str(r): c for r, c in sorted(codes.items())}
                             for n, codes in verdict.exit_codes.items()},
         **({"command": {n: shlex.join(argv) for n, argv in commands.items()}}

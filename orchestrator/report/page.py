@@ -100,7 +100,9 @@ def _why(summary: dict) -> str:
         ranks = (summary.get("rank_exit_codes") or {}).get(failed) or {}
         codes = ", ".join(f"rank {r} exited with code {c}" for r, c in ranks.items() if c)
         how = node.get("why") or node.get("end_reason") or "failed"
-        return f"{failed} failed first ({how}" + (f"; {codes}" if codes else "") + ")"
+        full = (summary.get("no_space") or {}).get(failed)
+        return f"{failed} failed first ({how}" + (f"; {codes}" if codes else "") + (
+            f"; out of space: {full}" if full else "") + ")"
     return ""
 
 

@@ -148,8 +148,11 @@ def conclude(run: RunDir, result: JobResult, summary: dict) -> int:
     held = (f"\nA collective timed out; holding it up: {suspects(hang, 'nobody named')}. "
             f"Stacks of the ranks still running: {hang['dumps']}/"
             if hang and hang.get("trigger") else "")
+    full = (summary.get("no_space") or {}).get(failed)
+    space = (f" It ran out of space (its ranks said a disk was full): on {failed}, {full}; "
+             "free some there, or write elsewhere." if full else "")
     raise LaunchError(f"run {run.run_id} failed: {failed} {how} first; the other nodes were "
-                      f"stopped. Last lines from {failed} (training processes first, then "
+                      f"stopped.{space} Last lines from {failed} (training processes first, then "
                       f"torchrun):\n    {tail}{held}\nFull logs: {run.path}/")
 
 

@@ -9,6 +9,7 @@ the node's mount namespace (nsenter): the node containers have no CAP_SYS_ADMIN.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import secrets
 import shutil
@@ -23,6 +24,7 @@ import pytest
 from ...cluster import BIN, ENV, REPO, ProvisionedCluster
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.timeout(1500)]
+JOBS = Path(__file__).resolve().parents[1] / "jobs"
 SHARED = "/mnt/cluster"
 EXPORT = "/srv/nfs/cluster"   # the same host directory, bind-mounted there on every node
 
@@ -123,7 +125,7 @@ def test_blocked_master_port_is_refused_before_torchrun(sandbox_cluster: Provisi
         p = subprocess.run([sys.executable, "-m", "orchestrator", "train", "-i",
                             str(sandbox_cluster.inventory), "--nodes", "3", "--master-port",
                             "29650", "--runs-dir", str(tmp_path / "runs"), "--workdir",
-                            str(Path(__file__).resolve().parents[1] / "jobs"), "ddp_allreduce.py"],
+                            str(JOBS), "ddp_allreduce.py"],
                            cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
     finally:
         sandbox_cluster.exec("node0", "nft", "delete", "table", "inet", table)
@@ -189,6 +191,12 @@ def test_a_node_whose_temporary_directory_is_nearly_full_is_refused_then_warned_
         warned = subprocess.run([sys.executable, "-m", "orchestrator", "preflight", "-i",
                                  str(lowered), "--nodes", "3"], cwd=REPO, env=ENV,
                                 capture_output=True, text=True, timeout=300)
+        filled = subprocess.run([sys.executable, "-m", "orchestrator", "train", "-i",
+                                 str(lowered), "--nodes", "3", "--runs-dir",
+                                 str(tmp_path / "runs"), "--workdir", str(JOBS),
+                                 "fail_on_node.py", "--", "--fail-node", "2", "--how", "fill",
+                                 "--after", "0"], cwd=REPO, env=ENV,
+                                capture_output=True, text=True, timeout=300)
     assert refused.returncode != 0, refused.stdout
     [problem] = [line for line in refused.stdout.splitlines() if line.startswith("problem:")]
     assert problem == ("problem: node2: /tmp has 2 MiB free of 64 MiB, below the 2 GiB a run "
@@ -198,3 +206,13 @@ def test_a_node_whose_temporary_directory_is_nearly_full_is_refused_then_warned_
     assert "warning: node2: /tmp is nearly full: 2 MiB free of 64 MiB (temporary files)" \
         in warned.stdout, warned.stdout
     assert "problem:" not in warned.stdout and "/mnt/cluster" not in warned.stdout
+    # A job that fills it: the run's error and its record say which disk, with its figures.
+    assert filled.returncode != 0, filled.stdout[-3000:]
+    said = re.search(r"run (\S+) failed: node2 exited with code 1 \(rank 2 exited with code 1\) "
+                     r"first; the other nodes were stopped\. It ran out of space \(its ranks "
+                     r"said a disk was full\): on node2, /tmp \(temporary files\) has (\d+) "
+                     r"(KiB|MiB) free of 64 MiB; free some there, or write elsewhere\.",
+                     filled.stderr)
+    assert said, filled.stderr[-3000:]
+    summary = json.loads((tmp_path / "runs" / said[1] / "summary.json").read_text())
+    assert summary["no_space"]["node2"].startswith("/tmp (temporary files) has "), summary

@@ -1,21 +1,24 @@
 """Test job: every rank joins the process group (and says which attempt it is, from
 CLUSTERTRAIN_RECOVERY); the ranks on node --fail-node (-1: every node) then fail --how:
 exit with code 3, raise an exception, die of SIGKILL (as the OOM killer kills), or of
-SIGSEGV (a bad pointer in a C extension: reading address 0). The others keep running (not
-in a collective) until they are stopped."""
+SIGSEGV (a bad pointer in a C extension: reading address 0), or save a 16 MiB checkpoint
+into the temporary directory (fill: on a nearly full one, torch.save fails). The others
+keep running (not in a collective) until they are stopped."""
 import argparse
 import ctypes
 import os
 import signal
 import sys
+import tempfile
 import time
 
+import torch
 import torch.distributed as dist
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--fail-node", type=int, default=1)
 parser.add_argument("--after", type=float, default=2.0)
-parser.add_argument("--how", choices=("exit", "raise", "kill", "segv"), default="exit")
+parser.add_argument("--how", choices=("exit", "raise", "kill", "segv", "fill"), default="exit")
 args = parser.parse_args()
 
 
@@ -37,6 +40,9 @@ if args.fail_node in (node, -1):
         os.kill(os.getpid(), signal.SIGKILL)
     if args.how == "segv":
         crash_in_c()
+    if args.how == "fill":
+        torch.save({"weights": torch.zeros(4 << 20)},
+                   os.path.join(tempfile.gettempdir(), f"ckpt-{dist.get_rank()}.pt"))
     sys.exit(3)
 while True:
     time.sleep(0.5)

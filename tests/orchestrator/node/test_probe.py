@@ -37,19 +37,6 @@ def test_cluster_env_lines_are_read_as_the_shell_would_set_them(tmp_path: Path) 
     assert node.read_cluster_env(str(tmp_path / "missing")) == {}
 
 
-def test_free_space_is_read_once_per_filesystem_and_a_missing_place_is_named(
-        tmp_path: Path) -> None:
-    (tmp_path / "a").mkdir()
-    found = node.space({"share": str(tmp_path), "home": str(tmp_path / "a"),
-                        "tmp": str(tmp_path / "gone")})
-    assert [p["what"] for p in found] == ["share", "tmp"]   # a/ is on the share's filesystem
-    st = os.statvfs(tmp_path)
-    assert found[0]["total"] == st.f_blocks * st.f_frsize and 0 < found[0]["free"] <= \
-        found[0]["total"] and 0 < found[0]["ifree"] <= found[0]["itotal"]
-    assert found[1] == {"what": "tmp", "path": str(tmp_path / "gone"),
-                        "error": "No such file or directory"}
-
-
 def test_a_missing_or_broken_state_file_says_which_and_why(tmp_path: Path) -> None:
     from orchestrator.node.util import read_json_or_why
     assert read_json_or_why(str(tmp_path / "x.json")) == (None, f"{tmp_path}/x.json is missing")

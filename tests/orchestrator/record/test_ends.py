@@ -184,6 +184,24 @@ def test_a_scripts_own_exit_code_is_reported(tmp_path):
         _conclude(run, result, summary)
 
 
+def test_a_node_whose_disk_was_full_says_where_in_the_error_and_the_record(tmp_path):
+    """The supervisor's note (node/space.py) on a rank that died of a full disk."""
+    full = ("node1/rank1 | OSError: [Errno 28] No space left on device\n"
+            "node1/rank1 | [clustertrain] rank 1 finished: exit code 1\n"
+            "node1/torchrun | [clustertrain] out of space: /tmp (temporary files) has "
+            "12 KiB free of 64 MiB\n")
+    assert ends_of(full).no_space == "/tmp (temporary files) has 12 KiB free of 64 MiB"
+    logs = {"node0": "node0/rank0 | waiting\n", "node1": full}
+    run, result, summary = record(tmp_path, logs, {"node0": 143, "node1": 1}, "node1")
+    assert summary["no_space"] == {"node1": "/tmp (temporary files) has 12 KiB free of 64 MiB"}
+    with pytest.raises(LaunchError, match=r"stopped\. It ran out of space \(its ranks said a "
+                       r"disk was full\): on node1, /tmp \(temporary files\) has 12 KiB free "
+                       r"of 64 MiB; free some there, or write elsewhere\."):
+        _conclude(run, result, summary)
+    # A rank cannot make the note: only the supervisor's line (torchrun's stream) counts.
+    assert ends_of("node1/rank1 | [clustertrain] out of space: /x has 0 KiB\n").no_space is None
+
+
 # -- which node a failed run is named after ------------------------------------------------
 
 # node1's worker killed (SIGKILL): node0's rank fails at once in gloo, and node0 ends before
