@@ -49,6 +49,15 @@ def test_a_wheelhouse_on_the_share_without_copying_passes_the_check(tmp_path):
     assert "python_env_wheelhouse_src would make" not in out, out
 
 
+def test_keeping_no_state_is_refused_before_anything_runs(tmp_path):
+    """python_env_keep 0 would remove the state the nodes are about to use."""
+    result = run_role(tmp_path, {"python_env_keep": 0})
+    out = result.stdout + result.stderr
+    assert result.returncode != 0, out
+    assert "python_env_keep must keep at least the current state (1 or more; got '0')" in out
+    assert "changed=0" in out and "Read the environment file" not in out, out
+
+
 # --- the environment is usable by every user ---------------------------------------------
 
 REPAIR_PLAYBOOK = """\
