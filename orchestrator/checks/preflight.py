@@ -26,6 +26,7 @@ from ..cluster.inventory import Cluster, NodeSpec
 from ..errors import PreflightError
 from ..node import fingerprint
 from ..node.busy import Busy, GpuProcess
+from ..node.space import size
 from .probe import NodeFacts, Rendezvous, probe, reach, stop_listener
 
 CLOCK_SKEW_WARN = 2.0  # seconds between the fastest and slowest node clock
@@ -314,8 +315,9 @@ def _judge_space(report: Report) -> None:
                 continue
             free, total = place["free"], place["total"]
             ifree, itotal = place["ifree"], place["itotal"]
-            grows = WHAT_GROWS.get(place["what"], "files")
-            gib = f"{_size(free)} free of {_size(total)}"
+            grows = WHAT_GROWS.get(place["what"], "files") + (
+                "; `clustertrain du` shows whose" if place["what"] == "share" else "")
+            gib = f"{size(free)} free of {size(total)}"
             if free < need * 2**30:
                 report.problems.append(
                     f"{where} has {gib}, below the {need:g} GiB a run needs there "
@@ -332,8 +334,6 @@ def _judge_space(report: Report) -> None:
                                        f"of {itotal} ({grows})")
 
 
-def _size(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
 def _judge_port(report: Report, port: int, strict_port: bool) -> None:

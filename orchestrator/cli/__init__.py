@@ -23,7 +23,7 @@ VERBS = {
     "train": "cmd_train", "attach": "cmd_attach", "notebook": "cmd_notebook",
     "stop": "cmd_stop", "queue": "cmd_queue", "cordon": "cmd_cordon",
     "uncordon": "cmd_cordon", "undrain": "cmd_cordon", "diagnose": "cmd_diagnose",
-    "doctor": "cmd_doctor", "runs": "cmd_runs", "logs": "cmd_runs", "ui": "cmd_ui",
+    "doctor": "cmd_doctor", "du": "cmd_du", "runs": "cmd_runs", "logs": "cmd_runs", "ui": "cmd_ui",
     "provision": "cmd_provision", "wheelhouse": "cmd_wheelhouse", "env": "cmd_env",
     "completion": "cmd_completion",
 }

@@ -77,11 +77,12 @@ def entry(home: str) -> str:
     return f"{lib_dir(home)}/{ENTRY}"
 
 
-def command(python: str, verb: str, *args: str) -> str:
-    """A shell command that runs VERB with the node's PYTHON, or exits MISSING when the
-    node lacks this version."""
+def command(python: str, verb: str, *args: str, sudo: bool = False) -> str:
+    """A shell command that runs VERB with the node's PYTHON (as root through `sudo -n`
+    with SUDO: an admin's call), or exits MISSING when the node lacks this version."""
     script = (f'e={lib_dir()}/{ENTRY}; [ -f "$e" ] || exit {MISSING}; '
-              f'exec {shlex.quote(python)} "$e" {shlex.join([verb, *args])}')
+              f'exec {"sudo -n " if sudo else ""}{shlex.quote(python)} "$e" '
+              f'{shlex.join([verb, *args])}')
     return f"sh -c {shlex.quote(script)}"
 
 
@@ -121,10 +122,12 @@ def ensure(conn: Runs, python: str) -> bool:
 
 
 def call(conn: Runs, python: str, verb: str, *args: str, timeout: float = 60.0,
-         stdin: str | None = None):  # noqa: ANN201 - the connection's Result
-    """Run VERB on the node with its PYTHON; the package is copied first if it lacks it."""
-    result = conn.run(command(python, verb, *args), timeout=timeout, stdin=stdin)
+         stdin: str | None = None, sudo: bool = False):  # noqa: ANN201 - the connection's Result
+    """Run VERB on the node with its PYTHON (as root with SUDO); the package is copied
+    first if it lacks it."""
+    result = conn.run(command(python, verb, *args, sudo=sudo), timeout=timeout, stdin=stdin)
     if result.exit_code == MISSING:
         install(conn, python)
-        result = conn.run(command(python, verb, *args), timeout=timeout, stdin=stdin)
+        result = conn.run(command(python, verb, *args, sudo=sudo), timeout=timeout,
+                          stdin=stdin)
     return result

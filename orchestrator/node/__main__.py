@@ -17,6 +17,7 @@
   standby    a spare of a detached run that may recover: waits for its place (recover.py)
   recovery-plan  write a detached run's recovery plan on the share (JSON on stdin)
   cordon     add a node's cordon or uncordon to the share's record, or list (cordon.py)
+  du         the share's bytes by owner and kind, as JSON (du.py)
   torch      import torch in this Python and say what it sees (fingerprint.py)
   carry      what a job wrote in its working directory, into the next run's (carry.py)
   worker     run one training worker to a clean end (worker.py; torchrun starts it)
@@ -193,7 +194,7 @@ def _release(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- the node's own: busy, envs, allocate, states, cordon, torch, carry -----------------
+# -- the node's own: busy, envs, allocate, states, cordon, du, torch, carry -----------------
 def _busy_arguments(b: argparse.ArgumentParser) -> None:
     b.add_argument("--exclude", metavar="RUN", help="leave this run out (the one launched)")
 
@@ -245,6 +246,15 @@ def _cordon(args: argparse.Namespace) -> int:
     return _print_json(cordon(json.load(sys.stdin)))
 
 
+def _du_arguments(d: argparse.ArgumentParser) -> None:
+    d.add_argument("share")
+
+
+def _du(args: argparse.Namespace) -> int:
+    from .du import usage
+    return _print_json(usage(args.share))
+
+
 def _torch(args: argparse.Namespace) -> int:
     from .fingerprint import checks
     return _print_json(checks())
@@ -278,6 +288,7 @@ VERBS: dict[str, Verb] = {
     "allocate": Verb(_allocate_arguments, _allocate),
     "states": Verb(_states_arguments, _states),
     "cordon": Verb(_no_arguments, _cordon),
+    "du": Verb(_du_arguments, _du),
     "torch": Verb(_no_arguments, _torch),
     "carry": Verb(_carry_arguments, _carry),
 }

@@ -396,8 +396,8 @@ def test_too_little_space_is_refused_naming_the_place_and_nearly_full_is_a_warni
                                          place("tmp", "/tmp", 8, 8, ifree=900)]))
     assert r.problems == [
         "the share /mnt/cluster has 1.5 GiB free of 500.0 GiB, below the 2 GiB a run needs "
-        "there (cluster_min_free_gb): free some (checkpoints, datasets, the runs' snapshots) "
-        "or lower cluster_min_free_gb in the inventory",
+        "there (cluster_min_free_gb): free some (checkpoints, datasets, the runs' snapshots; "
+        "`clustertrain du` shows whose) or lower cluster_min_free_gb in the inventory",
         "node1: /home/alice has 512 MiB free of 100.0 GiB, below the 2 GiB a run needs there "
         "(cluster_min_free_gb): free some (environments under ~/.clustertrain, caches) or "
         "lower cluster_min_free_gb in the inventory",

@@ -1,0 +1,95 @@
+"""What fills the share, by user and by kind (`node.py du`, the node side of `clustertrain
+du`).
+
+Every file's blocks count for its owner (the uid that owns the bytes, not the directory
+they lie in: a directory made in another user's name holds its writer's files) and for a
+kind, from where it lies on the share:
+
+  checkpoints   checkpoints/USER/... (what runs save)
+  run records   checkpoints/USER/.clustertrain/... (the nodes' states, hang dumps, plans)
+  data          data/...
+  wheelhouses   wheelhouse*/... (the environments' packages)
+  other         anything else
+
+A user reads what the share's modes let them: another user's private directory is listed
+as not read, with its owner, and its bytes count nowhere. An admin runs it as root (`du
+--all`, through sudo) and sees everything. Hard links count once.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import stat
+from typing import Any
+
+from .protocol import NODE_STATE_DIR
+from .space import space
+
+KINDS = ("checkpoints", "run records", "data", "wheelhouses", "other")
+
+
+def kind_of(parts: tuple[str, ...]) -> str:
+    """The kind of a path under the share, by its PARTS relative to the share's root."""
+    top = parts[0] if parts else ""
+    if top == "checkpoints":
+        return "run records" if len(parts) > 2 and parts[2] == NODE_STATE_DIR \
+            else "checkpoints"
+    if top == "data":
+        return "data"
+    if top.startswith("wheelhouse"):
+        return "wheelhouses"
+    return "other"
+
+
+def usage(share: str) -> dict[str, Any]:
+    """The share's free space, and its bytes by owner and kind, as JSON: {"share",
+    "free", "total", "users": {name: {kind: bytes}}, "unread": [{"path", "owner",
+    "why"}]}."""
+    users: dict[str, dict[str, int]] = {}
+    unread: list[dict[str, str]] = []
+    seen: set[tuple[int, int]] = set()
+    names: dict[int, str] = {}
+    root = os.path.realpath(share)
+
+    def owner(uid: int) -> str:
+        if uid not in names:
+            try:
+                names[uid] = pwd.getpwuid(uid).pw_name
+            except KeyError:
+                names[uid] = f"uid {uid}"
+        return names[uid]
+
+    def count(st: os.stat_result, parts: tuple[str, ...]) -> None:
+        if st.st_nlink > 1:
+            if (st.st_dev, st.st_ino) in seen:
+                return
+            seen.add((st.st_dev, st.st_ino))
+        mine = users.setdefault(owner(st.st_uid), dict.fromkeys(KINDS, 0))
+        mine[kind_of(parts)] += st.st_blocks * 512
+
+    stack: list[tuple[str, tuple[str, ...]]] = [(root, ())]
+    while stack:
+        path, parts = stack.pop()
+        try:
+            entries = list(os.scandir(path))
+        except OSError as exc:
+            try:
+                who = owner(os.lstat(path).st_uid)
+            except OSError:
+                who = "?"
+            unread.append({"path": path, "owner": who, "why": exc.strerror or str(exc)})
+            continue
+        for entry in entries:
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue   # gone meanwhile
+            here = (*parts, entry.name)
+            count(st, here)
+            if stat.S_ISDIR(st.st_mode):
+                stack.append((entry.path, here))
+    [free] = space({"share": root}) or [{}]
+    return {"share": root, "free": free.get("free"), "total": free.get("total"),
+            "users": {u: k for u, k in sorted(users.items()) if any(k.values())},
+            "unread": sorted(unread, key=lambda u: u["path"])}
