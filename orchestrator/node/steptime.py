@@ -1,5 +1,5 @@
-"""Step times of any script that trains with DistributedDataParallel, without a line of it
-changed: the worker runner (worker.py) installs this before the script runs.
+"""Step times of any script that trains with DistributedDataParallel or FSDP, without a
+line of it changed: the worker runner (worker.py) installs this before the script runs.
 
 When the script imports torch's DDP module, its `DistributedDataParallel.forward` is
 wrapped. A step of a rank is the time from one training forward of its (first) DDP model
@@ -15,7 +15,12 @@ script may print its own:
 
     ##clustertrain beat step_s=OWN wait_s=WAIT samples=N step=K by=ddp
 
-(means over the steps since the last beat). `by=` says the beat is measured, not the
+(means over the steps since the last beat). FSDP (fully_shard, and the older
+FullyShardedDataParallel): a step is the time from one training forward of the outermost
+sharded module to the next, and the beat says `by=fsdp` without `wait_s=`: FSDP keeps no
+timers of its collectives, so its steps are not split into own work and waiting (every
+rank's step then lasts as long as the slowest's: the chart shows the pace, and naming a
+straggler needs DDP's split or the script's beats). `by=` says the beat is measured, not the
 script's: a rank that prints its own beats keeps them (the controller ignores the
 measured ones of that rank). Evaluation forwards (no grad, or the model in eval mode)
 are not steps, and the time around them is not counted.
@@ -28,6 +33,7 @@ library only until torch itself is imported by the script.
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import importlib.machinery
 import os
@@ -41,6 +47,7 @@ from typing import Any
 from .protocol import BEAT_MARKER
 
 DDP_MODULE = "torch.nn.parallel.distributed"
+FSDP_PACKAGE = "torch.distributed.fsdp"
 EMIT_S = 1.0    # a beat at most this often (each step, when steps are longer)
 READ_S = 0.2    # DDP's logging data read at most this often (~0.1 ms a read)
 MAX_RATE = 64   # the reducer's figures at least every this many iterations
@@ -110,6 +117,7 @@ class StepMeter:
     iterations: int = 0               # the reducer's iterations: forwards with grad, synced
     rate: int = 1                     # the reducer's figures every `rate`-th iteration
     synced_wall: float | None = None  # the wall time of the last step that all-reduced
+    by: str = "ddp"                   # what measured the steps (the beat's by=)
 
     def forward(self, training: bool, synced: bool, samples: Callable[[], int | None],
                 iterates: bool | None = None) -> None:
@@ -177,7 +185,7 @@ class StepMeter:
             wait = self.paired_wait / self.paired_wall * self.wall_synced / self.counted
         own = step - (wait or 0.0)
         samples = round(sum(self.samples) / len(self.samples)) if self.samples else None
-        line = beat_line(max(own, 1e-6), wait, samples, self.steps)
+        line = beat_line(max(own, 1e-6), wait, samples, self.steps, self.by)
         self.rate = max(1, min(MAX_RATE, int(self.read_s / 2 / step))) if step > 0 else 1
         self.counted, self.wall_synced, self.wall_local = 0, 0.0, 0.0
         self.paired_wall = self.paired_wait = 0.0
@@ -239,37 +247,99 @@ def instrument(ddp_class: Any, meter: StepMeter, out: Callable[[str], None] = sa
     ddp_class.forward = forward
 
 
-class _Finder(importlib.abc.MetaPathFinder):
-    """Finds torch's DDP module with the finders after it and instruments the module's
-    class once it has run; leaves sys.meta_path then."""
+def instrument_fsdp(fsdp: Any, meter: StepMeter, out: Callable[[str], None] = say) -> None:
+    """Time the steps of the first sharded model that trains: FSDP's package FSDP (torch
+    has imported it) gets a `fully_shard` that also hooks each module it shards, and
+    FullyShardedDataParallel.forward a wrapper; both count a forward only at the outermost
+    sharded module (the inner ones run inside it)."""
+    torch = sys.modules["torch"]
+    depth = [0]                       # sharded forwards going on, nested
+    tracked: list[weakref.ref] = []   # the outermost model that trained first
 
-    def __init__(self, meter: StepMeter) -> None:
-        self.meter = meter
+    def begin(module: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+        depth[0] += 1
+        if depth[0] != 1:
+            return
+        training = torch.is_grad_enabled() and bool(module.training)
+        if not tracked and training:
+            tracked.append(weakref.ref(module))
+        if tracked and tracked[0]() is module:
+            meter.forward(training, True, lambda: batch_size(args, kwargs))
+
+    def end(module: Any) -> None:
+        depth[0] = max(0, depth[0] - 1)
+        if depth[0] == 0 and tracked and tracked[0]() is module:
+            line = meter.beat()
+            if line is not None:
+                out(line)
+
+    shard = getattr(fsdp, "fully_shard", None)
+    if shard is not None:
+        @functools.wraps(shard)
+        def fully_shard(module: Any, *args: Any, **kwargs: Any) -> Any:
+            result = shard(module, *args, **kwargs)
+            for m in module if isinstance(module, (list, tuple)) else [module]:
+                m.register_forward_pre_hook(lambda mod, a, kw: begin(mod, a, kw),
+                                            with_kwargs=True)
+                m.register_forward_hook(lambda mod, a, kw, o: end(mod), with_kwargs=True,
+                                        always_call=True)
+            return result
+
+        fsdp.fully_shard = fully_shard
+    wrapper = getattr(fsdp, "FullyShardedDataParallel", None)
+    if wrapper is not None:
+        original = wrapper.forward
+
+        @functools.wraps(original)
+        def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+            begin(self, args, kwargs)
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                end(self)
+
+        wrapper.forward = forward
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Finds the modules of torch that INSTRUMENTS names ({module: what to do with it once
+    it has run}) with the finders after it; leaves sys.meta_path once all were found."""
+
+    def __init__(self, instruments: dict[str, Callable[[Any], None]]) -> None:
+        self.instruments = instruments
 
     def find_spec(self, fullname: str, path: Sequence[str] | None,
                   target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname != DDP_MODULE:
+        todo = self.instruments.pop(fullname, None)
+        if todo is None:
             return None
-        sys.meta_path.remove(self)
+        if not self.instruments:
+            sys.meta_path.remove(self)
         spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        loader, meter = spec.loader, self.meter
+        loader = spec.loader
         run = loader.exec_module
 
         def exec_module(module: Any) -> None:
             run(module)
             try:
-                instrument(module.DistributedDataParallel, meter)
+                todo(module)
             except Exception as exc:  # noqa: BLE001 - the script runs on, unmeasured
-                print(f"[clustertrain] no step times from DDP: {type(exc).__name__}: {exc}",
-                      file=sys.stderr, flush=True)
+                print(f"[clustertrain] no step times from {fullname}: "
+                      f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
 
         loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
 
 
 def install() -> None:
-    """Time the steps of the DDP model the script will make (when it makes one)."""
-    if DDP_MODULE not in sys.modules:
-        sys.meta_path.insert(0, _Finder(StepMeter()))
+    """Time the steps of the DDP or FSDP model the script will make (when it makes one)."""
+    ddp, fsdp = StepMeter(), StepMeter(by="fsdp")
+    instruments = {
+        DDP_MODULE: lambda m: instrument(m.DistributedDataParallel, ddp),
+        FSDP_PACKAGE: lambda m: instrument_fsdp(m, fsdp),
+    }
+    instruments = {name: f for name, f in instruments.items() if name not in sys.modules}
+    if instruments:
+        sys.meta_path.insert(0, _Finder(instruments))

@@ -3,7 +3,8 @@ prints nothing while it trains (one line at the start and one at the end).
 
 A small MLP on random data, gloo (or CLUSTERTRAIN_BACKEND), one thread per rank, STEPS
 steps of BATCH samples each; --eval-every K runs an evaluation forward every K steps;
---slow-rank R --slow-s S: rank R does S seconds more of its own work per step (a sleep).
+--slow-rank R --slow-s S: rank R does S seconds more of its own work per step (a sleep);
+--fsdp: the model sharded with FSDP's fully_shard (each layer, then the whole) instead.
 """
 import argparse
 import os
@@ -21,6 +22,7 @@ parser.add_argument("--layers", type=int, default=4)
 parser.add_argument("--eval-every", type=int, default=0)
 parser.add_argument("--slow-rank", type=int, default=-1)
 parser.add_argument("--slow-s", type=float, default=0.0)
+parser.add_argument("--fsdp", action="store_true")
 args = parser.parse_args()
 
 torch.set_num_threads(1)
@@ -30,7 +32,15 @@ rank = dist.get_rank()
 layers = []
 for _ in range(args.layers):
     layers += [torch.nn.Linear(args.width, args.width), torch.nn.ReLU()]
-model = DDP(torch.nn.Sequential(*layers, torch.nn.Linear(args.width, 10)))
+model = torch.nn.Sequential(*layers, torch.nn.Linear(args.width, 10))
+if args.fsdp:
+    from torch.distributed.fsdp import fully_shard
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+else:
+    model = DDP(model)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 x = torch.randn(args.batch, args.width)
 y = torch.randint(0, 10, (args.batch,))

@@ -177,6 +177,27 @@ def test_a_plain_ddp_script_gets_step_times_and_the_slow_rank_shows(tmp_path: Pa
     assert "rank 0 done" in outs[0]   # the script's own lines are as they were
 
 
+def test_an_fsdp_script_gets_step_times_of_its_outermost_model(tmp_path: Path) -> None:
+    """fully_shard on each layer, then on the whole: one step per training step (not one
+    per sharded layer), with the batch's samples; no wait (FSDP times no collectives), so
+    the slow rank's peer steps at its pace: both show the slow rank's step time."""
+    pytest.importorskip("torch")
+    outs = run_ranks(tmp_path, "--fsdp", "--steps", "40", "--width", "64", "--layers", "2",
+                     "--slow-rank", "1", "--slow-s", "0.05", "--eval-every", "10")
+    beats = [[b for line in out.splitlines() if (b := parse_beat(line)) is not None]
+             for out in outs]
+    assert all(len(b) >= 2 and all(x.measured for x in b) for b in beats), outs
+    assert all("by=fsdp" in line and "wait_s=" not in line for out in outs
+               for line in out.splitlines() if "##clustertrain beat" in line), outs
+    assert all(x.samples == 64 and x.wait_s is None for b in beats for x in b), beats
+    # Every step counted once: the last beat's step number is the steps so far (less the
+    # first, which has no predecessor to end it), not a multiple of them.
+    assert all(b[-1].step <= 40 for b in beats), beats
+    step = [statistics.median(x.step_s or 0.0 for x in b) for b in beats]
+    assert min(step) > 0.05, (step, beats)   # each waits for the slow rank's sleep
+    assert "rank 0 done" in outs[0]
+
+
 def test_a_script_without_ddp_gets_no_beats(tmp_path: Path) -> None:
     script = tmp_path / "job.py"
     script.write_text("import torch\nprint(torch.nn.Linear(2, 2)(torch.zeros(1, 2)).shape)\n")
