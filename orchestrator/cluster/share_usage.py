@@ -1,6 +1,7 @@
-"""Who fills the share, and with what: `clustertrain du`'s core. The share is read on the
-first node (every node sees the same share), as the caller (what their permissions let
-them read), or with ALL as root through sudo (an admin: everyone's directories)."""
+"""What the share holds and who used the cluster: `du`'s and `usage`'s core. Both read the
+share on the first node (every node sees the same share), as the caller (what their
+permissions let them read), or as root through sudo (EVERYONE: an admin's view of every
+user's directories)."""
 
 from __future__ import annotations
 
@@ -14,24 +15,36 @@ from .inventory import Cluster
 WALK_TIMEOUT = 1800.0   # seconds: a share of millions of files takes minutes to walk
 
 
-def share_usage(cluster: Cluster, everyone: bool = False) -> dict[str, Any]:
-    """node.py du on the first node (node/du.py has the fields); ClusterError naming the
-    node and its words if it cannot be read (for EVERYONE: without sudo, the fix)."""
+def read_share(cluster: Cluster, verb: str, *args: str, everyone: bool = False) -> Any:
+    """node.py VERB SHARE ARGS on the first node, its JSON; ClusterError naming the node
+    and its words if it cannot be read (for EVERYONE without sudo: the fix)."""
     first = cluster.nodes[0]
     conn = ssh.connect(first.name, first.ssh)
     try:
-        result = nodelib.call(conn, first.python, "du", cluster.shared_path,
+        result = nodelib.call(conn, first.python, verb, cluster.shared_path, *args,
                               timeout=WALK_TIMEOUT, sudo=everyone)
     finally:
         conn.close()
     if result.exit_code != 0:
         said = (result.stderr.strip().splitlines() or [f"exit {result.exit_code}"])[-1]
         if everyone and "sudo" in said:
-            raise ClusterError(f"du --all reads every user's directories as root, through "
-                               f"sudo on {first.name}, which refused: {said}. It is for an "
-                               "admin (passwordless sudo); without --all, du shows what "
-                               "you may read")
+            raise ClusterError(f"{verb} --all reads every user's directories as root, "
+                               f"through sudo on {first.name}, which refused: {said}. It is "
+                               f"for an admin (passwordless sudo); without --all, {verb} "
+                               "shows what you may read")
         raise ClusterError(f"{first.name}: cannot read the share {cluster.shared_path}: "
                            f"{said}")
-    found: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def share_usage(cluster: Cluster, everyone: bool = False) -> dict[str, Any]:
+    """The share's bytes by owner and kind (node/du.py has the fields)."""
+    found: dict[str, Any] = read_share(cluster, "du", everyone=everyone)
+    return found
+
+
+def run_usage(cluster: Cluster, since: float, everyone: bool = False) -> dict[str, Any]:
+    """Node- and GPU-hours per user and run since SINCE (node/usage.py has the fields)."""
+    found: dict[str, Any] = read_share(cluster, "usage", "--since", repr(since),
+                                       everyone=everyone)
     return found

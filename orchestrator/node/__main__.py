@@ -18,6 +18,7 @@
   recovery-plan  write a detached run's recovery plan on the share (JSON on stdin)
   cordon     add a node's cordon or uncordon to the share's record, or list (cordon.py)
   du         the share's bytes by owner and kind, as JSON (du.py)
+  usage      node- and GPU-hours per user and run from the records on the share (usage.py)
   torch      import torch in this Python and say what it sees (fingerprint.py)
   carry      what a job wrote in its working directory, into the next run's (carry.py)
   worker     run one training worker to a clean end (worker.py; torchrun starts it)
@@ -194,7 +195,7 @@ def _release(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- the node's own: busy, envs, allocate, states, cordon, du, torch, carry -----------------
+# -- the node's own: busy, envs, allocate, states, cordon, du, usage, torch, carry -----------------
 def _busy_arguments(b: argparse.ArgumentParser) -> None:
     b.add_argument("--exclude", metavar="RUN", help="leave this run out (the one launched)")
 
@@ -255,6 +256,16 @@ def _du(args: argparse.Namespace) -> int:
     return _print_json(usage(args.share))
 
 
+def _usage_arguments(u: argparse.ArgumentParser) -> None:
+    u.add_argument("share")
+    u.add_argument("--since", type=float, default=0.0, help="seconds since the epoch")
+
+
+def _usage(args: argparse.Namespace) -> int:
+    from .usage import usage
+    return _print_json(usage(args.share, args.since))
+
+
 def _torch(args: argparse.Namespace) -> int:
     from .fingerprint import checks
     return _print_json(checks())
@@ -289,6 +300,7 @@ VERBS: dict[str, Verb] = {
     "states": Verb(_states_arguments, _states),
     "cordon": Verb(_no_arguments, _cordon),
     "du": Verb(_du_arguments, _du),
+    "usage": Verb(_usage_arguments, _usage),
     "torch": Verb(_no_arguments, _torch),
     "carry": Verb(_carry_arguments, _carry),
 }

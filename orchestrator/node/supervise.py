@@ -73,6 +73,7 @@ from .ring import Counters, Ring, read_state, resolve, ring_socket
 from .space import out_of_space
 from .statefile import StateFile
 from .stop import stop_tree
+from .usage import gpus_used
 from .util import detach, read_json, read_pid, redirect, tail_text, write_json
 
 HELD_UP = 5 * BEAT      # a loop slower than this: this supervisor itself was held up
@@ -388,7 +389,8 @@ class Supervisor:
         self.left_to_controller: float | None = None  # since when (see TIMEOUT_DUMP_WAIT)
         self.hang = Hang(args, self.peers, self._say_hang)
         self.state = {"node": args.node, "user": getpass.getuser(), "state": "running",
-                      "pid": proc.pid, "started": time.time(), "ring_port": ring.port}
+                      "pid": proc.pid, "started": time.time(), "ring_port": ring.port,
+                      "gpus": gpus_used(args.argv)}   # for `usage`'s GPU-hours
         self.statefile = StateFile(os.path.join(args.state_dir, f"{args.node}.json"),
                                    ring.counters)
         self.statefile.put(self.state)

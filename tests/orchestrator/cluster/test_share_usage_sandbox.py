@@ -1,15 +1,18 @@
-"""`clustertrain du` on the real share, as two real users: bob sees his own bytes and that
-alice's directory is not his to read; alice, an admin, sees everyone's with --all (as root,
-through sudo), which bob is refused."""
+"""`clustertrain du` and `usage` on the real share, as two real users: bob sees his own
+bytes and runs, and that alice's directory is not his to read; alice, an admin, sees
+everyone's with --all (as root, through sudo), which bob is refused."""
 
 from __future__ import annotations
 
 import json
 import secrets
+import time
+from pathlib import Path
 
 import pytest
 
 from ...cluster import ProvisionedCluster, orchestrator
+from ..run.test_train_sandbox import JOBS
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.timeout(600)]
 
@@ -48,3 +51,36 @@ def test_du_shows_each_user_their_own_and_an_admin_everyones(
         assert everyone["total"] > everyone["free"] > 0
     finally:
         sandbox_cluster.exec("node1", "rm", "-rf", mine, hers, check=False)
+
+
+def test_usage_counts_a_real_queued_run_for_its_user_and_an_admin(
+        sandbox_cluster: ProvisionedCluster, tmp_path: Path) -> None:
+    """bob's 2-node run through Slurm's queue with a GPU per node (Slurm's fake GPUs):
+    `usage` gives him its node- and GPU-hours, and alice's records are not his to read;
+    alice's `usage --all` has his run too."""
+    bob = sandbox_cluster.inventories["bob"]
+    since = time.strftime("%Y-%m-%dT%H:%M", time.localtime(time.time() - 60))
+    ran = orchestrator("train", "-i", str(bob), "--queue", "--nodes", "2", "--gpus-per-node",
+                       "1", "--workdir", str(JOBS), "--runs-dir", str(tmp_path / "runs"),
+                       "ddp_allreduce.py", "--", "--steps", "1", timeout=600)
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-2000:]
+    [summary] = (tmp_path / "runs").glob("*/summary.json")
+    run_id = json.loads(summary.read_text())["run_id"]
+
+    mine = orchestrator("usage", "--since", since, "--json", "-i", str(bob), timeout=300)
+    assert mine.returncode == 0, mine.stdout + mine.stderr
+    found = json.loads(mine.stdout)
+    [run] = [r for r in found["runs"] if r["run"] == run_id]
+    assert run["user"] == "bob" and sorted(run["nodes"]) == ["node0", "node1"], run
+    # Each node's part lasted a few seconds; with one GPU each, GPU-hours equal node-hours.
+    assert 0 < run["node_hours"] < 0.1 and run["gpu_hours"] == run["node_hours"], run
+    assert "alice" not in found["users"], found["users"]
+    assert {u["path"]: u["owner"] for u in found["unread"]}.get(
+        "/mnt/cluster/checkpoints/alice") == "alice", found["unread"]
+
+    admin = orchestrator("usage", "--since", since, "--all", "--runs", "-i",
+                         str(sandbox_cluster.inventory), timeout=300)
+    assert admin.returncode == 0, admin.stdout + admin.stderr
+    assert any(line.split()[:3] == [run_id, "bob", "2"] for line in admin.stdout.splitlines()), \
+        admin.stdout
+    assert "not read" not in admin.stdout

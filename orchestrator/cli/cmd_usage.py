@@ -1,0 +1,85 @@
+"""`usage [--since DATE] [--runs] [--all]`: node- and GPU-hours per user (and per run),
+from the runs' records on the share (node/usage.py says how a run is counted)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from datetime import datetime
+from typing import Any
+
+from .. import defaults
+from ..cluster.inventory import load_cluster
+from ..cluster.share_usage import run_usage
+from ..errors import InputError
+
+DEFAULT_DAYS = 30
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    u = sub.add_parser("usage", help="node- and GPU-hours per user and per run",
+                       description="Node-hours and GPU-hours per user (with --runs, per "
+                       "run too) since --since (default: the last 30 days), from the runs' "
+                       "records on the share: every run of every way of starting one "
+                       "(attached, detached, queued, notebooks). Yours; an admin sees "
+                       "everyone's with --all (as root, through sudo). On a Slurm cluster, "
+                       "Slurm's own accounting (sacct) has its jobs too.")
+    u.add_argument("--since", metavar="DATE",
+                   help="YYYY-MM-DD or YYYY-MM-DDTHH:MM (local time)")
+    u.add_argument("--runs", action="store_true", help="a line per run as well")
+    u.add_argument("--all", action="store_true", dest="everyone",
+                   help="every user's records, read as root (sudo on the first node)")
+    u.add_argument("--json", action="store_true", help="print the figures as JSON")
+    u.add_argument("-i", "--inventory", default=str(defaults.INVENTORY))
+    u.set_defaults(func=_usage)
+
+
+def since_of(text: str | None, now: float) -> float:
+    """--since as seconds since the epoch (InputError naming the forms it takes)."""
+    if text is None:
+        return now - DEFAULT_DAYS * 86400
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        raise InputError(f"usage --since {text!r}: not a date; give YYYY-MM-DD or "
+                         "YYYY-MM-DDTHH:MM (local time)") from None
+
+
+def _usage(args: argparse.Namespace) -> int:
+    since = since_of(args.since, time.time())
+    found = run_usage(load_cluster(args.inventory), since, args.everyone)
+    if args.json:
+        print(json.dumps(found, indent=2))
+        return 0
+    for line in table(found, args.runs):
+        print(line)
+    return 0
+
+
+def _when(t: float | None) -> str:
+    return "running" if t is None else datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M")
+
+
+def table(found: dict[str, Any], runs: bool = False) -> list[str]:
+    """A row per user (the most GPU-hours, then node-hours, first), with --runs a row per
+    run; then the records that could not be read."""
+    lines = [f"since {_when(found['since'])}",
+             f"{'USER':<12}{'RUNS':>6}{'NODE-HOURS':>12}{'GPU-HOURS':>11}"]
+    users = sorted(found["users"].items(),
+                   key=lambda u: (-u[1]["gpu_hours"], -u[1]["node_hours"], u[0]))
+    for user, t in users:
+        lines.append(f"{user:<12}{t['runs']:>6}{t['node_hours']:>12.2f}{t['gpu_hours']:>11.2f}")
+    if not users:
+        lines.append("(no run in that time)")
+    if runs and found["runs"]:
+        lines.append(f"{'RUN':<28}{'USER':<10}{'NODES':>6}{'NODE-HOURS':>12}{'GPU-HOURS':>11}"
+                     "  START             END")
+        for r in sorted(found["runs"], key=lambda r: r["start"]):
+            lines.append(f"{r['run']:<28}{r['user']:<10}{len(r['nodes']):>6}"
+                         f"{r['node_hours']:>12.2f}{r['gpu_hours']:>11.2f}  "
+                         f"{_when(r['start']):<17} {_when(r['end'])}")
+    for u in found.get("unread") or []:
+        lines.append(f"not read: {u['path']} (owned by {u['owner']}): {u['why']}; an admin "
+                     "sees it with usage --all")
+    return lines

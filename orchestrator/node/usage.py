@@ -1,0 +1,128 @@
+"""Who used the cluster, and how much (`node.py usage`, the node side of `clustertrain
+usage`): node-hours and GPU-hours per user and per run, from the runs' records on the
+share (checkpoints/USER/.clustertrain/runs/RUN/NODE.json, each node's part as its
+supervisor wrote it: its user, when it started and ended, the GPUs it used).
+
+A part still running counts until its state's last writing (its supervisor rewrites it
+every few seconds). Only the time inside the window counts (SINCE to now). As for `du`,
+a user reads the records the share's modes let them (their own); an admin reads
+everyone's as root (`usage --all`, through sudo).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import time
+from typing import Any
+
+from .protocol import NODE_STATE_DIR
+from .util import read_json
+
+HOUR = 3600.0
+
+
+def gpus_used(argv: list[str], environ: dict[str, str] | os._Environ[str] = os.environ,
+              devices: int | None = None) -> int:
+    """The GPUs a node's part of a run uses: those CUDA_VISIBLE_DEVICES shows it (Slurm's
+    choice), else as many of the node's GPUs (DEVICES, /dev/nvidiaN by default) as
+    torchrun starts processes (--nproc-per-node N; `gpu` or `auto`: all of them)."""
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    if devices is None:
+        devices = len(glob.glob("/dev/nvidia[0-9]*"))
+    if not devices:
+        return 0
+    nproc = next((argv[i + 1] for i, a in enumerate(argv[:-1])
+                  if a in ("--nproc-per-node", "--nproc_per_node")), None)
+    nproc = nproc or next((a.split("=", 1)[1] for a in argv
+                           if a.startswith(("--nproc-per-node=", "--nproc_per_node="))), None)
+    return min(devices, int(nproc)) if nproc and nproc.isdigit() else devices
+
+
+def part(state: dict[str, Any], since: float, now: float) -> tuple[float, float] | None:
+    """Seconds of one node's part inside [SINCE, NOW], and its GPU-seconds; None for a
+    state that says no start."""
+    started = state.get("started")
+    if not isinstance(started, (int, float)):
+        return None
+    end = next((t for t in (state.get("ended"), state.get("time"))
+                if isinstance(t, (int, float))), started)
+    seconds = max(0.0, min(float(end), now) - max(float(started), since))
+    gpus = state.get("gpus")
+    return seconds, seconds * (gpus if isinstance(gpus, int) and gpus > 0 else 0)
+
+
+def usage(share: str, since: float = 0.0, now: float | None = None) -> dict[str, Any]:
+    """{"since", "runs": [{"run", "user", "nodes", "start", "end", "node_hours",
+    "gpu_hours"}], "users": {user: {"runs", "node_hours", "gpu_hours"}}, "unread": [{"path",
+    "owner", "why"}]}: the records of every user this process may read."""
+    now = time.time() if now is None else now
+    runs: list[dict[str, Any]] = []
+    unread: list[dict[str, str]] = []
+    top = os.path.join(share, "checkpoints")
+    try:
+        users = sorted(os.listdir(top))
+    except OSError as exc:
+        return {"since": since, "runs": [], "users": {}, "unread": [
+            {"path": top, "owner": "?", "why": exc.strerror or str(exc)}]}
+    for user in users:
+        records = os.path.join(top, user, NODE_STATE_DIR, "runs")
+        try:
+            ids = sorted(os.listdir(records))
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            unread.append({"path": os.path.join(top, user), "owner": _owner(top, user),
+                           "why": exc.strerror or str(exc)})
+            continue
+        for run_id in ids:
+            found = _run(os.path.join(records, run_id), run_id, user, since, now)
+            if found is not None:
+                runs.append(found)
+    totals: dict[str, dict[str, Any]] = {}
+    for r in runs:
+        t = totals.setdefault(r["user"], {"runs": 0, "node_hours": 0.0, "gpu_hours": 0.0})
+        t["runs"] += 1
+        t["node_hours"] += r["node_hours"]
+        t["gpu_hours"] += r["gpu_hours"]
+    return {"since": since, "runs": runs,
+            "users": {u: {**t, "node_hours": round(t["node_hours"], 3),
+                          "gpu_hours": round(t["gpu_hours"], 3)}
+                      for u, t in sorted(totals.items())},
+            "unread": unread}
+
+
+def _run(path: str, run_id: str, user: str, since: float,
+         now: float) -> dict[str, Any] | None:
+    """One run's use inside the window, from its nodes' state files; None if none of its
+    time falls inside it."""
+    nodes, seconds, gpu_seconds = [], 0.0, 0.0
+    starts, ends = [], []
+    for file in sorted(glob.glob(os.path.join(path, "*.json"))):
+        state = read_json(file)
+        if not isinstance(state, dict) or "node" not in state:
+            continue   # not a node's state (a recovery plan, a decision)
+        counted = part(state, since, now)
+        if counted is None:
+            continue
+        nodes.append(str(state["node"]))
+        seconds += counted[0]
+        gpu_seconds += counted[1]
+        starts.append(float(state["started"]))
+        ends.append(state.get("ended"))
+    if not nodes or seconds <= 0:
+        return None
+    ended = [float(e) for e in ends if isinstance(e, (int, float))]
+    return {"run": run_id, "user": user, "nodes": nodes, "start": min(starts),
+            "end": max(ended) if len(ended) == len(ends) else None,
+            "node_hours": round(seconds / HOUR, 4), "gpu_hours": round(gpu_seconds / HOUR, 4)}
+
+
+def _owner(top: str, user: str) -> str:
+    try:
+        return pwd.getpwuid(os.stat(os.path.join(top, user)).st_uid).pw_name
+    except (OSError, KeyError):
+        return user

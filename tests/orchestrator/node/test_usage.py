@@ -1,0 +1,86 @@
+"""`usage`: node- and GPU-hours from the runs' records on the share, over a recorded set of
+runs of two users, checked against figures computed by hand."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cli.cmd_usage import since_of, table
+from orchestrator.errors import InputError
+from orchestrator.node import usage
+
+NOW = 1_800_000_000.0
+H = 3600.0
+SINCE = NOW - 24 * H
+
+
+def record(share: Path, user: str, run: str, node: str, **state) -> None:
+    path = share / "checkpoints" / user / ".clustertrain" / "runs" / run / f"{node}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"node": node, "user": user, **state}))
+
+
+@pytest.fixture
+def share(tmp_path: Path) -> Path:
+    # alice: 2 nodes x 2 h with 4 GPUs each, ended: 4 node-hours, 16 GPU-hours.
+    for node in ("node0", "node1"):
+        record(tmp_path, "alice", "a1", node, started=NOW - 5 * H, ended=NOW - 3 * H,
+               state="ended", gpus=4)
+    # alice: running on one CPU node for 29 minutes so far (its state last written 1 min
+    # ago): 0.4833 node-hours, no GPU.
+    record(tmp_path, "alice", "a2", "node2", started=NOW - 30 * 60, time=NOW - 60,
+           state="running", gpus=0)
+    # bob: 3 nodes with 2 GPUs each from 1 h before the window to 1 h into it: only the
+    # hour inside counts, 3 node-hours, 6 GPU-hours. A recovery plan beside them is no
+    # node's state.
+    for node in ("node0", "node1", "node2"):
+        record(tmp_path, "bob", "b1", node, started=SINCE - H, ended=SINCE + H, gpus=2)
+    (tmp_path / "checkpoints/bob/.clustertrain/runs/b1/plan.json").write_text('{"nodes": []}')
+    # bob: a run over before the window: not counted.
+    record(tmp_path, "bob", "b0", "node0", started=SINCE - 5 * H, ended=SINCE - 4 * H, gpus=8)
+    # carol has a directory and no run yet.
+    (tmp_path / "checkpoints" / "carol").mkdir()
+    return tmp_path
+
+
+def test_hours_per_user_and_run_are_the_hand_computed_figures(share: Path) -> None:
+    found = usage.usage(str(share), SINCE, NOW)
+    assert found["users"] == {
+        "alice": {"runs": 2, "node_hours": round(4 + 29 / 60, 3), "gpu_hours": 16.0},
+        "bob": {"runs": 1, "node_hours": 3.0, "gpu_hours": 6.0}}
+    runs = {r["run"]: r for r in found["runs"]}
+    assert set(runs) == {"a1", "a2", "b1"}
+    assert runs["a1"]["nodes"] == ["node0", "node1"] and runs["a1"]["end"] == NOW - 3 * H
+    assert runs["a2"]["end"] is None and runs["a2"]["node_hours"] == round(29 / 60, 4)
+    assert runs["b1"]["start"] == SINCE - H and runs["b1"]["gpu_hours"] == 6.0
+    assert found["unread"] == []
+
+
+def test_the_table_puts_the_most_gpu_hours_first_and_lists_runs(share: Path) -> None:
+    lines = table(usage.usage(str(share), SINCE, NOW), runs=True)
+    assert lines[1].split() == ["USER", "RUNS", "NODE-HOURS", "GPU-HOURS"]
+    assert lines[2].split() == ["alice", "2", "4.48", "16.00"]
+    assert lines[3].split() == ["bob", "1", "3.00", "6.00"]
+    rows = [line.split() for line in lines[5:]]
+    assert [r[0] for r in rows] == ["b1", "a1", "a2"]   # by start
+    assert rows[2][-1] == "running"
+
+
+def test_the_gpus_a_nodes_part_uses() -> None:
+    assert usage.gpus_used([], {"CUDA_VISIBLE_DEVICES": "0,1"}) == 2   # Slurm's choice
+    assert usage.gpus_used([], {"CUDA_VISIBLE_DEVICES": ""}) == 0
+    argv = ["torchrun", "--nnodes", "2", "--nproc-per-node", "4", "x.py"]
+    assert usage.gpus_used(argv, {}, devices=8) == 4
+    assert usage.gpus_used(["torchrun", "--nproc_per_node=gpu"], {}, devices=8) == 8
+    assert usage.gpus_used(argv, {}, devices=0) == 0
+
+
+def test_a_date_that_is_not_one_is_refused_naming_the_forms() -> None:
+    assert since_of("2026-11-01", NOW) < NOW
+    assert since_of(None, NOW) == NOW - 30 * 86400
+    with pytest.raises(InputError, match=r"usage --since '1 week': not a date; give "
+                                         r"YYYY-MM-DD"):
+        since_of("1 week", NOW)
