@@ -299,6 +299,26 @@ def test_verb_states_reads_the_nodes_states_and_hang_dumps(node: Node, tmp_path:
     assert said["hang"] == {"n0": {"node": "n0", "ranks": []}}
 
 
+@covers("du")
+def test_verb_du_counts_the_shares_bytes_by_owner_and_kind(node: Node, tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "x.bin").write_bytes(b"\0" * (1 << 20))
+    said = last_json(node.verb("du", str(tmp_path)))
+    assert isinstance(said, dict) and said["unread"] == []
+    assert [k["data"] >= 1 << 20 for k in said["users"].values()] == [True]
+
+
+@covers("usage")
+def test_verb_usage_reads_the_runs_records(node: Node, tmp_path: Path) -> None:
+    runs = tmp_path / "checkpoints" / "alice" / ".clustertrain" / "runs" / "r1"
+    runs.mkdir(parents=True)
+    (runs / "n0.json").write_text(json.dumps({"node": "n0", "started": 1000.0,
+                                              "ended": 4600.0, "gpus": 2}))
+    said = last_json(node.verb("usage", str(tmp_path), "--since", "0"))
+    assert isinstance(said, dict)
+    assert said["users"] == {"alice": {"runs": 1, "node_hours": 1.0, "gpu_hours": 2.0}}
+
+
 @covers("recovery-plan", "standby")
 def test_verb_standby_follows_the_plan_a_detached_run_recovers_by(node: Node,
                                                                   tmp_path: Path) -> None:
