@@ -46,9 +46,8 @@ def test_a_sandbox_comes_up_and_goes_down_with_the_installed_tool(installed_tool
 def test_the_installed_tool_provisions_the_shared_cluster_again_without_change(
         installed_tool, sandbox_cluster):
     """site.yml run again, as `provision` runs it (`make demo` provisions with it): task by
-    task as it goes, then a recap in which no host changed (tests/roles/
-    test_python_env_sandbox.py runs it with a changed environment under a running job;
-    tests/e2e on one node after its restart)."""
+    task as it goes, then a recap in which no host changed. The one re-run of the whole
+    site.yml on the shared cluster (tests/e2e re-runs it after a node's restart)."""
     proc = installed_tool.run("clustertrain", "provision", "-i", str(sandbox_cluster.inventory),
                               timeout=1200)
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-2000:]
