@@ -32,15 +32,17 @@ rank = dist.get_rank()
 layers = []
 for _ in range(args.layers):
     layers += [torch.nn.Linear(args.width, args.width), torch.nn.ReLU()]
-model = torch.nn.Sequential(*layers, torch.nn.Linear(args.width, 10))
+net = torch.nn.Sequential(*layers, torch.nn.Linear(args.width, 10))
+model: torch.nn.Module
 if args.fsdp:
     from torch.distributed.fsdp import fully_shard
-    for layer in model:
+    for layer in net:
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer)
-    fully_shard(model)
+    fully_shard(net)
+    model = net
 else:
-    model = DDP(model)
+    model = DDP(net)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 x = torch.randn(args.batch, args.width)
 y = torch.randint(0, 10, (args.batch,))
