@@ -19,12 +19,12 @@ as not read, with its owner, and its bytes count nowhere. An admin runs it as ro
 from __future__ import annotations
 
 import os
-import pwd
 import stat
 from typing import Any
 
 from .protocol import NODE_STATE_DIR
 from .space import space
+from .util import owner_of, user_name
 
 KINDS = ("checkpoints", "run records", "data", "wheelhouses", "other")
 
@@ -49,23 +49,14 @@ def usage(share: str) -> dict[str, Any]:
     users: dict[str, dict[str, int]] = {}
     unread: list[dict[str, str]] = []
     seen: set[tuple[int, int]] = set()
-    names: dict[int, str] = {}
     root = os.path.realpath(share)
-
-    def owner(uid: int) -> str:
-        if uid not in names:
-            try:
-                names[uid] = pwd.getpwuid(uid).pw_name
-            except KeyError:
-                names[uid] = f"uid {uid}"
-        return names[uid]
 
     def count(st: os.stat_result, parts: tuple[str, ...]) -> None:
         if st.st_nlink > 1:
             if (st.st_dev, st.st_ino) in seen:
                 return
             seen.add((st.st_dev, st.st_ino))
-        mine = users.setdefault(owner(st.st_uid), dict.fromkeys(KINDS, 0))
+        mine = users.setdefault(user_name(st.st_uid), dict.fromkeys(KINDS, 0))
         mine[kind_of(parts)] += st.st_blocks * 512
 
     stack: list[tuple[str, tuple[str, ...]]] = [(root, ())]
@@ -74,11 +65,8 @@ def usage(share: str) -> dict[str, Any]:
         try:
             entries = list(os.scandir(path))
         except OSError as exc:
-            try:
-                who = owner(os.lstat(path).st_uid)
-            except OSError:
-                who = "?"
-            unread.append({"path": path, "owner": who, "why": exc.strerror or str(exc)})
+            unread.append({"path": path, "owner": owner_of(path),
+                           "why": exc.strerror or str(exc)})
             continue
         for entry in entries:
             try:

@@ -90,7 +90,7 @@ def out_of_space(log: str, share: str | None) -> str | None:
     if not known:
         return f"{NO_SPACE_MARKER} its output says a disk was full; free space unknown"
     full = min(known, key=_room)
-    inodes = bool(full["itotal"]) and full["ifree"] / full["itotal"] < full["free"] / full["total"]
+    inodes = _room(full) < full["free"] / full["total"]   # its inodes ran out first
     figures = (f"{full['ifree']} inodes free of {full['itotal']}" if inodes
                else f"{size(full['free'])} free of {size(full['total'])}")
     return f"{NO_SPACE_MARKER} {full['path']} ({full['what']}) has {figures}"

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import glob
 import os
-import pwd
 import time
 from typing import Any
 
 from .protocol import NODE_STATE_DIR
-from .util import read_json
+from .util import owner_of, read_json
 
 HOUR = 3600.0
 
@@ -75,7 +74,8 @@ def usage(share: str, since: float = 0.0, now: float | None = None) -> dict[str,
         except FileNotFoundError:
             continue
         except OSError as exc:
-            unread.append({"path": os.path.join(top, user), "owner": _owner(top, user),
+            mine = os.path.join(top, user)
+            unread.append({"path": mine, "owner": owner_of(mine),
                            "why": exc.strerror or str(exc)})
             continue
         for run_id in ids:
@@ -120,9 +120,3 @@ def _run(path: str, run_id: str, user: str, since: float,
             "end": max(ended) if len(ended) == len(ends) else None,
             "node_hours": round(seconds / HOUR, 4), "gpu_hours": round(gpu_seconds / HOUR, 4)}
 
-
-def _owner(top: str, user: str) -> str:
-    try:
-        return pwd.getpwuid(os.stat(os.path.join(top, user)).st_uid).pw_name
-    except (OSError, KeyError):
-        return user

@@ -3,8 +3,10 @@ wrote, and what /proc says of a process (standard library only)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import pwd
 import sys
 from typing import Any, NamedTuple
 
@@ -139,3 +141,20 @@ def last_lines(path: str, n: int) -> list[str]:
             return [line.rstrip() for line in fh.read().splitlines() if line.strip()][-n:]
     except OSError:
         return []
+
+
+@functools.cache
+def user_name(uid: int) -> str:
+    """The login name of UID, or `uid N` for one the node does not know."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def owner_of(path: str) -> str:
+    """The name of PATH's owner (`?` if it cannot be looked at)."""
+    try:
+        return user_name(os.lstat(path).st_uid)
+    except OSError:
+        return "?"
