@@ -76,11 +76,15 @@ unit: test-deps test-venv
 molecule: test-deps test-venv
 	cd $(CURDIR) && $(BIN)/molecule test -s $(SCENARIO)
 
-# Sandbox and end-to-end tests in one session: they share one cluster provisioned by site.yml.
-# One at a time: they share the cluster, and some measure its nodes' speed.
+# Sandbox and end-to-end tests in one session: they share a cluster provisioned by site.yml.
+# One at a time on a cluster: they share its nodes, and some measure their speed. LANES=2
+# (make test) runs two at once, each on a cluster of its own (CLUSTERTRAIN_TEST_SANDBOX=A,B),
+# a test file at a time per lane.
 SANDBOX_SELECT ?= sandbox or e2e
+LANES ?= 1
 sandbox-tests: test-deps test-venv
-	$(BIN)/pytest -m "$(SANDBOX_SELECT)" -q --durations=30
+	$(BIN)/pytest -m "$(SANDBOX_SELECT)" -q --durations=30 \
+	  $(if $(filter-out 1,$(LANES)),-n $(LANES) --dist loadfile --no-loadscope-reorder)
 
 # The scenarios whose converge or checks are not the shared cluster's: `firewall`
 # (node-by-node admin networks, the rollback), `common` (members in /etc/hosts; the shared
@@ -120,19 +124,18 @@ bench: test-deps test-venv
 	$(PY) bench/report.py
 	$(PY) bench/ring_mac.py
 
-# Everything CI runs (.ci/run calls this). The sandbox tests' shared cluster
-# (tests/shared_cluster.py: sandbox up, then site.yml) is made in the background while the
-# unit tests run: site.yml keeps about one core busy and the unit tests mostly wait on
-# processes, so each takes little from the other (in a session of its own, so that a
-# failing unit stage stops it; the cluster is removed on every exit). Then, beside the
-# shared cluster's tests, at nice 19, their output kept until those end: lint (CPU only,
-# nothing timed: beside the unit tests and the provisioning it kept the cluster waiting),
-# the sandbox tests that make sandboxes of their own (marker own_sandbox), then molecule's
-# scenarios one at a time. They mostly wait on containers and SSH, and the shared
-# cluster's tests leave about half of the two cores idle (waiting on their runs); beside
-# the provisioning they would slow it threefold. The sandbox tests run in the foreground: a
-# command put in the background by a script ignores SIGINT, and the tests send Ctrl-C to
-# the trains they start. The failed tests are named again at the very end.
+# Everything CI runs (.ci/run calls this). The sandbox tests' two shared clusters
+# (tests/shared_cluster.py: sandbox up, then their site.yml runs at once) are made in the
+# background while the unit tests run (in a session of its own, so that a failing unit stage
+# stops it; the clusters are removed on every exit). Then the sandbox tests in two lanes,
+# each on a cluster of its own (a test file at a time, the files with a long test first),
+# and beside them, at nice 19, their output kept until those end: lint (CPU only, nothing
+# timed), the sandbox tests that make sandboxes of their own (marker own_sandbox), then
+# molecule's scenarios one at a time (they mostly wait on containers and SSH). One lane took
+# 40 minutes; two keep the two cores busy (1.7 of them on average, measured) for about 26.
+# The sandbox tests run in the foreground: a command put in the background by a script
+# ignores SIGINT, and the tests send Ctrl-C to the trains they start. The failed tests are
+# named again at the very end.
 READY := .cache/sandbox-ready
 FAILED := .cache/failed-tests
 SHARED := .cache/shared-cluster
@@ -141,18 +144,19 @@ test: test-deps test-venv
 	rm -f $(READY) $(READY).gone $(SHARED).* $(FAILED) .cache/molecule-logs/all.log; \
 	export CLUSTERTRAIN_TEST_FAILURES=$(CURDIR)/$(FAILED); \
 	name=$${CLUSTERTRAIN_TEST_SANDBOX_PREFIX:-}cl-$$(od -An -N3 -tx1 /dev/urandom | tr -d ' \n'); \
-	trap '$(PY) -m tests.shared_cluster down '"$$name"' >/dev/null 2>&1' EXIT; \
+	names="$$name-a $$name-b"; \
+	trap '$(PY) -m tests.shared_cluster down '"$$names"' >/dev/null 2>&1' EXIT; \
 	failed() { [ -s $(FAILED) ] && { echo "the failed tests (their output is above):"; \
 	  cat $(FAILED); }; }; \
-	echo "making the shared cluster $$name beside the unit tests ($(SHARED).log)"; \
-	setsid sh -c '$(PY) -m tests.shared_cluster up "$$1" >$(SHARED).json 2>$(SHARED).log; \
-	  echo $$? >$(SHARED).rc' sh "$$name" & prov=$$!; started=$$(date +%s); \
+	echo "making the shared clusters $$names beside the unit tests ($(SHARED).log)"; \
+	setsid sh -c '$(PY) -m tests.shared_cluster up $$1 >$(SHARED).json 2>$(SHARED).log; \
+	  echo $$? >$(SHARED).rc' sh "$$names" & prov=$$!; started=$$(date +%s); \
 	$(PYTEST_UNIT) -m "not sandbox and not e2e" --durations=10; rc=$$?; \
 	echo "the unit tests ended $$(( $$(date +%s) - started )) s after they were begun"; \
 	if [ $$rc -ne 0 ]; then kill -TERM -- -$$prov 2>/dev/null; wait $$prov; failed; \
 	  exit $$rc; fi; \
 	wait $$prov; cat $(SHARED).log; \
-	echo "the shared cluster was ready $$(( $$(date +%s) - started )) s after it was begun"; \
+	echo "the shared clusters were ready $$(( $$(date +%s) - started )) s after they were begun"; \
 	[ "$$(cat $(SHARED).rc 2>/dev/null)" = 0 ] || exit 1; \
 	( while [ ! -e $(READY) ]; do [ -e $(READY).gone ] && exit 1; sleep 5; done; \
 	  nice -n 19 $(MAKE) --no-print-directory lint; lint=$$?; \
@@ -162,8 +166,8 @@ test: test-deps test-venv
 	  mol=$$?; [ $$lint -eq 0 ] && [ $$own -eq 0 ] && [ $$mol -eq 0 ] \
 	) >.cache/molecule-logs/all.log 2>&1 & \
 	molecule=$$!; \
-	CLUSTERTRAIN_TEST_SANDBOX=$$name CLUSTERTRAIN_TEST_READY_FILE=$(READY) \
-	  $(MAKE) --no-print-directory sandbox-tests \
+	CLUSTERTRAIN_TEST_SANDBOX=$$name-a,$$name-b CLUSTERTRAIN_TEST_READY_FILE=$(READY) \
+	  $(MAKE) --no-print-directory sandbox-tests LANES=2 \
 	  SANDBOX_SELECT="(sandbox or e2e) and not own_sandbox"; rc=$$?; \
 	touch $(READY).gone; wait $$molecule; mol=$$?; \
 	[ -e .cache/molecule-logs/all.log ] && cat .cache/molecule-logs/all.log; \

@@ -26,6 +26,13 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         out.write(f"FAILED {report.nodeid} ({report.when}): {why[0][:400]}\n")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files that hold a long test (marker `long`) first: make test's two lanes take a
+    file at a time in this order (pytest-xdist, --dist loadfile --no-loadscope-reorder)."""
+    first = {item.path for item in items if item.get_closest_marker("long")}
+    items.sort(key=lambda item: item.path not in first)
+
+
 @pytest.fixture
 def sandbox_name():
     """A sandbox name unique to this test run; whatever it left behind is removed after the test."""
@@ -62,7 +69,9 @@ def sandbox_cluster():
     The cluster runs Slurm (two fake GPUs per node, a test double), as a shared site does;
     runs that do not ask for its queue start over SSH as on any cluster.
     CLUSTERTRAIN_TEST_SANDBOX names one made beforehand (make test makes it beside the unit
-    tests), which the session leaves as it found it; without it, the session makes its own."""
+    tests), which the session leaves as it found it; without it, the session makes its own.
+    Several names, comma-separated, are lanes: pytest-xdist's worker N takes the Nth (make
+    test runs two lanes, each on its own cluster, so that no test shares its nodes)."""
     import json
     import secrets
     import sys
@@ -78,8 +87,10 @@ def sandbox_cluster():
                                   {n["name"]: n["container"] for n in info["nodes"]},
                                   {u: Path(v["inventory"]) for u, v in info["users"].items()})
 
-    reuse = os.environ.get("CLUSTERTRAIN_TEST_SANDBOX")
-    if reuse:
+    lanes = [n for n in os.environ.get("CLUSTERTRAIN_TEST_SANDBOX", "").split(",") if n]
+    if lanes:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+        reuse = lanes[int(worker.removeprefix("gw")) % len(lanes)]
         st = orchestrator("sandbox", "status", "--name", reuse, "--json")
         assert st.returncode == 0, st.stderr
         _say_ready(reuse)
@@ -87,7 +98,8 @@ def sandbox_cluster():
         return
     name = f"{NAME_PREFIX}cl-{secrets.token_hex(3)}"
     try:
-        info = shared_cluster.up(name, say=lambda line: print("\n" + line, file=sys.stderr))
+        [info] = shared_cluster.up([name],
+                                   say=lambda line: print("\n" + line, file=sys.stderr))
     except shared_cluster.ProvisionFailed as exc:
         pytest.fail(f"the shared cluster {name} could not be made: {exc}")
     _say_ready(name)

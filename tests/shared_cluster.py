@@ -2,26 +2,29 @@
 by the real site.yml (the wheelhouse and a generated dataset on its share), reached only
 through a bastion as the non-root user alice; one outsider on its network; Slurm with two
 fake GPUs per node (a test double). The `sandbox_cluster` fixture (tests/conftest.py) makes
-one, or uses the one CLUSTERTRAIN_TEST_SANDBOX names; `make test` makes it with this module
-beside lint and the unit tests (provisioning takes minutes, mostly of one core), and for
-daily work a developer makes one and keeps it:
+one, or uses the one CLUSTERTRAIN_TEST_SANDBOX names; `make test` makes two with this
+module beside the unit tests (provisioning takes minutes, mostly of one core) and runs the
+sandbox tests in two lanes, each on a cluster of its own. For daily work a developer makes
+one (or two) and keeps it:
 
-    python -m tests.shared_cluster up NAME      # prints the sandbox's JSON (sandbox status)
+    python -m tests.shared_cluster up NAME [NAME2]   # prints the sandboxes' JSON
     CLUSTERTRAIN_TEST_SANDBOX=NAME make sandbox-tests
-    python -m tests.shared_cluster down NAME
+    CLUSTERTRAIN_TEST_SANDBOX=NAME,NAME2 make sandbox-tests LANES=2
+    python -m tests.shared_cluster down NAME [NAME2]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .cluster import BIN, REPO, orchestrator, run
+from .cluster import BIN, ENV, REPO, orchestrator, run
 
 WHEELHOUSE = REPO / ".cache" / "wheelhouse"   # built once per checkout, linked into shares
 
@@ -30,35 +33,50 @@ class ProvisionFailed(Exception):
     """A step of making the shared cluster failed; the message holds its output."""
 
 
-def up(name: str, say: Callable[[str], None] = print) -> dict[str, Any]:
-    """Make and provision the sandbox NAME; its `sandbox up --json` description. On failure
-    the sandbox is removed again and ProvisionFailed says which step and why."""
-    started = time.monotonic()
-    made = orchestrator("sandbox", "up", "--nodes", "3", "--outsiders", "1", "--bastion",
-                        "--slurm", "--name", name, "--json")
-    if made.returncode != 0:
-        raise ProvisionFailed(f"sandbox up: {made.stdout[-3000:]}{made.stderr[-3000:]}")
-    say(f"{name}: sandbox up took {time.monotonic() - started:.0f} s")
-    started = time.monotonic()
+def up(names: list[str], say: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """Make and provision the sandboxes NAMES, one per lane of tests (make test runs two
+    lanes, each on a cluster of its own); their `sandbox up --json` descriptions. What they
+    share is made once (the wheelhouse); their site.yml runs go at once. On failure every
+    one is removed again and ProvisionFailed says which step and why."""
+    infos: list[dict[str, Any]] = []
     try:
-        info: dict[str, Any] = json.loads(made.stdout)
-        share = Path(info["share"])
+        for name in names:   # one after another: the first may build the node image
+            started = time.monotonic()
+            made = orchestrator("sandbox", "up", "--nodes", "3", "--outsiders", "1",
+                                "--bastion", "--slurm", "--name", name, "--json")
+            if made.returncode != 0:
+                raise ProvisionFailed(f"sandbox up {name}: {made.stdout[-3000:]}"
+                                      f"{made.stderr[-3000:]}")
+            infos.append(json.loads(made.stdout))
+            say(f"{name}: sandbox up took {time.monotonic() - started:.0f} s")
+        started = time.monotonic()
         wh = orchestrator("wheelhouse", "--env", "environment.yml", "--dest", str(WHEELHOUSE))
         if wh.returncode != 0:
             raise ProvisionFailed(f"wheelhouse: {wh.stdout[-3000:]}{wh.stderr[-3000:]}")
-        run("cp", "-al", str(WHEELHOUSE), str(share / "wheelhouse"), check=True)
-        data = orchestrator("data", "synthetic", "--dest", str(share / "data" / "cifar10"))
-        if data.returncode != 0:
-            raise ProvisionFailed(f"data synthetic: {data.stderr[-3000:]}")
-        say(f"{name}: the wheelhouse and the dataset took {time.monotonic() - started:.0f} s")
+        for info in infos:
+            share = Path(info["share"])
+            run("cp", "-al", str(WHEELHOUSE), str(share / "wheelhouse"), check=True)
+            data = orchestrator("data", "synthetic", "--dest", str(share / "data" / "cifar10"))
+            if data.returncode != 0:
+                raise ProvisionFailed(f"data synthetic: {data.stderr[-3000:]}")
+        say(f"the wheelhouse and the datasets took {time.monotonic() - started:.0f} s")
         started = time.monotonic()
-        site = run(str(BIN / "ansible-playbook"), "-i", info["inventory"], "site.yml")
-        if site.returncode != 0:
-            raise ProvisionFailed(f"site.yml: {site.stdout[-6000:]}{site.stderr[-2000:]}")
-        say(f"{name}: site.yml took {time.monotonic() - started:.0f} s")
-        return info
+        sites = [(info["name"], subprocess.Popen(
+            [str(BIN / "ansible-playbook"), "-i", info["inventory"], "site.yml"], cwd=REPO,
+            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+            for info in infos]
+        failed = []
+        for name, site in sites:
+            out, _ = site.communicate(timeout=1800)
+            if site.returncode != 0:
+                failed.append(f"site.yml on {name}: {out[-6000:]}")
+        if failed:
+            raise ProvisionFailed("\n".join(failed))
+        say(f"site.yml on {', '.join(names)} took {time.monotonic() - started:.0f} s")
+        return infos
     except BaseException:
-        down(name)
+        for name in names:
+            down(name)
         raise
 
 
@@ -70,17 +88,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.shared_cluster",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("verb", choices=("up", "down"))
-    parser.add_argument("name")
+    parser.add_argument("names", nargs="+", metavar="name",
+                        help="one cluster per lane of tests (CLUSTERTRAIN_TEST_SANDBOX "
+                             "takes them comma-separated)")
     args = parser.parse_args(argv)
     if args.verb == "down":
-        down(args.name)
+        for name in args.names:
+            down(name)
         return 0
     try:
-        info = up(args.name, say=lambda line: print(line, file=sys.stderr))
+        infos = up(args.names, say=lambda line: print(line, file=sys.stderr))
     except ProvisionFailed as exc:
-        print(f"the shared cluster {args.name} could not be made: {exc}", file=sys.stderr)
+        print(f"the shared clusters {', '.join(args.names)} could not be made: {exc}",
+              file=sys.stderr)
         return 1
-    print(json.dumps(info))
+    print(json.dumps(infos))
     return 0
 
 

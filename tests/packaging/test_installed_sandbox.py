@@ -43,6 +43,7 @@ def test_a_sandbox_comes_up_and_goes_down_with_the_installed_tool(installed_tool
         assert exists.returncode == 1, node   # 1: no such container
 
 
+@pytest.mark.long
 def test_the_installed_tool_provisions_the_shared_cluster_again_without_change(
         installed_tool, sandbox_cluster):
     """site.yml run again, as `provision` runs it (`make demo` provisions with it): task by

@@ -53,6 +53,7 @@ def current(cluster: ProvisionedCluster, node: str = "node0") -> str:
                       .stdout)["prefix"]
 
 
+@pytest.mark.long
 def test_a_run_keeps_its_environment_while_the_cluster_gets_a_new_one(
         sandbox_cluster: ProvisionedCluster, tmp_path: Path) -> None:
     before = current(sandbox_cluster)

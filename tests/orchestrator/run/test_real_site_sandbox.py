@@ -55,6 +55,7 @@ def summary(runs: Path) -> dict:
     return json.loads(path.read_text())
 
 
+@pytest.mark.long
 def test_two_users_train_at_once_each_as_themselves(sandbox_cluster: ProvisionedCluster,
                                                     tmp_path: Path) -> None:
     alice_inv, bob_inv = sandbox_cluster.inventories["alice"], sandbox_cluster.inventories["bob"]

@@ -201,6 +201,7 @@ def test_a_node_that_dies_while_detached_stops_the_others(sandbox_cluster, tmp_p
     assert "failed (node1)" in out, out
 
 
+@pytest.mark.long
 def test_a_run_survives_its_share_stalling(sandbox_cluster, tmp_path) -> None:
     """Every access to the share blocks, as on an NFS mount whose server stalls, each time
     longer than a peer's timeout (PEER_TIMEOUT, 15 s): 20 s on every node; 20 s again, but

@@ -253,6 +253,7 @@ def stub_wheel(where: Path, name: str, version: str) -> Path:
     return path
 
 
+@pytest.mark.long
 def test_drift_refuses_and_names_package(sandbox_cluster: Sandbox, tmp_path: Path) -> None:
     """On one provisioned node a package is uninstalled and another upgraded by hand: train
     refuses before starting anything, naming the packages, the node and both versions, and

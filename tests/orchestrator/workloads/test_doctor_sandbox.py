@@ -38,6 +38,7 @@ def node1_throttled(sandbox_cluster: Sandbox) -> Iterator[None]:
         sandbox_cluster.exec("node1", "tc", "qdisc", "del", "dev", "eth0", "root", check=False)
 
 
+@pytest.mark.long
 def test_a_node_with_throttled_egress_is_named_alone(sandbox_cluster: Sandbox,
                                                      tmp_path: Path,
                                                      node1_throttled: None) -> None:
