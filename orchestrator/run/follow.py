@@ -458,7 +458,8 @@ class Job:
         hung = [n for n, o in self.outcomes.items() if o.reason == End.HUNG]
         if hung and self._hang is None:  # the nodes ended it before their word came
             self._read_hang(hung)
-        progress = self.progress.to_json()   # closes the last windows
+        self._say_stragglers(None)   # closes the last windows: one may name a node first
+        progress = self.progress.to_json()
         self._keep_timeline()
         with self._system_lock:
             flags = [flag.to_json() for flag in self.system.flags]
@@ -469,16 +470,21 @@ class Job:
     def _look_at_progress(self) -> None:
         """Say which nodes straggle, and when a hang the nodes found ends (--on-hang
         wait: the run printed again)."""
-        for s in self.progress.stragglers(time.monotonic()):
-            if s.node not in self._stragglers:
-                self._stragglers.add(s.node)
-                self._say(s.message())
+        self._say_stragglers(time.monotonic())
         self._keep_timeline()
         watch = self.watch
         if self._hang_open and watch is not None and \
                 self.progress.quiet_for(time.monotonic()) < watch.timeout:
             self._hang_open = False
             self._say("the run makes progress again")
+
+    def _say_stragglers(self, now: float | None) -> None:
+        """Each straggler once, when the windows closed by NOW (all of them: None, at the
+        end) first name it."""
+        for s in self.progress.stragglers(now):
+            if s.node not in self._stragglers:
+                self._stragglers.add(s.node)
+                self._say(s.message())
 
     def _keep_timeline(self) -> None:
         """Append the windows closed since the last look, and the nodes' system samples

@@ -170,6 +170,30 @@ def test_a_nodes_system_samples_go_to_the_timeline_and_a_flag_is_said_once(
     assert [s.t for s in run.read_timeline(Sample.from_json)] == [100.0, 110.0, 120.0]
 
 
+def test_a_straggler_that_the_last_windows_name_is_said_at_the_end(tmp_path: Path) -> None:
+    """A node found slower only once the run's last windows close (a loaded machine made
+    the run end before a live look could judge enough windows): the end says it on the
+    terminal too, once, as the summary names it."""
+    run = RunDir(tmp_path / "runs", "r1")
+    run.path.mkdir(parents=True)
+    out = io.StringIO()
+    job = Job(run, [], SshScheduler({}), out=out)
+    begun = time.monotonic()
+    for second in range(65):   # a beat a second from each rank, after any live look
+        for node, step_s in (("n0", 0.10), ("n1", 0.10), ("n2", 0.15)):
+            job.progress.line(node, 0, f"##clustertrain beat step_s={step_s}",
+                              now=begun + 1000 + second)
+    job._look_at_progress()
+    assert out.getvalue() == ""   # no window closed yet
+    result = job._result(Following(False, set(), 0.0), 0.0)
+    said = out.getvalue().splitlines()
+    assert len(said) == 1 and said[0].startswith(
+        "[clustertrain] n2 is 50 % slower than the median step time"), said
+    assert [s["node"] for s in result.progress["stragglers"]] == ["n2"]
+    job._look_at_progress()
+    assert len(out.getvalue().splitlines()) == 1   # said once
+
+
 # A quiet job: one line, then nothing for 12 s (one system sample comes meanwhile).
 QUIET = ("#!{python}\n"
          "import time\n"
