@@ -45,7 +45,8 @@ from .protocol import BEAT, PEER_START, PEER_TIMEOUT, RING_KEY_BYTES
 from .util import read_json
 
 MAX_DATAGRAM = 65507
-FINAL_REPEATS = 3        # a node's last word is sent this many times, BEAT/10 apart
+FINAL_REPEATS = 3        # a node's last word is sent this many times, REPEAT_GAP apart
+REPEAT_GAP = 0.02        # seconds: `train` returns once the supervisors, which send them, exit
 MAC_BYTES = 32           # HMAC-SHA256, in front of every beat's content
 SAID_REJECTIONS = 5      # rejected datagrams logged one by one; past that, one line a...
 REJECTION_EVERY = 60.0   # ...minute with the count
@@ -158,7 +159,7 @@ class Ring:
 
     def last_word(self, **word: object) -> None:
         """This node's part ended: say so at once to the next node and to the one before
-        (which then sends past this node at once), and again a few times, BEAT/10 apart,
+        (which then sends past this node at once), and again a few times, REPEAT_GAP apart,
         on a thread of its own (datagrams can be lost): the caller records the end
         meanwhile, not a fifth of a second later. `close()` waits for the repeats."""
         self.say(**word)
@@ -168,14 +169,14 @@ class Ring:
 
     def _repeat_last_word(self) -> None:
         for _ in range(FINAL_REPEATS - 1):
-            time.sleep(BEAT / 10)
+            time.sleep(REPEAT_GAP)
             self._send()
             self._send(back=True)
 
     def close(self) -> None:
         """Stop, once the last word's repeats are sent."""
         if self.repeats is not None:
-            self.repeats.join(timeout=FINAL_REPEATS * BEAT)
+            self.repeats.join(timeout=FINAL_REPEATS * REPEAT_GAP + BEAT)
         self.closed.set()
         try:
             self.waker.send(b"!")
