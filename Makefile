@@ -132,7 +132,7 @@ bench: test-deps test-venv
 # and beside them, at nice 19, their output kept until those end: lint (CPU only, nothing
 # timed), the sandbox tests that make sandboxes of their own (marker own_sandbox), then
 # molecule's scenarios one at a time (they mostly wait on containers and SSH). One lane took
-# 40 minutes; two keep the two cores busy (1.7 of them on average, measured) for about 26.
+# 40 minutes; two keep the two cores busy (1.7 of them on average, measured) for 25 to 29.
 # The sandbox tests run in the foreground: a command put in the background by a script
 # ignores SIGINT, and the tests send Ctrl-C to the trains they start. The failed tests are
 # named again at the very end.
