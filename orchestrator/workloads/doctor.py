@@ -36,7 +36,7 @@ from ..run.lifecycle import choose_nodes, run_training
 from ..run.spec import RunSpec, check_measures
 
 K = TypeVar("K")
-SLOW_RATIO = 0.5        # below half the median: slow
+SLOW_RATIO = node_doctor.SLOW_RATIO   # below half the median: slow
 LATENCY_RATIO = 3.0     # round trips over 3x the median: slow
 MAD_K = 2.0             # and that many scaled MADs from the median,
 MAD_MIN_OTHERS = 3      # when there are this many others to take a MAD of (4 nodes)

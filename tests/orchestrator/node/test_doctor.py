@@ -91,3 +91,44 @@ def test_a_moment_of_someone_elses_work_does_not_lower_the_compute_rate() -> Non
 def test_a_slow_node_is_slow_in_every_window() -> None:
     rate = job.best_rate(lambda: time.sleep(0.04), seconds=0.5, windows=5)
     assert rate < 26, rate
+
+
+def test_far_below_is_judged_against_the_others_median() -> None:
+    assert job.far_below([80.0, 82.0, 30.0]) == [2]
+    assert job.far_below([80.0, 82.0, 45.0]) == []
+    assert job.far_below([30.0]) == []     # alone: nobody to be slower than
+
+
+class Ranks:
+    """Three ranks' readings, round by round, as this rank (rank 2) sees them gathered."""
+
+    def __init__(self, *rounds: tuple[float, float, float]) -> None:
+        self.rounds, self.measured = list(rounds), 0
+        self.said: list[list[int]] = []
+
+    def measure(self) -> float:
+        self.measured += 1
+        return self.rounds[self.measured - 1][2]
+
+    def gather(self, mine: float) -> list[float]:
+        others = [max(r[i] for r in self.rounds[:self.measured]) for i in (0, 1)]
+        return [*others, mine]
+
+
+def test_a_rank_slowed_for_a_moment_measures_again_and_keeps_its_best() -> None:
+    ranks = Ranks((83.0, 80.0, 30.0), (81.0, 84.0, 79.0))
+    rate = job.steady_rate(ranks.measure, ranks.gather, again=ranks.said.append)
+    assert rate == 79.0 and ranks.measured == 2 and ranks.said == [[2]]
+
+
+def test_a_slow_rank_reads_slow_every_round_and_stays_slow() -> None:
+    ranks = Ranks(*[(83.0, 80.0, 20.0)] * 3)
+    rate = job.steady_rate(ranks.measure, ranks.gather, again=ranks.said.append)
+    assert rate == 20.0 and ranks.measured == job.COMPUTE_ROUNDS == 3
+    assert ranks.said == [[2], [2]]
+
+
+def test_nobody_slow_is_measured_once() -> None:
+    ranks = Ranks((83.0, 80.0, 70.0))
+    assert job.steady_rate(ranks.measure, ranks.gather, again=ranks.said.append) == 70.0
+    assert ranks.measured == 1 and ranks.said == []

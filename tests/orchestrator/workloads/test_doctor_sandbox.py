@@ -61,9 +61,7 @@ def test_a_node_with_throttled_egress_is_named_alone(sandbox_cluster: Sandbox,
         cordoned = [line.split()[0] for line in listed.stdout.splitlines()]
         assert cordoned == (sorted(named) or ["no"]), listed.stdout + listed.stderr
     finally:   # the later tests' runs through Slurm's queue may use every node again
-        for node in NODES:
-            back = orchestrator("uncordon", node, "-i", str(sandbox_cluster.inventory))
-            assert back.returncode == 0, back.stdout + back.stderr
+        uncordon_all(sandbox_cluster)
 
 
 def named_and_drained(sandbox_cluster: Sandbox, tmp_path: Path) -> None:
@@ -113,10 +111,13 @@ def named_and_drained(sandbox_cluster: Sandbox, tmp_path: Path) -> None:
 
 def test_a_healthy_cluster_names_nobody_and_train_doctor_trains(sandbox_cluster: Sandbox,
                                                                tmp_path: Path) -> None:
-    t = Train(sandbox_cluster, tmp_path, "--nodes", "3", "--doctor", "ddp_allreduce.py",
-              "--", "--steps", "2")
-    code = t.finish(timeout=300)
-    assert code == 0, t.text[-3000:] + t.stderr
+    try:
+        t = Train(sandbox_cluster, tmp_path, "--nodes", "3", "--doctor", "ddp_allreduce.py",
+                  "--", "--steps", "2")
+        code = t.finish(timeout=300)
+        assert code == 0, t.text[-3000:] + t.stderr
+    finally:   # a node named by mistake is cordoned: the later tests need every node
+        uncordon_all(sandbox_cluster)
     assert "suspects: none" in t.text
     assert "##clustertrain record" not in t.text   # doctor's results: in its log only
     runs = sorted((p for p in tmp_path.iterdir() if (p / "summary.json").exists()),
@@ -124,3 +125,9 @@ def test_a_healthy_cluster_names_nobody_and_train_doctor_trains(sandbox_cluster:
     assert [(p / "doctor.json").exists() for p in runs] == [True, False]  # doctor, train
     assert json.loads((runs[0] / "doctor.json").read_text())["suspects"] == []
     assert json.loads((runs[1] / "summary.json").read_text())["status"] == "succeeded"
+
+
+def uncordon_all(sandbox_cluster: Sandbox) -> None:
+    for node in NODES:
+        back = orchestrator("uncordon", node, "-i", str(sandbox_cluster.inventory))
+        assert back.returncode == 0, back.stdout + back.stderr
