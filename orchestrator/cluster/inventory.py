@@ -159,9 +159,15 @@ def check_env_name(name: str, label: str) -> str:
 
 # Host variables the orchestrator reads; each is rendered by Ansible's templating, and
 # one that cannot be rendered (it needs facts, say) is an error naming it and the host.
-_CONNECTION_OPTIONS = ("host", "remote_user", "port", "private_key_file",
-                       "host_key_checking", "ssh_executable", "ssh_args",
-                       "ssh_common_args", "ssh_extra_args", "timeout")
+_SSH_OPTIONS = ("host", "remote_user", "port", "private_key_file",
+                "host_key_checking", "ssh_executable", "ssh_args",
+                "ssh_common_args", "ssh_extra_args", "timeout")
+# A host with ansible_connection: paramiko is reached with the paramiko plugin's settings
+# (ours: theirs); the rest (ssh_args...) stays the ssh plugin's, as the command is OpenSSH.
+_PARAMIKO_OPTIONS = {"host": "remote_addr", "remote_user": "remote_user", "port": "port",
+                     "private_key_file": "private_key_file",
+                     "host_key_checking": "host_key_checking", "timeout": "timeout",
+                     "proxy_command": "proxy_command"}
 _OWN_VARS = ("cluster_address", "cluster_shared_path", "cluster_rendezvous_port",
              "cluster_scheduler", "cluster_ring_ports",
              "cluster_rendezvous_port_span", "cluster_admin_group", "python_env_backend",
@@ -240,17 +246,23 @@ class _Renderer:
 
 
 def _target(hv: dict[str, Any], name: str, path: Path) -> SshTarget:
-    from ansible import constants as C
-    from ansible.errors import AnsibleError
+    """How the orchestrator's OpenSSH reaches NAME: the settings of the connection plugin
+    the host names (ssh, or paramiko: its user, port, key, host key checking and proxy
+    command), with ansible.cfg's ssh_args and the host's ssh_common/extra_args."""
+    connection = hv.get("ansible_connection")
+    plugin = contract.rules().ssh_plugin(connection)
+    if plugin is None:
+        raise InventoryError(
+            f"{name}: ansible_connection is {connection!r} in {path}, which does not log in "
+            "over SSH; the orchestrator starts and watches a training node's processes over "
+            "SSH: use ssh (Ansible's default) or paramiko for it")
+    opts = {option: _option("ssh", option, hv, name, path) for option in _SSH_OPTIONS}
+    if plugin == "paramiko_ssh":
+        from ansible.plugins.loader import connection_loader
 
-    opts: dict[str, Any] = {}
-    for option in _CONNECTION_OPTIONS:
-        try:
-            opts[option] = C.config.get_config_value(option, plugin_type="connection",
-                                                     plugin_name="ssh", variables=hv)
-        except AnsibleError as exc:
-            raise InventoryError(f"{name}: the SSH setting {option} in {path} is not "
-                                 f"valid: {exc}") from None
+        connection_loader.get(plugin, class_only=True)  # registers its options
+        opts.update({mine: _option(plugin, theirs, hv, name, path)
+                     for mine, theirs in _PARAMIKO_OPTIONS.items()})
     try:
         port = int(opts["port"]) if opts["port"] not in (None, "") else None
     except (TypeError, ValueError):
@@ -268,7 +280,22 @@ def _target(hv: dict[str, Any], name: str, path: Path) -> SshTarget:
         common_args=tuple(shlex.split(str(opts["ssh_common_args"] or ""))),
         extra_args=tuple(shlex.split(str(opts["ssh_extra_args"] or ""))),
         timeout=int(opts["timeout"] or 10),
+        proxy_command=str(opts.get("proxy_command") or "") or None,
     )
+
+
+def _option(plugin: str, option: str, hv: dict[str, Any], name: str, path: Path) -> Any:
+    """The connection plugin PLUGIN's OPTION for a host (Ansible's own precedence:
+    ansible.cfg, environment, host variables)."""
+    from ansible import constants as C
+    from ansible.errors import AnsibleError
+
+    try:
+        return C.config.get_config_value(option, plugin_type="connection",
+                                         plugin_name=plugin, variables=hv)
+    except AnsibleError as exc:
+        raise InventoryError(f"{name}: the SSH setting {option} in {path} is not "
+                             f"valid: {exc}") from None
 
 
 def load_cluster(path: str | os.PathLike[str] = defaults.INVENTORY) -> Cluster:

@@ -60,6 +60,7 @@ class SshTarget:
     common_args: tuple[str, ...] = ()        # ansible_ssh_common_args
     extra_args: tuple[str, ...] = ()         # ansible_ssh_extra_args
     timeout: int = CONNECT_TIMEOUT
+    proxy_command: str | None = None         # ansible_paramiko_proxy_command (%h %p %r)
 
     def options(self) -> list[str]:
         """The arguments Ansible's ssh plugin gives, in its order (the first value of an
@@ -76,6 +77,8 @@ class SshTarget:
                  "-o", "PasswordAuthentication=no"]
         if self.user:
             argv += ["-o", f"User={self.user}"]
+        if self.proxy_command:   # paramiko's tokens are OpenSSH's: %h, %p, %r
+            argv += ["-o", f"ProxyCommand={self.proxy_command}"]
         argv += ["-o", f"ConnectTimeout={self.timeout}", *self.common_args, *self.extra_args]
         return argv
 
@@ -180,9 +183,14 @@ class Connection:
         except (OSError, subprocess.TimeoutExpired):
             return ""
 
+    def shell(self) -> list[str]:
+        """argv of an SSH command over the master, without the host and what to run
+        (a remote shell for rsync's --rsh)."""
+        return self._argv(["-o", "ControlMaster=no"])
+
     def command(self, command: str) -> list[str]:
         """argv that runs COMMAND (one shell string) on the node over the master."""
-        return self._argv(["-o", "ControlMaster=no"], self.target.host, "--", command)
+        return [*self.shell(), self.target.host, "--", command]
 
     def run(self, command: str, timeout: float = 60.0, stdin: str | None = None) -> Result:
         """Run COMMAND on the node; wait for it; return its exit code and output."""

@@ -33,7 +33,7 @@ from ..cluster import nodelib
 from ..cluster.fanout import each
 from ..cluster.inventory import Cluster
 from ..cluster.playbook import run_playbook
-from ..cluster.ssh import DROPPED, Connection, Result
+from ..cluster.ssh import DROPPED, Connection, Result, alone
 from ..errors import LaunchError
 from ..node.protocol import CODE_SUBDIR, NODE_STATE_DIR
 
@@ -41,6 +41,7 @@ from ..node.protocol import CODE_SUBDIR, NODE_STATE_DIR
 RSYNC_FILTERS = ("--filter=:-_.gitignore", "--exclude=.git/", "--exclude=__pycache__/")
 SEAL = f"{NODE_STATE_DIR}/synced"   # in a snapshot: "<code digest> <snapshot state>"
 NOT_REUSED = 3   # reuse_command's exit code: the latest snapshot is not this code's
+RSH_VAR = "clustertrain_rsh"   # the sync play's {node: rsync's --rsh}
 # The state of the snapshot in $1 as it is on the node: every file's path, size, mtime and
 # mode, every directory's path and mode. Left out: its .clustertrain/ (the seal), and
 # __pycache__/ (written by every import, as the sync leaves it too); a directory's mtime
@@ -78,7 +79,8 @@ def left_out(workdir: Path, *dirs: Path) -> tuple[str, ...]:
 
 
 def sync_playbook(workdir: Path, run_id: str, exclude: tuple[str, ...] = ()) -> list[dict]:
-    """EXCLUDE: directories of WORKDIR left out (see filters)."""
+    """EXCLUDE: directories of WORKDIR left out (see filters). The play's extra variable
+    RSH_VAR gives each node's remote shell (rsh)."""
     code_root = f"{NODE_STATE_DIR}/{CODE_SUBDIR}"   # relative to the user's home
     dest = f"{code_root}/{run_id}/"
     return [{
@@ -106,10 +108,12 @@ def sync_playbook(workdir: Path, run_id: str, exclude: tuple[str, ...] = ()) -> 
                  "dest": dest,
                  "archive": True,
                  "delete": True,
-                 "use_ssh_args": True,
                  "link_dest": "{{ [previous.stat.lnk_source] if previous.stat.islnk | "
                               "default(false) else omit }}",
-                 "rsync_opts": list(filters(exclude)),
+                 # rsync's SSH is the orchestrator's (RSH_VAR): synchronize's own reads
+                 # only the ssh plugin's settings, and misses a paramiko host's proxy.
+                 "rsync_opts": [*filters(exclude),
+                                f"--rsh={{{{ {RSH_VAR}[inventory_hostname] }}}}"],
              },
              **RETRY_DROPPED},
             {"name": "Point 'latest' at this snapshot",
@@ -235,7 +239,7 @@ def sync_code(cluster: Cluster, workdir: Path, run_id: str, quiet: bool = True,
             playbook.write_text(yaml.safe_dump(
                 sync_playbook(workdir, run_id, exclude), sort_keys=False))
             result = run_playbook(tmp, playbook, cluster.inventory, limit=",".join(rest),
-                                  quiet=quiet)
+                                  quiet=quiet, extravars={RSH_VAR: rsh(cluster, rest, clients)})
             if result.rc != 0:
                 raise LaunchError("code sync failed (nothing was started):\n  " + "\n  ".join(
                     result.failures or result.output_tail.splitlines()
@@ -246,6 +250,19 @@ def sync_code(cluster: Cluster, workdir: Path, run_id: str, quiet: bool = True,
     if clients:
         carried.update(carry(cluster, workdir, run_id, clients, rest))
     return SyncResult(run_id, time.monotonic() - start, reused, carried)
+
+
+def rsh(cluster: Cluster, names: list[str], clients: dict[str, Connection] | None
+        ) -> dict[str, str]:
+    """rsync's remote shell to each named node: the SSH the orchestrator's own commands
+    use (the inventory's user, key, port, options and proxy, whichever connection plugin
+    it names), over the node's open connection where there is one. Quoted twice: rsync
+    splits the command, and synchronize runs rsync's command line through shlex first."""
+    def argv(name: str) -> list[str]:
+        if clients and name in clients:
+            return clients[name].shell()
+        return alone(cluster.node(name).ssh)
+    return {name: shlex.quote(shlex.join(argv(name))) for name in names}
 
 
 def work_key(workdir: Path) -> str:

@@ -49,6 +49,12 @@ def common_member_addresses(hosts, hostvars):
     return members
 
 
+def common_over_ssh(connection):
+    """Whether a host whose ansible_connection is CONNECTION is reached over SSH (the ssh
+    or the paramiko plugin)."""
+    return contract.ssh_plugin(connection) is not None
+
+
 def common_unresolved(hosts, ips):
     """The hosts (in order, once each) that have no IP in `ips` yet."""
     known = ips or {}
@@ -89,5 +95,6 @@ class FilterModule:
             "common_member_address": common_member_address,
             "common_member_addresses": common_member_addresses,
             "common_unresolved": common_unresolved,
+            "common_over_ssh": common_over_ssh,
             "common_hosts_lines": common_hosts_lines,
         }

@@ -11,6 +11,9 @@ collection's module_utils) and the orchestrator (loaded by path, orchestrator/co
 - An IP address literal is an IPv4 or IPv6 address; an IPv6 address may be in brackets.
 - A port range (cluster_ring_ports) is written "LOW-HIGH", ports a user's process may
   bind: 1024 <= LOW <= HIGH <= 65535.
+- A node is reached over SSH when its `ansible_connection` is unset or names the ssh or
+  the paramiko connection plugin (ssh_plugin); the firewall keeps the controller's SSH
+  in then, and the orchestrator reads that plugin's settings for its own SSH.
 """
 
 import ipaddress
@@ -24,6 +27,13 @@ HIGHEST_PORT = 65535
 # Where a member's address comes from, in order; the inventory name is the last resort.
 ADDRESS_VARIABLES = ("cluster_address", "ansible_host")
 FALLBACK_VARIABLE = "inventory_hostname"
+
+
+# ansible_connection's values that log in over SSH, and the plugin each names.
+SSH_PLUGINS = {name: plugin for plugin, names in (
+    ("ssh", ("ssh", "smart", "ansible.builtin.ssh", "ansible.legacy.ssh")),
+    ("paramiko_ssh", ("paramiko", "paramiko_ssh", "ansible.builtin.paramiko_ssh",
+                      "ansible.legacy.paramiko_ssh"))) for name in names}
 
 
 def _get(mapping, key):
@@ -40,6 +50,14 @@ def member_address(host, host_vars):
         if value is not None and str(value).strip():
             return str(value).strip(), variable
     return str(host), FALLBACK_VARIABLE
+
+
+def ssh_plugin(connection):
+    """The SSH connection plugin ("ssh" or "paramiko_ssh") that CONNECTION, a host's
+    ansible_connection (None or empty: Ansible's default, ssh), names; None for a
+    connection that is not SSH (local, a container's, winrm...)."""
+    name = str(connection or "ssh").strip()
+    return SSH_PLUGINS.get(name)
 
 
 def ip_literal(text):

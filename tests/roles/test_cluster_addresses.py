@@ -136,6 +136,16 @@ def test_member_addresses_take_cluster_address_then_ansible_host_then_the_name()
     ]
 
 
+@pytest.mark.parametrize("connection,over_ssh", [
+    (None, True), ("", True), ("ssh", True), ("smart", True), ("paramiko", True),
+    ("ansible.builtin.paramiko_ssh", True), ("local", False),
+    ("community.docker.docker", False), ("winrm", False)])
+def test_the_connections_that_log_in_over_ssh(connection, over_ssh):
+    """The firewall keeps the controller's SSH open for these (and the common role refuses
+    to turn password logins off under a password login over them)."""
+    assert members_filters.common_over_ssh(connection) is over_ssh
+
+
 def test_only_hosts_not_resolved_yet_are_looked_up_again():
     assert members_filters.common_unresolved(["a", "b", "a", "c"], {"b": "10.0.0.2"}) == ["a", "c"]
     assert members_filters.common_unresolved(["a"], None) == ["a"]

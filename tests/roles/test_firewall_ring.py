@@ -32,6 +32,7 @@ CONTRACT = yaml.safe_load((REPO / "roles" / "contract" / "defaults" / "main.yml"
 DEFAULTS = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
 
 net = load("plugins/filter/firewall_net.py", "firewall_net")
+members = load("plugins/filter/cluster_members.py", "cluster_members")
 
 MEMBERS = ["10.89.0.10", "10.89.0.11", "fd00:89::12"]
 MEMBER = {4: "10.89.0.11", 6: "fd00:89::12"}
@@ -45,8 +46,8 @@ def _environment() -> jinja2.Environment:
     env.filters.update(AnsibleFilters().filters())
     env.tests.update(AnsibleTests().tests())
     # The role calls the collection's filters by FQCN, as clustertrain.cluster has them.
-    env.filters.update({f"clustertrain.cluster.{name}": f
-                        for name, f in net.FilterModule().filters().items()})
+    env.filters.update({f"clustertrain.cluster.{name}": f for module in (net, members)
+                        for name, f in module.FilterModule().filters().items()})
     return env
 
 

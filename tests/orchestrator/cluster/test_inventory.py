@@ -144,6 +144,39 @@ def test_ssh_options_come_from_ansible_config_and_host_vars(tmp_path: Path, monk
     assert "StrictHostKeyChecking=no" in argv
 
 
+def test_a_paramiko_host_is_reached_with_the_paramiko_plugins_settings(tmp_path: Path) -> None:
+    """ansible_connection: paramiko: its own variables (user, port, host, proxy command)
+    decide where the orchestrator's OpenSSH goes, as they decide where Ansible goes."""
+    inv = write(tmp_path, "p.yml", """\
+all:
+  children:
+    train_nodes:
+      vars:
+        ansible_connection: paramiko
+        ansible_paramiko_user: erin
+        ansible_paramiko_proxy_command: ssh -W %h:%p jump.example.org
+      hosts:
+        n0: {ansible_paramiko_host: 192.0.2.7, ansible_paramiko_port: 2200}
+        n1: {ansible_host: 192.0.2.8, ansible_connection: ssh, ansible_user: frank}
+""")
+    n0, n1 = load_cluster(inv).nodes
+    assert (n0.ssh.host, n0.ssh.port, n0.user) == ("192.0.2.7", 2200, "erin")
+    argv = n0.ssh.options()
+    assert argv[argv.index("ProxyCommand=ssh -W %h:%p jump.example.org") - 1] == "-o"
+    assert argv.index("User=erin") < argv.index("ProxyCommand=ssh -W %h:%p jump.example.org")
+    # the other host says ssh: the paramiko settings of the group are not its
+    assert (n1.ssh.host, n1.user, n1.ssh.proxy_command) == ("192.0.2.8", "frank", None)
+
+
+@pytest.mark.parametrize("connection", ["local", "community.docker.docker"])
+def test_a_training_node_that_ansible_does_not_reach_over_ssh_is_refused(
+        tmp_path: Path, connection: str) -> None:
+    inv = write(tmp_path, "l.ini", f"[train_nodes]\nn0 ansible_connection={connection}\n")
+    with pytest.raises(InventoryError, match=rf"n0: ansible_connection is '{connection}' in "
+                       r".*does not log in over SSH.*use ssh \(Ansible's default\) or paramiko"):
+        load_cluster(inv)
+
+
 def test_template_that_needs_facts_names_variable_and_host(tmp_path: Path) -> None:
     inv = write(tmp_path, "facts.yml", """\
 all:

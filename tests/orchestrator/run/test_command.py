@@ -185,6 +185,27 @@ def test_the_sync_copies_the_code_alone(tmp_path) -> None:
     assert [t["ansible.posix.synchronize"]["src"] for t in copies] == [f"{tmp_path / 'code'}/"]
 
 
+def test_the_syncs_rsync_reaches_a_node_as_the_orchestrator_does(tmp_path) -> None:
+    """rsync's --rsh is the orchestrator's SSH to the node (a paramiko node's proxy
+    command included), quoted for synchronize's shlex and then for rsync's own split."""
+    import shlex
+
+    from orchestrator.cluster.inventory import Cluster, NodeSpec
+    from orchestrator.cluster.ssh import SshTarget
+    from orchestrator.run.sync import RSH_VAR, rsh, sync_playbook
+
+    target = SshTarget("192.0.2.7", user="erin", proxy_command="ssh -W %h:%p jump 'x y'")
+    cluster = Cluster(tmp_path / "hosts", (NodeSpec("n0", target, "192.0.2.7"),))
+    [after_synchronize] = shlex.split(rsh(cluster, ["n0"], None)["n0"])
+    argv = shlex.split(after_synchronize)
+    assert argv[0] == "ssh" and "ProxyCommand=ssh -W %h:%p jump 'x y'" in argv
+    assert "User=erin" in argv and "BatchMode=yes" in argv
+    [play] = sync_playbook(tmp_path / "code", "r1")
+    [copy] = [t["ansible.posix.synchronize"] for t in play["tasks"]
+              if "ansible.posix.synchronize" in t]
+    assert copy["rsync_opts"][-1] == f"--rsh={{{{ {RSH_VAR}[inventory_hostname] }}}}"
+
+
 def test_a_job_directory_that_cannot_be_made_fails_the_launch(tmp_path: Path) -> None:
     """The launch line run by bash where the job directory cannot be made (`jobs` is a
     file): it fails with mkdir's words and starts nothing, so the launch names the node
