@@ -3,20 +3,22 @@ lives (standard library only; runs on any node with Slurm's client).
 
     node.py allocate --name clustertrain-RUN --gpus-per-node all|G -- -N 2 [--partition=P ...]
 
-A request above a limit that no end of other jobs can lift (queuelimits.py: the QOS's
-per-user or per-job GPUs, the partition's nodes or MaxTime) is not submitted: one line
-{"event": "over-limit", "nodes", "gpus_per_node", "limits"} says which, and the command
-ends with exit 2. Else `salloc --no-shell` asks for the allocation (G GPUs per node;
-all: as many as the nodes with the fewest have). While it waits, a JSON line is printed
-each time what Slurm says of the job changes: {"event": "pending", "job", "user",
-"reason", "position", "holders"} (user: the job's; holders: the running jobs, with their
-user, nodes and GPUs per node). Once granted: {"event": "granted", "job", "nodes", "gpus"} (gpus:
-each node's GPU indices). Then it reads its standard input to the end, which comes when
-the controller's `train` ends, however it ends (Ctrl-C, a closed terminal, kill -9: the
-SSH connection closes), and cancels the job: nothing is left in the queue. SIGHUP is
-ignored, so that a closing session cannot skip the cancel. The line KEEP instead leaves
-the granted job to the run (a detached run: its supervisors cancel it when it ends,
-node/slurmjob.py) and ends this command.
+A request above a limit that no end of other jobs can lift (queuelimits.py: the QOS's per-
+user or per-job GPUs, the partition's nodes or MaxTime) is refused: one line {"event":
+"over-limit", "nodes", "gpus_per_node", "limits"} says which, and the command ends with
+exit 2. The partition's limits are checked before anything is submitted, the QOS's while
+salloc submits (Slurm refuses a request above a DenyOnLimit QOS itself; a job waiting
+above another QOS's limit is cancelled). Else `salloc --no-shell` asks for the allocation
+(G GPUs per node; all: as many as the nodes with the fewest have). While it waits, a JSON
+line is printed each time what Slurm says of the job changes: {"event": "pending", "job",
+"user", "reason", "position", "holders"} (user: the job's; holders: the running jobs, with
+their user, nodes and GPUs per node). Once granted: {"event": "granted", "job", "nodes",
+"gpus"} (gpus: each node's GPU indices). Then it reads its standard input to the end,
+which comes when the controller's `train` ends, however it ends (Ctrl-C, a closed
+terminal, kill -9: the SSH connection closes), and cancels the job: nothing is left in the
+queue. SIGHUP is ignored, so that a closing session cannot skip the cancel. The line KEEP
+instead leaves the granted job to the run (a detached run: its supervisors cancel it when
+it ends, node/slurmjob.py) and ends this command.
 """
 
 from __future__ import annotations
@@ -113,11 +115,19 @@ def gres(gpus_per_node: str) -> list[str]:
     return [f"--gres=gpu:{fewest}"] if fewest else []
 
 
-def main(name: str, gpus_per_node: str, salloc_args: list[str]) -> int:
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+def over_limit(ask: queuelimits.Ask, over: list[queuelimits.Breach]) -> int:
+    """Say which limits ASK is above (the 'over-limit' event); allocate's exit code."""
+    say({"event": "over-limit", "job": "", "nodes": ask.nodes,
+         "gpus_per_node": ask.gpus_per_node, "limits": [b.to_json() for b in over]})
+    return 2
+
+
+def watch_input() -> tuple[threading.Event, threading.Event]:
+    """(ended, kept): set when the standard input ends (the controller's `train` is gone),
+    and when it said KEEP (ended then too)."""
     ended, kept = threading.Event(), threading.Event()
 
-    def watch_input() -> None:
+    def watch() -> None:
         try:
             for line in sys.stdin:
                 if line.strip() == KEEP:
@@ -126,54 +136,76 @@ def main(name: str, gpus_per_node: str, salloc_args: list[str]) -> int:
         finally:
             ended.set()
 
-    threading.Thread(target=watch_input, daemon=True).start()
+    threading.Thread(target=watch, daemon=True).start()
+    return ended, kept
+
+
+class Salloc:
+    """salloc started with ARGV, its output read as it comes: the job's id once Slurm
+    has given one, and every line it said."""
+
+    def __init__(self, argv: list[str]) -> None:
+        self.job, self.lines = "", list[str]()
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True)
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip())
+            found = _JOB_RE.search(line)
+            if found:
+                self.job = found.group(1)
+
+
+def main(name: str, gpus_per_node: str, salloc_args: list[str]) -> int:
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    ended, kept = watch_input()
     asked = gres(gpus_per_node)
     ask = queuelimits.Ask.from_salloc(salloc_args, asked)
-    over = queuelimits.check(ask)
+    part = queuelimits.partition(ask)
+    over = queuelimits.breaches(ask, part, {})
     if over:   # it would wait for ever: refused before anything is queued
-        say({"event": "over-limit", "job": "", "nodes": ask.nodes,
-             "gpus_per_node": ask.gpus_per_node, "limits": [b.to_json() for b in over]})
-        return 2
+        return over_limit(ask, over)
+    # The QOS's limits, from Slurm's accounting (a third of a second away), are read
+    # beside salloc: Slurm refuses a request above a QOS with DenyOnLimit (the role's)
+    # itself, and a job that waits above another QOS's is cancelled once that is known.
+    qos_over: list[queuelimits.Breach] = []
+    qos_read = threading.Thread(target=lambda: qos_over.extend(
+        queuelimits.breaches(ask, part, queuelimits.qos_of(ask, part))), daemon=True)
+    qos_read.start()
     try:
-        proc = subprocess.Popen(["salloc", "--no-shell", f"--job-name={name}",
-                                 *asked, *salloc_args],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        salloc = Salloc(["salloc", "--no-shell", f"--job-name={name}", *asked, *salloc_args])
     except FileNotFoundError:
         say({"event": "refused", "job": "", "exit": 127, "said": [
             "this node has no Slurm client (salloc); provision Slurm with site.yml and "
             "cluster_scheduler: slurm"]})
         return 127
-    job, granted = "", False
-    said: list[str] = []
-    lines: list[str] = []
-
-    def read_salloc() -> None:
-        nonlocal job
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line.rstrip())
-            found = _JOB_RE.search(line)
-            if found:
-                job = found.group(1)
-
-    reader = threading.Thread(target=read_salloc, daemon=True)
-    reader.start()
+    proc, granted = salloc.proc, False
     last = None
     next_look = time.monotonic() + POLL
     try:
         while proc.poll() is None:
             if ended.wait(TICK):
                 return 130   # the controller went away while waiting: cancel (finally)
-            if job and time.monotonic() >= next_look:
+            if qos_over:     # it would wait for ever: cancelled (finally)
+                return over_limit(ask, qos_over)
+            if salloc.job and time.monotonic() >= next_look:
                 next_look = time.monotonic() + POLL
-                now = waiting(job)
+                now = waiting(salloc.job)
                 key = (now["reason"], now["position"], [h["job"] for h in now["holders"]])
                 if now["state"] == "PENDING" and key != last:
                     say(now)
                     last = key
-        reader.join(timeout=5)
+        salloc.reader.join(timeout=5)
+        job = salloc.job
         if proc.returncode != 0 or not job:
-            said = [line for line in lines if line]
+            qos_read.join(timeout=60)
+            if qos_over:     # Slurm's refusal (DenyOnLimit), said with the limit's name
+                return over_limit(ask, qos_over)
+            said = [line for line in salloc.lines if line]
             say({"event": "refused", "job": job, "said": said[-5:],
                  "exit": proc.returncode})
             return proc.returncode or 1
@@ -190,6 +222,6 @@ def main(name: str, gpus_per_node: str, salloc_args: list[str]) -> int:
             proc.terminate()
         if not (granted and kept.is_set()):   # KEEP: the run's supervisors cancel it
             user = os.environ.get("USER") or str(os.getuid())
-            if job:
-                slurm("scancel", job)
+            if salloc.job:
+                slurm("scancel", salloc.job)
             slurm("scancel", f"--name={name}", f"--user={user}")

@@ -201,14 +201,20 @@ def _slurm(*argv: str) -> str | None:
     return done.stdout if done.returncode == 0 else None
 
 
-def check(ask: Ask) -> list[Breach]:
-    """The limits ASK is above, read from Slurm on this node (nothing when they cannot be
-    read: Slurm decides)."""
-    shown = _slurm("scontrol", "show", "partition", "-o")
-    listed = partitions(shown or "")
-    partition = next((p for p in listed if p.name == ask.partition), None) if ask.partition \
-        else next((p for p in listed if p.default), None)
-    names = [n for n in (ask.qos, partition.qos if partition else None) if n]
-    qos = qoses(_slurm("sacctmgr", "-nP", "show", "qos", "where", f"name={','.join(names)}",
-                       "format=name,maxtres,maxtrespu,flags") or "") if names else {}
-    return breaches(ask, partition, qos)
+def partition(ask: Ask) -> Partition | None:
+    """The partition ASK goes to (its own, else the default), as slurmctld shows it (None
+    when it cannot be read: Slurm decides)."""
+    listed = partitions(_slurm("scontrol", "show", "partition", "-o") or "")
+    if ask.partition:
+        return next((p for p in listed if p.name == ask.partition), None)
+    return next((p for p in listed if p.default), None)
+
+
+def qos_of(ask: Ask, part: Partition | None) -> dict[str, Qos]:
+    """The QOS that bear on ASK (its --qos and its partition's), read from Slurm's
+    accounting (slurmdbd: about a third of a second; nothing when it cannot be read)."""
+    names = [n for n in (ask.qos, part.qos if part else None) if n]
+    if not names:
+        return {}
+    return qoses(_slurm("sacctmgr", "-nP", "show", "qos", "where", f"name={','.join(names)}",
+                        "format=name,maxtres,maxtrespu,flags") or "")

@@ -84,36 +84,80 @@ def test_the_partitions_qos_counts_unless_the_named_one_overrides_it() -> None:
                                             (Limit.GPUS_PER_USER, 4)]
 
 
-def slurm_bin(tmp_path: Path) -> Path:
-    """Slurm's clients as the sandbox's answer them (recorded), and an salloc that writes
-    down that it was called."""
+SALLOC_WAITS = ("echo 'salloc: Pending job allocation 77'\n"
+                "echo 'salloc: job 77 queued and waiting for resources'\nexec sleep 30\n")
+# Slurm's own refusal of a request above a QOS with DenyOnLimit, as salloc says it.
+SALLOC_DENIED = ("echo 'salloc: error: Job submit/allocate failed: Job violates "
+                 "accounting/QOS policy (job submit limit, user'\\''s size and/or time "
+                 "limits)'\nexit 1\n")
+
+
+def slurm_bin(tmp_path: Path, salloc: str = "exit 0\n") -> Path:
+    """Slurm's clients as the sandbox's answer them (recorded), an salloc that writes down
+    that it was called and then runs SALLOC, and an scancel that writes down its job."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name, text in (("scontrol", PARTITIONS), ("sacctmgr", QOS), ("sinfo", "gpu:2\n" * 3)):
+    for name, text in (("scontrol", PARTITIONS), ("sacctmgr", QOS), ("sinfo", "gpu:2\n" * 3),
+                       ("squeue", "")):
         (bin_dir / f"{name}.out").write_text(text)
         (bin_dir / name).write_text(f"#!/bin/sh\ncat '{bin_dir}/{name}.out'\n")
-    (bin_dir / "salloc").write_text(f"#!/bin/sh\necho \"$@\" > '{tmp_path}/submitted'\n")
+    (bin_dir / "salloc").write_text(f"#!/bin/sh\necho \"$@\" > '{tmp_path}/submitted'\n"
+                                    + salloc)
+    (bin_dir / "scancel").write_text(f"#!/bin/sh\necho \"$@\" >> '{tmp_path}/cancelled'\n")
     for path in bin_dir.iterdir():
         path.chmod(0o755)
     return bin_dir
 
 
-def test_allocate_refuses_a_request_above_a_limit_before_salloc(tmp_path: Path) -> None:
+def allocate(tmp_path: Path, salloc: str, *salloc_args: str) -> subprocess.CompletedProcess:
+    """node.py allocate as train runs it: its standard input open (train's connection)."""
+    env = {**os.environ, "PATH": f"{slurm_bin(tmp_path, salloc)}:{os.environ['PATH']}"}
+    argv = [sys.executable, "-m", "orchestrator.node", "allocate", "--name", "clustertrain-x",
+            "--gpus-per-node", "all", "--", *salloc_args]
+    with subprocess.Popen(argv, cwd=REPO, env=env, stdin=subprocess.PIPE, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        code = proc.wait(timeout=60)
+        assert proc.stdout is not None and proc.stderr is not None
+        return subprocess.CompletedProcess(argv, code, proc.stdout.read(), proc.stderr.read())
+
+
+OVER_PER_USER = {"event": "over-limit", "job": "", "nodes": 3, "gpus_per_node": 2,
+                 "limits": [{"limit": "gpus-per-user", "asked": 6, "most": 4,
+                             "where": "QOS clustertrain-gpus",
+                             "setting": "MaxTRESPerUser=gres/gpu=4"}]}
+
+
+def test_allocate_refuses_more_nodes_than_the_partition_has_before_salloc(
+        tmp_path: Path) -> None:
     """node.py allocate says which limit and ends with exit 2; salloc never runs."""
-    env = {**os.environ, "PATH": f"{slurm_bin(tmp_path)}:{os.environ['PATH']}"}
-    done = subprocess.run([sys.executable, "-m", "orchestrator.node", "allocate", "--name",
-                           "clustertrain-x", "--gpus-per-node", "all", "--", "-N", "3"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
-                          stdin=subprocess.DEVNULL)
+    done = allocate(tmp_path, SALLOC_WAITS, "-N", "4")
     assert done.returncode == 2, done.stdout + done.stderr
     event = json.loads(done.stdout.splitlines()[-1])
-    assert event == {"event": "over-limit", "job": "", "nodes": 3, "gpus_per_node": 2,
-                     "limits": [{"limit": "gpus-per-user", "asked": 6, "most": 4,
-                                 "where": "QOS clustertrain-gpus",
-                                 "setting": "MaxTRESPerUser=gres/gpu=4"}]}
+    assert event["event"] == "over-limit" and [lim["setting"] for lim in event["limits"]] == [
+        "TotalNodes=3"], event
     assert not (tmp_path / "submitted").exists()
+
+
+def test_slurms_own_refusal_above_the_qos_is_said_with_the_limit(tmp_path: Path) -> None:
+    """The QOS is read beside salloc; Slurm refuses the request itself (DenyOnLimit), and
+    allocate says the limit it is above, as before, not only Slurm's words."""
+    done = allocate(tmp_path, SALLOC_DENIED, "-N", "3")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == OVER_PER_USER
+    assert (tmp_path / "submitted").exists()
+
+
+def test_a_job_waiting_above_a_qos_without_deny_on_limit_is_cancelled(tmp_path: Path) -> None:
+    """A QOS without DenyOnLimit lets the job wait for ever: it is cancelled as soon as the
+    QOS is read, with the limit said."""
+    done = allocate(tmp_path, SALLOC_WAITS, "-N", "3")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == OVER_PER_USER
+    assert (tmp_path / "cancelled").read_text().splitlines()[0] == "77"
 
 
 def test_without_slurms_limits_nothing_is_refused_here() -> None:
     """No Slurm client on this machine: nothing can be read, Slurm decides."""
-    assert queuelimits.check(Ask(300, 8)) == []
+    ask = Ask(300, 8)
+    part = queuelimits.partition(ask)
+    assert part is None and queuelimits.breaches(ask, part, queuelimits.qos_of(ask, part)) == []
