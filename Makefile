@@ -162,8 +162,7 @@ test: test-deps test-venv
 	  nice -n 19 $(MAKE) --no-print-directory lint; lint=$$?; \
 	  nice -n 19 $(BIN)/pytest -m own_sandbox -q -p no:cacheprovider \
 	    --basetemp=.cache/own-sandbox-tmp; own=$$?; \
-	  CLUSTERTRAIN_MOLECULE_CPU_SHARES=64 nice -n 19 $(MAKE) --no-print-directory \
-	    molecule-all MOLECULE_JOBS=1; \
+	  nice -n 19 $(MAKE) --no-print-directory molecule-all MOLECULE_JOBS=1; \
 	  mol=$$?; [ $$lint -eq 0 ] && [ $$own -eq 0 ] && [ $$mol -eq 0 ] \
 	) >.cache/molecule-logs/all.log 2>&1 & \
 	molecule=$$!; \
