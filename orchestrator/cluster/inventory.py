@@ -256,13 +256,16 @@ def _target(hv: dict[str, Any], name: str, path: Path) -> SshTarget:
             f"{name}: ansible_connection is {connection!r} in {path}, which does not log in "
             "over SSH; the orchestrator starts and watches a training node's processes over "
             "SSH: use ssh (Ansible's default) or paramiko for it")
-    opts = {option: _option("ssh", option, hv, name, path) for option in _SSH_OPTIONS}
     if plugin == "paramiko_ssh":
         from ansible.plugins.loader import connection_loader
 
         connection_loader.get(plugin, class_only=True)  # registers its options
-        opts.update({mine: _option(plugin, theirs, hv, name, path)
-                     for mine, theirs in _PARAMIKO_OPTIONS.items()})
+        opts = {mine: _option(plugin, theirs, hv, name, path)
+                for mine, theirs in _PARAMIKO_OPTIONS.items()}
+    else:
+        opts = {}
+    opts.update({option: _option("ssh", option, hv, name, path)
+                 for option in _SSH_OPTIONS if option not in opts})
     try:
         port = int(opts["port"]) if opts["port"] not in (None, "") else None
     except (TypeError, ValueError):
