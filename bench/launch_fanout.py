@@ -70,7 +70,7 @@ def bench_launch(cluster, containers, workdir: Path, runs: Path) -> tuple[float,
     rundir.path.mkdir(parents=True)
     warm = connect_all(list(cluster.nodes))  # the node package is there (preflight puts it)
     for spec in cluster.nodes:
-        nodelib.ensure(warm[spec.name], spec.python)
+        nodelib.call(warm[spec.name], spec.python, "--help")
         warm[spec.name].close()
     t0 = time.time()
     clients = connect_all(list(cluster.nodes))

@@ -6,10 +6,14 @@ script, the way a Slurm user writes it), side by side at 2 and 8 sandbox nodes.
 The sandbox is bench_sandbox's (torch in a venv on the share, no site.yml) made with
 `sandbox up --slurm`, then site.yml's Slurm play alone (playbooks/slurm.yml: two fake GPUs
 per node, a test double). Each run starts a trivial script that writes the time on every
-rank (bench/train_overhead.py's); the clocks are one clock (the containers share the
-host's kernel). `train` gets a warm-up run (torch checked, code synced); the hand-written
-job is submitted as alice on node0 (`podman exec`, about as fast as an open SSH session),
-its script and the trivial script on the share.
+rank (bench/train_overhead.py's), and torchrun is the wrapper that writes the time it
+starts on each node; the clocks are one clock (the containers share the host's kernel). So
+each figure splits into the launch (until torchrun runs on every node: what the tool, or
+Slurm, does) and torchrun's own start (torch imported from the share, through the
+sandbox's FUSE layer: the same work in every column, and most of the spread). `train`
+gets a warm-up run (torch checked, code synced); the hand-written job is submitted as alice
+on node0 (`podman exec`, about as fast as an open SSH session), its script and the trivial
+script on the share.
 
     python bench/queue_overhead.py [--sizes 2,8] [--repeats 3]
 
@@ -32,7 +36,6 @@ from typing import Any
 from sandbox_bench import (  # REPO first
     ENV,
     REPO,
-    VENV,
     bench_sandbox,
     node_exec,
     sandbox_down,
@@ -45,7 +48,7 @@ BATCH = """#!/bin/bash
 #SBATCH --job-name=bench-{tag}
 #SBATCH --output={work}/{tag}.out
 head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-srun --ntasks-per-node=1 bash -c "cd {work}/{tag} && exec {venv}/bin/torchrun \\
+srun --ntasks-per-node=1 bash -c "cd {work}/{tag} && exec {torchrun} --rdzv-id {tag} \\
   --nnodes $SLURM_NNODES --node-rank \\$SLURM_NODEID --nproc-per-node 1 \\
   --master-addr $head --master-port 29611 trivial.py"
 """
@@ -56,9 +59,11 @@ GRANTED = re.compile(r"granted after ([0-9.]+) s")
 PHASES: dict[str, list[float]] = {"granted_s": []}   # --queue runs' phases
 
 
-def until_ranks(argv: list[str], n: int, containers: list[str], runs: Path) -> float:
-    """Seconds from ARGV's start (a train) until the last of its ranks wrote its time. Of a
-    --queue run, also how long Slurm's grant took (train says it), into PHASES."""
+def until_ranks(argv: list[str], n: int, containers: list[str],
+                runs: Path) -> tuple[float, float]:
+    """Seconds from ARGV's start (a train) until torchrun ran on every node, and until the
+    last of its ranks wrote its time. Of a --queue run, also how long Slurm's grant took
+    (train says it), into PHASES."""
     t0 = time.time()
     done = subprocess.run(argv, cwd=REPO, env=ENV, capture_output=True, text=True,
                           timeout=600)
@@ -71,15 +76,17 @@ def until_ranks(argv: list[str], n: int, containers: list[str], runs: Path) -> f
     granted = GRANTED.search(done.stdout)
     if granted:
         PHASES["granted_s"].append(float(granted.group(1)))
-    return max(stamps(used, "rank", run_id)) - t0
+    return (max(stamps(used, "torchrun", run_id)) - t0,
+            max(stamps(used, "rank", run_id)) - t0)
 
 
-def by_hand(share: Path, n: int, containers: list[str], tag: str) -> float:
-    """sbatch of BATCH as alice on node0: seconds until every rank wrote its time."""
+def by_hand(share: Path, n: int, containers: list[str], tag: str) -> tuple[float, float]:
+    """sbatch of BATCH as alice on node0: seconds until torchrun ran on every node, and
+    until every rank wrote its time."""
     work = share / "bench-queue"
     (work / tag).mkdir(parents=True, exist_ok=True)
     (work / tag / "trivial.py").write_text(TRIVIAL)
-    (work / f"{tag}.sh").write_text(BATCH.format(tag=tag, work=SHARED_WORK, venv=VENV))
+    (work / f"{tag}.sh").write_text(BATCH.format(tag=tag, work=SHARED_WORK, torchrun=TORCHRUN))
     os.chmod(work, 0o777)
     t0 = time.time()
     node_exec(containers[0], f"sbatch -N {n} --gres=gpu:1 {SHARED_WORK}/{tag}.sh",
@@ -95,7 +102,8 @@ def by_hand(share: Path, n: int, containers: list[str], tag: str) -> float:
                          f"{(work / f'{tag}.out').read_text()[-2000:]}")
     while node_exec(containers[0], "squeue -h -u alice").strip():
         time.sleep(0.5)   # the next measurement starts on an idle cluster
-    return max(t for t in stamps(containers, "rank", tag) if t == t) - t0
+    return (max(t for t in stamps(containers, "torchrun", tag) if t == t) - t0,
+            max(t for t in stamps(containers, "rank", tag) if t == t) - t0)
 
 
 def main() -> int:
@@ -132,32 +140,38 @@ def main() -> int:
                       str(runs["queue"]), "trivial.py"]
             until_ranks(plain, n, containers, runs["ssh"])      # warm-up: torch, the sync
             until_ranks(queued, n, containers, runs["queue"])
-            samples: dict[str, list[float]] = {"train": [], "train_queue": [],
-                                               "sbatch_srun": []}
+            modes = ("train", "train_queue", "sbatch_srun")
+            samples: dict[str, list[tuple[float, float]]] = {k: [] for k in modes}
             PHASES["granted_s"].clear()
             for i in range(args.repeats):
                 samples["train"].append(until_ranks(plain, n, containers, runs["ssh"]))
                 samples["train_queue"].append(until_ranks(queued, n, containers,
                                                           runs["queue"]))
                 samples["sbatch_srun"].append(by_hand(share, n, containers, f"hand-{n}-{i}"))
-            row = {"nodes": n, **{k: {"median_s": round(statistics.median(v), 3),
-                                      "all_s": [round(x, 3) for x in v]}
-                                  for k, v in samples.items()},
-                   "queue_granted_s": [round(x, 3) for x in PHASES["granted_s"]]}
+            row: dict[str, Any] = {"nodes": n}
+            for k, pairs in samples.items():
+                for j, what in enumerate(("until_torchrun", "until_ranks")):
+                    v = [p[j] for p in pairs]
+                    row.setdefault(k, {})[what] = {"median_s": round(statistics.median(v), 3),
+                                                   "all_s": [round(x, 3) for x in v]}
+            row["queue_granted_s"] = [round(x, 3) for x in PHASES["granted_s"]]
             results.append(row)
             print(json.dumps(row), flush=True)
     finally:
         sandbox_down(args.name)
-    write_results(args.out, "seconds from the command's start until every rank runs, on an "
-                  "idle Slurm cluster: train over SSH, train --queue, sbatch + srun by hand; "
-                  "median of repeats (train warmed up: torch checked, code synced)",
+    write_results(args.out, "seconds from the command's start until torchrun runs on every "
+                  "node, and until every rank runs, on an idle Slurm cluster: train over SSH, "
+                  "train --queue, sbatch + srun by hand; median of repeats (train warmed up: "
+                  "torch checked, code synced)",
                   "sandbox containers, Slurm 22.05 (Debian 12)", results,
                   slurm_play_s=round(slurm_play, 1), stamps=STAMPS)
-    print("\n| nodes | `train` (SSH) | `train --queue` | `sbatch` + `srun` by hand |")
-    print("|---|---|---|---|")
+    print("\n| nodes | until | `train` (SSH) | `train --queue` | `sbatch` + `srun` by hand |")
+    print("|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['nodes']} | {r['train']['median_s']:.2f} s | "
-              f"{r['train_queue']['median_s']:.2f} s | {r['sbatch_srun']['median_s']:.2f} s |")
+        for what in ("until_torchrun", "until_ranks"):
+            print(f"| {r['nodes']} | {what.split('_')[1]} | " + " | ".join(
+                f"{r[k][what]['median_s']:.2f} s" for k in
+                ("train", "train_queue", "sbatch_srun")) + " |")
     return 0
 
 

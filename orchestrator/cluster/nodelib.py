@@ -16,6 +16,7 @@ import gzip
 import hashlib
 import io
 import shlex
+import subprocess
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,13 @@ class Runs(Protocol):
     """What nodelib needs of a connection (ssh.Connection, or a stand-in in tests)."""
 
     def run(self, command: str, timeout: float = 60.0, stdin: str | None = None):  # noqa: ANN201
+        ...
+
+
+class Starts(Runs, Protocol):
+    """A connection that also starts a command and streams its output (ssh.Connection)."""
+
+    def popen(self, command: str, stdin: bool = False) -> subprocess.Popen:
         ...
 
 
@@ -111,14 +119,6 @@ def install(conn: Runs, python: str | None = None) -> None:
         said = result.stderr.strip().splitlines() or [f"exit {result.exit_code}"]
         raise RuntimeError(f"could not install clustertrain's node package under "
                            f"~/{protocol.NODE_STATE_DIR}/{protocol.LIB_SUBDIR}: {said[-1]}")
-
-
-def ensure(conn: Runs, python: str) -> bool:
-    """The node has this version afterwards; True if it was copied now."""
-    if conn.run(command(python, "--help"), timeout=60).exit_code != MISSING:
-        return False
-    install(conn, python)
-    return True
 
 
 def call(conn: Runs, python: str, verb: str, *args: str, timeout: float = 60.0,

@@ -15,6 +15,7 @@ new connection, before the node is named lost).
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import os
 import random
@@ -119,6 +120,7 @@ class Connection:
         self._dir = tempfile.mkdtemp(prefix="ct-ssh-", dir="/tmp")
         self.control_path = os.path.join(self._dir, "m")
         self.master_pid: int | None = None
+        self.owned = True   # close() ends the master; not for a borrowed() one
 
     def _argv(self, ours: list[str], *rest: str) -> list[str]:
         # Ours first: they must win over ansible.cfg's ControlMaster/ControlPath. The
@@ -223,7 +225,16 @@ class Connection:
             return True
         return True
 
+    def borrowed(self) -> Connection:
+        """This master connection for a second user of it, whose close() leaves it open:
+        its owner (this object) ends it."""
+        other = copy.copy(self)
+        other.owned = False
+        return other
+
     def close(self) -> None:
+        if not self.owned:
+            return
         if os.path.exists(self.control_path):
             subprocess.run([self.target.ssh_executable, "-o",
                             f"ControlPath={self.control_path}", "-O", "exit",

@@ -9,6 +9,7 @@ Slurm chose, each node's ranks seeing only the GPUs Slurm gave it (CUDA_VISIBLE_
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shlex
@@ -129,13 +130,10 @@ def allocate(cluster: Cluster, request: AllocationRequest, run_id: str,
     proc: subprocess.Popen | None = None
     started = time.monotonic()
     try:
-        nodelib.ensure(conn, first.python)
-        proc = conn.popen(nodelib.command(first.python, "allocate", "--name",
-                                          job_name(run_id), *request.salloc_args()),
-                          stdin=True)
-        assert proc.stdout is not None
+        proc, lines = _allocate_on(conn, first.python,
+                                   ["--name", job_name(run_id), *request.salloc_args()])
         said = ""
-        for raw in proc.stdout:
+        for raw in lines:
             line = raw.decode(errors="replace").strip()
             if not line.startswith("{"):
                 continue
@@ -167,6 +165,22 @@ def allocate(cluster: Cluster, request: AllocationRequest, run_id: str,
     except BaseException:
         Allocation("", [], {}, 0.0, proc, conn).release()
         raise
+
+
+def _allocate_on(conn: nodelib.Starts, python: str, args: list[str]
+                 ) -> tuple[subprocess.Popen, Iterator[bytes]]:
+    """The node verb `allocate` started on CONN's node, and its output's lines. The node
+    package is copied first only when the node says it lacks it (the verb's first answer:
+    no round trip of its own before every allocation)."""
+    copied = False
+    while True:
+        proc = conn.popen(nodelib.command(python, "allocate", *args), stdin=True)
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        if first or copied or proc.wait() != nodelib.MISSING:
+            return proc, itertools.chain([first], proc.stdout)
+        nodelib.install(conn, python)
+        copied = True
 
 
 def job_name(run_id: str) -> str:

@@ -29,7 +29,7 @@ from typing import Any
 from .. import defaults
 from ..checks.preflight import print_report, raise_if_blocked
 from ..checks.probe import NodeFacts
-from ..cluster import nodelib
+from ..cluster import nodelib, ssh
 from ..cluster.inventory import Cluster, NodeSpec, load_cluster
 from ..cluster.ssh import connect_all
 from ..errors import ClusterError, InputError, LaunchError
@@ -64,7 +64,7 @@ from .recovery import (
 )
 from .scheduler import Scheduler, scheduler_for, slurm_job_of
 from .secret import RunSecrets
-from .session import Session, connected_ahead
+from .session import Session, Take, connected_ahead
 from .settle import (
     next_attempt,
     node_states,
@@ -327,7 +327,7 @@ def _attempt(spec: RunSpec, whole: Cluster, cluster: Cluster, run_id: str, dry_r
                                share_gpus=spec.share_gpus or spec.queue,
                                cordoned_ok=spec.cordoned_ok,
                                run_id=None if dry_run else run_id,
-                               opened=take(cluster)) as session:
+                               opened=_opened(take, cluster, allocation)) as session:
                 print_report(session.report, comment=dry_run)
                 raise_if_blocked(session.report)
                 plan = Plan.make(spec, session, run_id, allocation, recovery,
@@ -346,14 +346,30 @@ def _attempt(spec: RunSpec, whole: Cluster, cluster: Cluster, run_id: str, dry_r
 
 
 def _nodes_ahead(spec: RunSpec, whole: Cluster, cluster: Cluster) -> Cluster | None:
-    """The nodes a --queue run connects to while Slurm grants its allocation (the check
-    after the grant then finds them open): those Slurm may choose, when they are not more
-    than twice the nodes asked for; None otherwise, and for a run that does not queue."""
+    """The nodes a --queue run connects to while Slurm grants its allocation, so that the
+    check after the grant finds open the ones Slurm chose: the --hosts asked for; else the
+    first twice-as-many of the inventory (every node of a small cluster), where Slurm looks
+    first on an idle cluster (slurm.conf lists the nodes in the inventory's order). Not the
+    inventory's first node: the allocation's own connection serves it (_opened). Those
+    Slurm did not choose are closed at the grant. None for a run that does not queue."""
     if not spec.queue:
         return None
-    if spec.hosts is not None or len(whole.nodes) <= 2 * len(cluster.nodes):
-        return cluster if spec.hosts is not None else whole
-    return None
+    ahead = cluster if spec.hosts is not None else \
+        whole.select(nodes=min(len(whole.nodes), 2 * len(cluster.nodes)))
+    rest = [n for n in ahead.names if n != whole.names[0]]
+    return whole.select(hosts=",".join(rest)) if rest else None
+
+
+def _opened(take: Take, cluster: Cluster, allocation: Allocation | None
+            ) -> dict[str, ssh.Connection]:
+    """The connections CLUSTER's check starts from: those opened while Slurm granted the
+    allocation, and the allocation's own, to the inventory's first node, when Slurm chose
+    that node (borrowed: the allocation ends it when it is given back, after the run)."""
+    opened = take(cluster)
+    conn = allocation.conn if allocation is not None else None
+    if conn is not None and conn.name in cluster.names:
+        opened[conn.name] = conn.borrowed()
+    return opened
 
 
 def _run(plan: Plan, session: Session, scheduler: Scheduler, whole: Cluster,

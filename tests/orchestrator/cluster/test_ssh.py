@@ -93,3 +93,15 @@ def test_a_refused_login_is_reported_at_once(tmp_path: Path) -> None:
     with pytest.raises(PreflightError, match="refused .*ansible_user and the key"):
         ssh.connect("node0", target)
     assert len(calls.read_text().splitlines()) == 1
+
+
+def test_a_borrowed_connection_leaves_its_master_to_its_owner() -> None:
+    """A queued run's check uses the allocation's connection to the first node: closing the
+    check's (borrowed) copy leaves the master open, under the allocation that still runs
+    over it; the owner's close ends it."""
+    owner = ssh.Connection("node0", ssh.SshTarget("192.0.2.1"))
+    Path(owner.control_path).touch()       # where the master's socket would be
+    owner.borrowed().close()
+    assert Path(owner.control_path).exists()
+    owner.close()
+    assert not Path(owner.control_path).exists()

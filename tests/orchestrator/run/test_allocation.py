@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -80,3 +81,27 @@ def test_a_closed_terminal_ends_the_wait_as_ctrl_c_does() -> None:
             os.kill(os.getpid(), sig)
             time.sleep(1.0)
     assert signal.getsignal(signal.SIGHUP) == before
+
+
+def test_the_allocate_verb_copies_the_node_package_only_when_the_node_lacks_it(
+        tmp_path) -> None:
+    """The allocation starts the node's `allocate` at once (no round trip before it): a node
+    without this version answers MISSING, gets the package and is asked again; a node that
+    has it is asked once. Here the node has no Slurm client, which the verb itself says."""
+    import json
+    import sys
+
+    from orchestrator.cluster import nodelib
+    from orchestrator.run.allocation import _allocate_on
+    from tests.orchestrator.local_node import LocalNode
+
+    node = LocalNode(tmp_path)
+    args = ["--name", "clustertrain-x", "--gpus-per-node", "1", "--", "-N", "1"]
+    for runs in (3, 1):
+        node.runs.clear()
+        proc, lines = _allocate_on(node, sys.executable, args)
+        events = [json.loads(line) for line in lines]
+        assert proc.wait() == 127 and events[0]["event"] == "refused", events
+        assert "no Slurm client (salloc)" in events[0]["said"][0]
+        assert len(node.runs) == runs, node.runs
+    assert Path(nodelib.entry(str(tmp_path))).is_file()
