@@ -1,4 +1,5 @@
 """`usage [--since DATE] [--runs] [--all]`: node- and GPU-hours per user (and per run),
+the GPU-hours that sat idle (IDLE), and the runs that held GPUs idle for an hour or more,
 from the runs' records on the share (node/usage.py says how a run is counted)."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from .. import defaults
 from ..cluster.inventory import load_cluster
 from ..cluster.share_usage import run_usage
 from ..errors import InputError
+from ..node.sysmetrics import GPU_IDLE_PCT
 
 DEFAULT_DAYS = 30
 
@@ -20,9 +22,11 @@ DEFAULT_DAYS = 30
 def register(sub: argparse._SubParsersAction) -> None:
     u = sub.add_parser("usage", help="node- and GPU-hours per user and per run",
                        description="Node-hours and GPU-hours per user (with --runs, per "
-                       "run too) since --since (default: the last 30 days), from the runs' "
-                       "records on the share: every run of every way of starting one "
-                       "(attached, detached, queued, notebooks). Yours; an admin sees "
+                       "run too) since --since (default: the last 30 days), the GPU-hours "
+                       "whose GPUs did nothing (IDLE), and the runs and notebooks that held "
+                       "GPUs idle for an hour or more, from the runs' records on the share: "
+                       "every run of every way of starting one (attached, detached, queued, "
+                       "notebooks). Yours; an admin sees "
                        "everyone's with --all (as root, through sudo). On a Slurm cluster, "
                        "Slurm's own accounting (sacct) has its jobs too.")
     u.add_argument("--since", metavar="DATE",
@@ -63,22 +67,30 @@ def _when(t: float | None) -> str:
 
 def table(found: dict[str, Any], runs: bool = False) -> list[str]:
     """A row per user (the most GPU-hours, then node-hours, first), with --runs a row per
-    run; then the records that could not be read."""
+    run; then the runs whose GPUs sat idle for an hour or more, and the records that could
+    not be read."""
     lines = [f"since {_when(found['since'])}",
-             f"{'USER':<12}{'RUNS':>6}{'NODE-HOURS':>12}{'GPU-HOURS':>11}"]
+             f"{'USER':<12}{'RUNS':>6}{'NODE-HOURS':>12}{'GPU-HOURS':>11}{'IDLE':>8}"]
     users = sorted(found["users"].items(),
                    key=lambda u: (-u[1]["gpu_hours"], -u[1]["node_hours"], u[0]))
     for user, t in users:
-        lines.append(f"{user:<12}{t['runs']:>6}{t['node_hours']:>12.2f}{t['gpu_hours']:>11.2f}")
+        lines.append(f"{user:<12}{t['runs']:>6}{t['node_hours']:>12.2f}{t['gpu_hours']:>11.2f}"
+                     f"{t['idle_gpu_hours']:>8.2f}")
     if not users:
         lines.append("(no run in that time)")
     if runs and found["runs"]:
         lines.append(f"{'RUN':<28}{'USER':<10}{'NODES':>6}{'NODE-HOURS':>12}{'GPU-HOURS':>11}"
-                     "  START             END")
+                     f"{'IDLE':>8}  START             END")
         for r in sorted(found["runs"], key=lambda r: r["start"]):
             lines.append(f"{r['run']:<28}{r['user']:<10}{len(r['nodes']):>6}"
-                         f"{r['node_hours']:>12.2f}{r['gpu_hours']:>11.2f}  "
+                         f"{r['node_hours']:>12.2f}{r['gpu_hours']:>11.2f}"
+                         f"{r['idle_gpu_hours']:>8.2f}  "
                          f"{_when(r['start']):<17} {_when(r['end'])}")
+    for r in sorted(found.get("idle") or [], key=lambda r: -r["idle_gpu_hours"]):
+        lines.append(f"idle: {r['run']} ({r['user']}, {', '.join(r['nodes'])}) held "
+                     f"{r['idle_gpu_hours']:.2f} of its {r['gpu_hours']:.2f} GPU-hours with "
+                     f"its GPUs doing nothing (at or under {GPU_IDLE_PCT:g} % used)"
+                     + ("; still running" if r["end"] is None else ""))
     for u in found.get("unread") or []:
         lines.append(f"not read: {u['path']} (owned by {u['owner']}): {u['why']}; an admin "
                      "sees it with usage --all")

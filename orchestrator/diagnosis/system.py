@@ -13,12 +13,10 @@ from enum import Enum
 
 from .. import defaults
 from ..node.protocol import SYSTEM_INTERVAL
-from ..node.sysmetrics import Gpu
+from ..node.sysmetrics import GPU_IDLE_PCT, Gpu
 
 MEMORY_LOW = 0.05       # flagged: a node's available memory under 5 % of its total,
 JOB_MEMORY_HIGH = 0.90  # or the job's processes there holding over 90 % of it
-GPU_IDLE_PCT = 1.0      # a GPU at or under this utilisation is idle, and flagged once it
-                        # was idle in every sample for train's --gpu-idle seconds
 GIB = 1024 ** 3
 
 

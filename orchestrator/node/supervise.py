@@ -390,7 +390,8 @@ class Supervisor:
         self.hang = Hang(args, self.peers, self._say_hang)
         self.state = {"node": args.node, "user": getpass.getuser(), "state": "running",
                       "pid": proc.pid, "started": time.time(), "ring_port": ring.port,
-                      "gpus": gpus_used(args.argv)}   # for `usage`'s GPU-hours
+                      "gpus": gpus_used(args.argv),   # for `usage`'s GPU-hours
+                      "gpu_idle_s": 0.0}   # ... and its idle ones (_count_idle)
         self.statefile = StateFile(os.path.join(args.state_dir, f"{args.node}.json"),
                                    ring.counters)
         self.statefile.put(self.state)
@@ -398,7 +399,13 @@ class Supervisor:
         self.first_beat = FirstBeat(os.path.join(self.job, OUTPUT_LOG)) \
             if args.recovery else None
         self.output = sysmetrics.OutputLines(os.path.join(self.job, OUTPUT_LOG))
-        self.sampling = sysmetrics.start(proc.pid, ring.addresses.get(args.node), self.output)
+        self.idle = sysmetrics.IdleGpus(sysmetrics.visible_gpus())
+        self.sampling = sysmetrics.start(proc.pid, ring.addresses.get(args.node), self.output,
+                                         seen=self._count_idle)
+
+    def _count_idle(self, sample: dict) -> None:
+        """The run's GPUs' idle time, in the node's state for `usage` (written with it)."""
+        self.state["gpu_idle_s"] = round(self.idle.add(sample), 1)
 
     def _tell(self) -> None:
         """This node's state changed: the share and the ring."""

@@ -26,6 +26,7 @@ import subprocess
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .protocol import SYSTEM_INTERVAL, SYSTEM_MARKER
@@ -36,6 +37,8 @@ SMI_QUERY = ["--query-gpu=index,utilization.gpu,memory.used,memory.total",
              "--format=csv,noheader,nounits"]
 SMI_TIMEOUT = 5.0    # seconds: a driver that does not answer costs one sample its GPUs
 MIB = 1024 * 1024
+GPU_IDLE_PCT = 1.0   # a GPU at or under this utilisation is idle (here, and the controller's
+                     # flag of a GPU idle for train's --gpu-idle seconds: diagnosis/system.py)
 
 
 # -- pure parsers ---------------------------------------------------------------------------
@@ -219,6 +222,38 @@ class Sampler:
         return parse_smi(done.stdout) if done.returncode == 0 else None
 
 
+def visible_gpus(environ: dict[str, str] | os._Environ[str] = os.environ) -> set[int] | None:
+    """The node's GPUs this run was given (CUDA_VISIBLE_DEVICES as indices: Slurm's
+    choice), or None when it names none that way (every GPU of the node is the run's)."""
+    visible = [d.strip() for d in environ.get("CUDA_VISIBLE_DEVICES", "").split(",")]
+    return {int(d) for d in visible if d.isdigit()} or None
+
+
+class IdleGpus:
+    """GPU-seconds of this run's GPUs (VISIBLE; None: all of the node's) that did nothing:
+    between two samples, each of its GPUs at or under GPU_IDLE_PCT in the second counts
+    the time between them. For `usage`'s idle GPU-hours (node/usage.py)."""
+
+    def __init__(self, visible: set[int] | None) -> None:
+        self.visible = visible
+        self.seconds = 0.0
+        self._last: float | None = None
+
+    def add(self, sample: dict) -> float:
+        """Count SAMPLE (the sampler's JSON); the idle GPU-seconds so far."""
+        t, last = sample.get("t"), self._last
+        if not isinstance(t, (int, float)):
+            return self.seconds
+        self._last = float(t)
+        if last is None or t <= last:
+            return self.seconds
+        idle = [g for g in sample.get("gpus") or []
+                if (self.visible is None or g.get("index") in self.visible)
+                and float(g.get("util_pct", 100.0)) <= GPU_IDLE_PCT]
+        self.seconds += len(idle) * (float(t) - last)
+        return self.seconds
+
+
 class OutputLines:
     """The supervisor's own lines in the job's output (JOB/output.log): each appended in
     one write (O_APPEND: never inside another writer's line), and remembered so that they
@@ -256,24 +291,30 @@ def system_line(sample: dict) -> str:
 
 
 def keep_sampling(sampler: Sampler, lines: OutputLines, stop: threading.Event,
-                  interval: float = SYSTEM_INTERVAL) -> None:
-    """A sample every INTERVAL into the job's output until STOP; a sample that fails is
-    said once in the supervisor's log and the next one tried."""
+                  interval: float = SYSTEM_INTERVAL,
+                  seen: Callable[[dict], None] = lambda sample: None) -> None:
+    """A sample every INTERVAL into the job's output (and to SEEN) until STOP; a sample
+    that fails is said once in the supervisor's log and the next one tried."""
     said = False
     while not stop.wait(interval):
         try:
-            lines.append(system_line(sampler.sample()))
+            sample = sampler.sample()
+            lines.append(system_line(sample))
+            seen(sample)
         except Exception:  # noqa: BLE001 - metrics never end a run
             if not said:
                 said = True
                 traceback.print_exc()
 
 
-def start(root_pid: int, address: str | None, output: OutputLines) -> threading.Event:
-    """Sample this node beside the run (a daemon thread); set the event it returns to
-    stop. The thread makes its sampler (the address resolved, the first counters read)
-    at once, while torchrun starts: a name slow to resolve never holds up the supervisor."""
+def start(root_pid: int, address: str | None, output: OutputLines,
+          seen: Callable[[dict], None] = lambda sample: None) -> threading.Event:
+    """Sample this node beside the run (a daemon thread), each sample also to SEEN; set the
+    event it returns to stop. The thread makes its sampler (the address resolved, the
+    first counters read) at once, while torchrun starts: a name slow to resolve never holds
+    up the supervisor."""
     stop = threading.Event()
-    threading.Thread(target=lambda: keep_sampling(Sampler(root_pid, address), output, stop),
+    threading.Thread(target=lambda: keep_sampling(Sampler(root_pid, address), output, stop,
+                                                  seen=seen),
                      daemon=True, name="sysmetrics").start()
     return stop

@@ -1,7 +1,8 @@
 """Who used the cluster, and how much (`node.py usage`, the node side of `clustertrain
 usage`): node-hours and GPU-hours per user and per run, from the runs' records on the
 share (checkpoints/USER/.clustertrain/runs/RUN/NODE.json, each node's part as its
-supervisor wrote it: its user, when it started and ended, the GPUs it used).
+supervisor wrote it: its user, when it started and ended, the GPUs it used, and the
+GPU-seconds those GPUs did nothing: sysmetrics.IdleGpus).
 
 A part still running counts until its state's last writing (its supervisor rewrites it
 every few seconds). Only the time inside the window counts (SINCE to now). As for `du`,
@@ -20,6 +21,7 @@ from .protocol import NODE_STATE_DIR
 from .util import owner_of, read_json
 
 HOUR = 3600.0
+IDLE_HOURS = 1.0   # a run (or notebook) whose GPUs sat idle this many GPU-hours is listed
 
 
 def gpus_used(argv: list[str], environ: dict[str, str] | os._Environ[str] = os.environ,
@@ -41,9 +43,11 @@ def gpus_used(argv: list[str], environ: dict[str, str] | os._Environ[str] = os.e
     return min(devices, int(nproc)) if nproc and nproc.isdigit() else devices
 
 
-def part(state: dict[str, Any], since: float, now: float) -> tuple[float, float] | None:
-    """Seconds of one node's part inside [SINCE, NOW], and its GPU-seconds; None for a
-    state that says no start."""
+def part(state: dict[str, Any], since: float, now: float
+         ) -> tuple[float, float, float] | None:
+    """Seconds of one node's part inside [SINCE, NOW], its GPU-seconds, and those of its
+    GPU-seconds that were idle (the supervisor's count over the whole part, its share
+    inside the window); None for a state that says no start."""
     started = state.get("started")
     if not isinstance(started, (int, float)):
         return None
@@ -51,13 +55,20 @@ def part(state: dict[str, Any], since: float, now: float) -> tuple[float, float]
                 if isinstance(t, (int, float))), started)
     seconds = max(0.0, min(float(end), now) - max(float(started), since))
     gpus = state.get("gpus")
-    return seconds, seconds * (gpus if isinstance(gpus, int) and gpus > 0 else 0)
+    gpu_seconds = seconds * (gpus if isinstance(gpus, int) and gpus > 0 else 0)
+    idle = state.get("gpu_idle_s")
+    whole = float(end) - float(started)
+    idle_seconds = min(gpu_seconds, float(idle) * seconds / whole) \
+        if isinstance(idle, (int, float)) and idle > 0 and whole > 0 else 0.0
+    return seconds, gpu_seconds, idle_seconds
 
 
 def usage(share: str, since: float = 0.0, now: float | None = None) -> dict[str, Any]:
     """{"since", "runs": [{"run", "user", "nodes", "start", "end", "node_hours",
-    "gpu_hours"}], "users": {user: {"runs", "node_hours", "gpu_hours"}}, "unread": [{"path",
-    "owner", "why"}]}: the records of every user this process may read."""
+    "gpu_hours", "idle_gpu_hours"}], "users": {user: {"runs", "node_hours", "gpu_hours",
+    "idle_gpu_hours"}}, "idle": [the runs with IDLE_HOURS idle GPU-hours or more],
+    "unread": [{"path", "owner", "why"}]}: the records of every user this process may
+    read."""
     now = time.time() if now is None else now
     runs: list[dict[str, Any]] = []
     unread: list[dict[str, str]] = []
@@ -83,15 +94,16 @@ def usage(share: str, since: float = 0.0, now: float | None = None) -> dict[str,
             if found is not None:
                 runs.append(found)
     totals: dict[str, dict[str, Any]] = {}
+    hours = ("node_hours", "gpu_hours", "idle_gpu_hours")
     for r in runs:
-        t = totals.setdefault(r["user"], {"runs": 0, "node_hours": 0.0, "gpu_hours": 0.0})
+        t = totals.setdefault(r["user"], {"runs": 0, **dict.fromkeys(hours, 0.0)})
         t["runs"] += 1
-        t["node_hours"] += r["node_hours"]
-        t["gpu_hours"] += r["gpu_hours"]
+        for key in hours:
+            t[key] += r[key]
     return {"since": since, "runs": runs,
-            "users": {u: {**t, "node_hours": round(t["node_hours"], 3),
-                          "gpu_hours": round(t["gpu_hours"], 3)}
+            "users": {u: {**t, **{k: round(t[k], 3) for k in hours}}
                       for u, t in sorted(totals.items())},
+            "idle": [r for r in runs if r["idle_gpu_hours"] >= IDLE_HOURS],
             "unread": unread}
 
 
@@ -99,7 +111,7 @@ def _run(path: str, run_id: str, user: str, since: float,
          now: float) -> dict[str, Any] | None:
     """One run's use inside the window, from its nodes' state files; None if none of its
     time falls inside it."""
-    nodes, seconds, gpu_seconds = [], 0.0, 0.0
+    nodes, seconds, gpu_seconds, idle_seconds = [], 0.0, 0.0, 0.0
     starts, ends = [], []
     for file in sorted(glob.glob(os.path.join(path, "*.json"))):
         state = read_json(file)
@@ -111,6 +123,7 @@ def _run(path: str, run_id: str, user: str, since: float,
         nodes.append(str(state["node"]))
         seconds += counted[0]
         gpu_seconds += counted[1]
+        idle_seconds += counted[2]
         starts.append(float(state["started"]))
         ends.append(state.get("ended"))
     if not nodes or seconds <= 0:
@@ -118,5 +131,6 @@ def _run(path: str, run_id: str, user: str, since: float,
     ended = [float(e) for e in ends if isinstance(e, (int, float))]
     return {"run": run_id, "user": user, "nodes": nodes, "start": min(starts),
             "end": max(ended) if len(ended) == len(ends) else None,
-            "node_hours": round(seconds / HOUR, 4), "gpu_hours": round(gpu_seconds / HOUR, 4)}
+            "node_hours": round(seconds / HOUR, 4), "gpu_hours": round(gpu_seconds / HOUR, 4),
+            "idle_gpu_hours": round(idle_seconds / HOUR, 4)}
 

@@ -186,7 +186,8 @@ def test_a_cpu_throttled_node_running_a_plain_ddp_script_is_flagged_as_the_strag
     # half a minute more.
     runs = tmp_path / "runs"
     t = Train(sandbox_cluster, runs, "--workdir", str(work), "--nodes", "3",
-              "--env", f"PATH=doubles:{NODE_PATH}", "--gpu-idle", "20", "plain_ddp.py", "--",
+              "--env", f"PATH=doubles:{NODE_PATH}", "--env", "CUDA_VISIBLE_DEVICES=0,1",
+              "--gpu-idle", "20", "plain_ddp.py", "--",
               "--steps", "300", "--batch", "128")
     try:
         t.wait_for("rank 2 training")
@@ -251,3 +252,20 @@ def test_a_cpu_throttled_node_running_a_plain_ddp_script_is_flagged_as_the_strag
     assert sorted((f["node"], f["gpu"]) for f in flagged if f["kind"] == "gpu-idle") == gpus
     assert sorted(e.attrs["data-node"] for e in elements
                   if e.attrs.get("data-flag") == "gpu-idle") == sorted(n for n, _ in gpus)
+    # ... and `usage` counts them: each node's supervisor adds up its GPUs' idle seconds
+    # (the run's two, as CUDA_VISIBLE_DEVICES gives them) into its state on the share.
+    states = {n: json.loads((sandbox_cluster.share / "checkpoints" / sandbox_cluster.user /
+                             ".clustertrain" / "runs" / summary["run_id"] / f"{n}.json")
+                            .read_text()) for n in NODES}
+    for node, state in states.items():
+        sampled = [s.t for s in samples if s.node == node]
+        assert state["gpus"] == 2 and state["gpu_idle_s"] == pytest.approx(
+            2 * (max(sampled) - min(sampled)), abs=2 * 11), (node, state, sampled)
+    used = subprocess.run([sys.executable, "-m", "orchestrator", "usage", "--runs", "--json",
+                           "-i", str(sandbox_cluster.inventory)], cwd=REPO, env=PODMAN_ENV,
+                          capture_output=True, text=True, timeout=120)
+    assert used.returncode == 0, used.stderr
+    (mine,) = [r for r in json.loads(used.stdout)["runs"] if r["run"] == summary["run_id"]]
+    idle = sum(s["gpu_idle_s"] for s in states.values()) / 3600
+    assert mine["idle_gpu_hours"] == pytest.approx(idle, abs=1e-3), mine
+    assert 0 < mine["idle_gpu_hours"] < mine["gpu_hours"], mine

@@ -130,3 +130,23 @@ def test_the_supervisors_lines_are_not_the_jobs_progress(tmp_path: Path) -> None
     assert log.read_text().splitlines() == [
         "[rank0]:started", f'{SYSTEM_MARKER} {{"t":1.0}}', f'{SYSTEM_MARKER} {{"t":2.0}}',
         "[rank0]:step 1", f'{SYSTEM_MARKER} {{"t":3.0}}']
+
+
+def test_the_runs_gpus_idle_seconds_count_only_its_own_gpus() -> None:
+    """`usage`'s idle GPU-hours: between two samples, each of the run's GPUs at or under
+    1 % counts the time between them; a GPU the run was not given (another user's, on a
+    node Slurm shares) counts nothing, nor does a sample without GPUs or out of order."""
+    def at(t: float, *utils: float) -> dict:
+        return {"t": t, "gpus": [{"index": i, "util_pct": u, "mem_used": 0, "mem_total": 1}
+                                 for i, u in enumerate(utils)]}
+
+    assert sysmetrics.visible_gpus({"CUDA_VISIBLE_DEVICES": "1"}) == {1}
+    assert sysmetrics.visible_gpus({}) is None
+    mine = sysmetrics.IdleGpus(sysmetrics.visible_gpus({"CUDA_VISIBLE_DEVICES": "1"}))
+    every = sysmetrics.IdleGpus(None)
+    for sample in (at(100, 0, 0), at(110, 0, 0), at(120, 0, 99), at(130, 50, 1.0),
+                   {"t": 140}, at(135, 0, 0)):
+        mine.add(sample)
+        every.add(sample)
+    assert mine.seconds == 10 + 10       # GPU 1: idle at 110 and at 130, busy at 120
+    assert every.seconds == 20 + 10 + 10

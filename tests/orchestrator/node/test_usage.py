@@ -25,19 +25,21 @@ def record(share: Path, user: str, run: str, node: str, **state) -> None:
 
 @pytest.fixture
 def share(tmp_path: Path) -> Path:
-    # alice: 2 nodes x 2 h with 4 GPUs each, ended: 4 node-hours, 16 GPU-hours.
-    for node in ("node0", "node1"):
+    # alice: 2 nodes x 2 h with 4 GPUs each, ended: 4 node-hours, 16 GPU-hours; node0's
+    # GPUs did nothing for 1.5 h of it: 6 idle GPU-hours.
+    for node, idle in (("node0", 1.5 * 4 * H), ("node1", 0.0)):
         record(tmp_path, "alice", "a1", node, started=NOW - 5 * H, ended=NOW - 3 * H,
-               state="ended", gpus=4)
+               state="ended", gpus=4, gpu_idle_s=idle)
     # alice: running on one CPU node for 29 minutes so far (its state last written 1 min
     # ago): 0.4833 node-hours, no GPU.
     record(tmp_path, "alice", "a2", "node2", started=NOW - 30 * 60, time=NOW - 60,
            state="running", gpus=0)
     # bob: 3 nodes with 2 GPUs each from 1 h before the window to 1 h into it: only the
-    # hour inside counts, 3 node-hours, 6 GPU-hours. A recovery plan beside them is no
-    # node's state.
+    # hour inside counts, 3 node-hours, 6 GPU-hours; each node idle 1 GPU-hour over its 2 h,
+    # half of it inside: 1.5 idle GPU-hours. A recovery plan beside them is no node's state.
     for node in ("node0", "node1", "node2"):
-        record(tmp_path, "bob", "b1", node, started=SINCE - H, ended=SINCE + H, gpus=2)
+        record(tmp_path, "bob", "b1", node, started=SINCE - H, ended=SINCE + H, gpus=2,
+               gpu_idle_s=H)
     (tmp_path / "checkpoints/bob/.clustertrain/runs/b1/plan.json").write_text('{"nodes": []}')
     # bob: a run over before the window: not counted.
     record(tmp_path, "bob", "b0", "node0", started=SINCE - 5 * H, ended=SINCE - 4 * H, gpus=8)
@@ -49,24 +51,32 @@ def share(tmp_path: Path) -> Path:
 def test_hours_per_user_and_run_are_the_hand_computed_figures(share: Path) -> None:
     found = usage.usage(str(share), SINCE, NOW)
     assert found["users"] == {
-        "alice": {"runs": 2, "node_hours": round(4 + 29 / 60, 3), "gpu_hours": 16.0},
-        "bob": {"runs": 1, "node_hours": 3.0, "gpu_hours": 6.0}}
+        "alice": {"runs": 2, "node_hours": round(4 + 29 / 60, 3), "gpu_hours": 16.0,
+                  "idle_gpu_hours": 6.0},
+        "bob": {"runs": 1, "node_hours": 3.0, "gpu_hours": 6.0, "idle_gpu_hours": 1.5}}
     runs = {r["run"]: r for r in found["runs"]}
     assert set(runs) == {"a1", "a2", "b1"}
     assert runs["a1"]["nodes"] == ["node0", "node1"] and runs["a1"]["end"] == NOW - 3 * H
     assert runs["a2"]["end"] is None and runs["a2"]["node_hours"] == round(29 / 60, 4)
     assert runs["b1"]["start"] == SINCE - H and runs["b1"]["gpu_hours"] == 6.0
+    assert [r["run"] for r in found["idle"]] == ["a1", "b1"]   # an idle GPU-hour or more
+    assert runs["a2"]["idle_gpu_hours"] == 0.0
     assert found["unread"] == []
 
 
 def test_the_table_puts_the_most_gpu_hours_first_and_lists_runs(share: Path) -> None:
     lines = table(usage.usage(str(share), SINCE, NOW), runs=True)
-    assert lines[1].split() == ["USER", "RUNS", "NODE-HOURS", "GPU-HOURS"]
-    assert lines[2].split() == ["alice", "2", "4.48", "16.00"]
-    assert lines[3].split() == ["bob", "1", "3.00", "6.00"]
-    rows = [line.split() for line in lines[5:]]
+    assert lines[1].split() == ["USER", "RUNS", "NODE-HOURS", "GPU-HOURS", "IDLE"]
+    assert lines[2].split() == ["alice", "2", "4.48", "16.00", "6.00"]
+    assert lines[3].split() == ["bob", "1", "3.00", "6.00", "1.50"]
+    rows = [line.split() for line in lines[5:8]]
     assert [r[0] for r in rows] == ["b1", "a1", "a2"]   # by start
     assert rows[2][-1] == "running"
+    assert lines[8:] == [
+        "idle: a1 (alice, node0, node1) held 6.00 of its 16.00 GPU-hours with its GPUs "
+        "doing nothing (at or under 1 % used)",
+        "idle: b1 (bob, node0, node1, node2) held 1.50 of its 6.00 GPU-hours with its GPUs "
+        "doing nothing (at or under 1 % used)"]
 
 
 def test_the_gpus_a_nodes_part_uses() -> None:

@@ -316,7 +316,8 @@ def test_verb_usage_reads_the_runs_records(node: Node, tmp_path: Path) -> None:
                                               "ended": 4600.0, "gpus": 2}))
     said = last_json(node.verb("usage", str(tmp_path), "--since", "0"))
     assert isinstance(said, dict)
-    assert said["users"] == {"alice": {"runs": 1, "node_hours": 1.0, "gpu_hours": 2.0}}
+    assert said["users"] == {"alice": {"runs": 1, "node_hours": 1.0, "gpu_hours": 2.0,
+                                       "idle_gpu_hours": 0.0}}
 
 
 @covers("recovery-plan", "standby")
