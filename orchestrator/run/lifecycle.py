@@ -337,9 +337,10 @@ def _attempt(spec: RunSpec, whole: Cluster, cluster: Cluster, run_id: str, dry_r
                     return 0
                 code = _run(plan, session, scheduler_for(
                     allocation.job_id if allocation else None, session.clients), whole, serving)
-                if spec.detach and allocation is not None:
-                    allocation.keep()   # running on the nodes: they give it back at the end
-                return code
+            # After the session's end, which may still use the allocation's connection.
+            if spec.detach and allocation is not None:
+                allocation.keep()   # running on the nodes: they give it back at the end
+            return code
         finally:
             if allocation is not None:
                 allocation.release()
