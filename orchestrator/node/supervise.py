@@ -399,7 +399,7 @@ class Supervisor:
         self.first_beat = FirstBeat(os.path.join(self.job, OUTPUT_LOG)) \
             if args.recovery else None
         self.output = sysmetrics.OutputLines(os.path.join(self.job, OUTPUT_LOG))
-        self.idle = sysmetrics.IdleGpus(sysmetrics.visible_gpus())
+        self.idle = sysmetrics.IdleGpus()
         self.sampling = sysmetrics.start(proc.pid, ring.addresses.get(args.node), self.output,
                                          seen=self._count_idle)
 

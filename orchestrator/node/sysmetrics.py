@@ -6,7 +6,9 @@ SYSTEM_INTERVAL seconds the supervisor appends one line to the job's output,
 with the node's CPU use (/proc/stat) and memory (/proc/meminfo), the resident memory of
 torchrun's whole process tree (util.process_table), the traffic of the interface that
 carries the node's cluster address (/proc/net/dev, the interface by /proc/net/route), and each
-GPU's utilisation and memory when nvidia-smi is on PATH. The controller keeps the lines in
+GPU's utilisation and memory when nvidia-smi is on PATH: the run's GPUs only, those
+CUDA_VISIBLE_DEVICES names when it does (a node Slurm shares: another user's GPU is not
+in this run's samples, its charts or its idle flags). The controller keeps the lines in
 the run's timeline (diagnosis/system.py), never on the terminal. One sample reads a few
 /proc files and one short line per process of the node; nothing is read in between.
 
@@ -174,6 +176,7 @@ class Sampler:
         except OSError:
             self.iface = None
         self.smi = shutil.which(NVIDIA_SMI)
+        self.visible = visible_gpus()   # the run's GPUs: a neighbour's are not its to see
         self.page = os.sysconf("SC_PAGE_SIZE")
         self._before = self._counters()
 
@@ -219,23 +222,35 @@ class Sampler:
                                   timeout=SMI_TIMEOUT, check=False)
         except (OSError, subprocess.SubprocessError):
             return None
-        return parse_smi(done.stdout) if done.returncode == 0 else None
+        if done.returncode != 0:
+            return None
+        return [g for g in parse_smi(done.stdout)
+                if self.visible is None or g.index in self.visible]
 
 
 def visible_gpus(environ: dict[str, str] | os._Environ[str] = os.environ) -> set[int] | None:
-    """The node's GPUs this run was given (CUDA_VISIBLE_DEVICES as indices: Slurm's
-    choice), or None when it names none that way (every GPU of the node is the run's)."""
-    visible = [d.strip() for d in environ.get("CUDA_VISIBLE_DEVICES", "").split(",")]
-    return {int(d) for d in visible if d.isdigit()} or None
+    """The node's GPUs this run was given, by index (CUDA_VISIBLE_DEVICES: Slurm's choice,
+    read as CUDA reads it: up to the first invalid index; empty, or -1: none); None when it
+    is not set, or names GPUs by UUID (no index to match: every GPU of the node counts)."""
+    raw = environ.get("CUDA_VISIBLE_DEVICES")
+    if raw is None:
+        return None
+    given: set[int] = set()
+    for word in (w.strip() for w in raw.split(",")):
+        if word and not word.lstrip("-").isdigit():
+            return None
+        if not word or int(word) < 0:
+            break
+        given.add(int(word))
+    return given
 
 
 class IdleGpus:
-    """GPU-seconds of this run's GPUs (VISIBLE; None: all of the node's) that did nothing:
-    between two samples, each of its GPUs at or under GPU_IDLE_PCT in the second counts
-    the time between them. For `usage`'s idle GPU-hours (node/usage.py)."""
+    """GPU-seconds of a run's GPUs (those of its samples) that did nothing: between two
+    samples, each GPU at or under GPU_IDLE_PCT in the second counts the time between them.
+    For `usage`'s idle GPU-hours (node/usage.py)."""
 
-    def __init__(self, visible: set[int] | None) -> None:
-        self.visible = visible
+    def __init__(self) -> None:
         self.seconds = 0.0
         self._last: float | None = None
 
@@ -248,8 +263,7 @@ class IdleGpus:
         if last is None or t <= last:
             return self.seconds
         idle = [g for g in sample.get("gpus") or []
-                if (self.visible is None or g.get("index") in self.visible)
-                and float(g.get("util_pct", 100.0)) <= GPU_IDLE_PCT]
+                if float(g.get("util_pct", 100.0)) <= GPU_IDLE_PCT]
         self.seconds += len(idle) * (float(t) - last)
         return self.seconds
 

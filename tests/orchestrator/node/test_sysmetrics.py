@@ -109,6 +109,18 @@ def test_a_sample_of_this_machine_without_and_with_gpus(monkeypatch: pytest.Monk
                                "mem_total": 81559 << 20}]
     line = sysmetrics.system_line(sample)
     assert line.startswith(f"{SYSTEM_MARKER} {{") and "\n" not in line
+    # Given one GPU of the node (Slurm's CUDA_VISIBLE_DEVICES), the run samples that one:
+    # the other is another user's.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert sysmetrics.visible_gpus() == {1}
+    sample = sysmetrics.Sampler(os.getpid(), "127.0.0.1").sample()
+    assert [g["index"] for g in sample["gpus"]] == [1]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-8f6c")   # by UUID: every GPU
+    assert sysmetrics.visible_gpus() is None
+    for none in ("", "-1"):
+        assert sysmetrics.visible_gpus({"CUDA_VISIBLE_DEVICES": none}) == set()
+    assert sysmetrics.visible_gpus({"CUDA_VISIBLE_DEVICES": "2,-1,3"}) == {2}   # as CUDA
+    assert sysmetrics.visible_gpus({}) is None
 
 
 def test_the_supervisors_lines_are_not_the_jobs_progress(tmp_path: Path) -> None:
@@ -132,21 +144,15 @@ def test_the_supervisors_lines_are_not_the_jobs_progress(tmp_path: Path) -> None
         "[rank0]:step 1", f'{SYSTEM_MARKER} {{"t":3.0}}']
 
 
-def test_the_runs_gpus_idle_seconds_count_only_its_own_gpus() -> None:
-    """`usage`'s idle GPU-hours: between two samples, each of the run's GPUs at or under
-    1 % counts the time between them; a GPU the run was not given (another user's, on a
-    node Slurm shares) counts nothing, nor does a sample without GPUs or out of order."""
+def test_the_runs_gpus_idle_seconds() -> None:
+    """`usage`'s idle GPU-hours: between two samples, each GPU at or under 1 % counts the
+    time between them; a sample without GPUs or out of order counts nothing."""
     def at(t: float, *utils: float) -> dict:
         return {"t": t, "gpus": [{"index": i, "util_pct": u, "mem_used": 0, "mem_total": 1}
                                  for i, u in enumerate(utils)]}
 
-    assert sysmetrics.visible_gpus({"CUDA_VISIBLE_DEVICES": "1"}) == {1}
-    assert sysmetrics.visible_gpus({}) is None
-    mine = sysmetrics.IdleGpus(sysmetrics.visible_gpus({"CUDA_VISIBLE_DEVICES": "1"}))
-    every = sysmetrics.IdleGpus(None)
+    idle = sysmetrics.IdleGpus()
     for sample in (at(100, 0, 0), at(110, 0, 0), at(120, 0, 99), at(130, 50, 1.0),
                    {"t": 140}, at(135, 0, 0)):
-        mine.add(sample)
-        every.add(sample)
-    assert mine.seconds == 10 + 10       # GPU 1: idle at 110 and at 130, busy at 120
-    assert every.seconds == 20 + 10 + 10
+        idle.add(sample)
+    assert idle.seconds == 20 + 10 + 10   # both at 110; GPU 0 at 120; GPU 1 at 130
