@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from .protocol import NODE_STATE_DIR
+from .sysmetrics import visible_gpus
 from .util import owner_of, read_json
 
 HOUR = 3600.0
@@ -27,11 +28,14 @@ IDLE_HOURS = 1.0   # a run (or notebook) whose GPUs sat idle this many GPU-hours
 def gpus_used(argv: list[str], environ: dict[str, str] | os._Environ[str] = os.environ,
               devices: int | None = None) -> int:
     """The GPUs a node's part of a run uses: those CUDA_VISIBLE_DEVICES shows it (Slurm's
-    choice), else as many of the node's GPUs (DEVICES, /dev/nvidiaN by default) as
-    torchrun starts processes (--nproc-per-node N; `gpu` or `auto`: all of them)."""
+    choice, read as the sampler reads it: sysmetrics.visible_gpus; named by UUID, each
+    name), else as many of the node's GPUs (DEVICES, /dev/nvidiaN by default) as torchrun
+    starts processes (--nproc-per-node N; `gpu` or `auto`: all of them)."""
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
-        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+        given = visible_gpus(environ)
+        return len(given) if given is not None else len([d for d in visible.split(",")
+                                                         if d.strip()])
     if devices is None:
         devices = len(glob.glob("/dev/nvidia[0-9]*"))
     if not devices:
