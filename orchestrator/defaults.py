@@ -28,7 +28,7 @@ NODE_PYTHON = "/usr/bin/python3"          # a node's system python: runs the nod
 # Free space where runs write (the share, each node's home and temporary directory): a run
 # is refused below MIN_FREE_GB (the inventory's cluster_min_free_gb) or MIN_FREE_INODES,
 # and warned below SPACE_WARN of the filesystem's space or inodes.
-MIN_FREE_GB = 2.0
+MIN_FREE_GB = float(_contract.role_default("contract", "cluster_min_free_gb"))
 MIN_FREE_INODES = 1000
 SPACE_WARN = 0.05
 # -- a run's policies (train's options) ---------------------------------------------------

@@ -18,13 +18,14 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from .. import contract, defaults
 from ..cluster import ssh
 from ..cluster.fanout import each
 from ..cluster.inventory import Cluster, NodeSpec
 from ..errors import PreflightError
-from ..node import fingerprint
+from ..node import fingerprint, health
 from ..node.busy import Busy, GpuProcess
 from ..node.space import size
 from .probe import NodeFacts, Rendezvous, probe, reach, stop_listener
@@ -406,19 +407,36 @@ def _judge_gpus(report: Report, f: NodeFacts) -> None:
 
 
 def _judge_cordon(report: Report, f: NodeFacts) -> None:
-    """A node in the share's cordon record (a run lost it, doctor named it) is kept out."""
-    if not f.cordon:
+    """A node in the share's cordon record (a run lost it, doctor named it, its health check
+    failed) is kept out; so is one whose health check fails, which may not have reached the
+    record (its share stalls)."""
+    held = f.cordon or _health_cordon(f.health)
+    if not held:
         return
     name = f.node.name
-    said = (f"{name}: cordoned since {f.cordon.get('since')} by {f.cordon.get('by')}: "
-            f"{f.cordon.get('why') or 'no reason given'}")
+    why = held.get("why") or "no reason given"
+    said = f"{name}: cordoned since {held.get('since')} by {held.get('by')}: {why}"
     if report.cordoned_ok:
         report.warnings.append(said)
+    elif why.startswith(health.WHY) or f.health:
+        report.problems.append(
+            f"{said}; leave it out (--hosts): it returns by itself once its health check "
+            f"passes (`sudo systemctl start {health.UNIT}` on it checks now)")
     else:
         report.problems.append(
             f"{said}; leave it out (--hosts), or once it is fixed return it with "
             f"`python -m orchestrator uncordon {name}` (or run `doctor` on it: a clean "
             "doctor returns it)")
+
+
+def _health_cordon(verdict: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A failing health verdict of the node's own disk, said as a cordon."""
+    if not verdict:
+        return None
+    since = verdict.get("since")
+    when = health.cordon.iso(since) if isinstance(since, (int, float)) else "now"
+    failing = "; ".join(str(x.get("why")) for x in verdict.get("failing") or [])
+    return {"since": when, "by": "its health check", "why": health.WHY + failing}
 
 
 def _judge_busy(report: Report, f: NodeFacts) -> None:

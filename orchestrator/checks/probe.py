@@ -63,6 +63,7 @@ class NodeFacts:
     gpu_source: str | None = None
     busy: dict[str, Any] | None = None          # node/busy.py: other runs, GPU processes
     cordon: dict[str, Any] | None = None        # node/cordon.py: this node's cordon, if any
+    health: dict[str, Any] | None = None        # node/health.py: its health check's failing verdict
     shared: dict[str, Any] = field(default_factory=dict)
     space: list[dict[str, Any]] = field(default_factory=list)  # node/probe.py space()
     port_free: bool | None = None

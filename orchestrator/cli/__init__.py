@@ -25,7 +25,7 @@ VERBS = {
     "uncordon": "cmd_cordon", "undrain": "cmd_cordon", "diagnose": "cmd_diagnose",
     "doctor": "cmd_doctor", "du": "cmd_du", "runs": "cmd_runs", "logs": "cmd_runs", "ui": "cmd_ui",
     "provision": "cmd_provision", "wheelhouse": "cmd_wheelhouse", "env": "cmd_env",
-    "usage": "cmd_usage", "completion": "cmd_completion",
+    "usage": "cmd_usage", "nodes": "cmd_nodes", "completion": "cmd_completion",
 }
 COMMANDS = tuple(dict.fromkeys(f"{__name__}.{module}" for module in VERBS.values()))
 

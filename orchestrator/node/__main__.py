@@ -18,6 +18,7 @@
   recovery-plan  write a detached run's recovery plan on the share (JSON on stdin)
   cordon     add a node's cordon or uncordon to the share's record, or list (cordon.py)
   du         the share's bytes by owner and kind, as JSON (du.py)
+  health     this node's health verdict; with --share, every node's history (health.py)
   usage      node- and GPU-hours per user and run from the records on the share (usage.py)
   torch      import torch in this Python and say what it sees (fingerprint.py)
   carry      what a job wrote in its working directory, into the next run's (carry.py)
@@ -247,6 +248,20 @@ def _cordon(args: argparse.Namespace) -> int:
     return _print_json(cordon(json.load(sys.stdin)))
 
 
+def _health_arguments(h: argparse.ArgumentParser) -> None:
+    h.add_argument("--share", help="read every node's history and cordons there too")
+    h.add_argument("--since", type=float, default=0.0, help="seconds since the epoch")
+    h.add_argument("--admin-group", default=None)
+
+
+def _health(args: argparse.Namespace) -> int:
+    from .health import nodes_view, read_state
+    out: dict[str, object] = {"state": read_state()}
+    if args.share:
+        out.update(nodes_view(args.share, args.since, args.admin_group))
+    return _print_json(out)
+
+
 def _du_arguments(d: argparse.ArgumentParser) -> None:
     d.add_argument("share")
 
@@ -300,6 +315,7 @@ VERBS: dict[str, Verb] = {
     "states": Verb(_states_arguments, _states),
     "cordon": Verb(_no_arguments, _cordon),
     "du": Verb(_du_arguments, _du),
+    "health": Verb(_health_arguments, _health),
     "usage": Verb(_usage_arguments, _usage),
     "torch": Verb(_no_arguments, _torch),
     "carry": Verb(_carry_arguments, _carry),

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from . import busy, cordon, fingerprint as fp
+from . import busy, cordon, fingerprint as fp, health
 from .protocol import BOUND_WAIT, EXIT_FILE, JOBS_DIR, LAST_USED, PORT_CLAIMS_DIR
 from .space import space, temp_dir
 from .util import read_json_or_why, write_json
@@ -654,6 +654,9 @@ def probe(req: dict) -> dict[str, Any]:
     out["shared"] = check_shared(req["shared"], out["user"], out["uid"])
     out["space"] = space({**({"share": req["shared"]["path"]} if out["shared"]["ok"] else {}),
                           "home": out["home"], "tmp": temp_dir()})
+    verdict = health.read_state()   # the health timer's, on the node's own disk (roles/health)
+    if verdict and verdict.get("failing"):
+        out["health"] = verdict
     if out["shared"]["ok"] and req.get("node"):
         out["cordon"] = cordon.current(req["shared"]["path"], req["node"],
                                        req.get("admin_group") or cordon.DEFAULT_ADMIN_GROUP)

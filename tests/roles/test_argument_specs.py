@@ -34,8 +34,8 @@ def templated(value: object) -> bool:
     return isinstance(value, str) and "{{" in value
 
 
-def test_all_nine_roles_have_a_spec():
-    assert len(ROLES) == 9, ROLES
+def test_all_ten_roles_have_a_spec():
+    assert len(ROLES) == 10, ROLES
 
 
 @pytest.mark.parametrize("role", ROLES)

@@ -210,7 +210,7 @@ def test_a_role_that_uses_a_shared_value_depends_on_the_contract_role() -> None:
         users.append(role.name)
         meta = yaml.safe_load((role / "meta" / "main.yml").read_text())
         assert {"role": "contract"} in (meta.get("dependencies") or []), role.name
-    assert users == ["firewall", "nfs_client", "nfs_server", "python_env", "slurm"]
+    assert users == ["firewall", "health", "nfs_client", "nfs_server", "python_env", "slurm"]
 
 
 def test_no_role_or_playbook_writes_a_shared_default_again() -> None:

@@ -371,6 +371,19 @@ def test_a_cordoned_node_is_refused_naming_why_since_when_and_the_way_back() -> 
         "doctor returns it)"]
 
 
+def test_a_node_whose_health_check_fails_is_refused_though_the_record_lacks_it() -> None:
+    """Its share stalls: its health check could not write the cordon to the share, and
+    said it on the node's own disk (node/health.py's state), which the probe reads."""
+    verdict = {"node": "node1", "since": 1764385920.0, "failing": [
+        {"check": "share", "why": "the share /mnt/cluster did not answer within 10 s"}]}
+    r = judged(facts("node0", {}), facts("node1", {}, health=verdict))
+    assert r.problems == [
+        "node1: cordoned since 2025-11-29T03:12:00+00:00 by its health check: health check: "
+        "the share /mnt/cluster did not answer within 10 s; leave it out (--hosts): it "
+        "returns by itself once its health check passes (`sudo systemctl start "
+        "clustertrain-health` on it checks now)"]
+
+
 def test_doctors_own_run_measures_a_cordoned_node_with_a_warning() -> None:
     r = Report(Cluster(inventory=Path("/site/hosts.yml"), nodes=(spec("node0"), spec("node1"))),
                [facts("node0", {}), facts("node1", {}, cordon=CORDON)], cordoned_ok=True)

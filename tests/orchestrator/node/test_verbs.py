@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.node import __main__ as verbs
+from orchestrator.node.cordon import CORDON, record
 from orchestrator.node.protocol import (
     EXIT_MARKER,
     FINISHED_MARKER,
@@ -306,6 +307,25 @@ def test_verb_du_counts_the_shares_bytes_by_owner_and_kind(node: Node, tmp_path:
     said = last_json(node.verb("du", str(tmp_path)))
     assert isinstance(said, dict) and said["unread"] == []
     assert [k["data"] >= 1 << 20 for k in said["users"].values()] == [True]
+
+
+@covers("health")
+def test_verb_health_reads_the_nodes_verdict_and_the_shares_histories(
+        node: Node, tmp_path: Path) -> None:
+    """Without a health check here its verdict is None; with --share, every node's history
+    and the runs that lost each node (a run's cordon) in the window."""
+    (tmp_path / "cordons").mkdir()
+    (tmp_path / "health").mkdir()
+    (tmp_path / "health" / "n1.jsonl").write_text(json.dumps(
+        {"time": 10.0, "node": "n1", "event": "failing", "failures": []}) + "\n")
+    record(str(tmp_path), "n2", CORDON, "n2 lost mid-run r1", run="r1")
+    said = last_json(node.verb("health", "--share", str(tmp_path), "--since", "5"))
+    assert isinstance(said, dict)
+    assert said["state"] is None
+    assert said["history"] == {"n1": [{"time": 10.0, "node": "n1", "event": "failing",
+                                       "failures": []}]}
+    assert [r["run"] for r in said["runs_failed"]["n2"]] == ["r1"]
+    assert said["cordoned"]["n2"]["why"] == "n2 lost mid-run r1"
 
 
 @covers("usage")

@@ -1,0 +1,1 @@
+../../roles/health/files/health.py

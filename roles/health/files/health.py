@@ -1,0 +1,611 @@
+"""The node's health check, run as root by a systemd timer on every training node
+(roles/health: clustertrain-health.timer), as Slurm sites run NHC: a node that fails it is
+cordoned with the reason, the same check passing again lifts the cordon it made, and every
+change goes into the node's history on the share, which `clustertrain nodes` reads.
+
+What it checks (each a Failure naming what and the fix):
+- share:  the share answers (statvfs and a listing, in a child process given
+          share_timeout seconds: a stalled NFS mount blocks whoever touches it) and is
+          mounted;
+- space:  free space and inodes on the share, / , /tmp and /home, against min_free_gb and
+          min_free_inodes (the inventory's cluster_min_free_gb, which preflight refuses
+          a run below);
+- gpu:    nvidia-smi answers (a GPU fallen off the bus makes it fail), no uncorrected ECC
+          error since the driver loaded, no retired page or row remap pending or failed;
+          the kernel's Xid messages of the GPUs since the last check (those that mean a
+          broken GPU keep the node cordoned until it reboots, or an admin lifts the
+          cordon). Skipped on a node without nvidia-smi;
+- clock:  chrony's offset from its sources below max_clock_offset seconds (when chrony
+          runs and is synchronised);
+- memory: no uncorrected memory error counted by the kernel's EDAC.
+
+What it does with the verdict, each step bounded in time so that a stalled share never
+hangs the timer:
+- its state, on the node's own disk (STATE_DIR/state.json, readable by every user: the
+  preflight probe reads it, so a node whose share stalls is refused naming the check);
+- Slurm: a failing node is drained ("clustertrain (health): why") and resumed once the
+  check passes, unless the drain is someone else's;
+- the share's cordon record (orchestrator/node/cordon.py): a cordon "health check: why"
+  when the check starts failing, and an uncordon when it passes again. The cordon is
+  written as root on the node, which the share squashes to its anonymous user (nobody):
+  no user can write such a file. The uncordon lifts only what its author may: with root
+  squashed, the health checks' own cordons; where root is not squashed root is an admin,
+  whose uncordon lifts every cordon, so it is written only when every cordon held is a
+  health check's;
+- the history (SHARE/health/NODE.jsonl, one JSON line per change; the nfs_server role
+  makes health/ the anonymous user's, so only root on a node writes there). A line that
+  cannot be written (the share stalls) waits in STATE_DIR/outbox.jsonl for the next run.
+
+The standard library only (the role installs it beside cordon.py, root's). The node
+package links to this file (orchestrator/node/health.py) for `read_state` and `history`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# The cordon record's rule: the node package's module, or (run as a script) the cordon.py
+# beside this file: the role's copy, or the node package's link.
+if not __package__:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+cordon = importlib.import_module(".cordon", __package__) if __package__ else \
+    importlib.import_module("cordon")
+
+CONFIG = "/etc/clustertrain/health.json"          # written by roles/health
+STATE_DIR = "/var/lib/clustertrain-health"        # the unit's StateDirectory
+UNIT = "clustertrain-health"                      # its service and timer
+HISTORY_SUBDIR = "health"                         # under the share's root (nfs_server)
+WHY = "health check: "                            # how the check's cordons begin
+DRAIN_WHO = "health"                              # its Slurm drains: "clustertrain (health): "
+LOCAL_PLACES = ("/", "/tmp", "/home")
+CHILD_WAIT = 2.0     # seconds past share_timeout given to the child that writes the share
+# Xids that mean the GPU (or its memory, or its link) is broken until a reset: NVIDIA's
+# "XID Errors" list (48 double-bit ECC, 63/64 row remapping, 74 NVLink, 79 fallen off
+# the bus, 92 high single-bit ECC rate, 94/95 contained/uncontained ECC, 119/120 GSP).
+BROKEN_XIDS = {48: "double-bit ECC error", 63: "row remapping event",
+               64: "row remapping failure", 74: "NVLink error", 79: "fallen off the bus",
+               92: "high single-bit ECC error rate", 94: "contained ECC error",
+               95: "uncontained ECC error", 119: "GSP timeout", 120: "GSP error"}
+XID_LINE = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f:.]+)\): (\d+)")
+SMI_FIELDS = ("index", "ecc.errors.uncorrected.volatile.total", "retired_pages.pending",
+              "remapped_rows.pending", "remapped_rows.failure")
+
+
+class ConfigError(Exception):
+    """The config file is missing or wrong: the message names the key and the fix."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """What roles/health writes to CONFIG (its defaults, meta/argument_specs.yml)."""
+
+    node: str
+    share: str
+    share_timeout: float = 10.0
+    min_free_gb: float = 2.0
+    min_free_inodes: int = 1000
+    max_clock_offset: float = 1.0
+    slurm: bool = False
+    admin_group: str | None = cordon.DEFAULT_ADMIN_GROUP
+    nvidia_smi: str = "nvidia-smi"
+    scontrol: str = "scontrol"
+    edac: str = "/sys/devices/system/edac/mc"
+    places: tuple[str, ...] = LOCAL_PLACES
+
+    @classmethod
+    def load(cls, path: str) -> Config:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                data = json.load(fh)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{path}: {exc}: run site.yml (roles/health writes it)") \
+                from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: not a JSON object: run site.yml (roles/health)")
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"{path}: unknown keys {unknown}; known: {sorted(known)}")
+        for key in ("node", "share"):
+            if not isinstance(data.get(key), str) or not data[key]:
+                raise ConfigError(f"{path}: {key!r} must be a non-empty string")
+        if not cordon.NODE_NAME.match(data["node"]):
+            raise ConfigError(f"{path}: node {data['node']!r} is not a node name")
+        for key in ("share_timeout", "min_free_gb", "max_clock_offset", "min_free_inodes"):
+            value = data.get(key, getattr(cls, key))
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ConfigError(f"{path}: {key} {value!r}: give a number of at least 0")
+        if "places" in data:
+            data["places"] = tuple(data["places"])
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failed check: which (share, space, gpu, clock, memory), why, and whether it
+    holds until the node reboots (a broken GPU's Xid: the kernel says it once)."""
+
+    check: str
+    why: str
+    sticky: bool = False
+
+
+# -- the checks -------------------------------------------------------------------------------
+
+def measure(paths: list[str]) -> dict[str, Any]:
+    """statvfs of each of PATHS, and whether each is a mount point: what the child that
+    touches the share returns (`health.py --measure PATH...`)."""
+    out: dict[str, Any] = {}
+    for path in paths:
+        try:
+            st = os.statvfs(path)
+            os.listdir(path)
+            out[path] = {"free": st.f_bavail * st.f_frsize, "total": st.f_blocks * st.f_frsize,
+                         "ifree": st.f_favail, "itotal": st.f_files,
+                         "mounted": os.path.ismount(path)}
+        except OSError as exc:
+            out[path] = {"error": exc.strerror or str(exc)}
+    return out
+
+
+def _child(args: list[str], stdin: str | None, wait: float) -> tuple[str | None, str]:
+    """Run this file with ARGS in a child given WAIT seconds; (its stdout, "") or (None,
+    why). A child stuck on a stalled share is killed and not waited for."""
+    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), *args],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(stdin, timeout=wait)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        try:
+            proc.wait(1.0)
+        except subprocess.TimeoutExpired:
+            pass   # in the kernel's hands until the share answers: left to end then
+        return None, f"did not answer within {wait:g} s"
+    if proc.returncode != 0:
+        return None, (err.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+    return out, ""
+
+
+def check_share(cfg: Config) -> tuple[list[Failure], dict[str, Any] | None]:
+    """The share answers within share_timeout, and is a mount: failures, and its figures."""
+    out, why = _child(["--measure", cfg.share], None, cfg.share_timeout)
+    if out is None:
+        return [Failure("share", f"the share {cfg.share} {why} (an NFS server or mount that "
+                        "stalls; see `mount` and the server's log)")], None
+    got = json.loads(out)[cfg.share]
+    if "error" in got:
+        return [Failure("share", f"the share {cfg.share} cannot be read: {got['error']} "
+                        "(run site.yml: the nfs_client role mounts it)")], None
+    if not got["mounted"]:
+        return [Failure("share", f"the share {cfg.share} is not mounted (run site.yml: the "
+                        "nfs_client role mounts it)")], None
+    return [], got
+
+
+def check_space(figures: dict[str, dict[str, Any]], min_free_gb: float,
+                min_free_inodes: int) -> list[Failure]:
+    """A failure for each place (of FIGURES, {path: measure()'s entry}) below the limits."""
+    failed = []
+    for path, got in figures.items():
+        if "error" in got or not got.get("total"):
+            continue
+        if got["free"] < min_free_gb * 2**30:
+            failed.append(Failure("space", f"{path} has {got['free'] / 2**30:.2f} GiB free of "
+                                  f"{got['total'] / 2**30:.1f}, below {min_free_gb:g} GiB "
+                                  "(cluster_min_free_gb): free some (`clustertrain du` "
+                                  "shows who fills the share)"))
+        elif got["itotal"] and got["ifree"] < min_free_inodes:
+            failed.append(Failure("space", f"{path} has {got['ifree']} inodes free of "
+                                  f"{got['itotal']}, below {min_free_inodes}: remove files"))
+    return failed
+
+
+def check_gpus(nvidia_smi: str) -> list[Failure]:
+    """nvidia-smi's word on the GPUs ([] on a node without it)."""
+    if shutil.which(nvidia_smi) is None:
+        return []
+    try:
+        done = subprocess.run([nvidia_smi, f"--query-gpu={','.join(SMI_FIELDS)}",
+                               "--format=csv,noheader,nounits"], capture_output=True,
+                              text=True, timeout=30, check=False)
+    except subprocess.TimeoutExpired:
+        return [Failure("gpu", "nvidia-smi did not answer within 30 s (a hung GPU or "
+                        "driver: see `dmesg` for Xid messages)", sticky=True)]
+    if done.returncode != 0:
+        said = (done.stderr or done.stdout).strip().splitlines()
+        return [Failure("gpu", f"nvidia-smi failed: {said[-1] if said else done.returncode} "
+                        "(a GPU lost, or the driver: see `dmesg`)")]
+    return gpu_failures(done.stdout)
+
+
+def gpu_failures(csv: str) -> list[Failure]:
+    """The failures in nvidia-smi's CSV of SMI_FIELDS ("[N/A]" where a GPU lacks one)."""
+    failed = []
+    for line in csv.strip().splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) != len(SMI_FIELDS):
+            continue
+        index, ecc, retired, remap_pending, remap_failed = cells
+        found = []
+        if ecc.isdigit() and int(ecc) > 0:
+            found.append(f"{ecc} uncorrected ECC error(s) since the driver loaded")
+        if retired.lower() == "yes":
+            found.append("a retired page pending (a reset retires it)")
+        if remap_pending.lower() == "yes":
+            found.append("a row remap pending (a reset applies it)")
+        if remap_failed.lower() == "yes":
+            found.append("a row remap failed (the GPU needs replacing)")
+        if found:
+            failed.append(Failure("gpu", f"GPU {index}: {'; '.join(found)}"))
+    return failed
+
+
+def xid_failures(kernel_log: str) -> list[Failure]:
+    """The Xid messages of KERNEL_LOG that mean a broken GPU, one failure per GPU (sticky:
+    the kernel says it once)."""
+    seen: dict[str, int] = {}
+    for bus, xid in XID_LINE.findall(kernel_log):
+        if int(xid) in BROKEN_XIDS:
+            seen.setdefault(bus, int(xid))
+    return [Failure("gpu", f"GPU {bus}: Xid {xid} ({BROKEN_XIDS[xid]}) in the kernel's log; "
+                    "reset the GPU or reboot the node, then lift the cordon", sticky=True)
+            for bus, xid in seen.items()]
+
+
+def check_xids(since: float | None) -> list[Failure]:
+    """The kernel log's broken-GPU Xids since SINCE (the last check; this boot if None)."""
+    if shutil.which("journalctl") is None:
+        return []
+    args = ["journalctl", "-k", "-q", "-o", "cat", "--no-pager", "-g", "NVRM: Xid"]
+    args += [f"--since=@{int(since)}"] if since else ["-b"]
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, timeout=30, check=False)
+    except subprocess.TimeoutExpired:
+        return []
+    return xid_failures(done.stdout)
+
+
+CHRONY_OFFSET = re.compile(r"^System time\s*:\s*([\d.]+) seconds (fast|slow)", re.MULTILINE)
+
+
+def clock_failures(tracking: str, max_offset: float) -> list[Failure]:
+    """From `chronyc tracking`: a failure when the clock is off by more than MAX_OFFSET
+    seconds while chrony is synchronised (unsynchronised: nothing to compare with)."""
+    if "Not synchronised" in tracking:
+        return []
+    found = CHRONY_OFFSET.search(tracking)
+    if not found or float(found.group(1)) <= max_offset:
+        return []
+    return [Failure("clock", f"the clock is {found.group(1)} s {found.group(2)} of its time "
+                    f"sources, over {max_offset:g} s (chronyc tracking; see chronyc sources)")]
+
+
+def check_clock(max_offset: float) -> list[Failure]:
+    if shutil.which("chronyc") is None:
+        return []
+    try:
+        done = subprocess.run(["chronyc", "-n", "tracking"], capture_output=True, text=True,
+                              timeout=10, check=False)
+    except subprocess.TimeoutExpired:
+        return []
+    return clock_failures(done.stdout, max_offset) if done.returncode == 0 else []
+
+
+def check_memory(edac: str) -> list[Failure]:
+    """Uncorrected memory errors the kernel's EDAC counted, per memory controller."""
+    failed = []
+    try:
+        controllers = sorted(n for n in os.listdir(edac) if n.startswith("mc"))
+    except OSError:
+        return []
+    for mc in controllers:
+        try:
+            with open(os.path.join(edac, mc, "ue_count"), encoding="ascii") as fh:
+                count = int(fh.read().strip() or 0)
+        except (OSError, ValueError):
+            continue
+        if count:
+            failed.append(Failure("memory", f"{count} uncorrected memory error(s) on {mc} "
+                                  "(EDAC): replace the memory", sticky=True))
+    return failed
+
+
+def run_checks(cfg: Config, since: float | None) -> list[Failure]:
+    failures, share = check_share(cfg)
+    places = [p for p in cfg.places if os.path.isdir(p)]
+    out, why = _child(["--measure", *places], None, cfg.share_timeout) if places else ("{}", "")
+    figures = json.loads(out) if out is not None else {}
+    if out is None:   # a home on NFS, say
+        failures.append(Failure("space", f"{', '.join(places)}: measuring them {why}"))
+    if share:
+        figures[cfg.share] = share
+    failures += check_space(figures, cfg.min_free_gb, cfg.min_free_inodes)
+    failures += check_gpus(cfg.nvidia_smi) + check_xids(since)
+    failures += check_clock(cfg.max_clock_offset) + check_memory(cfg.edac)
+    return failures
+
+
+# -- the state, on the node's own disk ------------------------------------------------------
+
+@dataclass
+class State:
+    """The node's last verdict: STATE_DIR/state.json."""
+
+    node: str
+    checked: float = 0.0
+    boot: str = ""
+    failing: list[dict[str, Any]] = field(default_factory=list)   # Failure as dicts
+    since: float | None = None       # when it started failing
+    cordoned: bool = False           # its cordon is in the share's record
+    drained: bool = False            # Slurm drained it for this check
+
+    def why(self) -> str:
+        return "; ".join(f["why"] for f in self.failing)
+
+
+def read_state(state_dir: str = STATE_DIR) -> dict[str, Any] | None:
+    """The node's last verdict as JSON (None when the check never ran here)."""
+    try:
+        with open(os.path.join(state_dir, "state.json"), encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _write_json(path: str, value: Any) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(value, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.chmod(tmp, 0o644)   # every user's preflight reads it
+    os.replace(tmp, path)
+
+
+def boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+# -- the share: history and cordons, written by a child that may stall ----------------------
+
+def history_path(share: str, node: str) -> str:
+    return os.path.join(share, HISTORY_SUBDIR, f"{node}.jsonl")
+
+
+def publish(request: dict[str, Any]) -> dict[str, Any]:
+    """The child's work (`health.py --publish`, request on stdin): append the history
+    lines, then add the cordon or the uncordon. {"written": n, "cordoned": bool,
+    "uncordoned": bool, "error": why or None}."""
+    share, node = request["share"], request["node"]
+    out: dict[str, Any] = {"written": 0, "cordoned": False, "uncordoned": False, "error": None}
+    lines = request.get("history") or []
+    if lines:
+        with open(history_path(share, node), "a", encoding="utf-8") as fh:
+            os.fchmod(fh.fileno(), 0o644)
+            fh.write("".join(json.dumps(line) + "\n" for line in lines))
+            fh.flush()
+            os.fsync(fh.fileno())
+        out["written"] = len(lines)
+    try:
+        if request.get("cordon"):
+            cordon.record(share, node, cordon.CORDON, WHY + request["cordon"])
+            out["cordoned"] = True
+        elif request.get("uncordon"):
+            out["uncordoned"] = _lift_own(share, node, request.get("admin_group"))
+    except (cordon.NoRecord, OSError) as exc:
+        out["error"] = str(exc)
+    return out
+
+
+def _lift_own(share: str, node: str, admin_group: str | None) -> bool:
+    """Write this check's uncordon of NODE when it lifts only health checks' cordons."""
+    admins = cordon.Admins(admin_group)
+    me = os.geteuid()
+    held = cordon.decide(cordon.read(share, node)[0], admins).get(node, cordon.NodeState()).held
+    lifts = [c for c in held if cordon.may_lift(me, c, admins)]
+    if not lifts or any(not c.why.startswith(WHY) for c in lifts):
+        return False
+    cordon.record(share, node, cordon.UNCORDON, WHY + "passes again")
+    return True
+
+
+# -- one run of the check -----------------------------------------------------------------
+
+def _drain(cfg: Config, why: str) -> bool:
+    slurm = cordon.Slurm(cfg.share, cfg.admin_group, cfg.scontrol)
+    try:
+        now = cordon._drained(slurm, cfg.node)
+        if now is not None and not now.startswith(f"{cordon.DRAIN_MARK}{DRAIN_WHO})"):
+            return False   # drained already, for someone else's reason: left alone
+        text = "".join(ch for ch in why if ch.isprintable())[:200]
+        cordon._scontrol(slurm, "update", f"NodeName={cfg.node}", "State=DRAIN",
+                         f"Reason={cordon.DRAIN_MARK}{DRAIN_WHO}): {text}")
+        return True
+    except (cordon.Refused, OSError, subprocess.TimeoutExpired) as exc:
+        print(f"could not drain {cfg.node} in Slurm: {exc}", file=sys.stderr)
+        return False
+
+
+def _resume(cfg: Config) -> None:
+    slurm = cordon.Slurm(cfg.share, cfg.admin_group, cfg.scontrol)
+    try:
+        now = cordon._drained(slurm, cfg.node)
+        if now is not None and now.startswith(f"{cordon.DRAIN_MARK}{DRAIN_WHO})"):
+            cordon._scontrol(slurm, "update", f"NodeName={cfg.node}", "State=RESUME")
+    except (cordon.Refused, OSError, subprocess.TimeoutExpired) as exc:
+        print(f"could not return {cfg.node} to Slurm: {exc}", file=sys.stderr)
+
+
+def step(cfg: Config, state_dir: str = STATE_DIR, now: float | None = None,
+         failures: list[Failure] | None = None) -> State:
+    """One run: check (FAILURES given: tests), act on the change, keep the state."""
+    stamp = time.time() if now is None else now
+    old = read_state(state_dir) or {}
+    state = State(**{k: v for k, v in old.items() if k in State.__dataclass_fields__}) \
+        if old.get("node") == cfg.node else State(cfg.node)
+    boot = boot_id()
+    found = run_checks(cfg, state.checked or None) if failures is None else failures
+    kept = [Failure(**f) for f in state.failing if f.get("sticky")] \
+        if state.boot == boot else []   # a reboot resets the GPU and the counters
+    if kept and state.cordoned and not _still_cordoned(cfg):
+        kept = []   # an admin lifted the cordon: the broken GPU was seen to
+    failing = list({(f.check, f.why): f for f in kept + found}.values())
+    was = bool(state.failing)
+    history: list[dict[str, Any]] = []
+    request: dict[str, Any] = {"share": cfg.share, "node": cfg.node,
+                               "admin_group": cfg.admin_group}
+    if failing and not was:
+        state.since = stamp
+        history.append({"time": stamp, "node": cfg.node, "event": "failing",
+                        "failures": [asdict(f) for f in failing]})
+    elif failing and {(f.check, f.why) for f in failing} != \
+            {(f["check"], f["why"]) for f in state.failing}:
+        history.append({"time": stamp, "node": cfg.node, "event": "still failing",
+                        "failures": [asdict(f) for f in failing]})
+    elif was and not failing:
+        history.append({"time": stamp, "node": cfg.node, "event": "passing",
+                        "failures": []})
+    state.failing = [asdict(f) for f in failing]
+    state.checked, state.boot = stamp, boot
+    if failing:
+        if cfg.slurm and not state.drained:
+            state.drained = _drain(cfg, WHY + state.why())
+        if not state.cordoned:
+            request["cordon"] = state.why()
+    else:
+        if state.drained:
+            _resume(cfg)
+        state.drained = False
+        state.since = None
+        if state.cordoned:
+            request["uncordon"] = True
+    outbox = os.path.join(state_dir, "outbox.jsonl")
+    pending = _read_lines(outbox) + history
+    request["history"] = pending
+    published = None
+    if pending or request.get("cordon") or request.get("uncordon"):
+        out, why = _child(["--publish"], json.dumps(request), cfg.share_timeout + CHILD_WAIT)
+        published = json.loads(out) if out is not None else {"error": why}
+    if published is not None:
+        if published.get("cordoned"):
+            state.cordoned = True
+        if request.get("uncordon") and (published.get("uncordoned") or not published.get("error")):
+            state.cordoned = False
+        pending = pending[int(published.get("written") or 0):]
+    _write_lines(outbox, pending)
+    _write_json(os.path.join(state_dir, "state.json"), asdict(state))
+    return state
+
+
+def _still_cordoned(cfg: Config) -> bool:
+    """Whether this check's cordon of the node still holds in the share's record (True when
+    the record cannot be read in time: nothing is dropped on a guess)."""
+    out, _ = _child(["--held", cfg.node, cfg.share], None, cfg.share_timeout)
+    return True if out is None else bool(json.loads(out))
+
+
+def _read_lines(path: str) -> list[dict[str, Any]]:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return [json.loads(line) for line in fh if line.strip()]
+    except (OSError, ValueError):
+        return []
+
+
+def _write_lines(path: str, lines: list[dict[str, Any]]) -> None:
+    if not lines:
+        if os.path.exists(path):
+            os.unlink(path)
+        return
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write("".join(json.dumps(line) + "\n" for line in lines))
+    os.replace(tmp, path)
+
+
+# -- what `clustertrain nodes` reads --------------------------------------------------------
+
+def history(share: str, since: float) -> dict[str, list[dict[str, Any]]]:
+    """Every node's history lines on SHARE from SINCE on: {node: [lines, oldest first]}."""
+    where = os.path.join(share, HISTORY_SUBDIR)
+    out: dict[str, list[dict[str, Any]]] = {}
+    try:
+        names = sorted(os.listdir(where))
+    except OSError:
+        return out
+    for name in names:
+        node = name[:-len(".jsonl")]
+        if not name.endswith(".jsonl") or not cordon.NODE_NAME.match(node):
+            continue
+        lines = [line for line in _read_lines(os.path.join(where, name))
+                 if isinstance(line, dict) and float(line.get("time") or 0) >= since]
+        if lines:
+            out[node] = lines
+    return out
+
+
+def nodes_view(share: str, since: float, admin_group: str | None) -> dict[str, Any]:
+    """What `clustertrain nodes` reads of the share: every node's health history, its
+    cordon now, and the runs that lost it (the cordons runs wrote), from SINCE on."""
+    events, _ = cordon.read(share)
+    states = cordon.decide(events, cordon.Admins(admin_group or cordon.DEFAULT_ADMIN_GROUP))
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for e in events:
+        if e.action == cordon.CORDON and e.run and e.time >= since:
+            runs.setdefault(e.node, []).append({"run": e.run, "time": e.time, "by": e.by,
+                                                "why": e.why})
+    return {"history": history(share, since), "runs_failed": runs,
+            "cordoned": {n: cordon._cordon_of(s) for n, s in sorted(states.items()) if s.held}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse  # here: the probe imports this module for read_state alone
+
+    p = argparse.ArgumentParser(prog="clustertrain-health", description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default=CONFIG)
+    p.add_argument("--state-dir", default=STATE_DIR)
+    p.add_argument("--measure", nargs="+", metavar="PATH", help=argparse.SUPPRESS)
+    p.add_argument("--publish", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--held", nargs=2, metavar=("NODE", "SHARE"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.measure:
+        print(json.dumps(measure(args.measure)))
+        return 0
+    if args.publish:
+        print(json.dumps(publish(json.load(sys.stdin))))
+        return 0
+    if args.held:
+        node, share = args.held
+        held = cordon.decide(cordon.read(share, node)[0], cordon.Admins(None)).get(node)
+        print(json.dumps(any(c.why.startswith(WHY) and c.uid == os.geteuid()
+                             for c in (held.held if held else []))))
+        return 0
+    try:
+        cfg = Config.load(args.config)
+    except ConfigError as exc:
+        print(f"clustertrain-health: {exc}", file=sys.stderr)
+        return 2
+    state = step(cfg, args.state_dir)
+    print(f"{cfg.node}: " + (f"failing: {state.why()}" if state.failing else "healthy")
+          + (" (cordoned)" if state.cordoned else "") + (" (drained)" if state.drained else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

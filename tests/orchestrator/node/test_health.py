@@ -1,0 +1,206 @@
+"""The node's health check (orchestrator/node/health.py, roles/health's files/health.py):
+each check's verdict, and what one run does with it: the cordon in the share's record, its
+lift, the history on the share, the lines kept on the node while the share cannot take
+them. The share here is a directory (tmp_path) made as the nfs_server role makes it; the
+timer and a stalled share are tested on the sandbox (tests/roles/test_health_sandbox.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from orchestrator.node import cordon, health
+from orchestrator.node.health import Config, ConfigError, Failure
+
+NODE = "hpc-b"
+
+
+@pytest.fixture
+def share(tmp_path: Path) -> Path:
+    root = tmp_path / "share"
+    (root / cordon.CORDONS_SUBDIR).mkdir(parents=True)
+    (root / health.HISTORY_SUBDIR).mkdir()
+    return root
+
+
+def config(share: Path, **kw) -> Config:
+    return Config(node=NODE, share=str(share), share_timeout=5.0, **kw)
+
+
+def held(share: Path) -> list[cordon.Event]:
+    state = cordon.decide(cordon.read(str(share), NODE)[0], cordon.Admins(None)).get(NODE)
+    return state.held if state else []
+
+
+def lines(share: Path) -> list[dict]:
+    path = Path(health.history_path(str(share), NODE))
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+SHARE_STALLED = Failure("share", "the share /mnt/cluster did not answer within 10 s")
+
+
+# -- what one run does with its verdict -------------------------------------------------------
+
+def test_a_failing_node_is_cordoned_once_and_lifted_when_it_passes(share, tmp_path) -> None:
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    first = health.step(config(share), str(state_dir), now=1000.0, failures=[SHARE_STALLED])
+    assert first.failing and first.cordoned and first.since == 1000.0
+    [c] = held(share)
+    assert c.why == health.WHY + SHARE_STALLED.why
+    again = health.step(config(share), str(state_dir), now=1300.0, failures=[SHARE_STALLED])
+    assert again.cordoned and again.since == 1000.0
+    assert len(held(share)) == 1 and len(lines(share)) == 1   # no second cordon, no new line
+    passed = health.step(config(share), str(state_dir), now=1600.0, failures=[])
+    assert not passed.failing and not passed.cordoned
+    assert held(share) == []
+    assert [x["event"] for x in lines(share)] == ["failing", "passing"]
+    assert lines(share)[0]["failures"][0]["why"] == SHARE_STALLED.why
+    # the state every user's preflight reads
+    kept = health.read_state(str(state_dir))
+    assert kept is not None and kept["failing"] == [] and kept["node"] == NODE
+    assert stat.S_IMODE(os.stat(state_dir / "state.json").st_mode) == 0o644
+
+
+def test_the_check_lifts_no_cordon_but_its_own(share, tmp_path) -> None:
+    """A run's cordon of the node stays when the health check passes again (here the
+    writer may lift every cordon, as root may where the share does not squash root)."""
+    cordon.record(str(share), NODE, cordon.CORDON, "a run lost it", run="r1")
+    health.step(config(share), str(tmp_path), now=1.0, failures=[SHARE_STALLED])
+    assert len(held(share)) == 2
+    health.step(config(share), str(tmp_path), now=2.0, failures=[])
+    assert [c.why for c in held(share)][0] == "a run lost it"
+
+
+def test_lines_the_share_cannot_take_wait_on_the_node(share, tmp_path) -> None:
+    missing = tmp_path / "not-yet"   # the share, away: every write to it fails
+    cfg = config(missing)
+    state = health.step(cfg, str(tmp_path), now=1.0, failures=[SHARE_STALLED])
+    assert state.failing and not state.cordoned
+    assert (tmp_path / "outbox.jsonl").read_text().count("\n") == 1
+    health.step(cfg, str(tmp_path), now=2.0, failures=[])
+    assert (tmp_path / "outbox.jsonl").read_text().count("\n") == 2
+    share.rename(missing)            # the share answers again
+    health.step(cfg, str(tmp_path), now=3.0, failures=[])
+    assert not (tmp_path / "outbox.jsonl").exists()
+    path = Path(health.history_path(str(missing), NODE))
+    assert [json.loads(x)["event"] for x in path.read_text().splitlines()] == \
+        ["failing", "passing"]
+    assert held(missing) == []       # never written: nothing to lift
+
+
+def test_a_broken_gpu_stays_cordoned_until_an_admin_lifts_it(share, tmp_path) -> None:
+    xid = health.xid_failures("NVRM: Xid (PCI:0000:3b:00): 79, pid=0, GPU has fallen off "
+                              "the bus.")
+    health.step(config(share), str(tmp_path), now=1.0, failures=xid)
+    still = health.step(config(share), str(tmp_path), now=2.0, failures=[])
+    assert still.failing and still.cordoned   # the kernel said it once; the GPU is still gone
+    cordon.record(str(share), NODE, cordon.UNCORDON, "GPU replaced")   # an admin (root here)
+    back = health.step(config(share), str(tmp_path), now=3.0, failures=[])
+    assert not back.failing
+
+
+# -- each check ---------------------------------------------------------------------------
+
+def test_space_below_the_limits_fails_naming_the_place() -> None:
+    gib = 2**30
+    figures = {"/": {"free": 1 * gib, "total": 100 * gib, "ifree": 10**6, "itotal": 10**6},
+               "/tmp": {"free": 50 * gib, "total": 100 * gib, "ifree": 10, "itotal": 10**6},
+               "/home": {"free": 50 * gib, "total": 100 * gib, "ifree": 10**6, "itotal": 10**6}}
+    failed = health.check_space(figures, min_free_gb=2.0, min_free_inodes=1000)
+    assert [f.why.split(" ")[0] for f in failed] == ["/", "/tmp"]
+    assert "1.00 GiB free" in failed[0].why and "cluster_min_free_gb" in failed[0].why
+    assert "10 inodes free" in failed[1].why
+
+
+def test_the_share_is_measured_and_must_be_a_mount(tmp_path) -> None:
+    failed, figures = health.check_share(Config(node=NODE, share="/", share_timeout=10))
+    assert failed == [] and figures and figures["total"] > 0
+    failed, _ = health.check_share(Config(node=NODE, share=str(tmp_path), share_timeout=10))
+    assert [f.check for f in failed] == ["share"] and "not mounted" in failed[0].why
+    failed, _ = health.check_share(Config(node=NODE, share=str(tmp_path / "x"),
+                                          share_timeout=10))
+    assert "cannot be read" in failed[0].why
+
+
+# nvidia-smi's answer to SMI_FIELDS, written by hand in its CSV format (a test double:
+# no GPU here): GPU 1 with 2 uncorrected ECC errors and a row remap pending; an older GPU
+# without row remapping ("[N/A]") and a retired page pending.
+SMI = ("0, 0, No, No, No\n"
+       "1, 2, No, Yes, No\n"
+       "2, [N/A], Yes, [N/A], [N/A]\n")
+
+
+def test_gpu_errors_nvidia_smi_reports_fail() -> None:
+    failed = health.gpu_failures(SMI)
+    assert [f.why.split(":")[0] for f in failed] == ["GPU 1", "GPU 2"]
+    assert "2 uncorrected ECC" in failed[0].why and "row remap pending" in failed[0].why
+    assert "retired page pending" in failed[1].why
+
+
+def test_nvidia_smi_failing_fails_and_missing_skips(tmp_path) -> None:
+    smi = tmp_path / "nvidia-smi"   # a test double of a GPU fallen off the bus
+    smi.write_text("#!/bin/sh\necho 'Unable to determine the device handle for GPU "
+                   "0000:3B:00.0: GPU is lost.' >&2\nexit 15\n")
+    smi.chmod(0o755)
+    [failed] = health.check_gpus(str(smi))
+    assert "GPU is lost" in failed.why
+    assert health.check_gpus(str(tmp_path / "absent")) == []
+
+
+def test_only_xids_of_a_broken_gpu_fail() -> None:
+    log = ("NVRM: Xid (PCI:0000:3b:00): 13, pid=4242, Graphics Exception\n"
+           "NVRM: Xid (PCI:0000:5e:00): 48, pid=4242, DBE (double bit error)\n"
+           "NVRM: Xid (PCI:0000:5e:00): 48, pid=4242, DBE (double bit error)\n")
+    [failed] = health.xid_failures(log)
+    assert failed.sticky and "0000:5e:00: Xid 48 (double-bit ECC error)" in failed.why
+
+
+def test_the_clock_fails_only_when_synchronised_and_far_off() -> None:
+    tracking = ("Reference ID    : C0A80001 (192.168.0.1)\n"
+                "System time     : 2.500000000 seconds slow of NTP time\n"
+                "Leap status     : Normal\n")
+    [failed] = health.clock_failures(tracking, max_offset=1.0)
+    assert "2.500000000 s slow" in failed.why
+    assert health.clock_failures(tracking, max_offset=5.0) == []
+    assert health.clock_failures(tracking.replace("Normal", "Not synchronised"), 1.0) == []
+
+
+def test_uncorrected_memory_errors_fail(tmp_path) -> None:
+    for mc, ue in (("mc0", "0"), ("mc1", "3")):
+        (tmp_path / mc).mkdir()
+        (tmp_path / mc / "ue_count").write_text(ue + "\n")
+    [failed] = health.check_memory(str(tmp_path))
+    assert failed.check == "memory" and "3 uncorrected memory error(s) on mc1" in failed.why
+    assert health.check_memory(str(tmp_path / "none")) == []
+
+
+# -- its settings and what `nodes` reads --------------------------------------------------
+
+@pytest.mark.parametrize("data, said", [
+    ({"share": "/mnt/cluster"}, "'node' must be a non-empty string"),
+    ({"node": "a b", "share": "/mnt/cluster"}, "is not a node name"),
+    ({"node": NODE, "share": "/s", "share_timeout": "10"}, "share_timeout '10'"),
+    ({"node": NODE, "share": "/s", "color": 1}, "unknown keys ['color']"),
+])
+def test_bad_settings_are_named(tmp_path, data, said) -> None:
+    path = tmp_path / "health.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=None) as err:
+        Config.load(str(path))
+    assert said in str(err.value)
+
+
+def test_history_reads_every_nodes_lines_since(share) -> None:
+    where = share / health.HISTORY_SUBDIR
+    (where / "hpc-a.jsonl").write_text(json.dumps({"time": 10, "event": "failing"}) + "\n"
+                                       + json.dumps({"time": 20, "event": "passing"}) + "\n")
+    (where / "bad name.jsonl").write_text(json.dumps({"time": 30}) + "\n")
+    assert health.history(str(share), since=15) == {"hpc-a": [{"time": 20,
+                                                               "event": "passing"}]}

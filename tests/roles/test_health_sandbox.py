@@ -1,0 +1,137 @@
+"""The health role's promise on the real-site sandbox: a timer on every node runs the
+node's health check; a node whose share stalls longer than the check's limit is cordoned
+(drained in Slurm, refused by preflight, shown by `nodes`) and comes back once the share
+answers; nvidia-smi reporting an uncorrected ECC error (its test double: no GPU here)
+cordons the node in the share's record until it is gone; bob writes no node's history.
+
+The sandbox's timer runs once a day (sandbox/group_vars/all.yml: other tests stall the
+share on purpose), so these tests start the check as the timer does: `systemctl start` of
+the timer's service."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from orchestrator.node import health
+
+from ..cluster import ProvisionedCluster, orchestrator
+from ..security.conftest import as_user
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.timeout(600)]
+LIMIT = 10.0   # roles/health's health_share_timeout default
+DOUBLE_DIR = "/usr/local/lib/clustertrain-test"
+
+
+def check_now(cluster: ProvisionedCluster, node: str) -> str:
+    """Run NODE's health check as its timer does; what it said."""
+    done = cluster.exec(node, "systemctl", "start", health.UNIT, check=False)
+    assert done.returncode == 0, done.stderr
+    return cluster.exec(node, "journalctl", "-u", health.UNIT, "-n", "1", "-o", "cat",
+                        "--no-pager", "-g", f"^{node}: ").stdout.strip()
+
+
+def nodes(cluster: ProvisionedCluster) -> dict[str, dict]:
+    """alice's `nodes --json`, by node."""
+    done = orchestrator("nodes", "--json", "-i", str(cluster.inventories["alice"]),
+                        timeout=180)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return {n["name"]: n for n in json.loads(done.stdout)["nodes"]}
+
+
+def drain_of(cluster: ProvisionedCluster, node: str) -> str:
+    return cluster.exec("node0", "sinfo", "-h", "-n", node, "-o", "%t %E").stdout.strip()
+
+
+def test_the_timer_runs_the_check_on_every_node(sandbox_cluster: ProvisionedCluster) -> None:
+    for node in sandbox_cluster.nodes:
+        enabled = sandbox_cluster.exec(node, "systemctl", "is-enabled", f"{health.UNIT}.timer",
+                                       check=False).stdout.strip()
+        active = sandbox_cluster.exec(node, "systemctl", "is-active", f"{health.UNIT}.timer",
+                                      check=False).stdout.strip()
+        assert (enabled, active) == ("enabled", "active"), node
+        due = sandbox_cluster.exec(node, "systemctl", "show", f"{health.UNIT}.timer", "-p",
+                                   "NextElapseUSecMonotonic", "--value").stdout.strip()
+        assert due and due != "n/a", f"{node}: the timer has no next run ({due!r})"
+
+
+def test_a_stalled_share_cordons_its_node_until_it_answers_again(
+        sandbox_cluster: ProvisionedCluster) -> None:
+    node = "node2"
+    started = time.time()
+    stall = threading.Thread(target=sandbox_cluster.stall_share, args=(LIMIT * 3, [node]))
+    stall.start()
+    try:
+        time.sleep(1.0)
+        said = check_now(sandbox_cluster, node)
+        assert f"the share /mnt/cluster did not answer within {LIMIT:g} s" in said, said
+        assert drain_of(sandbox_cluster, node).startswith("drain"), \
+            drain_of(sandbox_cluster, node)
+        assert "clustertrain (health): health check: the share" in drain_of(sandbox_cluster, node)
+        view = nodes(sandbox_cluster)[node]   # read from node0, whose share answers
+        assert view["state"] == "failing", view
+        assert "did not answer" in view["verdict"]["failing"][0]["why"]
+    finally:
+        stall.join()
+    assert check_now(sandbox_cluster, node) == f"{node}: healthy"
+    assert not drain_of(sandbox_cluster, node).startswith("drain"), drain_of(sandbox_cluster, node)
+    view = nodes(sandbox_cluster)[node]
+    assert view["state"] == "ok", view
+    events = [e["event"] for e in view["events"] if e["time"] >= started]
+    assert events == ["failing", "passing"], view["events"]
+
+
+# A TEST DOUBLE of nvidia-smi (no GPU in the sandbox): one GPU, its uncorrected ECC count
+# read from a file the test writes, answered to the health check's query only.
+DOUBLE = f"""#!/bin/sh
+if [ "$1" = "--query-gpu={','.join(health.SMI_FIELDS)}" ] && [ $# -eq 2 ]; then
+    echo "0, $(cat {DOUBLE_DIR}/ecc), No, No, No"
+    exit 0
+fi
+echo "nvidia-smi test double: no answer to: $*" >&2
+exit 2
+"""
+
+
+def test_an_ecc_error_cordons_the_node_until_it_is_gone(
+        sandbox_cluster: ProvisionedCluster) -> None:
+    node = "node1"
+    alice = str(sandbox_cluster.inventories["alice"])
+    raw = sandbox_cluster.exec(node, "cat", health.CONFIG).stdout   # put back byte for byte
+    doubled = {**json.loads(raw), "nvidia_smi": f"{DOUBLE_DIR}/nvidia-smi"}
+    sandbox_cluster.exec(node, "sh", "-c", f"mkdir -p {DOUBLE_DIR} && cat > "
+                         f"{DOUBLE_DIR}/nvidia-smi <<'EOF'\n{DOUBLE}EOF\nchmod 755 "
+                         f"{DOUBLE_DIR}/nvidia-smi && echo 1 > {DOUBLE_DIR}/ecc && "
+                         f"cat > {health.CONFIG} <<'EOF'\n{json.dumps(doubled)}\nEOF")
+    try:
+        said = check_now(sandbox_cluster, node)
+        assert "GPU 0: 1 uncorrected ECC error(s)" in said, said
+        listed = orchestrator("cordon", "-i", alice, timeout=120)
+        assert listed.returncode == 0, listed.stderr
+        [line] = [x for x in listed.stdout.splitlines() if x.startswith(f"{node} ")]
+        assert "health check: GPU 0: 1 uncorrected ECC error(s)" in line, line
+        refused = orchestrator("preflight", "-i", alice, "--hosts", f"node0,{node}",
+                               timeout=300)
+        assert refused.returncode != 0
+        assert (f"{node}: cordoned since" in refused.stdout + refused.stderr
+                and "it returns by itself once its health check passes"
+                in refused.stdout + refused.stderr), refused.stdout[-3000:]
+        assert "clustertrain (health)" in drain_of(sandbox_cluster, node)
+        # bob cannot write a node's history, nor add one
+        for script in (f"echo '{{}}' >> /mnt/cluster/health/{node}.jsonl",
+                       "touch /mnt/cluster/health/node9.jsonl"):
+            forged = as_user(sandbox_cluster, "node0", "bob", script)
+            assert forged.returncode != 0 and "Permission denied" in forged.stderr, script
+        sandbox_cluster.exec(node, "sh", "-c", f"echo 0 > {DOUBLE_DIR}/ecc")   # a GPU reset
+        assert check_now(sandbox_cluster, node) == f"{node}: healthy"
+        listed = orchestrator("cordon", "-i", alice, timeout=120)
+        assert not [x for x in listed.stdout.splitlines() if x.startswith(f"{node} ")], \
+            listed.stdout
+        assert "clustertrain (health)" not in drain_of(sandbox_cluster, node)
+    finally:
+        sandbox_cluster.exec(node, "sh", "-c", f"printf '%s' '{raw}' > {health.CONFIG} && "
+                             f"rm -rf {DOUBLE_DIR}", check=False)
+        check_now(sandbox_cluster, node)
