@@ -28,7 +28,7 @@ from ..errors import PreflightError
 from ..node import fingerprint, health
 from ..node.busy import Busy, GpuProcess
 from ..node.space import size
-from .probe import NodeFacts, Rendezvous, probe, reach, stop_listener
+from .probe import Ahead, NodeFacts, Rendezvous, probe, reach, stop_listener
 
 CLOCK_SKEW_WARN = 2.0  # seconds between the fastest and slowest node clock
 
@@ -90,7 +90,7 @@ def shared_spec(cluster: Cluster) -> dict:
 
 def _check_node(node: NodeSpec, cluster: Cluster, port: int | None, run_id: str | None,
                 strict_port: bool = False, rendezvous: Rendezvous | None = None,
-                opened: ssh.Connection | None = None
+                opened: ssh.Connection | None = None, ahead: Ahead | None = None
                 ) -> tuple[NodeFacts, ssh.Connection | None]:
     try:
         client = opened if opened is not None and opened.alive() else \
@@ -104,7 +104,8 @@ def _check_node(node: NodeSpec, cluster: Cluster, port: int | None, run_id: str 
                      addresses=[n.cluster_address for n in cluster.nodes], port=port,
                      run_id=run_id, strict_port=strict_port, rendezvous=rendezvous,
                      master_address=cluster.nodes[0].cluster_address,
-                     span=cluster.rendezvous_span, admin_group=cluster.admin_group), client
+                     span=cluster.rendezvous_span, admin_group=cluster.admin_group,
+                     ahead=ahead), client
     except Exception as exc:  # noqa: BLE001 - reported in the table, job refused
         return NodeFacts(node, error=f"{node.name}: probe failed: {exc}"), client
 
@@ -119,16 +120,20 @@ def run_preflight(cluster: Cluster, port: int | None = None, strict_port: bool =
     SHARE_GPUS, nodes in use by others are a warning, not a problem. OPENED: connections
     made already (while the run waited for Slurm), used where they are still alive.
 
-    Two rounds at most: every node is probed at once (node 0 also writes a token on the
-    share and listens on the master port); then every other node reads the token and
-    connects to node 0's port, which proves the same share and an open port."""
+    One round, two where it must: every node is probed at once; node 0 also writes a token
+    on the share and listens on the master port, and every other node, its probe done,
+    connects to node 0's port and reads the token, which proves the same share and an open
+    port. A node that could not (node 0 listens on another port, or not yet) is asked
+    again in a second round."""
     port = port or cluster.rendezvous_port
     nodes = cluster.nodes
     rendezvous = Rendezvous.new(len(nodes)) if len(nodes) > 1 else None
+    ahead = Ahead(rendezvous, port) if rendezvous is not None else None
     results = list(each(
         nodes, lambda n: _check_node(n, cluster, port if n is nodes[0] else None, run_id,
                                      strict_port, rendezvous if n is nodes[0] else None,
-                                     (opened or {}).get(n.name)),
+                                     (opened or {}).get(n.name),
+                                     None if n is nodes[0] else ahead),
         lambda n: n.name).values_or_raise().values())
     report = Report(cluster, [f for f, _ in results],
                     {f.node.name: c for f, c in results if c is not None},
@@ -153,11 +158,14 @@ def _second_round(report: Report, rendezvous: Rendezvous) -> None:
               if not f.error and f.node.name in report.clients]
     addr = report.master_addr
     if addr:
-        answers = each(others, lambda f: reach(f.node, report.clients[f.node.name], addr=addr,
-                                               port=listener["port"], rendezvous=rendezvous,
-                                               shared_path=report.cluster.shared_path),
+        # Those that did it at the end of round 1, at node 0's port and address, are done.
+        again = [f for f in others if not (f.reach and f.reach.get("port") == listener["port"]
+                                           and f.reach.get("addr") == addr)]
+        answers = each(again, lambda f: reach(f.node, report.clients[f.node.name], addr=addr,
+                                              port=listener["port"], rendezvous=rendezvous,
+                                              shared_path=report.cluster.shared_path),
                        lambda f: f.node.name)
-        for f in others:  # an error is reported and the job refused
+        for f in again:  # an error is reported and the job refused
             r = answers[f.node.name]
             f.reach = r.value if r.error is None else {"error": str(r.error)}
         _judge_reach(report, listener["port"])

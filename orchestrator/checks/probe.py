@@ -31,6 +31,9 @@ from ..cluster.inventory import NodeSpec
 from ..node.protocol import BOUND_WAIT
 
 CONNECT_TIMEOUT = 3.0    # seconds for a node to open a TCP connection to node 0's port
+# Seconds a node waits, at the end of its probe, for node 0 to listen (round 2 ahead): node 0
+# probes at the same time, and its listener comes last. Past it, round 2 asks again.
+REACH_AHEAD_WAIT = 5.0
 # The listener on node 0 gives up after LISTEN_SECONDS + LISTEN_PER_NODE x the nodes: it
 # starts in round 1, and the others connect in round 2, after every node's round 1, which
 # on a slow controller (or a sandbox of 32 nodes on two cores) grows with their number.
@@ -98,6 +101,20 @@ class Rendezvous:
         nonce = secrets.token_hex(8)
         return cls(nonce, f".clustertrain-token-{nonce}", secrets.token_hex(16), nodes)
 
+    def token(self, shared_path: str) -> dict[str, str]:
+        """Where the other nodes find node 0's token on the share, and what it holds."""
+        return {"path": f"{shared_path.rstrip('/')}/checkpoints/{self.token_name}",
+                "value": self.token_value}
+
+
+@dataclass(frozen=True)
+class Ahead:
+    """What a node but node 0 needs to do round 2's check at the end of round 1: node 0's
+    rendezvous and the master port asked for (node 0 listens there when it is free)."""
+
+    rendezvous: Rendezvous
+    port: int
+
 
 def release_port(node: NodeSpec, conn: ssh.Connection, run_id: str,
                  once_bound: int | None = None) -> None:
@@ -111,18 +128,25 @@ def probe(node: NodeSpec, conn: ssh.Connection, *, shared: dict[str, Any],
           addresses: list[str], port: int | None, run_id: str | None = None,
           strict_port: bool = False, rendezvous: Rendezvous | None = None,
           master_address: str | None = None, span: int = defaults.RENDEZVOUS_SPAN,
-          admin_group: str = defaults.ADMIN_GROUP) -> NodeFacts:
+          admin_group: str = defaults.ADMIN_GROUP, ahead: Ahead | None = None) -> NodeFacts:
     """What NODE is like now (round 1). SHARED: {"path", "fstypes"} (fstypes None: any
     mount). With PORT (node 0), whether that master port is free, else the next free one;
     with RUN_ID too, the port found is claimed for that run (of SPAN ports from PORT up);
     with RENDEZVOUS, node 0
-    writes its token on the share and listens on that port until all nodes connected."""
+    writes its token on the share and listens on that port until all nodes connected. With
+    AHEAD (every other node), the node then connects to node 0's port and reads its token:
+    round 2's check, done ahead (NodeFacts.reach; None where it could not be)."""
     spec = dict(shared)
     request: dict[str, Any] = {"shared": spec, "addresses": addresses, "port": port,
                                "span": span, "run": run_id, "admin_group": admin_group,
                                "strict": strict_port,
                                "state_dir": node.env_state_dir,
                                "user_env": node.python_env, "node": node.name}
+    if ahead is not None:   # round 2's check, at the end of round 1 (node/probe.py reach_ahead)
+        request["reach"] = {"address": master_address, "port": ahead.port,
+                            "nonce": ahead.rendezvous.nonce, "timeout": CONNECT_TIMEOUT,
+                            "wait": REACH_AHEAD_WAIT,
+                            "token": ahead.rendezvous.token(shared["path"])}
     if rendezvous is not None:
         spec["token"] = {"name": rendezvous.token_name, "value": rendezvous.token_value}
         request["listen"] = {"nonce": rendezvous.nonce, "expect": rendezvous.expect,
@@ -145,8 +169,7 @@ def reach(node: NodeSpec, conn: ssh.Connection, *, addr: str, port: int,
     and does node 0's listener on the master port answer it?"""
     request = {"addr": addr, "port": port, "nonce": rendezvous.nonce,
                "timeout": CONNECT_TIMEOUT,
-               "token": {"path": f"{shared_path.rstrip('/')}/checkpoints/{rendezvous.token_name}",
-                         "value": rendezvous.token_value}}
+               "token": rendezvous.token(shared_path)}
     result = nodelib.call(conn, node.python, "reach", timeout=CONNECT_TIMEOUT * 3 + 30,
                           stdin=json.dumps(request))
     if result.exit_code != 0:

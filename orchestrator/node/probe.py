@@ -8,6 +8,8 @@ probe|reach|unlisten|release`), in the node's system python.
               processes), the shared path, names; on node 0 the master port (claimed
               for the run) and a short-lived listener on it
     reach     round 2, on every other node: node 0's token on the share, its listener
+              (done at the end of round 1 where node 0 listens on the port asked for:
+              reach_ahead; asked again only where it could not be)
     unlisten  PORT NONCE: end node 0's listener now
     release   RUN: drop the run's claim on node 0's master port
 """
@@ -672,8 +674,59 @@ def probe(req: dict) -> dict[str, Any]:
         out["listener"] = listen(port, spec, token_path, out["resolve"].get(spec["address"]))
     if not (out.get("listener") or {}).get("ok"):
         _unlink(token_path)  # nobody will read it: no listener, so no second round
+    if req.get("reach"):   # a node but node 0: its round 2, ahead
+        out["reach"] = reach_ahead(req["reach"], out["resolve"].get(req["reach"]["address"]))
     out["seconds"] = round(time.time() - started, 3)
     out["time"] = time.time()
+    return out
+
+
+def read_token(tok: dict) -> dict[str, Any]:
+    """Whether node 0's token TOK ({path, value}) is on this node's share, holding it."""
+    try:
+        with open(tok["path"]) as fh:
+            seen = fh.read()
+    except OSError as exc:
+        return {"ok": False, "error": exc.strerror or str(exc)}
+    return {"ok": seen == tok["value"], "error": None if seen == tok["value"]
+            else "it holds something else"}
+
+
+def reach_ahead(req: dict, addr: str | None) -> dict[str, Any] | None:
+    """Round 2's check done at the end of round 1, while node 0 comes to listen: connect
+    to ADDR (node 0's address as this node resolves it) at the requested port until its
+    listener greets (refused meanwhile), and read its token while the connection holds it
+    there (the listener removes it once the last node has closed). None when node 0 did
+    not listen there within REQ's wait (it chose another port, or failed): round 2 then
+    asks this node again. REQ: port, nonce, timeout, wait, token."""
+    if not addr:
+        return None
+    t0 = time.time()
+    deadline = t0 + req["wait"]
+    while True:
+        try:
+            c = socket.create_connection((addr, req["port"]), timeout=req["timeout"])
+            break
+        except ConnectionRefusedError:
+            if time.time() >= deadline:
+                return None
+            time.sleep(0.02)
+        except OSError:
+            return None   # round 2 says why, with node 0's port
+    out: dict[str, Any] = {"addr": addr, "port": req["port"]}
+    try:
+        c.settimeout(req["timeout"])
+        said = c.recv(64)
+        if said.strip() != ("clustertrain " + req["nonce"]).encode():
+            return None   # another program holds the port: node 0 chose another
+        out["token"] = read_token(req["token"])
+        c.sendall(b"ok\n")
+        out["connect"] = {"ok": True, "error": None}
+    except OSError as exc:   # node 0's listener counted this connection: no second try
+        out["connect"] = {"ok": False, "error": exc.strerror or str(exc)}
+    finally:
+        c.close()
+    out["seconds"] = round(time.time() - t0, 3)
     return out
 
 
@@ -682,13 +735,7 @@ def reach(req: dict) -> dict[str, Any]:
     out: dict[str, Any] = {}
     tok = req.get("token")
     if tok:  # before connecting: the listener removes the token once all nodes connected
-        try:
-            with open(tok["path"]) as fh:
-                seen = fh.read()
-            out["token"] = {"ok": seen == tok["value"], "error": None if seen == tok["value"]
-                            else "it holds something else"}
-        except OSError as exc:
-            out["token"] = {"ok": False, "error": exc.strerror or str(exc)}
+        out["token"] = read_token(tok)
     t0 = time.time()
     try:
         ok, said = greeted(req["addr"], req["port"], req["nonce"], req["timeout"])

@@ -219,6 +219,32 @@ def test_master_port_not_reached_and_another_filesystem_are_named() -> None:
         "29500", "FAIL", "ok"]
 
 
+def test_round_two_asks_only_the_nodes_that_could_not_check_ahead(monkeypatch) -> None:
+    """node1 connected to node 0's port and read its token at the end of round 1; node2
+    could not (None), and node3 checked a port node 0 did not listen on: those two are
+    asked again, at node 0's port. (The SSH round itself: a stand-in that records who is
+    asked; the real one runs in the sandbox's preflight tests.)"""
+    from orchestrator.checks import preflight
+    from orchestrator.checks.probe import Rendezvous
+
+    asked: list[tuple[str, int]] = []
+
+    def reach(node, conn, *, addr, port, rendezvous, shared_path):  # noqa: ANN001, ANN202
+        asked.append((node.name, port))
+        return {"token": {"ok": True}, "connect": {"ok": True}}
+
+    monkeypatch.setattr(preflight, "reach", reach)
+    ahead = {"addr": "192.0.2.10", "port": 29501, "token": {"ok": True},
+             "connect": {"ok": True}}
+    r = report(facts("node0", {}, listener={"port": 29501, "ok": True, "self": {"ok": True}}),
+               facts("node1", {}, reach=ahead), facts("node2", {}, reach=None),
+               facts("node3", {}, reach={**ahead, "port": 29500}))
+    r.clients = {f.node.name: object() for f in r.facts}  # type: ignore[misc]
+    preflight._second_round(r, Rendezvous.new(4))
+    assert asked == [("node2", 29501), ("node3", 29501)]
+    assert r.problems == []
+
+
 def test_gpus_counted_without_torch_against_what_torch_sees() -> None:
     gpu = {"ok": True, "version": "2.13.0+cu128", "gpus": 6, "cuda_available": True,
            "torchrun": True}

@@ -358,6 +358,44 @@ def test_round_two_names_a_wrong_token_another_program_and_a_closed_port(
     assert closed["connect"] == {"ok": False, "error": "Connection refused"}
 
 
+def test_round_two_ahead_waits_for_node_0_to_listen_and_reads_the_token_it_holds(
+        tmp_path: Path) -> None:
+    """A node whose probe ends before node 0 listens connects once it does (refused
+    meanwhile), and reads the token while its connection keeps it there: it is the last
+    node, and the listener removes the token once the last one has closed."""
+    port, token = free_port(), tmp_path / "token"
+    token.write_text("v" * 8)
+    req = {"port": port, "nonce": "n3", "timeout": 3, "wait": 5,
+           "token": {"path": str(token), "value": "v" * 8}}
+    spec = {"nonce": "n3", "expect": 1, "seconds": 30}
+    later = threading.Timer(0.5, lambda: node.serve(listening(port), spec, str(token)))
+    later.start()
+    out = node.reach_ahead(req, "127.0.0.1")
+    later.join()
+    assert out is not None and out["seconds"] >= 0.4
+    assert (out["addr"], out["port"]) == ("127.0.0.1", port)
+    assert out["token"] == {"ok": True, "error": None}
+    assert out["connect"] == {"ok": True, "error": None}
+    assert not token.exists() and node.port_free(port)
+
+
+def test_round_two_ahead_leaves_to_round_two_what_it_cannot_tell(tmp_path: Path) -> None:
+    """Nobody listens within the wait, or another program holds the port (node 0 chose
+    another): None, and round 2 asks the node again at node 0's port."""
+    req = {"port": free_port(), "nonce": "n4", "timeout": 3, "wait": 0.3,
+           "token": {"path": str(tmp_path / "token"), "value": "v"}}
+    assert node.reach_ahead(req, "127.0.0.1") is None
+    port = free_port()
+    with listening(port) as other:
+        def answer() -> None:
+            conn, _ = other.accept()
+            conn.sendall(b"SSH-2.0-OpenSSH\n")
+            conn.close()
+        threading.Thread(target=answer, daemon=True).start()
+        assert node.reach_ahead({**req, "port": port}, "127.0.0.1") is None
+    assert node.reach_ahead(req, None) is None   # node 0's address did not resolve here
+
+
 def test_a_listener_whose_nodes_do_not_come_is_stopped_by_its_nonce_only() -> None:
     port = free_port()
     spec = {"nonce": "n2", "expect": 3, "seconds": 30}
