@@ -28,7 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "every run of every way of starting one (attached, detached, queued, "
                        "notebooks). Yours; an admin sees "
                        "everyone's with --all (as root, through sudo). On a Slurm cluster, "
-                       "Slurm's own accounting (sacct) has its jobs too.")
+                       "Slurm's own accounting (sacct) of the same window follows: every "
+                       "allocation, whatever started it.")
     u.add_argument("--since", metavar="DATE",
                    help="YYYY-MM-DD or YYYY-MM-DDTHH:MM (local time)")
     u.add_argument("--runs", action="store_true", help="a line per run as well")
@@ -91,6 +92,19 @@ def table(found: dict[str, Any], runs: bool = False) -> list[str]:
                      f"{r['idle_gpu_hours']:.2f} of its {r['gpu_hours']:.2f} GPU-hours with "
                      f"its GPUs doing nothing (at or under {GPU_IDLE_PCT:g} % used)"
                      + ("; still running" if r["end"] is None else ""))
+    slurm = found.get("slurm")
+    if slurm is not None:
+        lines.append("Slurm's accounting (sacct), the same window: every allocation, whatever "
+                     "started it")
+        if slurm.get("error"):
+            lines.append(f"  not read: {slurm['error']}")
+        else:
+            lines.append(f"  {'USER':<12}{'JOBS':>6}{'NODE-HOURS':>12}{'GPU-HOURS':>11}")
+            for user, t in sorted(slurm["users"].items(), key=lambda u: -u[1]["gpu_hours"]):
+                lines.append(f"  {user:<12}{t['jobs']:>6}{t['node_hours']:>12.2f}"
+                             f"{t['gpu_hours']:>11.2f}")
+            if not slurm["users"]:
+                lines.append("  (no job in that time)")
     for u in found.get("unread") or []:
         lines.append(f"not read: {u['path']} (owned by {u['owner']}): {u['why']}; an admin "
                      "sees it with usage --all")

@@ -45,6 +45,7 @@ def share_usage(cluster: Cluster, everyone: bool = False) -> dict[str, Any]:
 
 def run_usage(cluster: Cluster, since: float, everyone: bool = False) -> dict[str, Any]:
     """Node- and GPU-hours per user and run since SINCE (node/usage.py has the fields)."""
-    found: dict[str, Any] = read_share(cluster, "usage", "--since", repr(since),
+    slurm = ["--sacct"] if cluster.scheduler == "slurm" else []   # and Slurm's own word
+    found: dict[str, Any] = read_share(cluster, "usage", "--since", repr(since), *slurm,
                                        everyone=everyone)
     return found

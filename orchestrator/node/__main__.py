@@ -274,11 +274,18 @@ def _du(args: argparse.Namespace) -> int:
 def _usage_arguments(u: argparse.ArgumentParser) -> None:
     u.add_argument("share")
     u.add_argument("--since", type=float, default=0.0, help="seconds since the epoch")
+    u.add_argument("--sacct", action="store_true", help="Slurm's accounting too (sacct.py)")
 
 
 def _usage(args: argparse.Namespace) -> int:
+    import time
+
     from .usage import usage
-    return _print_json(usage(args.share, args.since))
+    found = usage(args.share, args.since)
+    if args.sacct:
+        from .sacct import slurm_usage
+        found["slurm"] = slurm_usage(args.since, time.time())
+    return _print_json(found)
 
 
 def _torch(args: argparse.Namespace) -> int:

@@ -78,6 +78,20 @@ def test_runs_that_do_not_fit_wait_and_never_share_a_gpu(sandbox_cluster: Provis
             assert gpus == [0, 1], infos[user]["slurm"]
             env = infos[user]["node_commands"][node]["env"]
             assert env["CUDA_VISIBLE_DEVICES"] == "0,1", env
+    # `usage` gives Slurm's accounting beside the records: bob his own jobs, an admin
+    # (alice, --all: sacct as root) every user's
+    def slurm_usage(user: str, *extra: str) -> dict:
+        done = orchestrator("usage", "--json", "-i", str(sandbox_cluster.inventories[user]),
+                            *extra, timeout=180)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        found = json.loads(done.stdout)["slurm"]
+        assert found["error"] is None, found
+        return found["users"]
+    bobs = slurm_usage("bob")
+    assert set(bobs) == {"bob"} and bobs["bob"]["gpu_hours"] > 0, bobs
+    everyone = slurm_usage("alice", "--all")
+    assert {"alice", "bob"} <= set(everyone), everyone
+    assert everyone["bob"]["gpu_hours"] >= bobs["bob"]["gpu_hours"], (everyone, bobs)
 
 
 def summary_of(runs: Path) -> dict:
