@@ -33,7 +33,7 @@ from ..node.protocol import BOUND_WAIT
 CONNECT_TIMEOUT = 3.0    # seconds for a node to open a TCP connection to node 0's port
 # Seconds a node waits, at the end of its probe, for node 0 to listen (round 2 ahead): node 0
 # probes at the same time, and its listener comes last. Past it, round 2 asks again.
-REACH_AHEAD_WAIT = 5.0
+REACH_AHEAD_WAIT = 3.0
 # The listener on node 0 gives up after LISTEN_SECONDS + LISTEN_PER_NODE x the nodes: it
 # starts in round 1, and the others connect in round 2, after every node's round 1, which
 # on a slow controller (or a sandbox of 32 nodes on two cores) grows with their number.

@@ -711,6 +711,12 @@ def reach_ahead(req: dict, addr: str | None) -> dict[str, Any] | None:
             if time.time() >= deadline:
                 return None
             time.sleep(0.02)
+        except socket.timeout:  # noqa: UP041 - not TimeoutError before Python 3.10
+            # packets dropped: said as round 2 says it (used if node 0 listens on this port)
+            return {"addr": addr, "port": req["port"], "token": read_token(req["token"]),
+                    "connect": {"ok": False, "error": "no answer within %g s (packets "
+                                "dropped: a firewall?)" % req["timeout"]},
+                    "seconds": round(time.time() - t0, 3)}
         except OSError:
             return None   # round 2 says why, with node 0's port
     out: dict[str, Any] = {"addr": addr, "port": req["port"]}
