@@ -6,7 +6,9 @@ the run's script; the standard library and torch only).
 - links: every node's first rank serves a TCP socket on its cluster address; in rounds of
   disjoint pairs (so that each node is in one measurement at a time) the lower node of
   each pair sends for LINK_SECONDS, receives for as long, and times PINGS one-byte round
-  trips. Throughput is counted by the side that receives.
+  trips. Throughput is counted by the side that receives, as the best of its LINK_WINDOW
+  windows: what the link carries, not a moment in which the node's CPUs served another job
+  (a link read slow cordons both its nodes for every user).
 - compute: every rank times matrix products (bf16 on a GPU, float32 on the CPU); while
   some rank reads below SLOW_RATIO x the others, every rank measures again and keeps its
   best (COMPUTE_ROUNDS readings at most).
@@ -36,6 +38,7 @@ RESULT_MARK = "##clustertrain record doctor "
 CHUNK = 1 << 20
 # What doctor measures by default (DoctorRequest takes them from here).
 LINK_SECONDS = 1.0       # per direction of each link
+LINK_WINDOW = 0.2        # seconds: a link's rate is that of its best window this long
 PINGS = 50               # round trips per link
 COMPUTE_SECONDS = 1.0
 # Below this fraction of the median of the others, a rate is slow (the controller names a
@@ -81,17 +84,26 @@ def _recv_line(conn: socket.socket) -> str:
     return data.decode().strip()
 
 
-def _receive_all(conn: socket.socket) -> tuple[int, float]:
-    """Bytes received until the peer closes, and the seconds from the first to the last."""
+def _receive_all(conn: socket.socket, window: float = LINK_WINDOW) -> tuple[int, float]:
+    """Bytes received until the peer closes and the seconds they took, of the best WINDOW
+    seconds among them (all of them when none was that long): the rate is bytes / seconds."""
     buf = bytearray(CHUNK)
     total, first, last = 0, 0.0, 0.0
+    best: tuple[int, float] | None = None
+    begun, got = 0.0, 0   # the window being counted
     while True:
         n = conn.recv_into(buf)
         if not n:
-            return total, max(last - first, 1e-9)
+            return best or (total, max(last - first, 1e-9))
         now = time.perf_counter()
         if not total:
-            first = now
+            first = begun = now   # the first chunk marks the start
+        else:
+            got += n
+            if now - begun >= window:
+                if best is None or got / (now - begun) > best[0] / best[1]:
+                    best = (got, now - begun)
+                begun, got = now, 0
         total, last = total + n, now
 
 

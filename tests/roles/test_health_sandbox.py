@@ -18,7 +18,7 @@ import pytest
 
 from orchestrator.node import health
 
-from ..cluster import ProvisionedCluster, orchestrator
+from ..cluster import ProvisionedCluster, orchestrator, wait_for
 from ..security.conftest import as_user
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.timeout(600)]
@@ -62,10 +62,12 @@ def test_a_stalled_share_cordons_its_node_until_it_answers_again(
         sandbox_cluster: ProvisionedCluster) -> None:
     node = "node2"
     started = time.time()
-    stall = threading.Thread(target=sandbox_cluster.stall_share, args=(LIMIT * 3, [node]))
+    stall = threading.Thread(target=sandbox_cluster.stall_share, args=(LIMIT * 4, [node]))
     stall.start()
     try:
-        time.sleep(1.0)
+        wait_for(lambda: sandbox_cluster.exec(   # the stall has begun: a listing blocks
+            node, "timeout", "-s", "KILL", "1", "ls", "/mnt/cluster", check=False
+        ).returncode == 137, 20, f"the share to stall on {node}")
         said = check_now(sandbox_cluster, node)
         assert f"the share /mnt/cluster did not answer within {LIMIT:g} s" in said, said
         assert drain_of(sandbox_cluster, node).startswith("drain"), \

@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -38,6 +39,31 @@ def test_a_link_is_measured_both_ways_with_its_round_trip() -> None:
     # Loopback moves well over a Gbit/s either way; a byte's round trip is under 50 ms.
     assert got["out_gbit_s"] > 1 and got["in_gbit_s"] > 1
     assert 0 < got["rtt_ms"] < 50
+
+
+def test_a_links_rate_is_its_best_window_not_a_moment_the_cpus_were_busy() -> None:
+    """A receiver that sees 0.2 s at full rate and then a stretch at a tenth of it (the
+    node's CPUs served another job meanwhile) reports the full rate."""
+    a, b = socket.socketpair()
+    chunk = b"\0" * 65536
+
+    def send() -> None:
+        end = time.perf_counter() + 0.3
+        while time.perf_counter() < end:        # full rate
+            a.sendall(chunk)
+        for _ in range(6):                      # then slow: a chunk every 0.1 s
+            a.sendall(chunk)
+            time.sleep(0.1)
+        a.shutdown(socket.SHUT_WR)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    total, seconds = job._receive_all(b, window=0.2)
+    sender.join()
+    a.close()
+    b.close()
+    slow = 65536 / 0.1
+    assert 0.2 <= seconds < 0.45 and total / seconds > 20 * slow, (total, seconds)
 
 
 def test_a_link_with_nothing_listening_is_an_error_not_a_crash() -> None:
