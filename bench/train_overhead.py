@@ -131,6 +131,10 @@ def main() -> int:
                     help="nodes reachable only through a bastion (ProxyJump)")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "train_overhead.json"))
     args = ap.parse_args()
+    # Bytecode kept, as on a user's machine and under make (the Makefile unexports it): this
+    # machine's PYTHONDONTWRITEBYTECODE would have every command compile its modules anew,
+    # the tool's and Ansible's alike.
+    ENV.pop("PYTHONDONTWRITEBYTECODE", None)
     sizes = [int(s) for s in args.sizes.split(",")]
     work = Path(f"/tmp/{args.name}")
     (work / "code").mkdir(parents=True, exist_ok=True)

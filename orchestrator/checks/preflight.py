@@ -59,8 +59,8 @@ class Report:
         return self.facts[0].fingerprint if self.facts else None
 
     def close(self) -> None:
-        for client in self.clients.values():
-            client.close()
+        """End every node's connection, all at once (each asks its master to exit)."""
+        each(list(self.clients.values()), lambda c: c.close(), lambda c: c.name)
         self.clients.clear()
 
 

@@ -119,8 +119,24 @@ class Connection:
         # A short private directory: socket paths are limited to 108 bytes.
         self._dir = tempfile.mkdtemp(prefix="ct-ssh-", dir="/tmp")
         self.control_path = os.path.join(self._dir, "m")
-        self.master_pid: int | None = None
+        self._master_pid: int | None = None
+        self._pid_asked = False
         self.owned = True   # close() ends the master; not for a borrowed() one
+
+    @property
+    def master_pid(self) -> int | None:
+        """The master's pid, asked of it (`ssh -O check`) once, when first needed: a
+        connection that only runs commands (preflight's) never asks, one process fewer
+        per node."""
+        if not self._pid_asked and os.path.exists(self.control_path):
+            self._pid_asked = True
+            check = subprocess.run([self.target.ssh_executable, "-o",
+                                    f"ControlPath={self.control_path}", "-O", "check",
+                                    self.target.host], capture_output=True, text=True,
+                                   timeout=10, check=False)
+            found = re.search(r"pid=(\d+)", check.stderr + check.stdout)
+            self._master_pid = int(found.group(1)) if found else None
+        return self._master_pid
 
     def _argv(self, ours: list[str], *rest: str) -> list[str]:
         # Ours first: they must win over ansible.cfg's ControlMaster/ControlPath. The
@@ -167,11 +183,7 @@ class Connection:
         if proc.returncode != 0:
             self.close()
             raise PreflightError(explain(self.name, self.target, stderr))
-        check = subprocess.run([self.target.ssh_executable, "-o",
-                                f"ControlPath={self.control_path}", "-O", "check",
-                                self.target.host], capture_output=True, text=True, timeout=10)
-        found = re.search(r"pid=(\d+)", check.stderr + check.stdout)
-        self.master_pid = int(found.group(1)) if found else None
+        self._pid_asked = False   # asked when needed (master_pid)
         return self
 
     def _proxy_said(self, timeout: float) -> str:
@@ -235,16 +247,22 @@ class Connection:
     def close(self) -> None:
         if not self.owned:
             return
+        told = False
         if os.path.exists(self.control_path):
-            subprocess.run([self.target.ssh_executable, "-o",
-                            f"ControlPath={self.control_path}", "-O", "exit",
-                            self.target.host], capture_output=True, timeout=10, check=False)
-        if self.master_pid is not None:
             try:
-                os.kill(self.master_pid, signal.SIGTERM)
+                told = subprocess.run([self.target.ssh_executable, "-o",
+                                       f"ControlPath={self.control_path}", "-O", "exit",
+                                       self.target.host], capture_output=True, timeout=10,
+                                      check=False).returncode == 0
+            except subprocess.TimeoutExpired:
+                pass
+        pid = self._master_pid if told else self.master_pid
+        if pid is not None:   # known, or it did not take the word: ended for sure
+            try:
+                os.kill(pid, signal.SIGTERM)
             except (ProcessLookupError, PermissionError):
                 pass
-            self.master_pid = None
+        self._master_pid, self._pid_asked = None, True
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
