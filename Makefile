@@ -114,6 +114,7 @@ bench: test-deps test-venv
 	$(PY) bench/launch_fanout.py
 	$(PY) bench/launch_fanout.py --bastion
 	$(PY) bench/train_overhead.py
+	$(PY) bench/preflight_vs_ping.py
 	$(PY) bench/kill9_supervision.py
 	$(PY) bench/code_sync.py
 	$(PY) bench/provision.py --nodes 2
