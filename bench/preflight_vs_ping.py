@@ -9,8 +9,7 @@ ControlPersist=300s), so after the first run it makes no SSH handshake; prefligh
 own connections and closes them (nothing of it is left running). A third command in each
 turn, the ping without a kept connection (ControlMaster=no), is the like-for-like figure.
 
-The sandbox is bench_sandbox's (no site.yml: torch in a venv on the share), with a torchrun
-that preflight finds executable.
+The sandbox is bench_sandbox's (no site.yml: torch and its torchrun in a venv on the share).
 
     python bench/preflight_vs_ping.py [--sizes 3,8] [--pairs 15] [--out FILE]
 
@@ -29,8 +28,6 @@ import time
 from pathlib import Path
 
 from sandbox_bench import ENV, REPO, bench_sandbox, sandbox_down, sh, write_results
-
-TORCHRUN = "/mnt/cluster/bench-torchrun"
 
 
 def timed(*argv: str, env: dict[str, str] | None = None) -> float:
@@ -51,11 +48,7 @@ def main() -> int:
     args = ap.parse_args()
     ENV.pop("PYTHONDONTWRITEBYTECODE", None)
     sizes = [int(s) for s in args.sizes.split(",")]
-    info = bench_sandbox(args.name, max(sizes), False, torchrun=TORCHRUN)
-    wrapper = Path(info["share"]) / Path(TORCHRUN).name
-    wrapper.write_text("#!/bin/sh\nexec /mnt/cluster/bench-venv/bin/torchrun \"$@\"\n")
-    wrapper.chmod(0o755)
-    inventory = info["inventory"]
+    inventory = bench_sandbox(args.name, max(sizes), False)["inventory"]
     ansible = str(Path(sys.executable).parent / "ansible")
     results = []
     try:
