@@ -64,9 +64,8 @@ def table(report: NodesReport) -> list[str]:
              f"{'NODE':<14}{'STATE':<15}{'CHECKED':<18}{'RUNS LOST':>10}{'HEALTH':>8}  WHY"]
     for n in report.nodes:
         checked = _when((n.verdict or {}).get("checked")) if n.verdict else "-"
-        failed = sum(e.get("event") == "failing" for e in n.events)
         lines.append(f"{n.name:<14}{n.state:<15}{checked:<18}{len(n.runs_failed):>10}"
-                     f"{failed:>8}  {_said(n)}")
+                     f"{n.health_failures:>8}  {_said(n)}")
     if report.share_error:
         lines.append(f"(the share could not be read, so cordons and failures are not "
                      f"shown: {report.share_error})")

@@ -38,9 +38,14 @@ class NodeHealth:
         return "ok" if self.verdict else "unchecked"
 
     @property
+    def health_failures(self) -> int:
+        """Times its health check started failing, in the window."""
+        return sum(e.get("event") == "failing" for e in self.events)
+
+    @property
     def failures(self) -> int:
         """Runs it failed and times its health check started failing, in the window."""
-        return len(self.runs_failed) + sum(e.get("event") == "failing" for e in self.events)
+        return len(self.runs_failed) + self.health_failures
 
 
 @dataclass

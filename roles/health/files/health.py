@@ -66,6 +66,7 @@ UNIT = "clustertrain-health"                      # its service and timer
 HISTORY_SUBDIR = "health"                         # under the share's root (nfs_server)
 WHY = "health check: "                            # how the check's cordons begin
 DRAIN_WHO = "health"                              # its Slurm drains: "clustertrain (health): "
+DRAINED_HERE = f"{cordon.DRAIN_MARK}{DRAIN_WHO})"  # how such a drain's reason begins
 LOCAL_PLACES = ("/", "/tmp", "/home")
 CHILD_WAIT = 2.0     # seconds past share_timeout given to the child that writes the share
 # Xids that mean the GPU (or its memory, or its link) is broken until a reset: NVIDIA's
@@ -430,12 +431,11 @@ def _lift_own(share: str, node: str, admin_group: str | None) -> bool:
 def _drain(cfg: Config, why: str) -> bool:
     slurm = cordon.Slurm(cfg.share, cfg.admin_group, cfg.scontrol)
     try:
-        now = cordon._drained(slurm, cfg.node)
-        if now is not None and not now.startswith(f"{cordon.DRAIN_MARK}{DRAIN_WHO})"):
+        now = cordon.drained(slurm, cfg.node)
+        if now is not None and not now.startswith(DRAINED_HERE):
             return False   # drained already, for someone else's reason: left alone
-        text = "".join(ch for ch in why if ch.isprintable())[:200]
-        cordon._scontrol(slurm, "update", f"NodeName={cfg.node}", "State=DRAIN",
-                         f"Reason={cordon.DRAIN_MARK}{DRAIN_WHO}): {text}")
+        cordon.scontrol(slurm, "update", f"NodeName={cfg.node}", "State=DRAIN",
+                        cordon.drain_reason(DRAIN_WHO, why))
         return True
     except (cordon.Refused, OSError, subprocess.TimeoutExpired) as exc:
         print(f"could not drain {cfg.node} in Slurm: {exc}", file=sys.stderr)
@@ -445,9 +445,9 @@ def _drain(cfg: Config, why: str) -> bool:
 def _resume(cfg: Config) -> None:
     slurm = cordon.Slurm(cfg.share, cfg.admin_group, cfg.scontrol)
     try:
-        now = cordon._drained(slurm, cfg.node)
-        if now is not None and now.startswith(f"{cordon.DRAIN_MARK}{DRAIN_WHO})"):
-            cordon._scontrol(slurm, "update", f"NodeName={cfg.node}", "State=RESUME")
+        now = cordon.drained(slurm, cfg.node)
+        if now is not None and now.startswith(DRAINED_HERE):
+            cordon.scontrol(slurm, "update", f"NodeName={cfg.node}", "State=RESUME")
     except (cordon.Refused, OSError, subprocess.TimeoutExpired) as exc:
         print(f"could not return {cfg.node} to Slurm: {exc}", file=sys.stderr)
 
@@ -571,7 +571,7 @@ def nodes_view(share: str, since: float, admin_group: str | None) -> dict[str, A
             runs.setdefault(e.node, []).append({"run": e.run, "time": e.time, "by": e.by,
                                                 "why": e.why})
     return {"history": history(share, since), "runs_failed": runs,
-            "cordoned": {n: cordon._cordon_of(s) for n, s in sorted(states.items()) if s.held}}
+            "cordoned": {n: cordon.cordon_of(s) for n, s in sorted(states.items()) if s.held}}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -262,7 +262,7 @@ def decide(events: list[Event], admins: Callable[[int], bool]) -> dict[str, Node
     return nodes
 
 
-def _cordon_of(state: NodeState) -> dict[str, Any]:
+def cordon_of(state: NodeState) -> dict[str, Any]:
     """What a node's cordon says: its newest cordon held, and every author holding one."""
     return {**state.held[-1].to_json(), "held_by": list(dict.fromkeys(c.by for c in state.held))}
 
@@ -272,14 +272,14 @@ def current(share: str, node: str, admin_group: str | None = DEFAULT_ADMIN_GROUP
     """NODE's cordon (its newest cordon held, "held_by" naming every author of one), or
     None when it is not cordoned."""
     state = decide(read(share, node)[0], Admins(admin_group)).get(node)
-    return _cordon_of(state) if state and state.held else None
+    return cordon_of(state) if state and state.held else None
 
 
 def cordoned(share: str, admin_group: str | None = DEFAULT_ADMIN_GROUP
              ) -> dict[str, dict[str, Any]]:
     """Every node cordoned now: {node: its cordon}."""
     states = decide(read(share)[0], Admins(admin_group))
-    return {n: _cordon_of(s) for n, s in sorted(states.items()) if s.held}
+    return {n: cordon_of(s) for n, s in sorted(states.items()) if s.held}
 
 
 def listing(share: str, admin_group: str | None = DEFAULT_ADMIN_GROUP) -> dict[str, Any]:
@@ -293,7 +293,7 @@ def listing(share: str, admin_group: str | None = DEFAULT_ADMIN_GROUP) -> dict[s
             ignored.append(Ignored(lift.file, lift.by, f"an uncordon of {node} by someone "
                                    f"who may not lift its cordon ({lift.by}: not its author "
                                    f"nor {admins.describe()})"))
-    return {"cordoned": {n: _cordon_of(s) for n, s in sorted(states.items()) if s.held},
+    return {"cordoned": {n: cordon_of(s) for n, s in sorted(states.items()) if s.held},
             "ignored": [i.to_json() for i in ignored]}
 
 
@@ -421,12 +421,10 @@ def _drain(slurm: Slurm, node: str, reason: str, caller: int) -> str:
         raise Refused(f"the share's record ({cordons_dir(slurm.share)}) holds no cordon of "
                       f"{node} by {who}: a node is drained once it is cordoned "
                       f"(python -m orchestrator cordon {node} --why TEXT)")
-    now = _drained(slurm, node)
+    now = drained(slurm, node)
     if now is not None and not now.startswith(DRAIN_MARK):
         return f"{node} is drained already ({now}): left as it is"
-    text = "".join(ch for ch in reason if ch.isprintable())[:200]
-    _scontrol(slurm, "update", f"NodeName={node}", "State=DRAIN",
-              f"Reason={DRAIN_MARK}{who}): {text}")
+    scontrol(slurm, "update", f"NodeName={node}", "State=DRAIN", drain_reason(who, reason))
     return f"{node} drained"
 
 
@@ -441,19 +439,26 @@ def _resume(slurm: Slurm, node: str, caller: int) -> str:
         raise Refused(f"{user_name(caller)} may not return {node} to Slurm: only "
                       f"{admins.describe()} or the author of its last lifted cordon "
                       f"({' and '.join(authors) or 'none'}) may")
-    now = _drained(slurm, node)
+    now = drained(slurm, node)
     if now is None:
         return f"{node} is not drained"
     if not now.startswith(DRAIN_MARK):
         raise Refused(f"{node} is drained for another reason ({now}): an admin returns it "
                       f"(scontrol update NodeName={node} State=RESUME)")
-    _scontrol(slurm, "update", f"NodeName={node}", "State=RESUME")
+    scontrol(slurm, "update", f"NodeName={node}", "State=RESUME")
     return f"{node} returned to Slurm"
 
 
-def _drained(slurm: Slurm, node: str) -> str | None:
+def drain_reason(who: str, why: str) -> str:
+    """scontrol's Reason= for a drain by WHO (a user, or the health check): DRAIN_MARK, WHO,
+    then WHY, printable and at most 200 characters."""
+    text = "".join(ch for ch in why if ch.isprintable())[:200]
+    return f"Reason={DRAIN_MARK}{who}): {text}"
+
+
+def drained(slurm: Slurm, node: str) -> str | None:
     """NODE's drain reason in Slurm ("" when it gives none), or None when not drained."""
-    shown = _scontrol(slurm, "show", "node", node)
+    shown = scontrol(slurm, "show", "node", node)
     state = re.search(r"\bState=(\S+)", shown)
     if not state or "DRAIN" not in state.group(1):
         return None
@@ -461,7 +466,7 @@ def _drained(slurm: Slurm, node: str) -> str | None:
     return reason.group(1) if reason else ""
 
 
-def _scontrol(slurm: Slurm, *args: str) -> str:
+def scontrol(slurm: Slurm, *args: str) -> str:
     done = subprocess.run([slurm.scontrol, *args], capture_output=True, text=True,
                           timeout=30, check=False)
     if done.returncode != 0:
