@@ -30,7 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _nodes(args: argparse.Namespace) -> int:
-    report = gather(load_cluster(args.inventory), since_of(args.since, time.time()))
+    since = since_of(args.since, time.time(), "nodes")   # before any node is asked
+    report = gather(load_cluster(args.inventory), since)
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
         return 0

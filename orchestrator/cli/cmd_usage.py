@@ -40,14 +40,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     u.set_defaults(func=_usage)
 
 
-def since_of(text: str | None, now: float) -> float:
-    """--since as seconds since the epoch (InputError naming the forms it takes)."""
+def since_of(text: str | None, now: float, verb: str = "usage") -> float:
+    """--since of VERB as seconds since the epoch (InputError naming the forms it takes)."""
     if text is None:
         return now - DEFAULT_DAYS * 86400
     try:
         return datetime.fromisoformat(text).timestamp()
     except ValueError:
-        raise InputError(f"usage --since {text!r}: not a date; give YYYY-MM-DD or "
+        raise InputError(f"{verb} --since {text!r}: not a date; give YYYY-MM-DD or "
                          "YYYY-MM-DDTHH:MM (local time)") from None
 
 

@@ -45,3 +45,12 @@ def test_the_table_says_why_each_node_is_out_and_lists_its_failures() -> None:
     events = lines[8:]
     assert len(events) == 3 and "health check failing: the share" in events[2]
     assert "run r7 (bob) lost it" in events[0]
+
+
+def test_a_date_that_is_not_one_is_refused_naming_the_verb(capsys) -> None:
+    """Before the inventory is read or any node asked: exit 2, the verb and the forms."""
+    from orchestrator.cli import main
+
+    assert main(["nodes", "--since", "yesterday", "-i", "/no/such/inventory.yml"]) == 2
+    assert ("nodes --since 'yesterday': not a date; give YYYY-MM-DD or YYYY-MM-DDTHH:MM"
+            in capsys.readouterr().err)
