@@ -125,8 +125,19 @@ class Config:
             value = data.get(key, getattr(cls, key))
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ConfigError(f"{path}: {key} {value!r}: give a number of at least 0")
+        if not isinstance(data.get("slurm", False), bool):
+            raise ConfigError(f"{path}: slurm {data['slurm']!r}: give true or false")
+        for key in ("nvidia_smi", "scontrol", "edac"):
+            if not isinstance(data.get(key, "x"), str) or not data.get(key, "x"):
+                raise ConfigError(f"{path}: {key} {data[key]!r}: give a command or path")
+        if not isinstance(data.get("admin_group"), (str, type(None))):
+            raise ConfigError(f"{path}: admin_group {data['admin_group']!r}: give a group name")
+        places = data.get("places", list(LOCAL_PLACES))
+        if not isinstance(places, list) or not all(
+                isinstance(p, str) and p.startswith("/") for p in places):
+            raise ConfigError(f"{path}: places {places!r}: give a list of absolute paths")
         if "places" in data:
-            data["places"] = tuple(data["places"])
+            data["places"] = tuple(places)
         return cls(**data)
 
 

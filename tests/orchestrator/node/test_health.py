@@ -188,6 +188,11 @@ def test_uncorrected_memory_errors_fail(tmp_path) -> None:
     ({"node": "a b", "share": "/mnt/cluster"}, "is not a node name"),
     ({"node": NODE, "share": "/s", "share_timeout": "10"}, "share_timeout '10'"),
     ({"node": NODE, "share": "/s", "color": 1}, "unknown keys ['color']"),
+    ({"node": NODE, "share": "/s", "slurm": "yes"}, "slurm 'yes': give true or false"),
+    ({"node": NODE, "share": "/s", "nvidia_smi": ""}, "nvidia_smi '': give a command"),
+    ({"node": NODE, "share": "/s", "admin_group": 7}, "admin_group 7: give a group name"),
+    ({"node": NODE, "share": "/s", "places": ["tmp"]}, "places ['tmp']: give a list of "
+                                                        "absolute paths"),
 ])
 def test_bad_settings_are_named(tmp_path, data, said) -> None:
     path = tmp_path / "health.json"
