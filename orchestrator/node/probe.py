@@ -508,9 +508,13 @@ def resolve(names: list[str]) -> dict[str, str | None]:
 def serve(sock: socket.socket, spec: dict, token_path: str | None) -> None:
     """Accept until SPEC's expected number of nodes connected (or its seconds ran out):
     greet each with the nonce; the last one only after the listening socket is closed, so
-    the port is free when preflight ends. Then remove the token."""
+    the port is free when preflight ends. Then remove the token. A node counts when it
+    answers the greeting with "ok" (the nonce was the one it expected): another user's
+    preflight, whose nodes try the same port at once (round 2 ahead), closes without a
+    word and is not counted; when it came as the last one, the port is listened on again."""
     deadline, count = time.time() + spec["seconds"], 0
     greeting = ("clustertrain %s\n" % spec["nonce"]).encode()
+    port = sock.getsockname()[1]
     try:
         while count < spec["expect"] and time.time() < deadline:
             sock.settimeout(max(0.1, deadline - time.time()))
@@ -518,7 +522,8 @@ def serve(sock: socket.socket, spec: dict, token_path: str | None) -> None:
                 conn, _ = sock.accept()
             except OSError:
                 break
-            if count + 1 >= spec["expect"]:
+            last = count + 1 >= spec["expect"]
+            if last:
                 sock.close()
             said = b""
             try:  # the client closes first: no TIME_WAIT is left on this side of the port
@@ -535,7 +540,16 @@ def serve(sock: socket.socket, spec: dict, token_path: str | None) -> None:
                 conn.close()
             if said.startswith(b"stop " + spec["nonce"].encode()):
                 break
-            count += 1
+            if said.startswith(b"ok"):
+                count += 1
+            elif last:
+                try:
+                    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    sock.bind(("0.0.0.0", port))
+                    sock.listen(128)
+                except OSError:
+                    break   # taken meanwhile: round 2 names the nodes that did not get in
     finally:
         sock.close()
         if token_path:
@@ -548,11 +562,15 @@ def serve(sock: socket.socket, spec: dict, token_path: str | None) -> None:
 def greeted(addr: str, port: int, nonce: str, timeout: float) -> tuple[bool, bytes]:
     """Connect to the listener at ADDR:PORT; (it greeted with NONCE, what it said)."""
     c = socket.create_connection((addr, port), timeout=timeout)
-    c.settimeout(timeout)
-    said = c.recv(64)
-    c.sendall(b"ok\n")
-    c.close()
-    return said.strip() == ("clustertrain " + nonce).encode(), said
+    try:
+        c.settimeout(timeout)
+        said = c.recv(64)
+        ours = said.strip() == ("clustertrain " + nonce).encode()
+        if ours:   # counted by our listener; another's is left without a word
+            c.sendall(b"ok\n")
+    finally:
+        c.close()
+    return ours, said
 
 
 def listen(port: int, spec: dict, token_path: str | None,

@@ -396,12 +396,35 @@ def test_round_two_ahead_leaves_to_round_two_what_it_cannot_tell(tmp_path: Path)
     assert node.reach_ahead(req, None) is None   # node 0's address did not resolve here
 
 
+def test_another_preflights_nodes_at_the_same_port_are_not_counted(tmp_path: Path) -> None:
+    """Two users' preflights at once try the same port ahead: a node of the other one
+    (greeted with a nonce it did not expect) is not counted, even as the last expected,
+    and every node of this preflight still gets through and reads the token."""
+    port, token = free_port(), tmp_path / "token"
+    token.write_text("v" * 8)
+    spec = {"nonce": "mine", "expect": 2, "seconds": 30}
+    t = threading.Thread(target=node.serve, args=(listening(port), spec, str(token)))
+    t.start()
+    theirs = {"port": port, "nonce": "theirs", "timeout": 3, "wait": 2,
+              "token": {"path": str(tmp_path / "their-token"), "value": "w"}}
+    mine = {**theirs, "nonce": "mine", "token": {"path": str(token), "value": "v" * 8}}
+    assert node.reach_ahead(theirs, "127.0.0.1") is None          # before ours
+    first = node.reach_ahead(mine, "127.0.0.1")
+    assert first is not None and first["connect"]["ok"] and first["token"]["ok"]
+    assert node.greeted("127.0.0.1", port, "theirs", 3)[0] is False   # as the last expected
+    assert node.reach_ahead(theirs, "127.0.0.1") is None
+    last = node.reach_ahead(mine, "127.0.0.1")
+    assert last is not None and last["connect"]["ok"] and last["token"]["ok"], last
+    t.join(timeout=10)
+    assert not t.is_alive() and not token.exists() and node.port_free(port)
+
+
 def test_a_listener_whose_nodes_do_not_come_is_stopped_by_its_nonce_only() -> None:
     port = free_port()
     spec = {"nonce": "n2", "expect": 3, "seconds": 30}
     t = threading.Thread(target=node.serve, args=(listening(port), spec, None))
     t.start()
-    node.stop_listener(port, "another-nonce")  # not ours: it is counted as a node
+    node.stop_listener(port, "another-nonce")  # not ours: ignored
     assert t.is_alive()
     node.stop_listener(port, "n2")
     t.join(timeout=10)
