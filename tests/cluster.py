@@ -98,10 +98,13 @@ def play_recap(stdout: str) -> dict[str, dict[str, int]]:
             for host, rest in re.findall(r"^(\S+)\s+: (ok=.*)$", recap, re.MULTILINE)}
 
 
-def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> None:
-    """Until PREDICATE holds; AssertionError naming WHAT after TIMEOUT seconds."""
+def wait_for(predicate: Callable[[], object], timeout: float,
+             what: str | Callable[[], str]) -> None:
+    """Until PREDICATE holds; AssertionError naming WHAT (or what it returns then) after
+    TIMEOUT seconds."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+            said = what if isinstance(what, str) else what()
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {said}")
         time.sleep(0.5)

@@ -43,7 +43,8 @@ MASTER_PERSIST = 60
 # as "kex_exchange_identification: ..." by the server dropping it, or as "banner exchange:
 # ... Broken pipe" when a bastion on the way (ProxyJump) dropped the jump.
 DROPPED = re.compile(r"kex_exchange_identification|banner exchange")
-DROPPED_RETRIES = 3
+DROPPED_RETRIES = 5
+DROPPED_PAUSE_MAX = 8.0   # seconds: the longest pause between two tries
 PR_SET_PDEATHSIG = 1
 
 
@@ -170,7 +171,7 @@ class Connection:
                 # refused key or a node down, is reported at once.)
                 if deadline is not None and time.monotonic() > deadline:
                     break
-                time.sleep(random.uniform(0.2, 1.0) * 2 ** attempt)
+                time.sleep(min(DROPPED_PAUSE_MAX, random.uniform(0.5, 1.0) * 2 ** attempt))
         except FileNotFoundError:
             self.close()
             raise PreflightError(

@@ -69,14 +69,20 @@ def test_two_users_train_at_once_each_as_themselves(sandbox_cluster: Provisioned
                       "--epochs", "2", "--run-name", "site-bob", *SMALL)
     try:
         # Both jobs run at once, on every node, each under its own user.
-        def launched(runs: Path) -> bool:
-            return "starting torchrun on node0, node1, node2" in output(runs)
-        wait_for(lambda: launched(alice_runs) and launched(bob_runs), 300, "both launches")
+        def launched(runs: Path, proc: subprocess.Popen) -> bool:
+            if "starting torchrun on node0, node1, node2" in output(runs):
+                return True
+            assert proc.poll() is None, (f"{runs.name}: train ended ({proc.returncode}) "
+                                         f"before its launch:\n{output(runs)[-3000:]}")
+            return False
+        wait_for(lambda: launched(alice_runs, alice) and launched(bob_runs, bob), 300,
+                 lambda: "both launches\n" + "\n".join(f"{r.name}: {output(r)[-1500:]}"
+                                                         for r in (alice_runs, bob_runs)))
 
         def both_running() -> bool:
             return all({"alice", "bob"} <= set(owners(sandbox_cluster, n)) for n in NODES)
-        wait_for(both_running, 300, "both users' training processes on all three nodes\n"
-                 + (output(alice_runs)[-1500:] if alice_runs.exists() else ""))
+        wait_for(both_running, 300, lambda: "both users' training processes on all three "
+                 f"nodes\n{output(alice_runs)[-1500:]}\n{output(bob_runs)[-1500:]}")
         for node in NODES:
             assert set(owners(sandbox_cluster, node)) == {"alice", "bob"}, node
         # bob can neither stop alice's run (refused before any node is touched) ...
