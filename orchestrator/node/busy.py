@@ -13,6 +13,7 @@ import subprocess
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .health import supervised_run
 from .protocol import NOTEBOOK_MODULE
 from .util import process_table
 
@@ -113,28 +114,6 @@ def gpu_processes(smi: str = "nvidia-smi") -> tuple[list[GpuProcess], str | None
 
 
 # --- the processes ----------------------------------------------------------------------------
-
-def supervised_run(argv: list[str]) -> str | None:
-    """The run id of a supervisor's command line, else None: `PYTHON .../node.py supervise
-    ... --run RUN ... -- TORCHRUN...` as the launch starts it (run/command.py,
-    NodeCommand.shell), or `python -m orchestrator.node supervise ...`."""
-    if "supervise" not in argv or os.path.basename(argv[0]) == "srun":
-        return None   # srun starting a supervisor as a Slurm step: that supervisor counts
-    i = argv.index("supervise")
-    head = argv[:i]
-    if not head or not (os.path.basename(head[-1]) == "node.py"
-                        or head[-2:] == ["-m", "orchestrator.node"]):
-        return None
-    ours = argv[i + 1:]
-    if "--" in ours:   # the rest is torchrun's
-        ours = ours[:ours.index("--")]
-    for j, word in enumerate(ours):
-        if word == "--run" and j + 1 < len(ours):
-            return ours[j + 1]
-        if word.startswith("--run="):
-            return word[len("--run="):]
-    return None
-
 
 def kind_of(argv: list[str]) -> str:
     """What a supervisor's run is, from the command it starts (after its `--`): a

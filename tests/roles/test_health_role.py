@@ -20,6 +20,11 @@ def test_the_roles_paths_are_the_checks() -> None:
     assert fixed["health_config"] == health.CONFIG
     assert fixed["health_state_dir"] == health.STATE_DIR
     assert fixed["health_unit"] == health.UNIT
+    assert fixed["health_lib_dir"] == health.LIB_DIR
+    # roles/nvidia_driver asks this check to hold a reboot until the node is idle
+    driver = yaml.safe_load((REPO / "roles" / "nvidia_driver" / "vars" / "main.yml").read_text())
+    assert driver["nvidia_driver_health_check"] == f"{health.LIB_DIR}/health.py"
+    assert driver["nvidia_driver_health_unit"] == health.UNIT
 
 
 def test_every_setting_the_role_writes_is_one_the_check_reads() -> None:

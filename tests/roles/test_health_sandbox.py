@@ -11,6 +11,7 @@ the timer's service."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 
@@ -19,6 +20,7 @@ import pytest
 from orchestrator.node import health
 
 from ..cluster import ProvisionedCluster, orchestrator, wait_for
+from ..orchestrator.checks.test_preflight_sandbox import playbook
 from ..security.conftest import as_user
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.timeout(600)]
@@ -65,9 +67,11 @@ def test_a_stalled_share_cordons_its_node_until_it_answers_again(
     stall = threading.Thread(target=sandbox_cluster.stall_share, args=(LIMIT * 4, [node]))
     stall.start()
     try:
-        wait_for(lambda: sandbox_cluster.exec(   # the stall has begun: a listing blocks
-            node, "timeout", "-s", "KILL", "1", "ls", "/mnt/cluster", check=False
-        ).returncode == 137, 20, f"the share to stall on {node}")
+        # The stall has begun: looking up a name never asked before blocks (a listing may
+        # be answered from the kernel's cache without the FUSE daemon).
+        wait_for(lambda: sandbox_cluster.exec(
+            node, "timeout", "-s", "KILL", "1", "stat", f"/mnt/cluster/.probe-{time.time_ns()}",
+            check=False).returncode == 137, 20, f"the share to stall on {node}")
         said = check_now(sandbox_cluster, node)
         assert f"the share /mnt/cluster did not answer within {LIMIT:g} s" in said, said
         assert drain_of(sandbox_cluster, node).startswith("drain"), \
@@ -137,3 +141,112 @@ def test_an_ecc_error_cordons_the_node_until_it_is_gone(
         sandbox_cluster.exec(node, "sh", "-c", f"printf '%s' '{raw}' > {health.CONFIG} && "
                              f"rm -rf {DOUBLE_DIR}", check=False)
         check_now(sandbox_cluster, node)
+
+
+WAITS = """\
+import os, sys, time
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.5)
+print("done waiting", flush=True)
+"""
+
+
+# The nvidia_driver role's part once a new kernel module is installed (installing one needs
+# a GPU): its reboot tasks, as gpu.yml includes them.
+DRIVER_REBOOT = """\
+- name: The NVIDIA driver's reboot, after a new kernel module
+  hosts: node2
+  become: true
+  gather_facts: false
+  tasks:
+    - name: Reboot, now or once the node's work has ended
+      ansible.builtin.include_role:
+        name: nvidia_driver
+        tasks_from: reboot
+      vars:
+        __nvidia_driver_installed_version: "999.1"
+"""
+
+
+def test_a_reboot_waits_for_the_nodes_runs_then_the_node_returns(
+        sandbox_cluster: ProvisionedCluster, tmp_path) -> None:
+    """What roles/nvidia_driver does when a new kernel module needs a reboot and the node
+    has work on it: its reboot tasks ask the health check (`health.py --defer-reboot`),
+    which cordons and drains the node at once; the checks leave it up while alice's queued
+    run lives on it, the first check after the run ended reboots it, and the first check
+    after the boot returns it. The reboot is a TEST DOUBLE (a command that notes that it
+    ran; rebooting a container of the shared cluster would end the other tests' node), and
+    so is the boot (the request's boot id made a former one)."""
+    from ..orchestrator.run.test_train_sandbox import Train
+
+    node = "node2"
+    raw = sandbox_cluster.exec(node, "cat", health.CONFIG).stdout   # put back byte for byte
+    noted = f"{health.STATE_DIR}/rebooted-by-the-test"
+    doubled = {**json.loads(raw), "reboot": ["/bin/sh", "-c", f"date >> {noted}"]}
+    sandbox_cluster.exec(node, "sh", "-c", f"cat > {health.CONFIG} <<'EOF'\n"
+                         f"{json.dumps(doubled)}\nEOF")
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "waits.py").write_text(WAITS)
+    driver_reboot = tmp_path / "driver-reboot.yml"
+    driver_reboot.write_text(DRIVER_REBOOT)
+    done = sandbox_cluster.checkpoints(tmp_path.name) / "done"
+    done.parent.mkdir(parents=True, exist_ok=True)
+    run = Train(sandbox_cluster, tmp_path / "runs", "--workdir", str(work), "--queue",
+                "--nodes", "3", "--gpus-per-node", "1", "waits.py", "--",
+                f"/mnt/cluster/checkpoints/alice/{tmp_path.name}/done")
+    pending = f"{health.STATE_DIR}/{health.REBOOT_PENDING}"
+    try:
+        run.wait_for("starting torchrun on node0, node1, node2")
+        play = playbook(str(driver_reboot), "-i", str(sandbox_cluster.inventory))
+        assert play.returncode == 0, play.stdout[-4000:] + play.stderr[-2000:]
+        report = re.search(r'"msg": "(node2: kernel module 999.1 is installed; .*)"',
+                           play.stdout)
+        assert report, play.stdout[-4000:]
+        assert re.search(r"the node runs (.*; )?Slurm job \d+ of alice", report[1]), report[1]
+        assert re.search(r"; run \S+ of alice", report[1]), report[1]
+        assert "It is cordoned (and drained in Slurm) now" in report[1], report[1]
+        assert re.search(r"Reboot to load the new kernel module\] \**\s*skipping: \[node2\]",
+                         play.stdout), play.stdout[-4000:]
+        assert "clustertrain (health): health check: the NVIDIA driver 999.1 is installed" \
+            in drain_of(sandbox_cluster, node)
+        # Nobody else is given the node meanwhile: bob's preflight is refused, naming why.
+        refused = orchestrator("preflight", "-i", str(sandbox_cluster.inventories["bob"]),
+                               "--hosts", f"node0,{node}", timeout=300)
+        assert refused.returncode != 0
+        assert "node2: cordoned since" in refused.stdout and (
+            "the NVIDIA driver 999.1 is installed and loads at the reboot: it reboots once "
+            "nothing runs on it; leave it out (--hosts): it returns by itself"
+        ) in refused.stdout, refused.stdout[-3000:] + refused.stderr
+        said = check_now(sandbox_cluster, node)
+        assert "failing: the NVIDIA driver 999.1" in said, said
+        assert sandbox_cluster.exec(node, "test", "-e", noted, check=False).returncode != 0, \
+            "rebooted under alice's run"
+        done.touch()
+        assert run.finish() == 0, run.text[-3000:] + run.stderr
+        assert "done waiting" in run.text
+        wait_for(lambda: not sandbox_cluster.exec(node, "squeue", "-h", "-w", node).stdout
+                 .strip(), 60, f"Slurm to end the run's job on {node}")
+        check_now(sandbox_cluster, node)
+        assert sandbox_cluster.exec(node, "cat", noted, check=False).stdout.count("\n") == 1, \
+            "not rebooted once the run ended"
+        assert drain_of(sandbox_cluster, node).startswith("drain")   # until it is back
+        # The boot: the request was made in a former one.
+        request = json.loads(sandbox_cluster.exec(node, "cat", pending).stdout)
+        sandbox_cluster.exec(node, "sh", "-c", f"cat > {pending} <<'EOF'\n"
+                             f"{json.dumps({**request, 'boot': 'a former boot'})}\nEOF")
+        assert check_now(sandbox_cluster, node) == f"{node}: healthy"
+        assert not drain_of(sandbox_cluster, node).startswith("drain"), \
+            drain_of(sandbox_cluster, node)
+        assert sandbox_cluster.exec(node, "test", "-e", pending, check=False).returncode != 0
+        view = nodes(sandbox_cluster)[node]
+        assert view["state"] == "ok", view
+        assert [e["event"] for e in view["events"]][-3:] == ["failing", "rebooting", "passing"]
+    finally:
+        if run.proc.poll() is None:
+            run.proc.terminate()
+            run.finish(timeout=120)
+        sandbox_cluster.exec(node, "sh", "-c", f"printf '%s' '{raw}' > {health.CONFIG} && "
+                             f"rm -f {pending} {noted}", check=False)
+        check_now(sandbox_cluster, node)
+        done.unlink(missing_ok=True)

@@ -17,7 +17,12 @@ What it checks (each a Failure naming what and the fix):
           cordon). Skipped on a node without nvidia-smi;
 - clock:  chrony's offset from its sources below max_clock_offset seconds (when chrony
           runs and is synchronised);
-- memory: no uncorrected memory error counted by the kernel's EDAC.
+- memory: no uncorrected memory error counted by the kernel's EDAC;
+- maintenance: a reboot asked of the node and not yet done (`--defer-reboot WHY`, which
+          roles/nvidia_driver runs when a new kernel module waits for a reboot and the node
+          has work on it). The node is cordoned like a failing one; once nothing runs on it
+          (no Slurm job, no process on a GPU, no run's supervisor) a check reboots it, and
+          the first check after the reboot returns it.
 
 What it does with the verdict, each step bounded in time so that a stalled share never
 hangs the timer:
@@ -61,9 +66,11 @@ cordon = importlib.import_module(".cordon", __package__) if __package__ else \
     importlib.import_module("cordon")
 
 CONFIG = "/etc/clustertrain/health.json"          # written by roles/health
+LIB_DIR = "/usr/local/lib/clustertrain"           # where roles/health installs this file
 STATE_DIR = "/var/lib/clustertrain-health"        # the unit's StateDirectory
 UNIT = "clustertrain-health"                      # its service and timer
 HISTORY_SUBDIR = "health"                         # under the share's root (nfs_server)
+REBOOT_PENDING = "reboot-pending.json"            # in STATE_DIR: a reboot asked, not done
 WHY = "health check: "                            # how the check's cordons begin
 DRAIN_WHO = "health"                              # its Slurm drains: "clustertrain (health): "
 DRAINED_HERE = f"{cordon.DRAIN_MARK}{DRAIN_WHO})"  # how such a drain's reason begins
@@ -99,6 +106,8 @@ class Config:
     admin_group: str | None = cordon.DEFAULT_ADMIN_GROUP
     nvidia_smi: str = "nvidia-smi"
     scontrol: str = "scontrol"
+    squeue: str = "squeue"
+    reboot: tuple[str, ...] = ("systemctl", "reboot")
     edac: str = "/sys/devices/system/edac/mc"
     places: tuple[str, ...] = LOCAL_PLACES
 
@@ -127,7 +136,7 @@ class Config:
                 raise ConfigError(f"{path}: {key} {value!r}: give a number of at least 0")
         if not isinstance(data.get("slurm", False), bool):
             raise ConfigError(f"{path}: slurm {data['slurm']!r}: give true or false")
-        for key in ("nvidia_smi", "scontrol", "edac"):
+        for key in ("nvidia_smi", "scontrol", "squeue", "edac"):
             if not isinstance(data.get(key, "x"), str) or not data.get(key, "x"):
                 raise ConfigError(f"{path}: {key} {data[key]!r}: give a command or path")
         if not isinstance(data.get("admin_group"), (str, type(None))):
@@ -138,6 +147,12 @@ class Config:
             raise ConfigError(f"{path}: places {places!r}: give a list of absolute paths")
         if "places" in data:
             data["places"] = tuple(places)
+        reboot = data.get("reboot", ["systemctl", "reboot"])
+        if not isinstance(reboot, list) or not reboot or not all(
+                isinstance(w, str) and w for w in reboot):
+            raise ConfigError(f"{path}: reboot {reboot!r}: give a command as a list of words")
+        if "reboot" in data:
+            data["reboot"] = tuple(reboot)
         return cls(**data)
 
 
@@ -437,6 +452,109 @@ def _lift_own(share: str, node: str, admin_group: str | None) -> bool:
     return True
 
 
+# -- maintenance: a reboot that waits until nothing runs on the node ------------------------
+
+def ask_reboot(state_dir: str, why: str, now: float) -> None:
+    """Ask this node to reboot once nothing runs on it, for WHY (kept until it rebooted)."""
+    os.makedirs(state_dir, mode=0o755, exist_ok=True)
+    _write_json(os.path.join(state_dir, REBOOT_PENDING),
+                {"why": why, "boot": boot_id(), "asked": now})
+
+
+def pending_reboot(state_dir: str, boot: str) -> dict[str, Any] | None:
+    """The reboot asked of this node and not done yet; None when none was asked, or when
+    the node has rebooted since (which ends the request)."""
+    path = os.path.join(state_dir, REBOOT_PENDING)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            asked = json.load(fh)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:   # held all the same: a reboot is not lost
+        return {"why": f"a reboot was asked ({path} unreadable: {exc})", "boot": boot}
+    if not isinstance(asked, dict) or asked.get("boot") != boot:
+        os.unlink(path)
+        return None
+    return asked
+
+
+def supervised_run(argv: list[str]) -> str | None:
+    """The run id of a supervisor's command line, else None: `PYTHON .../node.py supervise
+    ... --run RUN ... -- TORCHRUN...` as the launch starts it (run/command.py,
+    NodeCommand.shell), or `python -m orchestrator.node supervise ...`."""
+    if "supervise" not in argv or os.path.basename(argv[0]) == "srun":
+        return None   # srun starting a supervisor as a Slurm step: that supervisor counts
+    i = argv.index("supervise")
+    head = argv[:i]
+    if not head or not (os.path.basename(head[-1]) == "node.py"
+                        or head[-2:] == ["-m", "orchestrator.node"]):
+        return None
+    ours = argv[i + 1:]
+    if "--" in ours:   # the rest is torchrun's
+        ours = ours[:ours.index("--")]
+    for j, word in enumerate(ours):
+        if word == "--run" and j + 1 < len(ours):
+            return ours[j + 1]
+        if word.startswith("--run="):
+            return word[len("--run="):]
+    return None
+
+
+GPU_DEVICE = re.compile(r"/dev/nvidia\d+")
+
+
+def _process_says(pid: str) -> tuple[list[str], list[str]]:
+    """PID's command line and the GPU devices it holds open ([] each when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            argv = [w.decode(errors="replace") for w in fh.read().split(b"\0")[:-1]]
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return [], []
+    held = []
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if GPU_DEVICE.fullmatch(target):
+            held.append(target)
+    return argv, sorted(set(held))
+
+
+def still_running(cfg: Config) -> list[str]:
+    """What a reboot of this node would end, each said in a few words (empty: nothing):
+    Slurm's jobs on it, the supervisors of runs started over SSH, processes that hold a
+    GPU. What cannot be read counts as running: nothing is rebooted on a guess."""
+    found = []
+    if cfg.slurm:
+        try:
+            done = subprocess.run([cfg.squeue, "-h", "-w", cfg.node, "-o", "%i %u"],
+                                  capture_output=True, text=True, timeout=30, check=False)
+            said = done.stdout if done.returncode == 0 else None
+            why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            said, why = None, str(exc)
+        if said is None:
+            found.append(f"Slurm's jobs on it (squeue: {why})")
+        for line in (said or "").splitlines():
+            if len(line.split()) == 2:
+                found.append("Slurm job {} of {}".format(*line.split()))
+    for pid in sorted((p for p in os.listdir("/proc") if p.isdigit()), key=int):
+        if int(pid) == os.getpid():
+            continue
+        argv, gpus = _process_says(pid)
+        run = supervised_run(argv) if argv else None
+        if run or gpus:
+            try:
+                owner = cordon.user_name(os.stat(f"/proc/{pid}").st_uid)
+            except OSError:
+                continue   # ended meanwhile
+            found.append(f"run {run} of {owner}" if run else
+                         f"process {pid} of {owner} on {', '.join(gpus)}")
+    return list(dict.fromkeys(found))
+
+
 # -- one run of the check -----------------------------------------------------------------
 
 def _drain(cfg: Config, why: str) -> bool:
@@ -464,14 +582,19 @@ def _resume(cfg: Config) -> None:
 
 
 def step(cfg: Config, state_dir: str = STATE_DIR, now: float | None = None,
-         failures: list[Failure] | None = None) -> State:
-    """One run: check (FAILURES given: tests), act on the change, keep the state."""
+         failures: list[Failure] | None = None, may_reboot: bool = True) -> State:
+    """One run: check (FAILURES given: tests), act on the change, keep the state; reboot
+    the node when a reboot was asked of it and nothing runs on it (unless not MAY_REBOOT)."""
     stamp = time.time() if now is None else now
     old = read_state(state_dir) or {}
     state = State(**{k: v for k, v in old.items() if k in State.__dataclass_fields__}) \
         if old.get("node") == cfg.node else State(cfg.node)
     boot = boot_id()
-    found = run_checks(cfg, state.checked or None) if failures is None else failures
+    found = run_checks(cfg, state.checked or None) if failures is None else list(failures)
+    asked = pending_reboot(state_dir, boot)
+    if asked:
+        found.append(Failure("maintenance", f"{asked['why']}: it reboots once nothing runs "
+                             "on it"))
     kept = [Failure(**f) for f in state.failing if f.get("sticky")] \
         if state.boot == boot else []   # a reboot resets the GPU and the counters
     if kept and state.cordoned and not _still_cordoned(cfg):
@@ -506,6 +629,10 @@ def step(cfg: Config, state_dir: str = STATE_DIR, now: float | None = None,
         state.since = None
         if state.cordoned:
             request["uncordon"] = True
+    reboot = bool(asked) and may_reboot and _may_reboot_now(cfg, state)
+    if reboot:
+        history.append({"time": stamp, "node": cfg.node, "event": "rebooting",
+                        "failures": [asdict(f) for f in failing if f.check == "maintenance"]})
     outbox = os.path.join(state_dir, "outbox.jsonl")
     pending = _read_lines(outbox) + history
     request["history"] = pending
@@ -521,7 +648,26 @@ def step(cfg: Config, state_dir: str = STATE_DIR, now: float | None = None,
         pending = pending[int(published.get("written") or 0):]
     _write_lines(outbox, pending)
     _write_json(os.path.join(state_dir, "state.json"), asdict(state))
+    if reboot and asked:
+        print(f"{cfg.node}: nothing runs on it: rebooting ({asked['why']})", flush=True)
+        subprocess.run(list(cfg.reboot), check=False, timeout=60)
     return state
+
+
+def _may_reboot_now(cfg: Config, state: State) -> bool:
+    """Whether nothing runs on the node and nothing new can start on it: Slurm drained it
+    (for this check or anyone), and no run of ours or process on a GPU is left."""
+    if cfg.slurm:
+        try:
+            if cordon.drained(cordon.Slurm(cfg.share, cfg.admin_group, cfg.scontrol),
+                              cfg.node) is None:
+                return False
+        except (cordon.Refused, OSError, subprocess.TimeoutExpired):
+            return False
+    running = still_running(cfg)
+    if running:
+        print(f"{cfg.node}: its reboot waits for {'; '.join(running)}", flush=True)
+    return not running
 
 
 def _still_cordoned(cfg: Config) -> bool:
@@ -594,6 +740,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--measure", nargs="+", metavar="PATH", help=argparse.SUPPRESS)
     p.add_argument("--publish", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--held", nargs=2, metavar=("NODE", "SHARE"), help=argparse.SUPPRESS)
+    p.add_argument("--defer-reboot", metavar="WHY",
+                   help="ask for a reboot once nothing runs on the node: it is cordoned now, "
+                   "and a check reboots it when its work has ended (roles/nvidia_driver); "
+                   "prints JSON: what still runs, whether it is cordoned and drained")
     args = p.parse_args(argv)
     if args.measure:
         print(json.dumps(measure(args.measure)))
@@ -612,6 +762,12 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"clustertrain-health: {exc}", file=sys.stderr)
         return 2
+    if args.defer_reboot:
+        ask_reboot(args.state_dir, args.defer_reboot, time.time())
+        state = step(cfg, args.state_dir, may_reboot=False)
+        print(json.dumps({"running": still_running(cfg), "cordoned": state.cordoned,
+                          "drained": state.drained}))
+        return 0
     state = step(cfg, args.state_dir)
     print(f"{cfg.node}: " + (f"failing: {state.why()}" if state.failing else "healthy")
           + (" (cordoned)" if state.cordoned else "") + (" (drained)" if state.drained else ""))

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -46,6 +48,71 @@ SHARE_STALLED = Failure("share", "the share /mnt/cluster did not answer within 1
 
 
 # -- what one run does with its verdict -------------------------------------------------------
+
+def stand_in_reboot(tmp_path: Path) -> tuple[tuple[str, ...], Path]:
+    """A TEST DOUBLE of `systemctl reboot` (a test cannot reboot the machine it runs on):
+    a command that notes that it ran."""
+    said = tmp_path / "rebooted"
+    return (sys.executable, "-c", f"open({str(said)!r}, 'a').write('reboot\\n')"), said
+
+
+def test_a_reboot_waits_for_the_run_on_the_node_then_the_node_returns(
+        share, tmp_path, monkeypatch) -> None:
+    """A reboot asked while a run's supervisor lives on the node: cordoned at once, not
+    rebooted while the run goes on; rebooted by the first check after it ended; the first
+    check after the reboot lifts the cordon. The node's processes are this test's (other
+    tests on this machine start stand-in supervisors of their own)."""
+    ours: set[str] = set()
+    real = health._process_says
+    monkeypatch.setattr(health, "_process_says",
+                        lambda pid: real(pid) if pid in ours else ([], []))
+    reboot, rebooted = stand_in_reboot(tmp_path)
+    cfg = config(share, reboot=reboot)
+    state_dir = str(tmp_path / "state")
+    node_py = tmp_path / "node.py"
+    node_py.write_text("import time\ntime.sleep(120)\n")
+    run = subprocess.Popen([sys.executable, str(node_py), "supervise", "--run", "r-alice",
+                            "--", "torchrun"])
+    ours.add(str(run.pid))
+    try:
+        health.ask_reboot(state_dir, "the NVIDIA driver 999.1 is installed", 1000.0)
+        assert f"run r-alice of {cordon.user_name(os.getuid())}" in health.still_running(cfg)
+        first = health.step(cfg, state_dir, now=1000.0, failures=[])
+        assert [f["check"] for f in first.failing] == ["maintenance"] and first.cordoned
+        [c] = held(share)
+        assert c.why.startswith(health.WHY + "the NVIDIA driver 999.1 is installed: it "
+                                "reboots once nothing runs on it")
+        health.step(cfg, state_dir, now=1300.0, failures=[])
+        assert not rebooted.exists()
+    finally:
+        run.kill()
+        run.wait()
+    health.step(cfg, state_dir, now=1600.0, failures=[])
+    assert rebooted.read_text() == "reboot\n"
+    assert [x["event"] for x in lines(share)] == ["failing", "rebooting"]
+    assert held(share), "cordoned until the node is back"
+    # The reboot (its test double ran above): the node comes back with a new boot id.
+    pending = Path(state_dir) / health.REBOOT_PENDING
+    pending.write_text(json.dumps({**json.loads(pending.read_text()), "boot": "before"}))
+    back = health.step(cfg, state_dir, now=1900.0, failures=[])
+    assert not back.failing and not back.cordoned and held(share) == []
+    assert not pending.exists() and rebooted.read_text() == "reboot\n"
+    assert [x["event"] for x in lines(share)] == ["failing", "rebooting", "passing"]
+
+
+def test_slurm_jobs_on_the_node_hold_its_reboot_and_an_unreadable_queue_too(tmp_path) -> None:
+    """squeue here is a TEST DOUBLE (Slurm's own runs on the sandbox:
+    tests/roles/test_health_sandbox.py)."""
+    squeue = tmp_path / "squeue"
+    squeue.write_text("#!/bin/sh\necho \"$*\" > \"$0.args\"\necho '4711 alice'\n")
+    squeue.chmod(0o755)
+    cfg = Config(node=NODE, share=str(tmp_path), slurm=True, squeue=str(squeue))
+    assert "Slurm job 4711 of alice" in health.still_running(cfg)
+    assert (tmp_path / "squeue.args").read_text().split() == ["-h", "-w", NODE, "-o", "%i", "%u"]
+    squeue.write_text("#!/bin/sh\necho 'slurm_load_jobs error: Unable to contact' >&2\nexit 1\n")
+    assert "Slurm's jobs on it (squeue: slurm_load_jobs error: Unable to contact)" in \
+        health.still_running(cfg)
+
 
 def test_a_failing_node_is_cordoned_once_and_lifted_when_it_passes(share, tmp_path) -> None:
     state_dir = tmp_path / "state"
@@ -193,6 +260,8 @@ def test_uncorrected_memory_errors_fail(tmp_path) -> None:
     ({"node": NODE, "share": "/s", "admin_group": 7}, "admin_group 7: give a group name"),
     ({"node": NODE, "share": "/s", "places": ["tmp"]}, "places ['tmp']: give a list of "
                                                         "absolute paths"),
+    ({"node": NODE, "share": "/s", "reboot": "systemctl reboot"}, "reboot 'systemctl reboot': "
+                                                                   "give a command as a list"),
 ])
 def test_bad_settings_are_named(tmp_path, data, said) -> None:
     path = tmp_path / "health.json"
