@@ -1,17 +1,23 @@
-"""The cluster's environment provisioned again while a run goes on, on the shared cluster:
-the run keeps the state it started in (its packages, and a module it imports late), the
-next run gets the new one, and the old state is removed once no process runs from it.
-As the sudo user (alice), with playbooks/python_env.yml, the play of site.yml that owns
-the environment (the whole site.yml is tests/packaging/test_installed_sandbox.py's)."""
+"""The admin's routine re-provisioning while a run goes on, on the shared cluster: a whole
+site.yml as the sudo user (alice), with a new environment file and a change for every role
+that reloads something (sshd, chrony, the firewall, the NFS export, Slurm, the health
+timer), while a queued 3-node job (Slurm's steps) talks to its peers every second. The job
+runs on untouched to its end: its connections survive the firewall's reload, the
+controller's SSH sessions sshd's, the share stays mounted through nfs-ganesha's restart,
+Slurm's restarts do not end it, and it keeps the environment state it started in (its
+packages, and a module it imports late). The next run gets the new state, and the old one
+is removed once no process runs from it."""
 
 from __future__ import annotations
 
 import json
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from ..cluster import REPO, ProvisionedCluster, orchestrator, play_recap
 from ..orchestrator.checks.test_preflight_sandbox import playbook
@@ -48,13 +54,22 @@ print("prefix", sys.prefix, "jupyter_server",
 """
 
 
+def slurm_job(run: Train) -> str:
+    """The Slurm job id a queued run said it got."""
+    for _, line in run.lines:
+        found = re.search(r"Slurm job (\d+)", line)
+        if found:
+            return found.group(1)
+    raise AssertionError(f"no Slurm job named:\n{run.text[-3000:]}")
+
+
 def current(cluster: ProvisionedCluster, node: str = "node0") -> str:
     return json.loads(cluster.exec(node, "cat", "/etc/clustertrain/python_env.json")
                       .stdout)["prefix"]
 
 
 @pytest.mark.long
-def test_a_run_keeps_its_environment_while_the_cluster_gets_a_new_one(
+def test_site_yml_with_every_role_changed_leaves_a_running_job_untouched(
         sandbox_cluster: ProvisionedCluster, tmp_path: Path) -> None:
     before = current(sandbox_cluster)
     assert re.fullmatch(r"/opt/clustertrain/envs/[0-9a-f]{12}/venv", before), before
@@ -71,21 +86,41 @@ def test_a_run_keeps_its_environment_while_the_cluster_gets_a_new_one(
     (work / "probe.py").write_text(PROBE)
     mine = sandbox_cluster.checkpoints(tmp_path.name)
     mine.mkdir(parents=True, exist_ok=True)
-    run = Train(sandbox_cluster, tmp_path / "runs", "--workdir", str(work), "--nodes", "3",
-                "job.py", "--", f"/mnt/cluster/checkpoints/alice/{tmp_path.name}/done")
+    # keep 1: the state the run uses is the only old one, and must stay while it runs. The
+    # rest: what an admin changes on a working day, one per role that reloads a service.
+    routine = tmp_path / "routine.yml"
+    routine.write_text(yaml.safe_dump({
+        "python_env_file": str(changed), "python_env_keep": 1,
+        "python_env_wheelhouse": "/mnt/cluster/wheelhouse-nojupyter",
+        "common_ssh_extra_settings": {"ClientAliveInterval": 120},
+        "common_time_maxpoll": 7,
+        "firewall_extra_rules": [{"port": 9100, "sources": ["192.0.2.0/24"],
+                                  "comment": "the monitoring host's scrapes"}],
+        "nfs_server_extra_clients": ["192.0.2.10"],      # a workstation (TEST-NET-1)
+        "slurm_conf_extra": {"PriorityCalcPeriod": 1, "MessageTimeout": 20},
+        "health_interval": "2d"}))
+    run = Train(sandbox_cluster, tmp_path / "runs", "--workdir", str(work), "--queue",
+                "--nodes", "3", "--gpus-per-node", "1", "job.py", "--",
+                f"/mnt/cluster/checkpoints/alice/{tmp_path.name}/done")
     try:
         run.wait_for(f"start {before} ", count=3)
-        # keep 1: the state the run uses is the only old one, and must stay while it runs
-        play = playbook("playbooks/python_env.yml", "-i", str(sandbox_cluster.inventory),
-                        "-e", f"python_env_file={changed}", "-e", "python_env_keep=1",
-                        "-e", "python_env_wheelhouse=/mnt/cluster/wheelhouse-nojupyter")
+        job = slurm_job(run)
+        play = playbook("site.yml", "-i", str(sandbox_cluster.inventory), "-e", f"@{routine}")
         assert play.returncode == 0, play.stdout[-4000:] + play.stderr[-2000:]
-        assert all(c["changed"] > 0 for c in play_recap(play.stdout).values()), play.stdout
-        assert "Kept while processes run from them" in play.stdout, play.stdout[-4000:]
+        assert all(c["changed"] > 0 for h, c in play_recap(play.stdout).items()
+                   if h in NODES), play.stdout[-4000:]
+        for done in ("Reload the sshd service", "Restart chrony", "Load the new ruleset",
+                     "Restart nfs-ganesha", "Restart slurmctld", "Restart slurmd",
+                     "Restart the timer", "Kept while processes run from them"):
+            assert done in play.stdout, f"{done!r} not done:\n{play.stdout[-4000:]}"
+        assert run.proc.poll() is None, run.text[-4000:]
+        steps = sandbox_cluster.exec("node0", "squeue", "-h", "-j", job, "-o", "%T").stdout
+        assert steps.strip() == "RUNNING", steps
         after = current(sandbox_cluster)
         assert after != before and {current(sandbox_cluster, n) for n in NODES} == {after}
         (mine / "done").touch()
         assert run.finish(timeout=300) == 0, run.text[-4000:] + run.stderr
+        assert "its SSH connection dropped" not in run.text, run.text[-4000:]
         for rank, node in enumerate(NODES):
             assert f"{node}/rank{rank} | end {before} same packages late import ok" \
                 in run.text, run.text[-4000:]
@@ -101,9 +136,17 @@ def test_a_run_keeps_its_environment_while_the_cluster_gets_a_new_one(
         assert sandbox_cluster.exec("node1", "test", "-d", str(Path(before).parent),
                                     check=False).returncode == 0   # kept while it ran
     finally:
-        # Back to the project's environment, whose state is there: nothing to install, and
-        # with keep 1 the other state goes, nothing running from it now.
-        back = playbook("playbooks/python_env.yml", "-i", str(sandbox_cluster.inventory),
+        if run.proc.poll() is None:   # a failed assertion: the job ends as it would
+            (mine / "done").touch()
+            try:
+                run.finish(timeout=120)
+            except subprocess.TimeoutExpired:
+                run.proc.terminate()
+                run.finish(timeout=120)
+        # Back to the inventory's settings and the project's environment, whose state is
+        # there: nothing to install, and with keep 1 the other state goes, nothing running
+        # from it now.
+        back = playbook("site.yml", "-i", str(sandbox_cluster.inventory),
                         "-e", "python_env_keep=1")
         shutil.rmtree(wheelhouse, ignore_errors=True)
         shutil.rmtree(mine, ignore_errors=True)
