@@ -107,6 +107,7 @@ class Config:
     nvidia_smi: str = "nvidia-smi"
     scontrol: str = "scontrol"
     squeue: str = "squeue"
+    journalctl: str = "journalctl"
     reboot: tuple[str, ...] = ("systemctl", "reboot")
     edac: str = "/sys/devices/system/edac/mc"
     places: tuple[str, ...] = LOCAL_PLACES
@@ -136,7 +137,7 @@ class Config:
                 raise ConfigError(f"{path}: {key} {value!r}: give a number of at least 0")
         if not isinstance(data.get("slurm", False), bool):
             raise ConfigError(f"{path}: slurm {data['slurm']!r}: give true or false")
-        for key in ("nvidia_smi", "scontrol", "squeue", "edac"):
+        for key in ("nvidia_smi", "scontrol", "squeue", "journalctl", "edac"):
             if not isinstance(data.get(key, "x"), str) or not data.get(key, "x"):
                 raise ConfigError(f"{path}: {key} {data[key]!r}: give a command or path")
         if not isinstance(data.get("admin_group"), (str, type(None))):
@@ -290,11 +291,11 @@ def xid_failures(kernel_log: str) -> list[Failure]:
             for bus, xid in seen.items()]
 
 
-def check_xids(since: float | None) -> list[Failure]:
+def check_xids(journalctl: str, since: float | None) -> list[Failure]:
     """The kernel log's broken-GPU Xids since SINCE (the last check; this boot if None)."""
-    if shutil.which("journalctl") is None:
+    if shutil.which(journalctl) is None:
         return []
-    args = ["journalctl", "-k", "-q", "-o", "cat", "--no-pager", "-g", "NVRM: Xid"]
+    args = [journalctl, "-k", "-q", "-o", "cat", "--no-pager", "-g", "NVRM: Xid"]
     args += [f"--since=@{int(since)}"] if since else ["-b"]
     try:
         done = subprocess.run(args, capture_output=True, text=True, timeout=30, check=False)
@@ -358,7 +359,7 @@ def run_checks(cfg: Config, since: float | None) -> list[Failure]:
     if share:
         figures[cfg.share] = share
     failures += check_space(figures, cfg.min_free_gb, cfg.min_free_inodes)
-    failures += check_gpus(cfg.nvidia_smi) + check_xids(since)
+    failures += check_gpus(cfg.nvidia_smi) + check_xids(cfg.journalctl, since)
     failures += check_clock(cfg.max_clock_offset) + check_memory(cfg.edac)
     return failures
 

@@ -257,6 +257,7 @@ def test_uncorrected_memory_errors_fail(tmp_path) -> None:
     ({"node": NODE, "share": "/s", "color": 1}, "unknown keys ['color']"),
     ({"node": NODE, "share": "/s", "slurm": "yes"}, "slurm 'yes': give true or false"),
     ({"node": NODE, "share": "/s", "nvidia_smi": ""}, "nvidia_smi '': give a command"),
+    ({"node": NODE, "share": "/s", "journalctl": 0}, "journalctl 0: give a command"),
     ({"node": NODE, "share": "/s", "admin_group": 7}, "admin_group 7: give a group name"),
     ({"node": NODE, "share": "/s", "places": ["tmp"]}, "places ['tmp']: give a list of "
                                                         "absolute paths"),
