@@ -26,7 +26,7 @@ from ...cluster import BIN, ENV, REPO, ProvisionedCluster
 pytestmark = [pytest.mark.sandbox, pytest.mark.timeout(1500)]
 JOBS = Path(__file__).resolve().parents[1] / "jobs"
 SHARED = "/mnt/cluster"
-EXPORT = "/srv/nfs/cluster"   # the same host directory, bind-mounted there on every node
+ASIDE = "/run/ct-share-aside"   # where a test keeps the share's mount while it is away
 
 
 def playbook(*args: str) -> subprocess.CompletedProcess:
@@ -53,26 +53,31 @@ def in_mount_ns(sandbox: ProvisionedCluster, node: str, script: str) -> None:
                    capture_output=True, text=True, timeout=60)
 
 
-def is_share(sandbox: ProvisionedCluster, node: str) -> bool:
-    """NODE's /mnt/cluster is the sandbox share again (the file the NFS role wrote is there)."""
-    return sandbox.exec(node, "test", "-e", f"{SHARED}/.clustertrain-nfs-sentinel",
-                        check=False).returncode == 0 and sandbox.exec(
-        node, "mountpoint", "-q", SHARED, check=False).returncode == 0
+def share_mount(sandbox: ProvisionedCluster, node: str) -> str:
+    """What stands at NODE's /mnt/cluster: its file system's type and source."""
+    return sandbox.exec(node, "findmnt", "-n", "-o", "FSTYPE,SOURCE", "--mountpoint", SHARED,
+                        check=False).stdout.strip()
 
 
 @contextmanager
 def changed_mount(sandbox: ProvisionedCluster, node: str, change: str, undo: str):
+    """NODE's share changed by CHANGE, then put back by UNDO as it was: the same mount (the
+    node's FUSE passthrough, which the share-stall tests stop), not merely the same files."""
+    before = share_mount(sandbox, node)
     in_mount_ns(sandbox, node, change)
     try:
         yield
     finally:
         in_mount_ns(sandbox, node, undo)
-        assert is_share(sandbox, node), f"{node}'s {SHARED} was not put back"
+        after = share_mount(sandbox, node)
+        assert after == before, f"{node}'s {SHARED} was not put back: {after!r}, was {before!r}"
 
 
 CASES = {
     # the share is not mounted: the node's own empty directory is all there is
-    "not mounted": (f"umount -l {SHARED}", f"mount --bind {EXPORT} {SHARED}",
+    # (the share's mount is kept aside, and bound back: the same FUSE mount as before)
+    "not mounted": (f"mkdir -p {ASIDE} && mount --bind {SHARED} {ASIDE} && umount -l {SHARED}",
+                    f"mount --bind {ASIDE} {SHARED} && umount {ASIDE}",
                     f"node2: shared path: {SHARED} is not a mount point (it is a directory of "
                     "/, overlay) and it is empty; mount the share there"),
     # an empty file system mounted in its place
