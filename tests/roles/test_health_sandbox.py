@@ -2,7 +2,8 @@
 node's health check; a node whose share stalls longer than the check's limit is cordoned
 (drained in Slurm, refused by preflight, shown by `nodes`) and comes back once the share
 answers; nvidia-smi reporting an uncorrected ECC error (its test double: no GPU here)
-cordons the node in the share's record until it is gone; bob writes no node's history.
+cordons the node in the share's record until it is gone, an Xid in the kernel's log (its
+journalctl's test double) until an admin lifts it; bob writes no node's history.
 
 The sandbox's timer runs once a day (sandbox/group_vars/all.yml: other tests stall the
 share on purpose), so these tests start the check as the timer does: `systemctl start` of
@@ -20,7 +21,7 @@ import pytest
 from orchestrator.node import health
 
 from ..cluster import ProvisionedCluster, orchestrator, wait_for
-from ..orchestrator.checks.test_preflight_sandbox import playbook
+from ..orchestrator.checks.test_preflight_sandbox import playbook, share_mount
 from ..security.conftest import as_user
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.timeout(600)]
@@ -71,7 +72,9 @@ def test_a_stalled_share_cordons_its_node_until_it_answers_again(
         # be answered from the kernel's cache without the FUSE daemon).
         wait_for(lambda: sandbox_cluster.exec(
             node, "timeout", "-s", "KILL", "1", "stat", f"/mnt/cluster/.probe-{time.time_ns()}",
-            check=False).returncode == 137, 20, f"the share to stall on {node}")
+            check=False).returncode == 137, 20,
+            lambda: f"the share to stall on {node}, whose /mnt/cluster is "
+                    f"{share_mount(sandbox_cluster, node)!r} (the FUSE passthrough stops)")
         said = check_now(sandbox_cluster, node)
         assert f"the share /mnt/cluster did not answer within {LIMIT:g} s" in said, said
         assert drain_of(sandbox_cluster, node).startswith("drain"), \
@@ -90,9 +93,11 @@ def test_a_stalled_share_cordons_its_node_until_it_answers_again(
     assert events == ["failing", "passing"], view["events"]
 
 
-# A TEST DOUBLE of nvidia-smi (no GPU in the sandbox): one GPU, its uncorrected ECC count
-# read from a file the test writes, answered to the health check's query only.
-DOUBLE = f"""#!/bin/sh
+# TEST DOUBLES (no GPU in the sandbox, and a container reads no kernel log of its own):
+# nvidia-smi with one GPU, its uncorrected ECC count read from a file the test writes, and
+# journalctl whose kernel's Xid lines are those the test writes; each answers the health
+# check's query only.
+SMI_DOUBLE = f"""#!/bin/sh
 if [ "$1" = "--query-gpu={','.join(health.SMI_FIELDS)}" ] && [ $# -eq 2 ]; then
     echo "0, $(cat {DOUBLE_DIR}/ecc), No, No, No"
     exit 0
@@ -100,17 +105,25 @@ fi
 echo "nvidia-smi test double: no answer to: $*" >&2
 exit 2
 """
+JOURNAL_DOUBLE = f"""#!/bin/sh
+case " $* " in *" -k "*"NVRM: Xid"*) cat {DOUBLE_DIR}/kernel.log; exit 0;; esac
+echo "journalctl test double: no answer to: $*" >&2
+exit 2
+"""
 
 
-def test_an_ecc_error_cordons_the_node_until_it_is_gone(
+def test_gpu_errors_cordon_the_node_an_ecc_error_until_it_is_gone_an_xid_until_an_admin_lifts_it(
         sandbox_cluster: ProvisionedCluster) -> None:
     node = "node1"
-    alice = str(sandbox_cluster.inventories["alice"])
+    alice, bob = (str(sandbox_cluster.inventories[u]) for u in ("alice", "bob"))
     raw = sandbox_cluster.exec(node, "cat", health.CONFIG).stdout   # put back byte for byte
-    doubled = {**json.loads(raw), "nvidia_smi": f"{DOUBLE_DIR}/nvidia-smi"}
+    doubled = {**json.loads(raw), "nvidia_smi": f"{DOUBLE_DIR}/nvidia-smi",
+               "journalctl": f"{DOUBLE_DIR}/journalctl"}
     sandbox_cluster.exec(node, "sh", "-c", f"mkdir -p {DOUBLE_DIR} && cat > "
-                         f"{DOUBLE_DIR}/nvidia-smi <<'EOF'\n{DOUBLE}EOF\nchmod 755 "
-                         f"{DOUBLE_DIR}/nvidia-smi && echo 1 > {DOUBLE_DIR}/ecc && "
+                         f"{DOUBLE_DIR}/nvidia-smi <<'EOF'\n{SMI_DOUBLE}EOF\n"
+                         f"cat > {DOUBLE_DIR}/journalctl <<'EOF'\n{JOURNAL_DOUBLE}EOF\n"
+                         f"chmod 755 {DOUBLE_DIR}/nvidia-smi {DOUBLE_DIR}/journalctl && "
+                         f"echo 1 > {DOUBLE_DIR}/ecc && : > {DOUBLE_DIR}/kernel.log && "
                          f"cat > {health.CONFIG} <<'EOF'\n{json.dumps(doubled)}\nEOF")
     try:
         said = check_now(sandbox_cluster, node)
@@ -137,9 +150,27 @@ def test_an_ecc_error_cordons_the_node_until_it_is_gone(
         assert not [x for x in listed.stdout.splitlines() if x.startswith(f"{node} ")], \
             listed.stdout
         assert "clustertrain (health)" not in drain_of(sandbox_cluster, node)
+        # The kernel says once that a GPU fell off the bus: the node stays cordoned at the
+        # checks after it, until an admin (alice, in the sudo group) lifts it; bob may not.
+        xid = ("NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, GPU has "
+               "fallen off the bus.")
+        sandbox_cluster.exec(node, "sh", "-c", f"echo \"{xid}\" > {DOUBLE_DIR}/kernel.log")
+        said = check_now(sandbox_cluster, node)
+        assert "GPU 0000:18:00: Xid 79 (fallen off the bus) in the kernel's log" in said, said
+        sandbox_cluster.exec(node, "sh", "-c", f": > {DOUBLE_DIR}/kernel.log")
+        assert "Xid 79" in check_now(sandbox_cluster, node)
+        assert "clustertrain (health)" in drain_of(sandbox_cluster, node)
+        refused = orchestrator("uncordon", node, "-i", bob, timeout=120)
+        assert refused.returncode != 0, refused.stdout
+        assert "Xid 79" in check_now(sandbox_cluster, node)
+        lifted = orchestrator("uncordon", node, "-i", alice, timeout=120)
+        assert lifted.returncode == 0, lifted.stdout + lifted.stderr
+        assert check_now(sandbox_cluster, node) == f"{node}: healthy"
+        assert "clustertrain (health)" not in drain_of(sandbox_cluster, node)
     finally:
         sandbox_cluster.exec(node, "sh", "-c", f"printf '%s' '{raw}' > {health.CONFIG} && "
-                             f"rm -rf {DOUBLE_DIR}", check=False)
+                             f"rm -rf {DOUBLE_DIR} {health.STATE_DIR}/state.json",
+                             check=False)
         check_now(sandbox_cluster, node)
 
 

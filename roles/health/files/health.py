@@ -674,7 +674,8 @@ def _may_reboot_now(cfg: Config, state: State) -> bool:
 def _still_cordoned(cfg: Config) -> bool:
     """Whether this check's cordon of the node still holds in the share's record (True when
     the record cannot be read in time: nothing is dropped on a guess)."""
-    out, _ = _child(["--held", cfg.node, cfg.share], None, cfg.share_timeout)
+    out, _ = _child(["--held", cfg.node, cfg.share, cfg.admin_group or ""], None,
+                    cfg.share_timeout)
     return True if out is None else bool(json.loads(out))
 
 
@@ -740,7 +741,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--state-dir", default=STATE_DIR)
     p.add_argument("--measure", nargs="+", metavar="PATH", help=argparse.SUPPRESS)
     p.add_argument("--publish", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--held", nargs=2, metavar=("NODE", "SHARE"), help=argparse.SUPPRESS)
+    p.add_argument("--held", nargs=3, metavar=("NODE", "SHARE", "ADMIN_GROUP"),
+                   help=argparse.SUPPRESS)
     p.add_argument("--defer-reboot", metavar="WHY",
                    help="ask for a reboot once nothing runs on the node: it is cordoned now, "
                    "and a check reboots it when its work has ended (roles/nvidia_driver); "
@@ -753,8 +755,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(publish(json.load(sys.stdin))))
         return 0
     if args.held:
-        node, share = args.held
-        held = cordon.decide(cordon.read(share, node)[0], cordon.Admins(None)).get(node)
+        node, share, group = args.held   # an admin's uncordon lifts the check's cordon
+        held = cordon.decide(cordon.read(share, node)[0], cordon.Admins(group or None)).get(node)
         print(json.dumps(any(c.why.startswith(WHY) and c.uid == os.geteuid()
                              for c in (held.held if held else []))))
         return 0

@@ -16,13 +16,10 @@ import grp
 import json
 import os
 import pwd
-import shutil
 import stat
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import jinja2
@@ -207,19 +204,7 @@ def test_the_default_admin_group_is_the_contracts() -> None:
 
 
 # -- two users on one record: files of other owners, verbs run as another user ------------
-
-@pytest.fixture
-def open_share() -> Iterator[str]:
-    """A share every user reaches (pytest's tmp_path is root's alone)."""
-    root = tempfile.mkdtemp(prefix="cordon-share-")
-    os.chmod(root, 0o755)
-    os.mkdir(os.path.join(root, cordon.CORDONS_SUBDIR))
-    os.chmod(os.path.join(root, cordon.CORDONS_SUBDIR), 0o1777)
-    try:
-        yield root
-    finally:
-        shutil.rmtree(root)
-
+# (open_share: tests/orchestrator/node/conftest.py)
 
 def verb_as(uid: int, request: dict) -> dict:
     """The node verb `cordon` run by user UID (its own process, its own uid)."""

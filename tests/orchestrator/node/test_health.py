@@ -7,8 +7,10 @@ timer and a stalled share are tested on the sandbox (tests/roles/test_health_san
 
 from __future__ import annotations
 
+import grp
 import json
 import os
+import pwd
 import stat
 import subprocess
 import sys
@@ -18,6 +20,8 @@ import pytest
 
 from orchestrator.node import cordon, health
 from orchestrator.node.health import Config, ConfigError, Failure
+
+from .test_cordon import DAEMON, FILES, NODE_PYTHON, as_root
 
 NODE = "hpc-b"
 
@@ -171,6 +175,23 @@ def test_a_broken_gpu_stays_cordoned_until_an_admin_lifts_it(share, tmp_path) ->
     cordon.record(str(share), NODE, cordon.UNCORDON, "GPU replaced")   # an admin (root here)
     back = health.step(config(share), str(tmp_path), now=3.0, failures=[])
     assert not back.failing
+
+
+@as_root
+def test_an_admins_uncordon_lifts_a_broken_gpus_hold(open_share: str, tmp_path) -> None:
+    """An admin who is not root (a member of the inventory's admin group: here daemon, in
+    group daemon) lifts the check's cordon of a broken GPU: the next check passes."""
+    share = Path(open_share)
+    (share / health.HISTORY_SUBDIR).mkdir()
+    cfg = config(share, admin_group=grp.getgrgid(pwd.getpwuid(DAEMON).pw_gid).gr_name)
+    xid = health.xid_failures("NVRM: Xid (PCI:0000:3b:00): 79, pid=0, GPU has fallen off "
+                              "the bus.")
+    health.step(cfg, str(tmp_path), now=1.0, failures=xid)
+    subprocess.run([NODE_PYTHON, "-I", "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
+                    "import cordon; cordon.record(sys.argv[2], sys.argv[3], 'uncordon', 'new GPU')",
+                    str(FILES), open_share, NODE], user=DAEMON, check=True, timeout=60)
+    back = health.step(cfg, str(tmp_path), now=2.0, failures=[])
+    assert not back.failing and not back.cordoned, back
 
 
 # -- each check ---------------------------------------------------------------------------
