@@ -9,9 +9,10 @@ ControlPersist=300s), so after the first run it makes no SSH handshake; prefligh
 own connections and closes them (nothing of it is left running). A third command in each
 turn, the ping without a kept connection (ControlMaster=no), is the like-for-like figure.
 
-The sandbox is bench_sandbox's (no site.yml: torch and its torchrun in a venv on the share).
+The sandbox is bench_sandbox's (no site.yml: torch and its torchrun in a venv on the share,
+or with --env-on-nodes on each node's own disk, where site.yml puts the cluster's).
 
-    python bench/preflight_vs_ping.py [--sizes 3,8] [--pairs 15] [--out FILE]
+    python bench/preflight_vs_ping.py [--sizes 3,8] [--pairs 15] [--env-on-nodes] [--out FILE]
 
 Writes bench/results/preflight_vs_ping.json (medians, each turn's times and the ratios
 pair by pair) and prints a markdown table.
@@ -45,10 +46,14 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=15)
     ap.add_argument("--name", default=f"pvp-bench-{os.getpid()}")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "preflight_vs_ping.json"))
+    ap.add_argument("--env-on-nodes", action="store_true",
+                    help="the environment on each node's own disk, as site.yml puts it "
+                    "(default: one venv on the share, quicker to set up)")
     args = ap.parse_args()
     ENV.pop("PYTHONDONTWRITEBYTECODE", None)
     sizes = [int(s) for s in args.sizes.split(",")]
-    inventory = bench_sandbox(args.name, max(sizes), False)["inventory"]
+    inventory = bench_sandbox(args.name, max(sizes), False,
+                              env_on_nodes=args.env_on_nodes)["inventory"]
     ansible = str(Path(sys.executable).parent / "ansible")
     results = []
     try:
@@ -78,7 +83,8 @@ def main() -> int:
         sandbox_down(args.name)
     write_results(args.out, "`preflight` command against `ansible -m ping`, in turn",
                   "direct SSH, the benchmark's own sandbox, bytecode kept", results,
-                  pairs=args.pairs)
+                  pairs=args.pairs,
+                  environment="on each node's disk" if args.env_on_nodes else "on the share")
     print("\n| nodes | `preflight` | ping (kept connections) | ratio | ping (new connections) "
           "| ratio |\n|---|---|---|---|---|---|")
     for r in results:

@@ -11,6 +11,7 @@ import shlex
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,6 +44,7 @@ def sandbox_down(name: str) -> None:
 
 
 VENV = "/mnt/cluster/bench-venv"   # torch, installed once on the share for every node
+LOCAL_VENV = "/opt/bench-venv"     # or on each node's own disk (env_on_nodes)
 USER = "alice"                     # the sandbox's login user: jobs run as alice
 HOME = f"/home/{USER}"
 
@@ -54,23 +56,26 @@ def node_exec(container: str, command: str, user: str | None = None) -> str:
 
 
 def bench_sandbox(name: str, nodes: int, bastion: bool, torchrun: str | None = None,
-                  slurm: bool = False) -> dict:
+                  slurm: bool = False, env_on_nodes: bool = False) -> dict:
     """A sandbox where `train` runs without site.yml, in a minute instead of a quarter of an
     hour: torch is installed once into a venv on the share (from the offline wheelhouse),
     every node's python_env.json points at it (TORCHRUN: a wrapper instead of the venv's
     torchrun), fingerprint.json is that venv's fingerprint as the python_env role writes
     it, and checkpoints/ is made as the nfs_server role makes it. The share is the
-    sandbox's bind mount (a mount point, as its inventory allows)."""
+    sandbox's bind mount (a mount point, as its inventory allows). ENV_ON_NODES: the venv
+    on each node's own disk instead (as the python_env role puts the cluster's: what a
+    node reads from its environment then costs the share nothing), installed on every
+    node at once, a few minutes more."""
     info = sandbox_up(name, nodes, bastion, slurm)
     try:
-        _prepare(info, torchrun)
+        _prepare(info, torchrun, LOCAL_VENV if env_on_nodes else VENV)
     except BaseException:
         sandbox_down(name)  # a failed set-up leaves no containers behind
         raise
     return info
 
 
-def _prepare(info: dict, torchrun: str | None) -> None:
+def _prepare(info: dict, torchrun: str | None, venv: str = VENV) -> None:
     share = Path(info["share"])
     wheels = REPO / ".cache" / "wheelhouse"
     sh(sys.executable, "-m", "orchestrator", "wheelhouse", "--env", str(REPO / "environment.yml"),
@@ -79,10 +84,13 @@ def _prepare(info: dict, torchrun: str | None) -> None:
     (share / "checkpoints").mkdir(mode=0o1777, exist_ok=True)
     (share / "checkpoints").chmod(0o1777)
     first = info["nodes"][0]["container"]
-    node_exec(first, f"python3 -m venv {VENV} && {VENV}/bin/pip install -q --no-index "
-                     "--find-links /mnt/cluster/wheelhouse torch==2.13.0")
-    env = json.dumps({"backend": "venv", "prefix": VENV, "python": f"{VENV}/bin/python",
-                      "torchrun": torchrun or f"{VENV}/bin/torchrun"})
+    install = (f"python3 -m venv {venv} && {venv}/bin/pip install -q --no-index "
+               "--find-links /mnt/cluster/wheelhouse torch==2.13.0")
+    with ThreadPoolExecutor() as pool:   # on the share: once; on the nodes: each at once
+        list(pool.map(lambda n: node_exec(n["container"], install),
+                      info["nodes"] if venv != VENV else info["nodes"][:1]))
+    env = json.dumps({"backend": "venv", "prefix": venv, "python": f"{venv}/bin/python",
+                      "torchrun": torchrun or f"{venv}/bin/torchrun"})
     sh("cp", str(REPO / "roles" / "python_env" / "files" / "fingerprint.py"),
        str(share / "bench-fingerprint.py"))
     for n in info["nodes"]:
