@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -24,3 +26,27 @@ def open_share() -> Iterator[str]:
         yield root
     finally:
         shutil.rmtree(root)
+
+
+SHM = Path("/dev/shm")
+SHM_LOCK = "/tmp/clustertrain-tests-dev-shm.lock"
+
+
+@pytest.fixture
+def shm_share() -> Iterator[Path]:
+    """/dev/shm as a stand-in share (a tmpfs mount point) with checkpoints/ as the
+    nfs_server role makes it (sticky, writable by all). One test at a time holds it, across
+    pytest's workers (a lock): two at once saw each other's checkpoints/."""
+    if not os.path.ismount(SHM):
+        pytest.skip("/dev/shm is not a mount point on this machine")
+    with open(SHM_LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (SHM / "checkpoints").exists():
+            pytest.fail(f"{SHM}/checkpoints is there already (left by a test run that was "
+                        "killed?): remove it")
+        (SHM / "checkpoints").mkdir()
+        (SHM / "checkpoints").chmod(0o1777)
+        try:
+            yield SHM
+        finally:
+            shutil.rmtree(SHM / "checkpoints", ignore_errors=True)

@@ -67,7 +67,6 @@ def test_a_shared_path_that_is_not_the_share_is_named_with_its_cause(
 
 # --- the user's own places on the share ------------------------------------------------
 
-SHM = Path("/dev/shm")
 OTHER = "nobody"   # another user of this machine: a squatter, or a second launch's user
 
 
@@ -77,18 +76,10 @@ def root_only() -> None:
 
 
 @pytest.fixture
-def share():
-    """/dev/shm as a stand-in share (a tmpfs mount point) with checkpoints/ as the
-    nfs_server role makes it (sticky, writable by all); this user is root here."""
+def share(shm_share: Path) -> Path:
+    """/dev/shm as the share (conftest's shm_share); this user is root here."""
     root_only()
-    if not os.path.ismount(SHM) or (SHM / "checkpoints").exists():
-        pytest.skip("/dev/shm is not a mount point here, or has a checkpoints/ already")
-    (SHM / "checkpoints").mkdir()
-    (SHM / "checkpoints").chmod(0o1777)
-    try:
-        yield SHM
-    finally:
-        shutil.rmtree(SHM / "checkpoints", ignore_errors=True)
+    return shm_share
 
 
 def shared(path: Path) -> dict:

@@ -96,11 +96,8 @@ def test_two_launches_at_once_claim_different_ports() -> None:
 
 # --- round 1 and 2 against this machine: torch cache, shared path, master-port listener ---
 
-import shutil  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
-
-import pytest  # noqa: E402
 
 from orchestrator.node.probe import port_free  # noqa: E402
 
@@ -180,20 +177,6 @@ def test_shared_path_that_is_not_a_mount_point_is_refused(tmp_path: Path) -> Non
     assert out["shared"]["ok"] is False and out["shared"]["kind"] == "not_mounted"
     assert f"{tmp_path} is not a mount point" in out["shared"]["error"]
 
-
-SHM = Path("/dev/shm")
-
-
-@pytest.fixture
-def shm_share():
-    """/dev/shm as a stand-in share (a tmpfs mount point) with a checkpoints/ directory."""
-    if not os.path.ismount(SHM) or (SHM / "checkpoints").exists():
-        pytest.skip("/dev/shm is not a mount point here, or has a checkpoints/ already")
-    (SHM / "checkpoints").mkdir(mode=0o1777)
-    try:
-        yield SHM
-    finally:
-        shutil.rmtree(SHM / "checkpoints", ignore_errors=True)
 
 
 def test_shared_path_of_the_wrong_type_and_writable_share(tmp_path: Path, shm_share) -> None:
