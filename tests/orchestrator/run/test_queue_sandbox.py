@@ -182,6 +182,16 @@ def test_fair_share_who_used_the_cluster_less_starts_first(
     first, because his share of past use is smaller (priority/multifactor with
     accounting; the sandbox recalculates every minute: PriorityCalcPeriod,
     sandbox/group_vars)."""
+    # A clean slate: earlier tests on this shared cluster ran jobs as both users, and bob's
+    # may weigh more than alice's 20 s below (seen in a clean-clone run); Slurm's charged use
+    # of the two is reset first, as an admin resets it.
+    accounts = {u: a.strip() for a, u in (row.split("|") for row in slurm(
+        sandbox_cluster, "sshare", "-a", "-h", "-P", "-o", "Account,User").splitlines())
+        if u in ("alice", "bob")}
+    for user, account in accounts.items():
+        slurm(sandbox_cluster, "sacctmgr", "-i", "modify", "user", "where", f"name={user}",
+              f"account={account}", "set", "RawUsage=0")
+    assert shares(sandbox_cluster, "RawUsage").get("bob", 0) == 0
     used = as_user(sandbox_cluster, "alice", "sbatch", "--parsable", "-N2", "--gres=gpu:2",
                    "-J", "fairshare-use", "-o", "/dev/null", "--wrap", "sleep 20")
     wait_for(lambda: not slurm(sandbox_cluster, "squeue", "-h", "-j", used), 120,
