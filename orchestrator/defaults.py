@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import contract as _contract
-from .node import doctor as _doctor, protocol as _node
+from .node import doctor as _doctor, health as _health, protocol as _node
 
 # -- where things are --------------------------------------------------------------------
 INVENTORY = Path("inventory/hosts.yml")   # -i/--inventory: the one site.yml uses
@@ -29,8 +29,8 @@ NODE_PYTHON = "/usr/bin/python3"          # a node's system python: runs the nod
 # is refused below MIN_FREE_GB (the inventory's cluster_min_free_gb) or MIN_FREE_INODES,
 # and warned below SPACE_WARN of the filesystem's space or inodes.
 MIN_FREE_GB = float(_contract.role_default("contract", "cluster_min_free_gb"))
-MIN_FREE_INODES = 1000
-SPACE_WARN = 0.05
+MIN_FREE_INODES = _health.Config.min_free_inodes
+SPACE_WARN = _health.NEARLY_FULL
 # -- a run's policies (train's options) ---------------------------------------------------
 GRACE = _node.GRACE                       # --grace: SIGTERM, then SIGKILL after this long
 LEASE_TIMEOUT = _node.LEASE_TIMEOUT       # --lease-timeout

@@ -28,6 +28,7 @@ from ..errors import PreflightError
 from ..node import fingerprint, health
 from ..node.busy import Busy, GpuProcess
 from ..node.space import size
+from ..node.util import ago
 from .probe import Ahead, NodeFacts, Rendezvous, probe, reach, stop_listener
 
 CLOCK_SKEW_WARN = 2.0  # seconds between the fastest and slowest node clock
@@ -275,7 +276,7 @@ def _judge(report: Report, port: int, strict_port: bool) -> None:
         if f.provisioned_error and not f.python_env_error:
             w.append(f"{name}: {f.provisioned_error}; the environment cannot be compared with "
                      "the one provisioned (only between nodes)")
-        if not f.shared.get("ok"):
+        if not f.shared.get("ok") and f.shared.get("kind") != "full":   # _judge_full
             kind: str = f.shared.get("kind", "")
             fix = SHARED_FIX.get(kind, "check the nfs_client mount (cluster_shared_path)")
             p.append(f"{name}: shared path: {f.shared.get('error')}; "
@@ -287,6 +288,7 @@ def _judge(report: Report, port: int, strict_port: bool) -> None:
             w.append(f"{name}: cannot resolve {', '.join(unresolved)} (torchrun uses IP "
                      "addresses, but scripts that use host names will fail)")
     _judge_space(report)
+    _judge_full(report)
     _judge_drift(report)
     offsets = [f.clock_offset for f in report.facts if f.clock_offset is not None]
     if len(offsets) > 1 and max(offsets) - min(offsets) > CLOCK_SKEW_WARN:
@@ -304,10 +306,23 @@ WHAT_GROWS = {"share": "checkpoints, datasets, the runs' snapshots",
               "tmp": "temporary files"}
 
 
+def _whose(users: dict[str, Any] | None, shown: int = 3) -> str:
+    """Who fills the share, as its server counted it while it was nearly full (node/health.py
+    read_users): its SHOWN biggest users and when they were counted."""
+    counted = users or {}
+    biggest = sorted(((n, b) for n, b in (counted.get("users") or {}).items() if b > 0),
+                     key=lambda u: -u[1])[:shown]
+    if not biggest:
+        return "; `clustertrain du` shows whose"
+    return (f"; its biggest users {ago(float(counted.get('time') or 0))}: "
+            + ", ".join(f"{n} {size(b)}" for n, b in biggest) + "; `clustertrain du` shows what")
+
+
 def _judge_space(report: Report) -> None:
     """Too little free space or too few inodes where runs write: refused below the
     cluster's minimum, a warning below SPACE_WARN. The share once (every node sees the
-    same), a node's home and temporary directory per node."""
+    same; with its biggest users when its server counted them), a node's home and
+    temporary directory per node."""
     need = report.cluster.min_free_gb
     seen_share = False
     for f in report.facts:
@@ -325,7 +340,7 @@ def _judge_space(report: Report) -> None:
             free, total = place["free"], place["total"]
             ifree, itotal = place["ifree"], place["itotal"]
             grows = WHAT_GROWS.get(place["what"], "files") + (
-                "; `clustertrain du` shows whose" if place["what"] == "share" else "")
+                _whose(f.share_users) if place["what"] == "share" else "")
             gib = f"{size(free)} free of {size(total)}"
             if free < need * 2**30:
                 report.problems.append(
@@ -343,6 +358,18 @@ def _judge_space(report: Report) -> None:
                                        f"of {itotal} ({grows})")
 
 
+
+
+def _judge_full(report: Report) -> None:
+    """Nodes that could not write to the share because it, or the user's quota, is full:
+    one problem, unless the share's free space (_judge_space) refused the run already."""
+    full = [f for f in report.facts if not f.error and f.shared.get("kind") == "full"]
+    path = report.cluster.shared_path
+    if full and not any(p.startswith(f"the share {path} ") for p in report.problems):
+        report.problems.append(
+            f"{', '.join(f.node.name for f in full)}: shared path: {full[0].shared['error']}; "
+            f"free some of {full[0].user}'s files there (`clustertrain du` shows what), or "
+            "ask an admin for more room (a quota, a bigger share)")
 
 
 def _judge_port(report: Report, port: int, strict_port: bool) -> None:

@@ -69,6 +69,7 @@ class NodeFacts:
     health: dict[str, Any] | None = None        # node/health.py: its health check's failing verdict
     shared: dict[str, Any] = field(default_factory=dict)
     space: list[dict[str, Any]] = field(default_factory=list)  # node/probe.py space()
+    share_users: dict[str, Any] | None = None  # node/health.py read_users(): who fills it
     port_free: bool | None = None
     free_port: int | None = None
     port_error: str | None = None

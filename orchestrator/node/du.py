@@ -19,9 +19,9 @@ as not read, with its owner, and its bytes count nowhere. An admin runs it as ro
 from __future__ import annotations
 
 import os
-import stat
 from typing import Any
 
+from .health import walk
 from .protocol import NODE_STATE_DIR
 from .space import space
 from .util import owner_of, user_name
@@ -48,35 +48,11 @@ def usage(share: str) -> dict[str, Any]:
     "why"}]}."""
     users: dict[str, dict[str, int]] = {}
     unread: list[dict[str, str]] = []
-    seen: set[tuple[int, int]] = set()
     root = os.path.realpath(share)
-
-    def count(st: os.stat_result, parts: tuple[str, ...]) -> None:
-        if st.st_nlink > 1:
-            if (st.st_dev, st.st_ino) in seen:
-                return
-            seen.add((st.st_dev, st.st_ino))
+    for st, parts in walk(root, lambda path, why: unread.append(
+            {"path": path, "owner": owner_of(path), "why": why})):
         mine = users.setdefault(user_name(st.st_uid), dict.fromkeys(KINDS, 0))
         mine[kind_of(parts)] += st.st_blocks * 512
-
-    stack: list[tuple[str, tuple[str, ...]]] = [(root, ())]
-    while stack:
-        path, parts = stack.pop()
-        try:
-            entries = list(os.scandir(path))
-        except OSError as exc:
-            unread.append({"path": path, "owner": owner_of(path),
-                           "why": exc.strerror or str(exc)})
-            continue
-        for entry in entries:
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue   # gone meanwhile
-            here = (*parts, entry.name)
-            count(st, here)
-            if stat.S_ISDIR(st.st_mode):
-                stack.append((entry.path, here))
     [free] = space({"share": root}) or [{}]
     return {"share": root, "free": free.get("free"), "total": free.get("total"),
             "users": {u: k for u, k in sorted(users.items()) if any(k.values())},

@@ -16,6 +16,7 @@ probe|reach|unlisten|release`), in the node's system python.
 
 from __future__ import annotations
 
+import errno
 import getpass
 import glob
 import hashlib
@@ -246,6 +247,12 @@ def not_own(places: list[str], user: str, uid: int) -> dict[str, str] | None:
     return None
 
 
+def _unwritable(exc: OSError) -> str:
+    """Why a place on the share cannot be written: it is full (or the user's quota is), or
+    its owner or mode forbids it."""
+    return "full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "not_writable"
+
+
 def check_shared(spec: dict, user: str, uid: int) -> dict[str, Any]:
     """The shared path: mounted as the inventory says (SPEC: path, fstypes), not empty,
     holding checkpoints/, where this user's own places (made now if missing) are theirs
@@ -293,7 +300,7 @@ def check_shared(spec: dict, user: str, uid: int) -> dict[str, Any]:
     except FileExistsError:
         pass                    # theirs already, or taken first by someone else: below
     except OSError as exc:
-        res.update(kind="not_writable", error=f"{checkpoints} is not writable by {user} "
+        res.update(kind=_unwritable(exc), error=f"{checkpoints} is not writable by {user} "
                    f"(uid {uid}): {exc.strerror}")
         return res
     taken = not_own(own_places(mine), user, share_uid(checkpoints, mine, uid))
@@ -307,7 +314,7 @@ def check_shared(spec: dict, user: str, uid: int) -> dict[str, Any]:
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:
-        res.update(kind="not_writable", error=f"{mine} is not writable by {user} "
+        res.update(kind=_unwritable(exc), error=f"{mine} is not writable by {user} "
                    f"(uid {uid}): {exc.strerror}")
         return res
     if spec.get("token"):
@@ -318,7 +325,7 @@ def check_shared(spec: dict, user: str, uid: int) -> dict[str, Any]:
             os.write(fd, tok["value"].encode())
             os.close(fd)
         except OSError as exc:
-            res.update(kind="not_writable", error=f"{checkpoints} is not writable by "
+            res.update(kind=_unwritable(exc), error=f"{checkpoints} is not writable by "
                        f"{user} (uid {uid}): {exc.strerror}")
             return res
     res["ok"] = True
@@ -672,8 +679,11 @@ def probe(req: dict) -> dict[str, Any]:
         else out.get("fingerprint_error"))
     out["busy"] = busy.scan(exclude=req.get("run")).to_json()  # after torch's import
     out["shared"] = check_shared(req["shared"], out["user"], out["uid"])
-    out["space"] = space({**({"share": req["shared"]["path"]} if out["shared"]["ok"] else {}),
+    readable = out["shared"]["ok"] or out["shared"]["kind"] == "full"
+    out["space"] = space({**({"share": req["shared"]["path"]} if readable else {}),
                           "home": out["home"], "tmp": temp_dir()})
+    if readable:   # who fills it, counted by its server while it is nearly full
+        out["share_users"] = health.read_users(req["shared"]["path"])
     verdict = health.read_state()   # the health timer's, on the node's own disk (roles/health)
     if verdict and verdict.get("failing"):
         out["health"] = verdict

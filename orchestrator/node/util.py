@@ -6,9 +6,11 @@ from __future__ import annotations
 import functools
 import json
 import os
-import pwd
 import sys
+import time
 from typing import Any, NamedTuple
+
+from .cordon import user_name
 
 
 def detach(log: str, append: bool = False) -> int:
@@ -144,17 +146,20 @@ def last_lines(path: str, n: int) -> list[str]:
 
 
 @functools.cache
-def user_name(uid: int) -> str:
-    """The login name of UID, or `uid N` for one the node does not know."""
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid {uid}"
-
-
 def owner_of(path: str) -> str:
     """The name of PATH's owner (`?` if it cannot be looked at)."""
     try:
         return user_name(os.lstat(path).st_uid)
     except OSError:
         return "?"
+
+
+def ago(stamp: float | None, now: float | None = None) -> str:
+    """How long before NOW (default: now) STAMP was, as a person says it: `4 min ago`."""
+    if stamp is None:
+        return "never"
+    s = max(0.0, (time.time() if now is None else now) - stamp)
+    for unit, length in (("d", 86400), ("h", 3600), ("min", 60)):
+        if s >= length:
+            return f"{s / length:.0f} {unit} ago"
+    return f"{s:.0f} s ago"

@@ -21,6 +21,7 @@ from ..cluster.playbook import run_playbook
 from ..defaults import KEEP_ENVS
 from ..errors import ClusterError, InputError
 from ..node import fingerprint
+from ..node.util import ago
 from ..resources import project
 from .envfile import read_environment
 
@@ -262,16 +263,6 @@ def merge(listed_by_node: dict[str, dict[str, Any]]) -> list[EnvState]:
     return sorted(states.values(), key=lambda s: (s.name, not s.current, s.key))
 
 
-def _ago(stamp: float | None) -> str:
-    if stamp is None:
-        return "never"
-    s = max(0.0, time.time() - stamp)
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
-        if s >= size:
-            return f"{s / size:.0f} {unit} ago"
-    return f"{s:.0f} s ago"
-
-
 def render(states: list[EnvState], nodes: list[str]) -> str:
     if not states:
         return ("no environments of yours on " + ", ".join(nodes) + "; make one: python -m "
@@ -285,7 +276,7 @@ def render(states: list[EnvState], nodes: list[str]) -> str:
         if s.incomplete:
             where += " (unfinished on " + ",".join(s.incomplete) + ")"
         rows.append((s.name + newest, s.key, where,
-                     f"{s.size / 2**20:.0f} MiB", _ago(s.last_used),
+                     f"{s.size / 2**20:.0f} MiB", ago(s.last_used),
                      ", ".join(f"{n}: {len(p)} process(es)" for n, p in s.in_use.items())
                      or "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]

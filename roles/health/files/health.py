@@ -41,20 +41,31 @@ hangs the timer:
   makes health/ the anonymous user's, so only root on a node writes there). A line that
   cannot be written (the share stalls) waits in STATE_DIR/outbox.jsonl for the next run.
 
+- who fills the share: on the host that exports it (the nfs_server group's, `export` in
+  the config), while the share is nearly full (below min_free_gb, or NEARLY_FULL of its
+  space or inodes), root walks the export directory, which no squashing hides from it, at
+  most every USERS_EVERY seconds unless its use moved, and writes each user's bytes to
+  SHARE/health/users.json (USERS): preflight names the biggest users when it refuses or
+  warns about the share. Names and totals only, as `sshare` shows every user's use; no
+  path is written. Gone once the share has room again.
+
 The standard library only (the role installs it beside cordon.py, root's). The node
 package links to this file (orchestrator/node/health.py) for `read_state` and `history`.
 """
 
 from __future__ import annotations
 
+import errno
 import importlib
 import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -75,6 +86,13 @@ WHY = "health check: "                            # how the check's cordons begi
 DRAIN_WHO = "health"                              # its Slurm drains: "clustertrain (health): "
 DRAINED_HERE = f"{cordon.DRAIN_MARK}{DRAIN_WHO})"  # how such a drain's reason begins
 LOCAL_PLACES = ("/", "/tmp", "/home")
+USERS = "users.json"        # in HISTORY_SUBDIR: who fills a nearly full share
+USERS_EVERY = 900.0         # seconds: a nearly full share is walked at most this often,
+MOVED = 0.01                # unless its free space moved by more than this part of it
+USERS_WAIT = 300.0          # seconds the walk may take (the unit's TimeoutStartSec has room)
+BLOCK = 4096               # users.json is written in whole blocks of this size
+NEARLY_FULL = 0.05          # below this part of its space or inodes, a filesystem is nearly
+                            # full (preflight warns: orchestrator/defaults.SPACE_WARN)
 CHILD_WAIT = 2.0     # seconds past share_timeout given to the child that writes the share
 # Xids that mean the GPU (or its memory, or its link) is broken until a reset: NVIDIA's
 # "XID Errors" list (48 double-bit ECC, 63/64 row remapping, 74 NVLink, 79 fallen off
@@ -111,6 +129,7 @@ class Config:
     reboot: tuple[str, ...] = ("systemctl", "reboot")
     edac: str = "/sys/devices/system/edac/mc"
     places: tuple[str, ...] = LOCAL_PLACES
+    export: str | None = None        # the share's export directory, on its server only
 
     @classmethod
     def load(cls, path: str) -> Config:
@@ -140,6 +159,10 @@ class Config:
         for key in ("nvidia_smi", "scontrol", "squeue", "journalctl", "edac"):
             if not isinstance(data.get(key, "x"), str) or not data.get(key, "x"):
                 raise ConfigError(f"{path}: {key} {data[key]!r}: give a command or path")
+        export = data.get("export")
+        if export is not None and not (isinstance(export, str) and export.startswith("/")):
+            raise ConfigError(f"{path}: export {export!r}: give the export's absolute path, "
+                              "or null on a node that does not serve the share")
         if not isinstance(data.get("admin_group"), (str, type(None))):
             raise ConfigError(f"{path}: admin_group {data['admin_group']!r}: give a group name")
         places = data.get("places", list(LOCAL_PLACES))
@@ -649,6 +672,8 @@ def step(cfg: Config, state_dir: str = STATE_DIR, now: float | None = None,
         pending = pending[int(published.get("written") or 0):]
     _write_lines(outbox, pending)
     _write_json(os.path.join(state_dir, "state.json"), asdict(state))
+    if failures is None:
+        share_users(cfg, stamp)
     if reboot and asked:
         print(f"{cfg.node}: nothing runs on it: rebooting ({asked['why']})", flush=True)
         subprocess.run(list(cfg.reboot), check=False, timeout=60)
@@ -698,6 +723,130 @@ def _write_lines(path: str, lines: list[dict[str, Any]]) -> None:
     os.replace(tmp, path)
 
 
+# -- who fills the share: on its server, while it is nearly full -----------------------------
+
+def walk(root: str, unread: Callable[[str, str], None] | None = None
+         ) -> Iterator[tuple[os.stat_result, tuple[str, ...]]]:
+    """Every entry under ROOT (not following links; a file with hard links once), with the
+    parts of its path below ROOT. A directory that cannot be listed is passed to UNREAD
+    (its path, why) and skipped. node/du.py counts by it too."""
+    seen: set[tuple[int, int]] = set()
+    stack: list[tuple[str, tuple[str, ...]]] = [(root, ())]
+    while stack:
+        path, parts = stack.pop()
+        try:
+            entries = list(os.scandir(path))
+        except OSError as exc:
+            if unread:
+                unread(path, exc.strerror or str(exc))
+            continue
+        for entry in entries:
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue   # gone meanwhile
+            if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
+                if (st.st_dev, st.st_ino) in seen:
+                    continue
+                seen.add((st.st_dev, st.st_ino))
+            here = (*parts, entry.name)
+            yield st, here
+            if stat.S_ISDIR(st.st_mode):
+                stack.append((entry.path, here))
+
+
+def nearly_full(got: dict[str, Any], min_free_gb: float) -> bool:
+    """Whether a filesystem with statvfs figures GOT (measure()'s) is nearly full: below
+    MIN_FREE_GB, or NEARLY_FULL of its space or inodes."""
+    return bool(got.get("total")) and (
+        got["free"] < min_free_gb * 2**30 or got["free"] < NEARLY_FULL * got["total"]
+        or bool(got["itotal"]) and got["ifree"] < NEARLY_FULL * got["itotal"])
+
+
+def users_path(share: str) -> str:
+    return os.path.join(share, HISTORY_SUBDIR, USERS)
+
+
+def count_users(export: str, got: dict[str, Any], min_free_gb: float, now: float
+                ) -> bool:
+    """On the share's server, with the export's figures GOT (measure()'s): when it is nearly
+    full, and its users.json older than USERS_EVERY or its free space moved by MOVED since,
+    every user's bytes written there (True: walked); when it has room, users.json removed."""
+    path = users_path(export)
+    if not nearly_full(got, min_free_gb):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        return False
+    old = read_users(export)
+    if old and now - float(old.get("time") or 0) < USERS_EVERY and \
+            abs(float(old.get("free") or 0) - got["free"]) <= MOVED * got["total"]:
+        return False
+    users: dict[str, int] = {}
+    unread: list[str] = []
+    for st, _ in walk(export, lambda p, _why: unread.append(p)):
+        name = cordon.user_name(st.st_uid)
+        users[name] = users.get(name, 0) + st.st_blocks * 512
+    _write_counted(path, {"time": now, "free": got["free"], "total": got["total"],
+                          "users": dict(sorted(users.items(), key=lambda u: -u[1])),
+                          "unread": len(unread)})
+    return True
+
+
+def _write_counted(path: str, value: dict[str, Any]) -> None:
+    """users.json, padded with spaces to whole blocks (BLOCK): on a share too full for a
+    new file the new count overwrites the old in place, in the blocks it holds."""
+    text = json.dumps(value).encode()
+    text += b" " * (-len(text) % BLOCK)
+    try:
+        tmp = f"{path}.tmp"
+        with open(tmp, "wb") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        try:
+            os.unlink(f"{path}.tmp")
+        except FileNotFoundError:
+            pass
+        with open(path, "r+b") as fh:   # FileNotFoundError: none yet, nothing to reuse
+            old = fh.seek(0, os.SEEK_END)
+            if len(text) > old:
+                raise
+            fh.seek(0)
+            fh.write(text + b" " * (old - len(text)))
+            fh.flush()
+            os.fsync(fh.fileno())
+
+
+def read_users(share: str) -> dict[str, Any] | None:
+    """users.json of SHARE (what preflight names when the share is nearly full): {"time",
+    "free", "total", "users": {name: bytes, biggest first}, "unread": n}; None when the
+    share has room (or its server does not run this check)."""
+    try:
+        with open(users_path(share), encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("users"), dict) else None
+
+
+def share_users(cfg: Config, now: float) -> None:
+    """On the share's server: count_users in a child (`health.py --users EXPORT MIN_FREE_GB
+    NOW`) given USERS_WAIT seconds."""
+    if not cfg.export or not os.path.isdir(cfg.export):
+        return
+    out, why = _child(["--users", cfg.export, repr(cfg.min_free_gb), repr(now)], None,
+                      USERS_WAIT)
+    if out is None:
+        print(f"{cfg.node}: who fills the share was not counted: {why}", file=sys.stderr)
+
+
 # -- what `clustertrain nodes` reads --------------------------------------------------------
 
 def history(share: str, since: float) -> dict[str, list[dict[str, Any]]]:
@@ -741,6 +890,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--state-dir", default=STATE_DIR)
     p.add_argument("--measure", nargs="+", metavar="PATH", help=argparse.SUPPRESS)
     p.add_argument("--publish", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--users", nargs=3, metavar=("EXPORT", "MIN_FREE_GB", "NOW"),
+                   help=argparse.SUPPRESS)
     p.add_argument("--held", nargs=3, metavar=("NODE", "SHARE", "ADMIN_GROUP"),
                    help=argparse.SUPPRESS)
     p.add_argument("--defer-reboot", metavar="WHY",
@@ -753,6 +904,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.publish:
         print(json.dumps(publish(json.load(sys.stdin))))
+        return 0
+    if args.users:
+        export, min_free_gb, now = args.users
+        got = measure([export])[export]
+        if "error" in got:
+            print(f"{export}: {got['error']}", file=sys.stderr)
+            return 1
+        print(json.dumps(count_users(export, got, float(min_free_gb), float(now))))
         return 0
     if args.held:
         node, share, group = args.held   # an admin's uncordon lifts the check's cordon

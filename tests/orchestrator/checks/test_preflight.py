@@ -1,5 +1,6 @@
 """Which packages differ between nodes, and how preflight judges the facts."""
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -444,6 +445,28 @@ def test_too_little_space_is_refused_naming_the_place_and_nearly_full_is_a_warni
         "(temporary files)"]
     assert r.warnings == ["node0: /tmp is nearly full: 4.0 GiB free of 100.0 GiB "
                           "(temporary files)"]
+
+
+def test_a_nearly_full_share_names_its_biggest_users_as_its_server_counted_them() -> None:
+    """The share's server counted who fills it 4 minutes ago (node/health.py users.json):
+    the refusal names the three biggest, with their bytes and when; none counted: `du`."""
+    share = place("share", "/mnt/cluster", 1.5, 500)
+    counted = {"time": time.time() - 245, "free": 1, "total": 2,
+               "users": {"alice": 300 << 30, "bob": 150 << 30, "carol": 40 << 30,
+                         "dave": 9 << 30, "root": 0}}
+    r = report(facts("node0", {}, space=[share], share_users=counted),
+               facts("node1", {}, space=[share], share_users=counted))
+    assert r.problems == [
+        "the share /mnt/cluster has 1.5 GiB free of 500.0 GiB, below the 2 GiB a run needs "
+        "there (cluster_min_free_gb): free some (checkpoints, datasets, the runs' snapshots; "
+        "its biggest users 4 min ago: alice 300.0 GiB, bob 150.0 GiB, carol 40.0 GiB; "
+        "`clustertrain du` shows what) or lower cluster_min_free_gb in the inventory"]
+    warned = report(facts("node0", {}, space=[place("share", "/mnt/cluster", 20, 500)],
+                          share_users=counted))
+    assert warned.warnings == [
+        "the share /mnt/cluster is nearly full: 20.0 GiB free of 500.0 GiB (checkpoints, "
+        "datasets, the runs' snapshots; its biggest users 4 min ago: alice 300.0 GiB, bob "
+        "150.0 GiB, carol 40.0 GiB; `clustertrain du` shows what)"]
 
 
 def test_the_inventory_sets_the_space_a_run_needs() -> None:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import secrets
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -221,3 +223,97 @@ def test_a_node_whose_temporary_directory_is_nearly_full_is_refused_then_warned_
     assert said, filled.stderr[-3000:]
     summary = json.loads((tmp_path / "runs" / said[1] / "summary.json").read_text())
     assert summary["no_space"]["node2"].startswith("/tmp (temporary files) has "), summary
+
+
+EXPORT = "/srv/nfs/cluster"   # node0 serves the share from there (the nfs_server group)
+HEALTH_TIMER = "clustertrain-health.timer"
+
+
+@contextmanager
+def small_share(sandbox: ProvisionedCluster, mib: int):
+    """The share replaced by a MIB MiB filesystem, with the same directories (owners and
+    modes) two levels down, on every node: a tmpfs mounted on the host over the directory
+    every node's FUSE passthrough serves. node0 exports the share from a bind of that
+    directory made when it started, which a host mount does not reach: its export is
+    bound to its own view of the share meanwhile, so that its health check counts the
+    small share's users. The health timers are paused (a check would cordon the nodes
+    while the share is nearly full); afterwards each node's check runs once, lifting what
+    it cordoned and drained, and the timers start again."""
+    share = sandbox.share
+    dirs = [(d, d.stat()) for d in sorted(share.glob("*/")) + sorted(share.glob("*/*/"))
+            if d.is_dir() and not d.is_symlink()]
+    for node in sandbox.nodes:
+        sandbox.exec(node, "systemctl", "stop", HEALTH_TIMER)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mib}m,mode=0755", "ct-small-share",
+                    str(share)], check=True, capture_output=True, timeout=60)
+    try:
+        for d, st in dirs:
+            d.mkdir()
+            os.chown(d, st.st_uid, st.st_gid)
+            d.chmod(stat.S_IMODE(st.st_mode))
+        in_mount_ns(sandbox, "node0", f"mount --bind {SHARED} {EXPORT}")
+        yield
+    finally:
+        in_mount_ns(sandbox, "node0", f"umount {EXPORT} || true")
+        subprocess.run(["umount", "-l", str(share)], check=True, capture_output=True,
+                       timeout=60)
+        for node in sandbox.nodes:
+            sandbox.exec(node, "systemctl", "start", "clustertrain-health", check=False)
+            sandbox.exec(node, "systemctl", "start", HEALTH_TIMER)
+
+
+def check_health(sandbox: ProvisionedCluster, node: str) -> None:
+    sandbox.exec(node, "systemctl", "start", "clustertrain-health")
+
+
+def test_a_nearly_full_share_is_refused_naming_its_biggest_users_and_a_job_that_fills_it(
+        sandbox_cluster: ProvisionedCluster, tmp_path: Path) -> None:
+    """A 64 MiB share, 24 MiB of it alice's and 8 MiB bob's: node0's health check (it
+    serves the share) counts them, and cordons node0 for it. alice's job on node1 then
+    fills the share with a 48 MiB checkpoint: its run fails naming the share as out of
+    space; the next check counts again (in place: the share has no room for a new file),
+    and preflight refuses the next run naming the share, alice first with her job's part,
+    then bob."""
+    lowered = tmp_path / "inventory.yml"   # the job may start on a 64 MiB share
+    lowered.write_text(sandbox_cluster.inventory.read_text().replace(
+        "\n  vars:\n", "\n  vars:\n    cluster_min_free_gb: 0.001\n", 1))
+    users = sandbox_cluster.share / "health" / "users.json"
+    with small_share(sandbox_cluster, 64):
+        for user, mib in (("alice", 24), ("bob", 8)):
+            sandbox_cluster.exec("node1", "runuser", "-u", user, "--", "sh", "-ec",
+                                 f"head -c {mib}M /dev/zero > {SHARED}/checkpoints/{user}/old")
+        check_health(sandbox_cluster, "node0")
+        first = json.loads(users.read_text())
+        filled = subprocess.run([sys.executable, "-m", "orchestrator", "train", "-i",
+                                 str(lowered), "--hosts", "node1", "--runs-dir",
+                                 str(tmp_path / "runs"), "--workdir", str(JOBS),
+                                 "fail_on_node.py", "--", "--fail-node", "0", "--how", "fill",
+                                 "--after", "0", "--fill-dir", f"{SHARED}/checkpoints/alice",
+                                 "--fill-mib", "48"], cwd=REPO, env=ENV,
+                                capture_output=True, text=True, timeout=300)
+        check_health(sandbox_cluster, "node0")
+        second = json.loads(users.read_text())
+        refused = preflight(sandbox_cluster)
+    mib = 1 << 20
+    assert 24 * mib <= first["users"]["alice"] < 25 * mib, first
+    assert 8 * mib <= first["users"]["bob"] < 9 * mib, first
+    assert filled.returncode != 0, filled.stdout[-3000:]
+    said = re.search(r"run (\S+) failed: .* It ran out of space \(its ranks said a disk was "
+                     r"full\): on node1, /mnt/cluster \(the share\) has (\d+) KiB free of "
+                     r"64 MiB; free some there, or write elsewhere\.", filled.stderr)
+    assert said, filled.stderr[-3000:]
+    assert second["time"] > first["time"] and second["free"] < mib, second
+    assert list(second["users"])[:2] == ["alice", "bob"], second
+    assert second["users"]["alice"] > 50 * mib, second   # hers and her job's part
+    share_lines = [line for line in refused.stdout.splitlines()
+                   if line.startswith(f"problem: the share {SHARED}")]
+    assert refused.returncode != 0 and share_lines, refused.stdout
+    assert re.fullmatch(
+        r"problem: the share /mnt/cluster has \d+ KiB free of 64 MiB, below the 2 GiB a run "
+        r"needs there \(cluster_min_free_gb\): free some \(checkpoints, datasets, the runs' "
+        r"snapshots; its biggest users \d+ s ago: alice \d\d MiB, bob 8 MiB, .*; "
+        r"`clustertrain du` shows what\) or lower cluster_min_free_gb in the inventory",
+        share_lines[0]), share_lines
+    # Said once: not again as each node's failed write to it ("shared path: ... No space").
+    assert len(share_lines) == 1 and "shared path" not in refused.stdout, refused.stdout
+    assert not users.exists()   # the share has room again: the count is gone

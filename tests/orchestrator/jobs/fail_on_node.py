@@ -1,8 +1,9 @@
 """Test job: every rank joins the process group (and says which attempt it is, from
 CLUSTERTRAIN_RECOVERY); the ranks on node --fail-node (-1: every node) then fail --how:
 exit with code 3, raise an exception, die of SIGKILL (as the OOM killer kills), or of
-SIGSEGV (a bad pointer in a C extension: reading address 0), or save a 16 MiB checkpoint
-into the temporary directory (fill: on a nearly full one, torch.save fails). The others
+SIGSEGV (a bad pointer in a C extension: reading address 0), or save a checkpoint of
+--fill-mib MiB into --fill-dir, the temporary directory by default (fill: on a nearly full
+disk, torch.save fails). The others
 keep running (not in a collective) until they are stopped."""
 import argparse
 import ctypes
@@ -19,6 +20,8 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--fail-node", type=int, default=1)
 parser.add_argument("--after", type=float, default=2.0)
 parser.add_argument("--how", choices=("exit", "raise", "kill", "segv", "fill"), default="exit")
+parser.add_argument("--fill-dir", default=tempfile.gettempdir())
+parser.add_argument("--fill-mib", type=int, default=16)
 args = parser.parse_args()
 
 
@@ -41,8 +44,8 @@ if args.fail_node in (node, -1):
     if args.how == "segv":
         crash_in_c()
     if args.how == "fill":
-        torch.save({"weights": torch.zeros(4 << 20)},
-                   os.path.join(tempfile.gettempdir(), f"ckpt-{dist.get_rank()}.pt"))
+        torch.save({"weights": torch.zeros(args.fill_mib << 18)},   # 4-byte floats
+                   os.path.join(args.fill_dir, f"ckpt-{dist.get_rank()}.pt"))
     sys.exit(3)
 while True:
     time.sleep(0.5)

@@ -217,6 +217,50 @@ def test_the_share_is_measured_and_must_be_a_mount(tmp_path) -> None:
     assert "cannot be read" in failed[0].why
 
 
+@as_root
+def test_who_fills_a_nearly_full_share_is_counted_on_its_server_and_gone_with_room(
+        tmp_path) -> None:
+    """The export walked by root (a child of the check, as the timer runs it): each owner's
+    bytes, the biggest first, a hard link once; counted again only after USERS_EVERY; the
+    file removed once the share has room."""
+    export = tmp_path / "export"
+    (export / health.HISTORY_SUBDIR).mkdir(parents=True)
+    (export / "checkpoints" / "daemon").mkdir(parents=True)
+    ckpt = export / "checkpoints" / "daemon" / "step9.pt"
+    ckpt.write_bytes(os.urandom(3 << 20))
+    os.link(ckpt, export / "checkpoints" / "daemon" / "last.pt")
+    os.chown(ckpt, DAEMON, DAEMON)
+    (export / "data.bin").write_bytes(os.urandom(1 << 20))   # root's
+    cfg = Config(node=NODE, share="/mnt/cluster", export=str(export), min_free_gb=1e9)
+    health.share_users(cfg, now=1000.0)   # below a billion GiB free: nearly full
+    counted = health.read_users(str(export))
+    assert counted is not None, list((export / health.HISTORY_SUBDIR).iterdir())
+    assert list(counted["users"]) == ["daemon", "root"], counted
+    assert counted["users"]["daemon"] == 3 << 20          # its two names, once
+    assert 1 << 20 <= counted["users"]["root"] < 2 << 20  # the file, the directories
+    assert counted["time"] == 1000.0 and counted["unread"] == 0
+    assert os.stat(health.users_path(str(export))).st_mode & 0o777 == 0o644
+    (export / "data.bin").unlink()
+    health.share_users(cfg, now=1000.0 + health.USERS_EVERY - 1)
+    assert (health.read_users(str(export)) or {}).get("time") == 1000.0   # not walked yet
+    health.share_users(cfg, now=1000.0 + health.USERS_EVERY)
+    again = health.read_users(str(export)) or {}
+    assert again["time"] > 1000.0 and again["users"].get("root", 0) < 1 << 20, again
+    roomy = {"free": 50 << 30, "total": 100 << 30, "ifree": 10**6, "itotal": 10**6}
+    assert health.count_users(str(export), roomy, 2.0, 9999.0) is False
+    assert health.read_users(str(export)) is None
+
+
+def test_nearly_full_is_below_the_minimum_or_a_twentieth() -> None:
+    gib = 2**30
+    room = {"free": 50 * gib, "total": 100 * gib, "ifree": 10**6, "itotal": 10**6}
+    assert not health.nearly_full(room, 2.0)
+    assert health.nearly_full({**room, "free": 1 * gib}, 2.0)
+    assert health.nearly_full({**room, "free": 4 * gib}, 2.0)        # under 5 %
+    assert health.nearly_full({**room, "ifree": 10**4}, 2.0)         # inodes under 5 %
+    assert not health.nearly_full({"error": "Stale file handle"}, 2.0)
+
+
 # nvidia-smi's answer to SMI_FIELDS, written by hand in its CSV format (a test double:
 # no GPU here): GPU 1 with 2 uncorrected ECC errors and a row remap pending; an older GPU
 # without row remapping ("[N/A]") and a retired page pending.
@@ -280,6 +324,8 @@ def test_uncorrected_memory_errors_fail(tmp_path) -> None:
     ({"node": NODE, "share": "/s", "nvidia_smi": ""}, "nvidia_smi '': give a command"),
     ({"node": NODE, "share": "/s", "journalctl": 0}, "journalctl 0: give a command"),
     ({"node": NODE, "share": "/s", "admin_group": 7}, "admin_group 7: give a group name"),
+    ({"node": NODE, "share": "/s", "export": "srv"}, "export 'srv': give the export's "
+                                                     "absolute path"),
     ({"node": NODE, "share": "/s", "places": ["tmp"]}, "places ['tmp']: give a list of "
                                                         "absolute paths"),
     ({"node": NODE, "share": "/s", "reboot": "systemctl reboot"}, "reboot 'systemctl reboot': "
