@@ -500,11 +500,12 @@ def option_label(key: str, cls: type = RunSpec) -> str:
                                     f"--{key.replace('_', '-')}")
 
 
-def read_job_file(path: Path, cls: type = RunSpec) -> dict[str, Given]:
+def read_job_file(path: Path, cls: type = RunSpec,
+                  extra: Mapping[str, Kind] | None = None) -> dict[str, Given]:
     """A job file's keys, each with its value and where it stands; InputError naming the
-    line for anything that is not a key of train, or of the wrong kind (nested values
-    too), or given twice."""
-    keys = job_keys(cls)
+    line for anything that is not a key of train (or of EXTRA: a verb's own section, such
+    as a sweep's), or of the wrong kind (nested values too), or given twice."""
+    keys = {**job_keys(cls), **(extra or {})}
     record = Record(keys, hint=f"a job file takes {', '.join(keys)}. The script's own "
                     "options go in `args:`")
     found: dict[str, Given] = {}

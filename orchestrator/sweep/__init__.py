@@ -1,0 +1,1 @@
+"""Sweeps: many runs of one job, each with its own parameters (issue 51)."""
