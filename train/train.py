@@ -41,8 +41,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data-dir", type=Path, default=SHARED / "data" / "cifar10",
                    help="CIFAR-10 python batches, in DIR/cifar-10-batches-py or DIR "
                         "(default: %(default)s)")
-    p.add_argument("--run-name", default="resnet-cifar10",
-                   help="names the checkpoint directory (default: %(default)s)")
+    p.add_argument("--run-name", default=os.environ.get("SWEEP_TRIAL") or "resnet-cifar10",
+                   help="names the checkpoint directory (default: a sweep's trial, "
+                        "SWEEP_TRIAL, else resnet-cifar10)")
     p.add_argument("--checkpoint-dir", type=Path, default=None,
                    help=f"where checkpoints go (default: {SHARED}/checkpoints/USER/RUN_NAME: "
                         "each user's own directory on the share)")

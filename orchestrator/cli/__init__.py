@@ -21,7 +21,7 @@ from .completion import COMPLETING, complete
 VERBS = {
     "sandbox": "cmd_sandbox", "data": "cmd_data", "preflight": "cmd_preflight",
     "train": "cmd_train", "attach": "cmd_attach", "notebook": "cmd_notebook",
-    "stop": "cmd_stop", "queue": "cmd_queue", "cordon": "cmd_cordon",
+    "sweep": "cmd_sweep", "stop": "cmd_stop", "queue": "cmd_queue", "cordon": "cmd_cordon",
     "uncordon": "cmd_cordon", "undrain": "cmd_cordon", "diagnose": "cmd_diagnose",
     "doctor": "cmd_doctor", "du": "cmd_du", "runs": "cmd_runs", "logs": "cmd_runs", "ui": "cmd_ui",
     "provision": "cmd_provision", "wheelhouse": "cmd_wheelhouse", "env": "cmd_env",

@@ -6,9 +6,9 @@ import argparse
 from pathlib import Path
 
 from .. import defaults
-from ..record.rundir import open_run
+from ..record.rundir import RUN_ID, open_run
 from ..run.settle import current_attempt
-from ..run.stop import RUN_ID, stop_run
+from ..run.stop import stop_run
 from . import values
 
 

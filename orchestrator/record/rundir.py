@@ -11,6 +11,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import re
 import secrets
 import subprocess
 import tempfile
@@ -113,6 +114,10 @@ def run_state_dir(shared_path: str, user: str, run_id: str) -> str:
     """Where the nodes keep a run's state on the shared filesystem: in the user's own
     directory of the share, where the loss of one node cannot lose it."""
     return f"{shared_path.rstrip('/')}/checkpoints/{user}/.clustertrain/runs/{run_id}"
+
+
+# What a run's id may be: its record's directory name, and the name on its nodes.
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$")
 
 
 def new_run_id(now: float | None = None) -> str:

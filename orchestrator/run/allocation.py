@@ -212,7 +212,7 @@ def queue_for(spec: RunSpec, whole: Cluster, count: int, run_id: str) -> Allocat
         status = (RunStatus.STOPPED if stopped else
                   RunStatus.INTERRUPTED if interrupted else RunStatus.FAILED)
         why = ("stopped while queued (`stop`): its Slurm job was cancelled" if stopped else
-               f"{exc or 'Ctrl-C'} while queued: its Slurm job was cancelled" if interrupted
+               f"{str(exc) or 'Ctrl-C'} while queued: its Slurm job was cancelled" if interrupted
                else str(exc) or repr(exc))
         write_summary(run, cut_short(info, status, started, why))
         if stopped:
@@ -223,9 +223,10 @@ def queue_for(spec: RunSpec, whole: Cluster, count: int, run_id: str) -> Allocat
 
 @contextmanager
 def hangup_interrupts() -> Iterator[None]:
-    """While a run waits in the queue, SIGHUP (a closed terminal) and SIGTERM end the wait
-    as Ctrl-C does: KeyboardInterrupt('SIGHUP'), so that the job is cancelled and the record
-    says interrupted (not settled later as a lost controller). Main thread only."""
+    """While a run waits in the queue (or a sweep runs), SIGHUP (a closed terminal) and
+    SIGTERM end the wait as Ctrl-C does: KeyboardInterrupt('SIGHUP'), so that the job is
+    cancelled and the record says interrupted (not settled later as a lost controller).
+    Main thread only."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

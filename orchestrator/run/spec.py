@@ -40,7 +40,7 @@ from ..config.kinds import (
 )
 from ..config.options import Declared, Option, declared, option
 from ..errors import InputError
-from ..record.rundir import check_writable
+from ..record.rundir import RUN_ID, RunDir, check_writable
 from ..resources import project
 from .command import (
     ENV_NAME,
@@ -126,6 +126,13 @@ def _choice(*allowed: str) -> Callable[[Any, str], str]:
             raise InputError(f"{label} {value!r}: give {' or '.join(allowed)}")
         return str(value)
     return check
+
+
+def _run_id(value: Any, label: str) -> str:
+    if not RUN_ID.match(str(value)):
+        raise InputError(f"{label} {value!r}: a run id is a letter or digit, then up to 80 "
+                         "letters, digits, '.', '_' or '-'")
+    return str(value)
 
 
 def _hosts(value: Any, label: str) -> tuple[str, ...]:
@@ -375,7 +382,10 @@ class RunSpec:
         _FLAG, "start the script itself, not through the worker runner that ends each "
         "finished worker with os._exit after atexit handlers and a flush of every open file "
         "(which keeps torch's teardown from failing a finished run)"))
-    run_id: str | None = None               # its record's name (None: a new one)
+    run_id: str | None = option(None, Option(      # None: a new one (date, time, random)
+        Text("a run id"), "the run's id, the name of its record under --runs-dir (default: "
+        "a new one, from the date and time); a sweep names its trials so", metavar="ID",
+        check=_run_id))
     cordoned_ok: bool = False               # doctor's own run: a cordoned node is no refusal
 
     @property
@@ -465,6 +475,14 @@ def _arguments_fit(values: Values, defaults_: Values, label: Label) -> None:
 
 QUEUE_RULE = GoesWith(("gpus_per_node", "partition", "time", "qos"), "queue",
                       "--queue (a run through Slurm's queue)")
+def _new_run_id(values: Values, defaults_: Values, label: Label) -> None:
+    """A run id given is a new one: another run's record is not written over."""
+    run_id = values.get("run_id")
+    if run_id and RunDir(Path(values["runs_dir"]), run_id).run_json.exists():
+        raise InputError(f"{label('run_id')} {run_id}: {values['runs_dir']} has a run of that "
+                         "id already; give a new one, or leave it out for a new one")
+
+
 RULES: tuple[Callable[[Values, Values, Label], None], ...] = (
     GoesWith(("ignore_suspects",), "doctor", "--doctor"),
     QUEUE_RULE,
@@ -472,6 +490,7 @@ RULES: tuple[Callable[[Values, Values, Label], None], ...] = (
              "--max-recoveries N (how many times a run whose node failed starts again from "
              "its checkpoint)"),
     _one_of_the_spares, _no_recovery_in_the_queue, _secret_not_in_env, _arguments_fit,
+    _new_run_id,
 )
 
 

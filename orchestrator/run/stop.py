@@ -9,7 +9,6 @@ job's record is in its user's private directory, and its processes are that user
 
 from __future__ import annotations
 
-import re
 import time
 from pathlib import Path
 
@@ -17,11 +16,9 @@ from .. import defaults
 from ..cluster.inventory import load_cluster
 from ..errors import ClusterError
 from ..node.protocol import STOP_REQUESTED
-from ..record.rundir import check_owner, open_run, write_private
+from ..record.rundir import RUN_ID, check_owner, open_run, write_private
 from .scheduler import StopResult, scheduler_for, slurm_job_of
 from .spec import check_grace
-
-RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$")
 
 
 def stop_run(runs_dir: Path, run_id: str, grace: float = defaults.GRACE,

@@ -23,7 +23,6 @@ import hashlib
 import hmac
 import ipaddress
 import mimetypes
-import re
 import secrets
 import socket
 import sys
@@ -39,14 +38,13 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from ..errors import ClusterError
 from ..record.listing import listed
-from ..record.rundir import RecordUnreadable, RunDir, list_runs
+from ..record.rundir import RUN_ID, RecordUnreadable, RunDir, list_runs
 from ..report.page import TEMPLATES, render_run
 
 DEFAULT_PORT = 8470
 REFRESH_S = 5       # a page that changes (the runs, a live run, the nodes) reloads so often
 CACHE_S = 10.0      # the cluster's answer (and a live run's settling) is reused so long
 COOKIE = "clustertrain_ui"   # and the token's hash: each server its own cookie
-RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$")   # as run/stop.py takes one
 TEXT = {".log", ".txt", ".jsonl", ".out", ".err", ".tmp"}   # served as text/plain
 LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
 

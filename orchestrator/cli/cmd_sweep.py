@@ -1,0 +1,175 @@
+"""`sweep -f FILE`, `sweep show|stop|resume ID`: many runs of one job, each with its own
+parameters (orchestrator/sweep/: the file, the runner, the record, the table)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+from dataclasses import replace
+from pathlib import Path
+
+from .. import defaults
+from ..errors import ClusterError, InputError
+from ..record.rundir import RunDir
+from ..run.spec import Given, RunSpec, from_sources, read_job_file
+from ..run.stop import stop_run
+from ..sweep.record import STOP, SweepRecord, TrialState, new_sweep, open_sweep
+from ..sweep.runner import ENDED, Sweep, default_parallel
+from ..sweep.spec import read_sweep_file
+from ..sweep.table import table
+from . import values
+
+JOB = "job.yaml"   # in the sweep's directory: the job every trial runs (resume reads it)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sweep", help="many runs of one job, each with its own parameters",
+                       description="A sweep file is a job file (train -f) with a sweep: "
+                       "section (method grid or random, the script's parameters, the metric "
+                       "to rank by): each trial is an ordinary run of the job with its "
+                       "parameters after the script's arguments, as many at once as fit "
+                       "(through Slurm's queue with queue: true). docs/sweeps.md has it all.")
+    p.add_argument("-f", "--file", metavar="SWEEP_FILE", help="run the sweep this file says")
+    p.add_argument("--runs-dir", type=values.runs_dir, help="where the sweep and its trials "
+                   f"are recorded (default: the job's runs_dir, or {defaults.RUNS_DIR})")
+    p.add_argument("-i", "--inventory", help="the inventory (default: the job's)")
+    p.set_defaults(func=_run)
+    verbs = p.add_subparsers(dest="action", metavar="ACTION")
+    for name, what in (("show", "its trials, best first by the metric"),
+                       ("stop", "stop its running trials and start no more"),
+                       ("resume", "run again every trial that did not succeed")):
+        v = verbs.add_parser(name, help=what, description=f"sweep {name} ID: {what}.")
+        v.add_argument("sweep", metavar="ID", help="the sweep's id (printed first)")
+        v.add_argument("--runs-dir", type=values.runs_dir, default=str(defaults.RUNS_DIR))
+        if name == "show":
+            v.add_argument("--json", action="store_true", help="the record as JSON")
+        v.set_defaults(func={"show": _show, "stop": _stop, "resume": _resume}[name])
+
+
+def _run(args: argparse.Namespace) -> int:
+    if not args.file:
+        raise InputError("sweep needs a sweep file: python -m orchestrator sweep -f "
+                         "sweep.yaml (or: sweep show|stop|resume ID); docs/sweeps.md")
+    path = Path(args.file)
+    given, sweep = read_sweep_file(path)
+    if args.runs_dir:
+        given["runs_dir"] = Given(args.runs_dir, "--runs-dir")
+    if args.inventory:
+        given["inventory"] = Given(args.inventory, "-i/--inventory")
+    base = _absolute(from_sources(given))
+    for key, fix in (("detach", "a sweep follows its trials to their end: take detach out"),
+                     ("run_id", "the sweep names its trials' runs: take run_id out")):
+        if getattr(base, key):
+            raise InputError(f"{path}: {key}: {fix}")
+    trials = sweep.expand()
+    parallel = sweep.parallel or default_parallel(base, len(trials))
+    record = new_sweep(base.runs_dir, path.absolute(), sweep, trials, parallel)
+    (record.path / JOB).write_text(base.to_yaml(), encoding="utf-8")
+    return _conclude(record, Sweep(record, base).run())
+
+
+def _absolute(spec: RunSpec) -> RunSpec:
+    """SPEC with its paths absolute: each trial's job file lies in the sweep's directory,
+    and a job file's relative paths are taken from where it lies."""
+    return replace(spec, runs_dir=spec.runs_dir.absolute(),
+                   inventory=Path(spec.inventory).absolute(),
+                   workdir=spec.workdir.absolute() if spec.workdir else None)
+
+
+def _conclude(record: SweepRecord, code: int) -> int:
+    for line in table(record, ranked=True):
+        print(line)
+    counts: dict[str, int] = {}
+    for t in record.trials:
+        counts[t.state.value] = counts.get(t.state.value, 0) + 1
+    best = record.ranked()[0] if record.trials else None
+    said = ", ".join(f"{n} {state}" for state, n in counts.items())
+    print(f"sweep {record.sweep_id}: {record.state}"
+          + (f" ({record.why})" if record.why else "") + f": {said}"
+          + (f"; best t{best.number} ({' '.join(best.args)}): {record.metric} "
+             f"{best.metric:.6g}" if best and best.metric is not None else "")
+          + f"; python -m orchestrator sweep show {record.sweep_id}"
+          + ("" if record.runs_dir == Path(defaults.RUNS_DIR).absolute()
+             else f" --runs-dir {record.runs_dir}"), flush=True)
+    return code
+
+
+def _alive(record: SweepRecord) -> bool:
+    """Whether the sweep's own process still runs it (on this machine)."""
+    if record.state != "running" or record.host != socket.gethostname() or not record.pid:
+        return False
+    try:
+        os.kill(record.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def settle_sweep(record: SweepRecord) -> SweepRecord:
+    """A sweep whose process is gone (killed, the machine restarted) while its record says
+    running: its trials' states from their runs' summaries, and the sweep ended."""
+    if record.state != "running" or _alive(record):
+        return record
+    for t in record.trials:
+        if t.state == TrialState.RUNNING and t.run_id:
+            summary = RunDir(record.runs_dir, t.run_id).summary()
+            t.state = ENDED.get(str((summary or {}).get("status")), TrialState.FAILED) \
+                if summary else TrialState.STOPPED
+        elif t.state == TrialState.PENDING:
+            t.state = TrialState.NOT_RUN
+    record.state, record.why = "stopped", "its process is gone"
+    record.save()
+    return record
+
+
+def _show(args: argparse.Namespace) -> int:
+    record = settle_sweep(open_sweep(Path(args.runs_dir), args.sweep))
+    if args.json:
+        print(json.dumps({"sweep_id": record.sweep_id, "state": record.state,
+                          "why": record.why, "metric": record.metric, "goal": record.goal,
+                          "trials": [t.to_json() for t in record.ranked()]}, indent=1))
+        return 0
+    print(f"sweep {record.sweep_id}: {record.state}" + (f" ({record.why})" if record.why
+                                                         else "") + f"; from {record.file}")
+    for line in table(record, ranked=True):
+        print(line)
+    return 0
+
+
+def _stop(args: argparse.Namespace) -> int:
+    record = open_sweep(Path(args.runs_dir), args.sweep)
+    (record.path / STOP).touch()
+    running = [t for t in record.trials if t.state == TrialState.RUNNING and t.run_id]
+    for t in running:
+        try:
+            results = stop_run(record.runs_dir, t.run_id or "")
+        except (OSError, ClusterError, InputError) as exc:
+            print(f"t{t.number} (run {t.run_id}): {exc}")
+            continue
+        print(f"t{t.number} (run {t.run_id}): " + (
+            "stopped on " + ", ".join(r.node for r in results) if results
+            else "cancelled in Slurm's queue"))
+    print(f"sweep {record.sweep_id}: stop asked; " + (
+        "it starts no more trials" if _alive(record) else "it was not running"))
+    settle_sweep(record)
+    return 0
+
+
+def _resume(args: argparse.Namespace) -> int:
+    record = settle_sweep(open_sweep(Path(args.runs_dir), args.sweep))
+    if _alive(record):
+        raise InputError(f"sweep {record.sweep_id} is running (process {record.pid}); stop it "
+                         f"first: python -m orchestrator sweep stop {record.sweep_id}")
+    again = [t for t in record.trials if t.state != TrialState.SUCCEEDED]
+    if not again:
+        print(f"sweep {record.sweep_id}: every trial succeeded; nothing to run")
+        return 0
+    base = from_sources(read_job_file(record.path / JOB, RunSpec))
+    (record.path / STOP).unlink(missing_ok=True)
+    for t in again:
+        t.state = TrialState.PENDING
+    return _conclude(record, Sweep(record, base).run())
