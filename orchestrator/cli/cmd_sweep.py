@@ -111,14 +111,16 @@ def _alive(record: SweepRecord) -> bool:
 
 def settle_sweep(record: SweepRecord) -> SweepRecord:
     """A sweep whose process is gone (killed, the machine restarted) while its record says
-    running: its trials' states from their runs' summaries, and the sweep ended."""
+    running: its trials' states from their runs' summaries (a trial's run without one may
+    still run: its `train` is a process of its own, and stays `running` here), and the
+    sweep ended."""
     if record.state != "running" or _alive(record):
         return record
     for t in record.trials:
         if t.state == TrialState.RUNNING and t.run_id:
             summary = RunDir(record.runs_dir, t.run_id).summary()
-            t.state = ENDED.get(str((summary or {}).get("status")), TrialState.FAILED) \
-                if summary else TrialState.STOPPED
+            if summary:
+                t.state = ENDED.get(str(summary.get("status")), TrialState.FAILED)
         elif t.state == TrialState.PENDING:
             t.state = TrialState.NOT_RUN
     record.state, record.why = "stopped", "its process is gone"
@@ -164,6 +166,13 @@ def _resume(args: argparse.Namespace) -> int:
     if _alive(record):
         raise InputError(f"sweep {record.sweep_id} is running (process {record.pid}); stop it "
                          f"first: python -m orchestrator sweep stop {record.sweep_id}")
+    still = [t for t in record.trials if t.state == TrialState.RUNNING]
+    if still:
+        raise InputError(f"sweep {record.sweep_id}: the run of "
+                         + ", ".join(f"t{t.number} ({t.run_id})" for t in still)
+                         + " has not ended (the sweep's process is gone, its trials' are "
+                         "not): let it end, or stop it (python -m orchestrator stop RUN), "
+                         "then resume")
     again = [t for t in record.trials if t.state != TrialState.SUCCEEDED]
     if not again:
         print(f"sweep {record.sweep_id}: every trial succeeded; nothing to run")

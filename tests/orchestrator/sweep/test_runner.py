@@ -141,3 +141,33 @@ def test_a_metric_no_trial_printed_is_named_with_the_keys_they_did(
     assert said == [f"sweep {record.sweep_id}: the metric 'test_loss' was not in the "
                     "FINAL_METRICS of t1, t3: they printed accuracy, loss; set metric: to one "
                     "of them"]
+
+
+def test_a_sweep_whose_process_is_gone_is_settled_from_its_trials_runs(
+        tmp_path: Path, capsys) -> None:
+    """Its record says running, its process is gone: `show` takes each trial's state from
+    its run's summary, keeps `running` a trial whose run has none yet (its train is a
+    process of its own), and `resume` refuses until that run has ended."""
+    import socket
+    import subprocess
+    import sys
+
+    from orchestrator.record.rundir import RunDir
+    record = new_sweep(tmp_path, tmp_path / "s.yaml", SWEEP, SWEEP.expand(), 2)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    record.host, record.pid = socket.gethostname(), int(gone.stdout)
+    for t, n in zip(record.trials[:2], (1, 2), strict=True):
+        t.state, t.run_id = TrialState.RUNNING, f"{record.sweep_id}.t{n}"
+    ended = RunDir(tmp_path, f"{record.sweep_id}.t1")
+    ended.create({"run_id": ended.run_id, "nodes": ["hpc-a"]})
+    ended.write_summary({"status": "failed", "duration_s": 3.0})
+    record.save()
+    assert main(["sweep", "show", record.sweep_id, "--runs-dir", str(tmp_path)]) == 0
+    settled = open_sweep(tmp_path, record.sweep_id)
+    assert [t.state.value for t in settled.trials] == ["failed", "running", "not run",
+                                                       "not run"]
+    assert (settled.state, settled.why) == ("stopped", "its process is gone")
+    capsys.readouterr()
+    assert main(["sweep", "resume", record.sweep_id, "--runs-dir", str(tmp_path)]) != 0
+    assert f"the run of t2 ({record.sweep_id}.t2) has not ended" in capsys.readouterr().err
