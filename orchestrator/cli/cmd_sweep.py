@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .. import defaults
 from ..errors import ClusterError, InputError
-from ..record.rundir import RunDir
+from ..record.rundir import RunDir, write_private
 from ..run.spec import Given, RunSpec, from_sources, read_job_file
 from ..run.stop import stop_run
 from ..sweep.record import STOP, SweepRecord, TrialState, new_sweep, open_sweep
@@ -66,7 +66,7 @@ def _run(args: argparse.Namespace) -> int:
     trials = sweep.expand()
     parallel = sweep.parallel or default_parallel(base, len(trials))
     record = new_sweep(base.runs_dir, path.absolute(), sweep, trials, parallel)
-    (record.path / JOB).write_text(base.to_yaml(), encoding="utf-8")
+    write_private(record.path / JOB, base.to_yaml())   # its owner's only, as the record
     return _conclude(record, Sweep(record, base).run())
 
 
