@@ -57,12 +57,19 @@ def wait_file(path: Path, timeout: float = 30) -> dict:
 
 
 def group_alive(job: Path) -> bool:
+    """Whether a process of the job's group still runs. A zombie is not one: it has ended,
+    and its parent (or init, once it was re-parented) reaps it when it gets to it, which
+    `killpg(pgid, 0)` does not wait for (the supervisor had exited with the group's last
+    member not yet reaped, and this said "alive")."""
     pgid = int((job / "pgid").read_text())
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue   # it ended while we looked
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
 
 
 def test_a_finished_job_is_recorded_on_the_share_and_on_the_node(tmp_path: Path) -> None:
