@@ -7,21 +7,27 @@ import argparse
 import json
 import os
 import socket
+import subprocess
+import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
 from .. import defaults
 from ..errors import ClusterError, InputError
-from ..record.rundir import RunDir, write_private
+from ..record.rundir import RunDir, open_private, write_private
 from ..run.spec import Given, RunSpec, from_sources, read_job_file
 from ..run.stop import stop_run
 from ..sweep.record import STOP, SweepRecord, TrialState, new_sweep, open_sweep
+from ..sweep.report import REPORT, write_sweep_report
 from ..sweep.runner import ENDED, Sweep, default_parallel
 from ..sweep.spec import read_sweep_file
 from ..sweep.table import table
 from . import values
 
 JOB = "job.yaml"   # in the sweep's directory: the job every trial runs (resume reads it)
+LOG = "sweep.log"  # in the sweep's directory: a detached sweep's own output
+DETACH_WAIT_S = 20.0   # a detached sweep says it runs within this, or its log is shown
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -35,6 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--runs-dir", type=values.runs_dir, help="where the sweep and its trials "
                    f"are recorded (default: the job's runs_dir, or {defaults.RUNS_DIR})")
     p.add_argument("-i", "--inventory", help="the inventory (default: the job's)")
+    p.add_argument("--detach", action="store_true", help=DETACH_HELP)
     p.set_defaults(func=_run)
     verbs = p.add_subparsers(dest="action", metavar="ACTION")
     for name, what in (("show", "its trials, best first by the metric"),
@@ -45,6 +52,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         v.add_argument("--runs-dir", type=values.runs_dir, default=str(defaults.RUNS_DIR))
         if name == "show":
             v.add_argument("--json", action="store_true", help="the record as JSON")
+        if name == "resume":
+            v.add_argument("--detach", action="store_true", help=DETACH_HELP)
         v.set_defaults(func={"show": _show, "stop": _stop, "resume": _resume}[name])
 
 
@@ -67,7 +76,44 @@ def _run(args: argparse.Namespace) -> int:
     parallel = sweep.parallel or default_parallel(base, len(trials))
     record = new_sweep(base.runs_dir, path.absolute(), sweep, trials, parallel)
     write_private(record.path / JOB, base.to_yaml())   # its owner's only, as the record
+    if args.detach:
+        return _detach(record)
     return _conclude(record, Sweep(record, base).run())
+
+
+DETACH_HELP = ("run the sweep in the background on this machine (its output in "
+               "RUNS/ID/sweep.log): the terminal may close; `sweep show ID` follows it, "
+               "`sweep stop ID` stops it")
+
+
+def _detach(record: SweepRecord) -> int:
+    """Hand RECORD's pending trials to a process of their own on this machine, in a
+    session of its own (a closed terminal does not stop it), as `sweep resume` runs them;
+    back once it said it runs (or ended already: then its log says why)."""
+    log = open_private(record.path / LOG, "ab")
+    argv = [sys.executable, "-m", "orchestrator", "sweep", "resume", record.sweep_id,
+            "--runs-dir", str(record.runs_dir)]
+    with log:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + DETACH_WAIT_S
+    while time.monotonic() < deadline and proc.poll() is None:
+        if open_sweep(record.runs_dir, record.sweep_id).pid == proc.pid:
+            break
+        time.sleep(0.2)
+    where = ("" if record.runs_dir == Path(defaults.RUNS_DIR).absolute()
+             else f" --runs-dir {record.runs_dir}")
+    if proc.poll() not in (None, 0):
+        tail = (record.path / LOG).read_text(encoding="utf-8", errors="replace")
+        print(tail[-3000:], end="", file=sys.stderr)
+        print(f"sweep {record.sweep_id}: its detached process ended at once (exit "
+              f"{proc.returncode}; above, from {record.path / LOG})", file=sys.stderr)
+        return proc.returncode or 1
+    print(f"sweep {record.sweep_id}: detached (process {proc.pid} on "
+          f"{socket.gethostname()}; its output: {record.path / LOG}); follow it: python -m "
+          f"orchestrator sweep show {record.sweep_id}{where}; stop it: python -m "
+          f"orchestrator sweep stop {record.sweep_id}{where}", flush=True)
+    return 0
 
 
 def _absolute(spec: RunSpec) -> RunSpec:
@@ -92,7 +138,8 @@ def _conclude(record: SweepRecord, code: int) -> int:
              f"{best.metric:.6g}" if best and best.metric is not None else "")
           + f"; python -m orchestrator sweep show {record.sweep_id}"
           + ("" if record.runs_dir == Path(defaults.RUNS_DIR).absolute()
-             else f" --runs-dir {record.runs_dir}"), flush=True)
+             else f" --runs-dir {record.runs_dir}")
+          + f"; its report: {record.path / REPORT}", flush=True)
     return code
 
 
@@ -125,6 +172,7 @@ def settle_sweep(record: SweepRecord) -> SweepRecord:
             t.state = TrialState.NOT_RUN
     record.state, record.why = "stopped", "its process is gone"
     record.save()
+    write_sweep_report(record)
     return record
 
 
@@ -139,6 +187,8 @@ def _show(args: argparse.Namespace) -> int:
                                                          else "") + f"; from {record.file}")
     for line in table(record, ranked=True):
         print(line)
+    if (record.path / REPORT).exists():
+        print(f"its report: {record.path / REPORT}")
     return 0
 
 
@@ -181,4 +231,8 @@ def _resume(args: argparse.Namespace) -> int:
     (record.path / STOP).unlink(missing_ok=True)
     for t in again:
         t.state = TrialState.PENDING
+    if args.detach:
+        record.state, record.why = "starting", ""
+        record.save()
+        return _detach(record)
     return _conclude(record, Sweep(record, base).run())

@@ -259,3 +259,112 @@ def heatmap(title: str, labels: Sequence[str], cells: dict[tuple[str, str], floa
                            f'class="cellnum">{v:.3g}</text>')
     out.append("</svg>")
     return "\n".join(out)
+
+
+@dataclass(frozen=True)
+class Dot:
+    """One point of a scatter chart: a trial's value of a parameter (as its file gave it)
+    against its metric."""
+    x: str
+    y: float
+    label: str            # the trial: "t3"
+    best: bool = False    # drawn red, and named
+
+
+def _as_numbers(values: Sequence[str]) -> list[float] | None:
+    try:
+        numbers = [float(v) for v in values]
+    except ValueError:
+        return None
+    return numbers if all(math.isfinite(n) for n in numbers) else None
+
+
+def axis(lo: float, hi: float) -> tuple[list[float], float]:
+    """Ticks a round step apart (ticks()) from at or below LO to at or above HI, 0 among
+    them when LO and HI are of one sign and LO's own scale holds it."""
+    if lo >= 0:
+        return ticks(hi)
+    if hi <= 0:
+        levels, step = ticks(-lo)
+        return sorted(-v for v in levels), step
+    _, step = ticks(hi - lo)
+    first = math.floor(lo / step + 1e-9) * step
+    count = math.ceil((hi - first) / step - 1e-9)
+    return [round(first + i * step, _decimals(step)) for i in range(count + 1)], step
+
+
+def scatter(title: str, x_title: str, y_title: str, dots: Sequence[Dot]) -> str:
+    """DOTS over their parameter: each value of it a column, in numeric order when every
+    value is a number (a grid's values, evenly apart whatever their scale), else in the
+    order first seen; the best dot red, with its trial named. Random draws of a number
+    (more than CATEGORIES distinct values) are placed by value instead, on a log axis when
+    they are positive and span 20x or more."""
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+    xs = list(dict.fromkeys(d.x for d in dots))
+    numbers = _as_numbers(xs)
+    ys = [d.y for d in dots] or [1.0]
+    levels, step = axis(min(ys), max(ys))
+    bottom, top = levels[0], levels[-1]
+    if top == bottom:
+        top = bottom + 1.0
+
+    def y(v: float) -> float:
+        return TOP + plot_h - (v - bottom) / (top - bottom) * plot_h
+
+    labels: list[tuple[float, str]]
+    if numbers is not None and len(xs) > CATEGORIES:
+        log = min(numbers) > 0 and max(numbers) / min(numbers) >= 20
+        f = (lambda v: math.log10(v)) if log else (lambda v: v)
+        lo, hi = f(min(numbers)), f(max(numbers))
+        hi = hi if hi > lo else lo + 1.0
+
+        def place(v: str) -> float:
+            return LEFT + 20 + (f(float(v)) - lo) / (hi - lo) * (plot_w - 40)
+        if log:
+            decades = range(math.ceil(lo - 1e-9), math.floor(hi + 1e-9) + 1)
+            labels = [(LEFT + 20 + (k - lo) / (hi - lo) * (plot_w - 40),
+                       number(10.0 ** k, 10.0 ** min(k, 0))) for k in decades]
+        else:
+            marks, xstep = axis(lo, hi)
+            labels = [(place(str(v)), number(v, xstep)) for v in marks if lo <= v <= hi]
+    else:
+        order = sorted(xs, key=lambda v: float(v)) if numbers is not None else xs
+        slot = (plot_w - 40) / max(1, len(order) - 1) if len(order) > 1 else 0.0
+        at = {v: LEFT + 20 + i * slot if len(order) > 1 else LEFT + plot_w / 2
+              for i, v in enumerate(order)}
+
+        def place(v: str) -> float:
+            return at[v]
+        labels = [(at[v], v) for v in order]
+    out = [f'<svg class="scatter" xmlns="http://www.w3.org/2000/svg" '
+           f'viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}" role="img" '
+           f'aria-label="{escape(title)}">',
+           f'<text x="{LEFT}" y="18" class="title">{escape(title)}</text>']
+    for v in levels:
+        out.append(f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{y(v):.1f}" y2="{y(v):.1f}" '
+                   'class="grid"/>')
+        out.append(f'<text x="{LEFT - 6}" y="{y(v) + 4:.1f}" text-anchor="end" class="tick" '
+                   f'data-axis="y">{number(v, step)}</text>')
+    out.append(f'<text x="14" y="{TOP + plot_h / 2:.0f}" class="tick" transform="rotate(-90 '
+               f'14 {TOP + plot_h / 2:.0f})" text-anchor="middle">{escape(y_title)}</text>')
+    for at_x, text in labels:
+        out.append(f'<text x="{at_x:.1f}" y="{HEIGHT - 16}" text-anchor="middle" class="tick" '
+                   f'data-axis="x">{escape(text)}</text>')
+    out.append(f'<text x="{LEFT + plot_w / 2:.0f}" y="{HEIGHT - 2}" text-anchor="middle" '
+               f'class="tick">{escape(x_title)}</text>')
+    for d in sorted(dots, key=lambda d: d.best):   # the best drawn last, on top
+        fill = MARK_COLOR if d.best else PALETTE[0]
+        cx, cy = place(d.x), y(d.y)
+        out.append(f'<circle class="dot{" best" if d.best else ""}" data-trial="'
+                   f'{escape(d.label)}" data-x="{escape(d.x)}" data-y="{d.y:.6g}" '
+                   f'cx="{cx:.1f}" cy="{cy:.1f}" r="{5 if d.best else 4}" fill="{fill}" '
+                   f'fill-opacity="0.8"><title>{escape(d.label)}: {escape(x_title)} '
+                   f'{escape(d.x)}, {escape(y_title)} {d.y:.6g}</title></circle>')
+        if d.best:
+            out.append(f'<text x="{cx + 8:.1f}" y="{cy + 4:.1f}" class="tick" '
+                       f'fill="{MARK_COLOR}">best: {escape(d.label)}</text>')
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+CATEGORIES = 8   # a parameter with at most this many values: each a column of its own

@@ -48,6 +48,7 @@ class TrialRecord:
     ended: float | None = None
     metric: float | None = None
     why: str = ""                          # a failed or stopped trial: what its run said
+    loss: float | None = None              # a running trial's latest loss (its beats')
 
     @property
     def args(self) -> list[str]:
@@ -78,7 +79,7 @@ class SweepRecord:
     max_failures: int
     created: float
     trials: list[TrialRecord]
-    state: str = "running"                  # running, then ended, failed or stopped
+    state: str = "starting"                 # then running, then ended, failed or stopped
     why: str = ""
     host: str = ""                          # where the sweep runs (runs, or ran last)
     pid: int = 0

@@ -33,13 +33,15 @@ from typing import IO
 from ..cluster.inventory import load_cluster
 from ..errors import ClusterError
 from ..record.rundir import RunDir, open_private
-from ..report.page import final_metrics
+from ..report.page import final_metrics, read_timeline
 from ..run.allocation import hangup_interrupts
 from ..run.spec import RunSpec
 from .record import SweepRecord, TrialRecord, TrialState
+from .report import write_sweep_report
 from .table import Live
 
 POLL_S = 1.0          # how often the sweep looks at its trials
+LOSS_EVERY_S = 10.0   # how often it reads the running trials' latest loss (a window's)
 STOP_WAIT_S = 120.0   # after Ctrl-C or `sweep stop`: how long each trial may take to end
 TRIAL_ENV = "SWEEP_TRIAL"   # SWEEP.tN, in every rank's environment, the same on resume:
                            # a script names its checkpoints by it (train/train.py does)
@@ -96,6 +98,7 @@ class Sweep:
         self.running: list[Running] = []
         self.live = Live(record, say)
         self.missing_metric: dict[int, list[str]] = {}   # trial -> the keys it printed
+        self.looked = 0.0   # when the running trials' losses were read last
 
     # -- the pass ----------------------------------------------------------------------------
     def run(self) -> int:
@@ -125,6 +128,7 @@ class Sweep:
                 record.state = "ended"
             record.save()
             self.live.draw()
+            write_sweep_report(record)
         self._say_missing_metric()
         if interrupted:
             return 130
@@ -192,6 +196,12 @@ class Sweep:
                     r.trial.nodes = _nodes_of(RunDir(self.record.runs_dir, r.trial.run_id))
                 continue
             self._ended(r)
+        if self.running and time.monotonic() - self.looked >= LOSS_EVERY_S:
+            self.looked = time.monotonic()
+            for r in self.running:
+                r.trial.loss = _latest_loss(RunDir(self.record.runs_dir, r.trial.run_id or ""))
+            self.record.save()
+            self.live.draw()   # on a terminal: the losses so far, the durations
 
     def _ended(self, r: Running) -> None:
         r.log.close()
@@ -212,13 +222,17 @@ class Sweep:
             trial.why = "" if trial.state == TrialState.SUCCEEDED else \
                 str(summary.get("error") or "")
             metrics = final_metrics(run, _nodes_of(run)) or {}
+            trial.loss = _latest_loss(run)
             value = metrics.get(self.record.metric)
+            if value is None and self.record.metric == "loss":   # its last beat's
+                value = trial.loss
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 trial.metric = float(value)
             elif trial.state == TrialState.SUCCEEDED:
                 self.missing_metric[trial.number] = sorted(metrics)
         self.record.save()
         self.live.changed(trial)
+        write_sweep_report(self.record)
 
     def _end_running(self) -> None:
         """The trials still running when the sweep ends (Ctrl-C, `sweep stop`, its own
@@ -256,6 +270,12 @@ def _nodes_of(run: RunDir) -> list[str]:
         return list(run.info().get("nodes") or [])
     except (OSError, ValueError, ClusterError):
         return []
+
+
+def _latest_loss(run: RunDir) -> float | None:
+    """The loss of RUN's latest window that had one (its beats' median), if any."""
+    losses = [p.loss for p in read_timeline(run) if p.loss is not None]
+    return losses[-1] if losses else None
 
 
 def _last_line(path: Path) -> str:

@@ -6,6 +6,7 @@ table is redrawn in place on a terminal, and elsewhere each change is a line of 
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 
 from .record import SweepRecord, TrialRecord, TrialState
@@ -13,14 +14,23 @@ from .record import SweepRecord, TrialRecord, TrialState
 CLEAR_UP = "\x1b[{n}F\x1b[J"   # up N lines to their start, and erase from there down
 
 
-def _duration(seconds: float | None) -> str:
+def duration_text(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
-def _metric(value: float | None) -> str:
+def metric_text(value: float | None) -> str:
     return "-" if value is None else f"{value:.6g}"
+
+
+def so_far(record: SweepRecord, trial: TrialRecord) -> str:
+    """The metric's cell: its value once the trial ended; while it runs, its latest loss
+    (its beats'), as `0.52 so far` when the metric is the loss, else `loss 0.52 so far`."""
+    if trial.state != TrialState.RUNNING or trial.loss is None:
+        return metric_text(trial.metric)
+    said = metric_text(trial.loss) + " so far"
+    return said if record.metric == "loss" else "loss " + said
 
 
 def table(record: SweepRecord, ranked: bool = False) -> list[str]:
@@ -28,11 +38,16 @@ def table(record: SweepRecord, ranked: bool = False) -> list[str]:
     flags = [flag for flag, _ in record.trials[0].values] if record.trials else []
     header = ["TRIAL", *flags, "NODES", "STATE", "DURATION", record.metric.upper()]
     rows = [[f"t{t.number}", *(v for _, v in t.values), ",".join(t.nodes) or "-",
-             t.state.value, _duration(t.duration), _metric(t.metric)]
+             t.state.value, duration_text(t.duration or _running_for(t)), so_far(record, t)]
             for t in (record.ranked() if ranked else record.trials)]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
             for r in [header, *rows]]
+
+
+def _running_for(trial: TrialRecord) -> float | None:
+    return time.time() - trial.started if trial.state == TrialState.RUNNING and \
+        trial.started else None
 
 
 def change_line(record: SweepRecord, trial: TrialRecord) -> str:
@@ -41,10 +56,10 @@ def change_line(record: SweepRecord, trial: TrialRecord) -> str:
     if trial.state == TrialState.RUNNING:
         where = f" on {','.join(trial.nodes)}" if trial.nodes else ""
         return f"t{trial.number} {params}: started{where} as run {trial.run_id}"
-    metric = f", {record.metric} {_metric(trial.metric)}" if trial.metric is not None else ""
+    metric = f", {record.metric} {metric_text(trial.metric)}" if trial.metric is not None else ""
     why = f": {trial.why}" if trial.why and trial.state != TrialState.SUCCEEDED else ""
     return (f"t{trial.number} {params}: {trial.state.value} after "
-            f"{_duration(trial.duration)}{metric}{why}")
+            f"{duration_text(trial.duration)}{metric}{why}")
 
 
 class Live:

@@ -3,6 +3,7 @@
     /                  the runs, newest first (what `runs` prints), refreshed every 5 s
     /runs/RUN/         a run's page (page.py), refreshed while the run runs
     /runs/RUN/FILE     a file of the run's record (its nodes' logs, as text)
+    /sweeps/SWEEP/     a sweep's page (sweep/report.py): its trials best first, its charts
     /nodes             the inventory's nodes: cordoned or not, which run holds each; on a
                        Slurm cluster, the queue
 
@@ -40,6 +41,8 @@ from ..errors import ClusterError
 from ..record.listing import listed
 from ..record.rundir import RUN_ID, RecordUnreadable, RunDir, list_runs
 from ..report.page import TEMPLATES, render_run
+from ..sweep.record import SWEEP_JSON, SweepRecord, TrialState, open_sweep
+from ..sweep.report import render_sweep
 
 DEFAULT_PORT = 8470
 REFRESH_S = 5       # a page that changes (the runs, a live run, the nodes) reloads so often
@@ -189,7 +192,36 @@ class UiServer:
     def index(self) -> str:
         rows = [listed(run, self.summary) for run in reversed(list_runs(self.runs_dir))]
         return TEMPLATES.get_template("index.html.j2").render(
-            runs=rows, runs_dir=str(self.runs_dir), refresh=REFRESH_S)
+            runs=rows, sweeps=self.sweeps(), runs_dir=str(self.runs_dir), refresh=REFRESH_S)
+
+    def sweeps(self) -> list[dict[str, str]]:
+        """The sweeps in the runs directory, newest first: a row each for the index."""
+        rows = []
+        for path in sorted(self.runs_dir.glob(f"*/{SWEEP_JSON}"), reverse=True):
+            record = self.sweep(path.parent.name)
+            if record is None:
+                continue
+            done = sum(t.state.done for t in record.trials)
+            best = record.ranked()[0] if record.trials else None
+            rows.append({"sweep_id": record.sweep_id, "state": record.state,
+                         "href": f"/sweeps/{quote(record.sweep_id)}/",
+                         "trials": f"{done} of {len(record.trials)} ended",
+                         "best": f"t{best.number} {' '.join(best.args)}: {record.metric} "
+                                 f"{best.metric:.6g}" if best and best.metric is not None
+                                 else "-"})
+        return rows
+
+    def sweep(self, sweep_id: str) -> SweepRecord | None:
+        """The sweep SWEEP_ID names (a run id's shape), if its record lies inside the runs
+        directory once every symlink is followed and reads as one."""
+        if not RUN_ID.match(sweep_id):
+            return None
+        try:
+            inside = (self.runs_dir / sweep_id / SWEEP_JSON).resolve(strict=True) \
+                .is_relative_to(self.root)
+            return open_sweep(self.runs_dir, sweep_id) if inside else None
+        except (OSError, RuntimeError, ValueError, KeyError, TypeError, ClusterError):
+            return None
 
     def holders(self) -> dict[str, list[dict[str, str]]]:
         """{node: the runs in the runs directory that have not ended and run on it}."""
@@ -347,6 +379,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.OK, self.ui.nodes(), html, extra)
             return
         parts = path.split("/")
+        if len(parts) >= 3 and parts[:2] == ["", "sweeps"]:
+            self._sweep(parts, raw, extra)
+            return
         run = self.ui.run_dir(parts[2]) if len(parts) >= 3 and parts[:2] == ["", "runs"] else None
         if run is None:
             self._send(HTTPStatus.NOT_FOUND, "not found\n")
@@ -364,6 +399,20 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.NOT_FOUND, "not found\n")
         else:
             self._send(HTTPStatus.OK, found.read_bytes(), _content_type(found), extra)
+
+    def _sweep(self, parts: list[str], raw: str, extra: dict[str, str]) -> None:
+        record = self.ui.sweep(parts[2])
+        if record is None or len(parts) > 4 or parts[3:] not in ([], [""]):
+            self._send(HTTPStatus.NOT_FOUND, "not found\n")
+        elif len(parts) == 3:   # its page is /sweeps/SWEEP/, as a run's
+            self._send(HTTPStatus.MOVED_PERMANENTLY, "",
+                       headers={**extra, "Location": raw + "/"})
+        else:
+            running = record.state == "running" or any(
+                t.state == TrialState.RUNNING for t in record.trials)
+            self._send(HTTPStatus.OK, render_sweep(record, REFRESH_S if running else None,
+                                                   served=True),
+                       "text/html; charset=utf-8", extra)
 
     def _send(self, status: HTTPStatus, content: str | bytes,
               kind: str = "text/plain; charset=utf-8",

@@ -18,7 +18,12 @@ parser.add_argument("--fail-width", type=int, default=None)
 args = parser.parse_args()
 
 dist.init_process_group(os.environ.get("CLUSTERTRAIN_BACKEND", "gloo"))
-time.sleep(args.seconds)
+steps = max(1, round(args.seconds / 0.25))
+for step in range(steps):   # a loss falling from the trial's own height, once a step
+    time.sleep(args.seconds / steps)
+    loss = (1 + args.width / 10) * (1 - step / (2 * steps))
+    print(f"##clustertrain beat step_s={args.seconds / steps:.3f} samples=8 step={step} "
+          f"loss={loss:.4f}", flush=True)
 if args.width == args.fail_width:
     print(f"width {args.width}: failing as asked", flush=True)
     sys.exit(3)

@@ -156,7 +156,7 @@ def test_a_sweep_whose_process_is_gone_is_settled_from_its_trials_runs(
     record = new_sweep(tmp_path, tmp_path / "s.yaml", SWEEP, SWEEP.expand(), 2)
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)
-    record.host, record.pid = socket.gethostname(), int(gone.stdout)
+    record.host, record.pid, record.state = socket.gethostname(), int(gone.stdout), "running"
     for t, n in zip(record.trials[:2], (1, 2), strict=True):
         t.state, t.run_id = TrialState.RUNNING, f"{record.sweep_id}.t{n}"
     ended = RunDir(tmp_path, f"{record.sweep_id}.t1")

@@ -21,6 +21,7 @@ import pytest
 
 from orchestrator.cli import main as cli_main
 from orchestrator.errors import ClusterError
+from orchestrator.sweep.record import TrialState
 from orchestrator.ui.server import UiServer, ask_cluster
 
 from ..report.recorded import write_run
@@ -111,6 +112,37 @@ def test_a_running_run_shows_running_and_its_page_refreshes(ui: UiServer) -> Non
     status, _, page = get(ui, f"/runs/{LIVE}/")
     assert status == 200 and '<meta http-equiv="refresh" content="5">' in page
     assert "node1/rank0 | epoch 1 step 39 loss 0.5" in page   # its logs' last lines
+
+
+def test_a_sweep_is_listed_and_its_page_links_its_trials_runs(tmp_path: Path) -> None:
+    from ..sweep.test_report import recorded_sweep
+
+    root = tmp_path / "runs"
+    root.mkdir()
+    record = recorded_sweep(root)
+    (tmp_path / "sweep.json").write_text("{}")   # beside the runs directory: never a sweep
+    for server in serve(root):
+        _, _, index = get(server, "/")
+        row = index[index.index(f'data-sweep="{record.sweep_id}"'):]
+        row = row[:row.index("</tr>")]
+        assert f'href="/sweeps/{record.sweep_id}/"' in row and "4 of 4 ended" in row
+        assert "t3 --lr 0.01 --width 4: test_loss 0.1" in row
+        status, _, page = get(server, f"/sweeps/{record.sweep_id}/")
+        assert status == 200 and f"sweep {record.sweep_id}" in page
+        assert f'href="/runs/{record.sweep_id}.t3/"' in page   # the server's links
+        assert 'http-equiv="refresh"' not in page              # it has ended
+        status, _, trial = get(server, f"/runs/{record.sweep_id}.t3/")
+        assert status == 200 and f"run {record.sweep_id}.t3" in trial
+        assert get(server, f"/sweeps/{record.sweep_id}")[1]["location"] == \
+            f"/sweeps/{record.sweep_id}/"
+        for path in (f"/sweeps/{record.sweep_id}/sweep.json", "/sweeps/../", "/sweeps/..",
+                     "/sweeps/%2e%2e/", "/sweeps/20990101-000000-ffffff/", "/sweeps/",
+                     f"/sweeps/{record.sweep_id}.t3/"):
+            assert get(server, path)[0] == 404, path
+        record.trials[0].state = TrialState.RUNNING
+        record.save()
+        assert '<meta http-equiv="refresh" content="5">' in get(
+            server, f"/sweeps/{record.sweep_id}/")[2]   # a trial runs: the page reloads
 
 
 def test_unknown_runs_and_paths_are_not_found(ui: UiServer) -> None:
