@@ -46,7 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     verbs = p.add_subparsers(dest="action", metavar="ACTION")
     for name, what in (("show", "its trials, best first by the metric"),
                        ("stop", "stop its running trials and start no more"),
-                       ("resume", "run again every trial that did not succeed")):
+                       ("resume", "run again every trial not succeeded (nor stopped early)")):
         v = verbs.add_parser(name, help=what, description=f"sweep {name} ID: {what}.")
         v.add_argument("sweep", metavar="ID", help="the sweep's id (printed first)")
         v.add_argument("--runs-dir", type=values.runs_dir, default=str(defaults.RUNS_DIR))
@@ -223,9 +223,10 @@ def _resume(args: argparse.Namespace) -> int:
                          + " has not ended (the sweep's process is gone, its trials' are "
                          "not): let it end, or stop it (python -m orchestrator stop RUN), "
                          "then resume")
-    again = [t for t in record.trials if t.state != TrialState.SUCCEEDED]
+    again = [t for t in record.trials if not t.state.finished]
     if not again:
-        print(f"sweep {record.sweep_id}: every trial succeeded; nothing to run")
+        print(f"sweep {record.sweep_id}: every trial succeeded (or was stopped early); "
+              "nothing to run")
         return 0
     base = from_sources(read_job_file(record.path / JOB, RunSpec))
     (record.path / STOP).unlink(missing_ok=True)

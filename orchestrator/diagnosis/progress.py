@@ -182,6 +182,7 @@ class Point:
     t: float                      # the window's start, wall-clock seconds
     nodes: dict[str, NodePoint]
     loss: float | None = None     # the median of the losses the ranks' beats said in it
+    step: int | None = None       # the highest step a rank's beats said in it (step=)
 
     def to_json(self) -> dict:
         return {"t": round(self.t, 3), "nodes": {
@@ -190,7 +191,8 @@ class Point:
                    if p.samples_per_s is not None else {}),
                 **({"wait_s": round(p.wait_s, 6)} if p.wait_s is not None else {}),
                 **({"slow": True} if p.slow else {})} for n, p in sorted(self.nodes.items())},
-            **({"loss": round(self.loss, 6)} if self.loss is not None else {})}
+            **({"loss": round(self.loss, 6)} if self.loss is not None else {}),
+            **({"step": self.step} if self.step is not None else {})}
 
     @classmethod
     def from_json(cls, raw: dict) -> Point:
@@ -200,8 +202,9 @@ class Point:
                                    bool(p.get("slow", False)),
                                    float(p["wait_s"]) if "wait_s" in p else None)
                  for n, p in raw["nodes"].items()}
-        loss = raw.get("loss")
-        return cls(float(raw["t"]), nodes, float(loss) if loss is not None else None)
+        loss, step = raw.get("loss"), raw.get("step")
+        return cls(float(raw["t"]), nodes, float(loss) if loss is not None else None,
+                   int(step) if step is not None else None)
 
 
 def point_of(t: float, beats: dict[tuple[str, int], list[Beat]],
@@ -225,7 +228,9 @@ def point_of(t: float, beats: dict[tuple[str, int], list[Beat]],
     losses = [b.loss for bs in beats.values() for b in bs if b.loss is not None]
     if not nodes and not losses:
         return None
-    return Point(t, nodes, statistics.median(losses) if losses else None)
+    reached = [b.step for bs in beats.values() for b in bs if b.step is not None]
+    return Point(t, nodes, statistics.median(losses) if losses else None,
+                 max(reached) if reached else None)
 
 
 class Progress:

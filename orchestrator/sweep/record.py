@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import InputError
 from ..record.rundir import RUN_ID, new_run_id, write_private
+from .early import EarlyStop
 from .spec import SweepSpec, Trial
 
 SWEEP_JSON = "sweep.json"
@@ -29,11 +30,17 @@ class TrialState(str, Enum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"          # its run failed (or hung, or was refused at the door)
     STOPPED = "stopped"        # stopped with the sweep (Ctrl-C, `sweep stop`) or by `stop`
+    EARLY = "stopped early"    # stopped by early_stop: worse than the others (early.py)
     NOT_RUN = "not run"        # the sweep ended before it started
 
     @property
     def done(self) -> bool:
         return self not in (TrialState.PENDING, TrialState.RUNNING)
+
+    @property
+    def finished(self) -> bool:
+        """Nothing left to run of it (`resume` runs the others again)."""
+        return self in (TrialState.SUCCEEDED, TrialState.EARLY)
 
 
 @dataclass
@@ -83,6 +90,7 @@ class SweepRecord:
     why: str = ""
     host: str = ""                          # where the sweep runs (runs, or ran last)
     pid: int = 0
+    early_stop: EarlyStop | None = None
 
     @property
     def path(self) -> Path:
@@ -98,6 +106,7 @@ class SweepRecord:
                 "goal": self.goal, "parallel": self.parallel,
                 "max_failures": self.max_failures, "created": self.created,
                 "state": self.state, "why": self.why, "host": self.host, "pid": self.pid,
+                "early_stop": asdict(self.early_stop) if self.early_stop else None,
                 "trials": [t.to_json() for t in self.trials]}
         write_private(self.path / SWEEP_JSON, json.dumps(data, indent=1) + "\n")
 
@@ -119,7 +128,8 @@ def new_sweep(runs_dir: Path, file: Path, sweep: SweepSpec, trials: list[Trial],
     """A new sweep's record, written: every trial pending."""
     record = SweepRecord(new_run_id(), runs_dir, str(file), sweep.metric, sweep.goal,
                          parallel, sweep.max_failures, time.time(),
-                         [TrialRecord(t.number, list(t.values)) for t in trials])
+                         [TrialRecord(t.number, list(t.values)) for t in trials],
+                         early_stop=sweep.early_stop)
     record.path.mkdir(parents=True, mode=0o700)
     record.save()
     return record
@@ -134,4 +144,6 @@ def open_sweep(runs_dir: Path, sweep_id: str) -> SweepRecord:
                          "pass --runs-dir where it was started")
     data = json.loads(path.read_text(encoding="utf-8"))
     trials = [TrialRecord.from_json(t) for t in data.pop("trials")]
-    return SweepRecord(runs_dir=runs_dir, trials=trials, **data)
+    early = data.pop("early_stop", None)
+    return SweepRecord(runs_dir=runs_dir, trials=trials,
+                       early_stop=EarlyStop(**early) if early else None, **data)

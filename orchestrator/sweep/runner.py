@@ -12,8 +12,9 @@ inventory's training nodes), as many trials at once as there are such nodes and
 
 The sweep ends when every trial has ended, when `max_failures` trials failed (the running
 ones end on their own; the rest are not run), on Ctrl-C or SIGTERM, or on `sweep stop`
-(its running trials are stopped; the rest are not run). `sweep resume` runs again every
-trial that did not succeed.
+(its running trials are stopped; the rest are not run). With `early_stop`, a running
+trial worse than the others at its step is stopped (early.py). `sweep resume` runs again
+every trial that neither succeeded nor was stopped early.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from ..record.rundir import RunDir, open_private
 from ..report.page import final_metrics, read_timeline
 from ..run.allocation import hangup_interrupts
 from ..run.spec import RunSpec
+from . import early
 from .record import SweepRecord, TrialRecord, TrialState
 from .report import write_sweep_report
 from .table import Live
@@ -99,6 +101,8 @@ class Sweep:
         self.live = Live(record, say)
         self.missing_metric: dict[int, list[str]] = {}   # trial -> the keys it printed
         self.looked = 0.0   # when the running trials' losses were read last
+        self.curves: dict[int, early.Curve] = {}   # each trial's (step, loss), as last read
+        self.early: dict[int, str] = {}   # the trials early_stop stopped: why
 
     # -- the pass ----------------------------------------------------------------------------
     def run(self) -> int:
@@ -108,6 +112,11 @@ class Sweep:
         record.state, record.why = "running", ""
         record.host, record.pid = socket.gethostname(), os.getpid()
         record.save()
+        if record.early_stop:   # resumed: the trials that ran before count as others
+            for t in record.trials:
+                if t.run_id and t.state.done:
+                    self.curves[t.number] = early.curve(
+                        read_timeline(RunDir(record.runs_dir, t.run_id)))
         self.live.begin()
         interrupted = False
         try:
@@ -132,7 +141,7 @@ class Sweep:
         self._say_missing_metric()
         if interrupted:
             return 130
-        return 0 if all(t.state == TrialState.SUCCEEDED for t in record.trials) else 1
+        return 0 if all(t.state.finished for t in record.trials) else 1
 
     def _loop(self) -> None:
         record = self.record
@@ -199,9 +208,32 @@ class Sweep:
         if self.running and time.monotonic() - self.looked >= LOSS_EVERY_S:
             self.looked = time.monotonic()
             for r in self.running:
-                r.trial.loss = _latest_loss(RunDir(self.record.runs_dir, r.trial.run_id or ""))
+                self._read(r.trial)
+            self._stop_early()
             self.record.save()
             self.live.draw()   # on a terminal: the losses so far, the durations
+
+    def _read(self, trial: TrialRecord) -> None:
+        """TRIAL's losses so far, from its run's timeline."""
+        points = read_timeline(RunDir(self.record.runs_dir, trial.run_id or ""))
+        losses = [p.loss for p in points if p.loss is not None]
+        trial.loss = losses[-1] if losses else None
+        self.curves[trial.number] = early.curve(points)
+
+    def _stop_early(self) -> None:
+        """early_stop: each running trial worse than the others at its step gets one
+        Ctrl-C (its run stops on every node) and ends as `stopped early`."""
+        rule = self.record.early_stop
+        if rule is None:
+            return
+        running = {r.trial.number: self.curves.get(r.trial.number, [])
+                   for r in self.running if r.trial.number not in self.early}
+        for number, why in early.judge(rule, running, self.curves).items():
+            self.early[number] = why
+            r = next(r for r in self.running if r.trial.number == number)
+            self.live.note(f"t{number}: {why}")
+            with contextlib.suppress(ProcessLookupError):
+                r.proc.send_signal(signal.SIGINT)
 
     def _ended(self, r: Running) -> None:
         r.log.close()
@@ -222,7 +254,7 @@ class Sweep:
             trial.why = "" if trial.state == TrialState.SUCCEEDED else \
                 str(summary.get("error") or "")
             metrics = final_metrics(run, _nodes_of(run)) or {}
-            trial.loss = _latest_loss(run)
+            self._read(trial)
             value = metrics.get(self.record.metric)
             if value is None and self.record.metric == "loss":   # its last beat's
                 value = trial.loss
@@ -230,6 +262,8 @@ class Sweep:
                 trial.metric = float(value)
             elif trial.state == TrialState.SUCCEEDED:
                 self.missing_metric[trial.number] = sorted(metrics)
+        if trial.number in self.early and trial.state != TrialState.SUCCEEDED:
+            trial.state, trial.why = TrialState.EARLY, self.early[trial.number]
         self.record.save()
         self.live.changed(trial)
         write_sweep_report(self.record)
@@ -270,12 +304,6 @@ def _nodes_of(run: RunDir) -> list[str]:
         return list(run.info().get("nodes") or [])
     except (OSError, ValueError, ClusterError):
         return []
-
-
-def _latest_loss(run: RunDir) -> float | None:
-    """The loss of RUN's latest window that had one (its beats' median), if any."""
-    losses = [p.loss for p in read_timeline(run) if p.loss is not None]
-    return losses[-1] if losses else None
 
 
 def _last_line(path: Path) -> str:

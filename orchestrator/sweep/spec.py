@@ -13,6 +13,7 @@ script's arguments.
       goal: minimize            # or maximize
       parallel: 6               # trials at once (default: as many as fit)
       max_failures: 3           # failed trials before the sweep stops
+      early_stop: {method: median, after: 200}   # early.py: a trial worse than the others
 
 A value wrong on its face is refused naming the file, its line and the fix, as `train -f`
 refuses a job file's.
@@ -33,6 +34,7 @@ import yaml
 from ..config.kinds import Flag, Kind, ListOf, Number, Record, Text, Whole, line
 from ..errors import InputError
 from ..run.spec import Given, RunSpec, read_job_file
+from .early import METHODS as EARLY_METHODS, MIN_TRIALS, EarlyStop
 
 SECTION = "sweep"
 METHODS = ("grid", "random")
@@ -96,6 +98,7 @@ class SweepSpec:
     seed: int = 0
     parallel: int | None = None     # None: as many as fit
     max_failures: int = MAX_FAILURES
+    early_stop: EarlyStop | None = None
 
     def expand(self) -> list[Trial]:
         """The trials, numbered from 1: a grid's every combination (the last parameter
@@ -113,6 +116,8 @@ class SweepSpec:
 # -- reading the section ----------------------------------------------------------------------
 VALUE = Text("a value", numbers=True)
 RANGE_KEYS = {"min": Number(), "max": Number(), "log": Flag(), "choice": ListOf(VALUE)}
+EARLY_KEYS = {"method": Text(), "after": Whole(), "min_trials": Whole()}
+EARLY_FORM = "{method: median, after: STEPS} (and min_trials: N, 3 by default)"
 PARAMETER_FORMS = ("a list of its values ([0.1, 0.01]), a range ({min: 1e-4, max: 0.1, "
                    "log: true}) or a choice ({choice: [adam, sgd]})")
 
@@ -177,7 +182,8 @@ class _Section(Kind):
     what = "a mapping (method, parameters, metric, ...)"
     keys: Mapping[str, Kind] = {
         "method": Text(), "parameters": _Parameters(), "metric": Text(), "goal": Text(),
-        "trials": Whole(), "seed": Whole(), "parallel": Whole(), "max_failures": Whole()}
+        "trials": Whole(), "seed": Whole(), "parallel": Whole(), "max_failures": Whole(),
+        "early_stop": Record(EARLY_KEYS, hint=f"early_stop takes {EARLY_FORM}")}
 
     def fits(self, node: yaml.Node) -> bool:
         return isinstance(node, yaml.MappingNode)
@@ -225,6 +231,8 @@ class _Section(Kind):
         if count > MAX_TRIALS:
             raise InputError(f"{at('parameters')}: {count} trials; a sweep runs at most "
                              f"{MAX_TRIALS}: fewer values, or method: random with trials")
+        early = _early_stop(got["early_stop"].value, at("early_stop")) \
+            if "early_stop" in got else None
         return SweepSpec(method=method, parameters=tuple(p for p, _ in parameters),
                          metric=got["metric"].value,
                          goal=goal.value if goal is not None else "minimize",
@@ -232,7 +240,17 @@ class _Section(Kind):
                          seed=got["seed"].value if "seed" in got else 0,
                          parallel=got["parallel"].value if "parallel" in got else None,
                          max_failures=got["max_failures"].value if "max_failures" in got
-                         else MAX_FAILURES)
+                         else MAX_FAILURES, early_stop=early)
+
+
+def _early_stop(given: dict[str, Any], where: str) -> EarlyStop:
+    if given.get("method") not in EARLY_METHODS or "after" not in given:
+        raise InputError(f"{where} must be {EARLY_FORM}"
+                         + (f", not method {given['method']!r}" if "method" in given and
+                            given["method"] not in EARLY_METHODS else ""))
+    if given["after"] < 0 or given.get("min_trials", MIN_TRIALS) < 1:
+        raise InputError(f"{where}: after must be at least 0 and min_trials at least 1")
+    return EarlyStop(after=given["after"], min_trials=given.get("min_trials", MIN_TRIALS))
 
 
 def read_sweep_file(path: Path) -> tuple[dict[str, Given], SweepSpec]:

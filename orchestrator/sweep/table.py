@@ -56,6 +56,8 @@ def change_line(record: SweepRecord, trial: TrialRecord) -> str:
     if trial.state == TrialState.RUNNING:
         where = f" on {','.join(trial.nodes)}" if trial.nodes else ""
         return f"t{trial.number} {params}: started{where} as run {trial.run_id}"
+    if trial.state == TrialState.EARLY:   # its why says so: "stopped early at step ..."
+        return f"t{trial.number} {params}: {trial.why} ({duration_text(trial.duration)} in)"
     metric = f", {record.metric} {metric_text(trial.metric)}" if trial.metric is not None else ""
     why = f": {trial.why}" if trial.why and trial.state != TrialState.SUCCEEDED else ""
     return (f"t{trial.number} {params}: {trial.state.value} after "

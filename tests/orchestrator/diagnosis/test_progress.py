@@ -174,3 +174,16 @@ def test_a_window_of_loss_only_beats_has_a_point_without_nodes() -> None:
     p.to_json()
     assert p.take_points() == [Point(0.0, {}, 0.7)]
 
+
+
+def test_a_window_keeps_the_highest_step_its_beats_said() -> None:
+    """A sweep's early stopping compares trials at the same step (sweep/early.py)."""
+    p = Progress(now=0.0, wall=0.0)
+    p.line("node0", 0, "##clustertrain beat loss=0.9 step=40", now=1.0)
+    p.line("node1", 1, "##clustertrain beat loss=0.7 step=42", now=2.0)
+    p.line("node0", 0, "##clustertrain beat loss=0.8", now=3.0)
+    p.to_json()
+    [point] = p.take_points()
+    assert (point.step, point.loss) == (42, 0.8)
+    assert Point.from_json(point.to_json()) == point
+    assert "step" not in Point(0.0, {}, 0.5).to_json()   # none said: none kept

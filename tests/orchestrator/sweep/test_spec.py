@@ -11,6 +11,7 @@ import pytest
 
 from orchestrator.errors import InputError
 from orchestrator.run.spec import from_sources
+from orchestrator.sweep.early import EarlyStop
 from orchestrator.sweep.spec import MAX_TRIALS, read_sweep_file
 
 JOB = """\
@@ -109,6 +110,17 @@ BAD = [
      "line 9: sweep.parallel must be at least 1, not 0"),
     ("method: grid\nparameters: {--lr: [0.1]}\nmetric: loss\nearly: yes\n",
      "line 9: unknown key 'early'"),
+    ("method: grid\nparameters: {--lr: [0.1]}\nmetric: loss\n"
+     "early_stop: {method: hyperband, after: 10}\n",
+     "line 9: sweep.early_stop must be {method: median, after: STEPS} (and min_trials: N, 3 "
+     "by default), not method 'hyperband'"),
+    ("method: grid\nparameters: {--lr: [0.1]}\nmetric: loss\nearly_stop: {method: median}\n",
+     "line 9: sweep.early_stop must be {method: median, after: STEPS}"),
+    ("method: grid\nparameters: {--lr: [0.1]}\nmetric: loss\n"
+     "early_stop: {method: median, after: 5, patience: 2}\n", "unknown key 'patience'"),
+    ("method: grid\nparameters: {--lr: [0.1]}\nmetric: loss\n"
+     "early_stop: {method: median, after: 5, min_trials: 0}\n",
+     "line 9: sweep.early_stop: after must be at least 0 and min_trials at least 1"),
     ("method: grid\nparameters: {--epochs: [1, 2]}\nmetric: loss\n",
      "line 4: args: --epochs is given there and swept: take it out of args"),
     ("method: random\ntrials: 5000\nparameters: {--lr: [0.1]}\nmetric: loss\n",
@@ -123,6 +135,19 @@ def test_a_bad_sweep_is_refused_naming_the_line_and_the_fix(tmp_path, section, s
         read_sweep_file(path)
     assert said in str(refused.value), str(refused.value)
     assert str(path) in str(refused.value)
+
+
+def test_early_stop_is_read_with_its_default_min_trials(tmp_path) -> None:
+    _, sweep = read_sweep_file(sweep_file(tmp_path, """\
+        method: grid
+        parameters: {--lr: [0.1, 0.01]}
+        metric: loss
+        early_stop: {method: median, after: 200}
+        """))
+    assert sweep.early_stop == EarlyStop(after=200, min_trials=3)
+    _, plain = read_sweep_file(sweep_file(tmp_path, "method: grid\nparameters: {--lr: [1]}\n"
+                                                    "metric: loss\n"))
+    assert plain.early_stop is None
 
 
 def test_a_grid_too_big_is_refused_with_its_count(tmp_path) -> None:
