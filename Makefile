@@ -131,10 +131,9 @@ bench: test-deps test-venv
 # stops it; the clusters are removed on every exit). Then the sandbox tests in two lanes,
 # each on a cluster of its own (a test file at a time, the files with a long test first),
 # and beside them, at nice 19, their output kept until those end: lint (CPU only, nothing
-# timed) beside the sandbox tests that make sandboxes of their own (marker own_sandbox),
-# then molecule's scenarios one at a time (they mostly wait on containers and SSH; in one
-# chain after lint, which gets little CPU at nice 19, they ended a minute after the lanes).
-# One lane took 40 minutes; two keep the two cores busy (1.7 of them on average, measured) for 25 to 29.
+# timed), the sandbox tests that make sandboxes of their own (marker own_sandbox), then
+# molecule's scenarios one at a time (they mostly wait on containers and SSH). One lane took
+# 40 minutes; two keep the two cores busy (1.7 of them on average, measured) for 25 to 29.
 # The sandbox tests run in the foreground: a command put in the background by a script
 # ignores SIGINT, and the tests send Ctrl-C to the trains they start. The failed tests are
 # named again at the very end.
@@ -161,15 +160,11 @@ test: test-deps test-venv
 	echo "the shared clusters were ready $$(( $$(date +%s) - started )) s after they were begun"; \
 	[ "$$(cat $(SHARED).rc 2>/dev/null)" = 0 ] || exit 1; \
 	( while [ ! -e $(READY) ]; do [ -e $(READY).gone ] && exit 1; sleep 5; done; \
-	  begun=$$(date +%s); \
-	  took() { echo "$$1: exit $$2, $$(( $$(date +%s) - begun )) s into the sandbox tests"; }; \
-	  ( nice -n 19 $(MAKE) --no-print-directory lint; rc=$$?; took lint $$rc; exit $$rc ) \
-	    >.cache/molecule-logs/lint.log 2>&1 & lintp=$$!; \
+	  nice -n 19 $(MAKE) --no-print-directory lint; lint=$$?; \
 	  nice -n 19 $(BIN)/pytest -m own_sandbox -q -p no:cacheprovider \
-	    --basetemp=.cache/own-sandbox-tmp; own=$$?; took "own-sandbox tests" $$own; \
+	    --basetemp=.cache/own-sandbox-tmp; own=$$?; \
 	  nice -n 19 $(MAKE) --no-print-directory molecule-all MOLECULE_JOBS=1; \
-	  mol=$$?; took molecule $$mol; wait $$lintp; lint=$$?; cat .cache/molecule-logs/lint.log; \
-	  [ $$lint -eq 0 ] && [ $$own -eq 0 ] && [ $$mol -eq 0 ] \
+	  mol=$$?; [ $$lint -eq 0 ] && [ $$own -eq 0 ] && [ $$mol -eq 0 ] \
 	) >.cache/molecule-logs/all.log 2>&1 & \
 	molecule=$$!; \
 	CLUSTERTRAIN_TEST_SANDBOX=$$name-a,$$name-b CLUSTERTRAIN_TEST_READY_FILE=$(READY) \

@@ -158,3 +158,17 @@ def test_nobody_slow_is_measured_once() -> None:
     ranks = Ranks((83.0, 80.0, 70.0))
     assert job.steady_rate(ranks.measure, ranks.gather, again=ranks.said.append) == 70.0
     assert ranks.measured == 1 and ranks.said == []
+
+
+def test_a_links_best_reading_is_kept() -> None:
+    """A link measured again (it read slow): its best reading counts, and a reading that
+    failed never replaces one that did not."""
+    links: list[dict] = []
+    job.keep_best(links, {"src": 0, "dst": 1, "gbit_s": 13.1})
+    job.keep_best(links, {"src": 1, "dst": 0, "gbit_s": 27.0})
+    job.keep_best(links, {"src": 0, "dst": 1, "gbit_s": 26.5})
+    job.keep_best(links, {"src": 1, "dst": 0, "gbit_s": 0.0, "error": "timed out"})
+    assert links == [{"src": 0, "dst": 1, "gbit_s": 26.5}, {"src": 1, "dst": 0, "gbit_s": 27.0}]
+    job.keep_best(links, {"src": 0, "dst": 2, "gbit_s": 0.0, "error": "refused"})
+    job.keep_best(links, {"src": 0, "dst": 2, "gbit_s": 3.0})
+    assert links[2] == {"src": 0, "dst": 2, "gbit_s": 3.0}
