@@ -354,22 +354,12 @@ def say(rank: int, text: str) -> None:
         print(f"doctor: {text}", flush=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    import torch
-    import torch.distributed as dist
-
-    addresses = args.addresses.split(",")
-    node, local = int(os.environ["GROUP_RANK"]), int(os.environ["LOCAL_RANK"])
-    gpu = torch.cuda.is_available() and os.environ.get("CLUSTERTRAIN_BACKEND") == "nccl"
-    device = torch.device("cuda", local) if gpu else torch.device("cpu")
-    if gpu:
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if gpu else "gloo")
+def measure_links(args: argparse.Namespace, torch, dist, control,  # noqa: ANN001
+                  addresses: list[str], node: int, local: int) -> list[dict]:
+    """Every link, in rounds of disjoint pairs (one server per node, on its first rank),
+    then once more each link that read slow: the links this rank measured, each
+    direction's best reading (the others' ranks return theirs)."""
     rank = dist.get_rank()
-    control = dist.new_group(backend="gloo") if gpu else None  # barriers, objects
-
-    # links: one server per node, pairs in rounds
     server = port = None
     if local == 0:
         own = addresses[node]
@@ -408,6 +398,25 @@ def main(argv: list[str] | None = None) -> int:
     dist.barrier(group=control)
     if server is not None:
         server.close()
+    return links
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+    import torch.distributed as dist
+
+    addresses = args.addresses.split(",")
+    node, local = int(os.environ["GROUP_RANK"]), int(os.environ["LOCAL_RANK"])
+    gpu = torch.cuda.is_available() and os.environ.get("CLUSTERTRAIN_BACKEND") == "nccl"
+    device = torch.device("cuda", local) if gpu else torch.device("cpu")
+    if gpu:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if gpu else "gloo")
+    rank = dist.get_rank()
+    control = dist.new_group(backend="gloo") if gpu else None  # barriers, objects
+
+    links = measure_links(args, torch, dist, control, addresses, node, local)
 
     say(rank, "compute: matrix products on every rank")
 
