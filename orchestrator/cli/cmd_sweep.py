@@ -101,8 +101,7 @@ def _detach(record: SweepRecord) -> int:
         if open_sweep(record.runs_dir, record.sweep_id).pid == proc.pid:
             break
         time.sleep(0.2)
-    where = ("" if record.runs_dir == Path(defaults.RUNS_DIR).absolute()
-             else f" --runs-dir {record.runs_dir}")
+    where = _runs_dir_option(record)
     if proc.poll() not in (None, 0):
         tail = (record.path / LOG).read_text(encoding="utf-8", errors="replace")
         print(tail[-3000:], end="", file=sys.stderr)
@@ -127,20 +126,22 @@ def _absolute(spec: RunSpec) -> RunSpec:
 def _conclude(record: SweepRecord, code: int) -> int:
     for line in table(record, ranked=True):
         print(line)
-    counts: dict[str, int] = {}
-    for t in record.trials:
-        counts[t.state.value] = counts.get(t.state.value, 0) + 1
     best = record.ranked()[0] if record.trials else None
-    said = ", ".join(f"{n} {state}" for state, n in counts.items())
+    said = record.tally()
     print(f"sweep {record.sweep_id}: {record.state}"
           + (f" ({record.why})" if record.why else "") + f": {said}"
           + (f"; best t{best.number} ({' '.join(best.args)}): {record.metric} "
              f"{best.metric:.6g}" if best and best.metric is not None else "")
           + f"; python -m orchestrator sweep show {record.sweep_id}"
-          + ("" if record.runs_dir == Path(defaults.RUNS_DIR).absolute()
-             else f" --runs-dir {record.runs_dir}")
+          + _runs_dir_option(record)
           + f"; its report: {record.path / REPORT}", flush=True)
     return code
+
+
+def _runs_dir_option(record: SweepRecord) -> str:
+    """` --runs-dir DIR` for the commands a sweep's lines suggest, unless DIR is the default."""
+    return ("" if record.runs_dir == Path(defaults.RUNS_DIR).absolute()
+            else f" --runs-dir {record.runs_dir}")
 
 
 def _alive(record: SweepRecord) -> bool:

@@ -114,6 +114,13 @@ class SweepRecord:
     def stop_requested(self) -> bool:
         return (self.path / STOP).exists()
 
+    def tally(self) -> str:
+        """How many trials are in each state, in the order first met: `3 succeeded, 1 failed`."""
+        counts: dict[str, int] = {}
+        for t in self.trials:
+            counts[t.state.value] = counts.get(t.state.value, 0) + 1
+        return ", ".join(f"{n} {state}" for state, n in counts.items())
+
     def ranked(self) -> list[TrialRecord]:
         """The trials best first by the metric (the goal's way), those without it after,
         in their order."""

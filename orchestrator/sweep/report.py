@@ -65,13 +65,10 @@ def context(record: SweepRecord, served: bool) -> dict[str, Any]:
                      "why": t.why if t.state != TrialState.SUCCEEDED else ""})
     charts = [svg.scatter(f"{record.metric} against {flag}", flag, record.metric,
                           _dots(record, i, best)) for i, flag in enumerate(flags)]
-    counts: dict[str, int] = {}
-    for t in record.trials:
-        counts[t.state.value] = counts.get(t.state.value, 0) + 1
     return {"sweep_id": record.sweep_id, "state": record.state, "why": record.why,
             "file": record.file, "metric": record.metric, "goal": record.goal,
             "parallel": record.parallel, "flags": flags, "rows": rows,
-            "counts": ", ".join(f"{n} {s}" for s, n in counts.items()),
+            "counts": record.tally(),
             "best": {"trial": f"t{best.number}", "args": " ".join(best.args),
                      "metric": metric_text(best.metric)} if best else None,
             "charts": charts if any(t.metric is not None for t in record.trials) else [],
