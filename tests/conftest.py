@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import time
 import uuid
+from collections import defaultdict
 
 import pytest
 
@@ -12,6 +14,43 @@ from orchestrator.resources import project
 os.environ.setdefault("CONTAINERS_CONF", str(project().containers_conf))
 # On a machine shared with others' sandboxes: the names of those the tests make begin with it.
 NAME_PREFIX = os.environ.get("CLUSTERTRAIN_TEST_SANDBOX_PREFIX", "")
+
+
+class Lanes:
+    """When each of pytest-xdist's workers (make test's lanes) ended its last test, and what
+    it spent on its 15 longest test files: printed at the end, to balance the lanes by."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+        self.busy: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self.end: dict[str, float] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        lane = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", None)
+        if lane is None:
+            return
+        self.busy[lane][report.nodeid.split("::")[0]] += report.duration
+        self.end[lane] = time.monotonic() - self.start
+
+    def lines(self) -> list[str]:
+        out = []
+        for lane in sorted(self.busy):
+            files = sorted(self.busy[lane].items(), key=lambda kv: -kv[1])
+            out.append(f"lane {lane}: ended at {self.end[lane]:.0f} s, busy "
+                       f"{sum(self.busy[lane].values()):.0f} s in {len(files)} files")
+            out += [f"  {seconds:7.1f} s  {name}" for name, seconds in files[:15]]
+        return out
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if len(self.busy) > 1:
+            terminalreporter.write_sep("=", "the lanes")
+            for line in self.lines():
+                terminalreporter.write_line(line)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        config.pluginmanager.register(Lanes(), "clustertrain-lanes")
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -57,8 +57,8 @@ model = GPT2LMHeadModel(GPT2Config(vocab_size=128, n_positions=32, n_embd=32, n_
                                    n_head=2))
 training = TrainingArguments(output_dir=args.out, max_steps=args.steps,
                              per_device_train_batch_size=8, learning_rate=1e-3,
-                             save_strategy="steps", save_steps=10, save_total_limit=2,
-                             logging_steps=10, report_to=[], use_cpu=True,
+                             save_strategy="steps", save_steps=15, save_total_limit=2,
+                             logging_steps=15, report_to=[], use_cpu=True,
                              ddp_backend="gloo", disable_tqdm=True, dataloader_num_workers=0)
 last = get_last_checkpoint(args.out) if os.path.isdir(args.out) else None
 if last and int(os.environ.get("RANK", "0")) == 0:

@@ -114,6 +114,11 @@ def env_create(site: dict[str, Path],
     return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
 
 
+def bytecode(prefix: Path, package: str) -> list[Path]:
+    """The compiled modules of PACKAGE in the environment at PREFIX."""
+    return list(prefix.glob(f"lib/python*/site-packages/{package}/__pycache__/*.pyc"))
+
+
 def calls(site: dict[str, Path]) -> list[list[str]]:
     log = site["conda"] / "calls.log"
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
@@ -128,11 +133,17 @@ def test_a_users_conda_environment_is_made_once_and_put_back_when_it_drifts(
     prefix = state / "conda"
     assert calls(site) == [["env", "create", "--file", str(state / "environment.yml"),
                             "--prefix", str(prefix)]]
+    # Installed without bytecode (a user's own environment: faster, and Python keeps the
+    # bytecode of what is imported, the first time), which the first import then writes.
+    assert not bytecode(prefix, "tabulate")
     # The pip section is there, from the wheelhouse and as locked.
     have = subprocess.run([str(prefix / "bin" / "python"), "-c",
                            "import tabulate; print(tabulate.__version__)"],
-                          capture_output=True, text=True, check=True)
+                          capture_output=True, text=True, check=True, env={
+                              k: v for k, v in os.environ.items()
+                              if k != "PYTHONDONTWRITEBYTECODE"})
     assert have.stdout.strip() == "0.10.0"
+    assert bytecode(prefix, "tabulate")
     fingerprint = json.loads((state / "fingerprint.json").read_text())
     assert fingerprint["conda"]["numpy"] == "2.1=0"
     assert fingerprint["packages"]["tabulate"] == "0.10.0"
@@ -209,6 +220,8 @@ def test_the_clusters_conda_environment_is_a_state_per_file_and_the_old_one_stay
                             "--prefix", str(a / "conda")]]
     link = site["conda"] / "envs" / "tools"
     assert link.resolve() == a / "conda"
+    # Compiled at install: its users cannot write the bytecode of what they import.
+    assert bytecode(a / "conda", "tabulate")
     changed = site["tmp"] / "changed.yml"
     changed.write_text(ENV_FILE.replace("numpy=2.1", "numpy=2.2"))
     second = cluster_env(site, changed)
