@@ -89,15 +89,6 @@ def sandbox_name():
         cluster.down(name, log=lambda *_: None)
 
 
-def _say_ready(name: str) -> None:
-    """Write CLUSTERTRAIN_TEST_READY_FILE once the shared cluster is provisioned: make test
-    starts molecule's scenarios then, beside the tests (not beside the provisioning)."""
-    from pathlib import Path
-    ready = os.environ.get("CLUSTERTRAIN_TEST_READY_FILE")
-    if ready:
-        Path(ready).write_text(name + "\n")
-
-
 @pytest.fixture(scope="session")
 def sandbox_cluster():
     """The shared cluster (tests/shared_cluster.py), shared by the orchestrator's sandbox
@@ -132,7 +123,6 @@ def sandbox_cluster():
         reuse = lanes[int(worker.removeprefix("gw")) % len(lanes)]
         st = orchestrator("sandbox", "status", "--name", reuse, "--json")
         assert st.returncode == 0, st.stderr
-        _say_ready(reuse)
         yield cluster_of(json.loads(st.stdout))
         return
     name = f"{NAME_PREFIX}cl-{secrets.token_hex(3)}"
@@ -141,7 +131,6 @@ def sandbox_cluster():
                                    say=lambda line: print("\n" + line, file=sys.stderr))
     except shared_cluster.ProvisionFailed as exc:
         pytest.fail(f"the shared cluster {name} could not be made: {exc}")
-    _say_ready(name)
     try:
         yield cluster_of(info)
     finally:

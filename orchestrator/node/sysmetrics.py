@@ -70,8 +70,11 @@ def parse_meminfo(meminfo: str) -> tuple[int, int]:
     return found["MemTotal"], found["MemAvailable"]
 
 
-def tree_rss(table: dict[int, Proc], root: int, page: int) -> int:
-    """Bytes resident in ROOT and every process below it (TABLE: util.process_table)."""
+def tree_rss(table: dict[int, Proc], root: int, page: int) -> int | None:
+    """Bytes resident in ROOT and every process below it (TABLE: util.process_table); None
+    once ROOT has ended (gone, or a zombie not yet reaped)."""
+    if root not in table or table[root].state == "Z":
+        return None
     children: dict[int, list[int]] = {}
     for pid, proc in table.items():
         children.setdefault(proc.ppid, []).append(pid)
@@ -193,8 +196,13 @@ class Sampler:
                 pass
         return time.monotonic(), cpu, net
 
-    def sample(self) -> dict:
-        """One sample as the line's JSON; a field that cannot be read now is left out."""
+    def sample(self) -> dict | None:
+        """One sample as the line's JSON; a field that cannot be read now is left out. None
+        once the job has ended (its root gone or a zombie): the run's samples are of the
+        run."""
+        rss = tree_rss(process_table(), self.root_pid, self.page)
+        if rss is None:
+            return None
         (was, cpu0, net0), (now, cpu1, net1) = self._before, self._counters()
         self._before = (now, cpu1, net1)
         out: dict = {"t": round(time.time(), 3)}
@@ -204,7 +212,7 @@ class Sampler:
             out["mem_total"], out["mem_available"] = parse_meminfo(_read("/proc/meminfo"))
         except (OSError, ValueError):
             pass
-        out["job_rss"] = tree_rss(process_table(), self.root_pid, self.page)
+        out["job_rss"] = rss
         if net0 and net1 and now > was:
             out["net"] = {"iface": self.iface,
                           "rx_bps": round(max(0, net1[0] - net0[0]) / (now - was)),
@@ -307,12 +315,14 @@ def system_line(sample: dict) -> str:
 def keep_sampling(sampler: Sampler, lines: OutputLines, stop: threading.Event,
                   interval: float = SYSTEM_INTERVAL,
                   seen: Callable[[dict], None] = lambda sample: None) -> None:
-    """A sample every INTERVAL into the job's output (and to SEEN) until STOP; a sample
-    that fails is said once in the supervisor's log and the next one tried."""
+    """A sample every INTERVAL into the job's output (and to SEEN) until STOP or the job's
+    end; a sample that fails is said once in the supervisor's log and the next one tried."""
     said = False
     while not stop.wait(interval):
         try:
             sample = sampler.sample()
+            if sample is None:
+                return
             lines.append(system_line(sample))
             seen(sample)
         except Exception:  # noqa: BLE001 - metrics never end a run

@@ -203,8 +203,10 @@ def test_an_early_ctrl_c_is_an_interruption_not_a_traceback(place) -> None:
         time.sleep(delay)
         p.send_signal(signal.SIGINT)
         _, err = p.communicate(timeout=60)
-        if err.startswith("Fatal Python error: init_import_site"):
-            continue   # Python itself, importing `site` before any code of ours (under load)
+        if err.startswith("Fatal Python error: init_import_site") or (
+                "Traceback" in err and str(REPO / "orchestrator") not in err):
+            continue   # Python itself before our first line (importing `site`, or runpy
+            #            finding the module), as it can be under load: no code of ours
         assert "Traceback" not in err, (delay, err)
         if p.returncode == 130:
             assert err.strip() == "interrupted", err

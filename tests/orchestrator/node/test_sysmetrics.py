@@ -5,11 +5,14 @@ lines in the job's output, which are not the job's progress for the hang watch."
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -56,6 +59,10 @@ def test_the_jobs_memory_is_its_whole_process_tree() -> None:
     stats = {pid: util.Proc("S", ppid, pid, pages) for pid, ppid, pages in
              [(1, 0, 5), (10, 1, 100), (11, 10, 200), (12, 11, 300), (20, 1, 7000)]}
     assert sysmetrics.tree_rss(stats, 10, 4096) == 600 * 4096   # not its parent, not 20
+    # Once the job's root has ended: no figure, not a job holding 0 bytes.
+    assert sysmetrics.tree_rss(stats, 99, 4096) is None
+    stats[10] = util.Proc("Z", 1, 10, 0)
+    assert sysmetrics.tree_rss(stats, 10, 4096) is None
     # On this machine: a child holding 200 MB counts under this process, not beside it.
     page = os.sysconf("SC_PAGE_SIZE")
     alone = sysmetrics.tree_rss(util.process_table(), os.getpid(), page)
@@ -68,7 +75,7 @@ def test_the_jobs_memory_is_its_whole_process_tree() -> None:
     finally:
         child.kill()
         child.wait()
-    assert held - alone > 190 << 20
+    assert held is not None and alone is not None and held - alone > 190 << 20
 
 
 def test_the_cluster_interface_is_the_one_routing_the_nodes_address() -> None:
@@ -95,6 +102,7 @@ def test_a_sample_of_this_machine_without_and_with_gpus(monkeypatch: pytest.Monk
     sampler = sysmetrics.Sampler(os.getpid(), "127.0.0.1")
     time.sleep(0.3)
     sample = sampler.sample()
+    assert sample is not None   # (None: the job has ended)
     assert 0 <= sample["cpu_pct"] <= 100
     assert 0 < sample["mem_available"] < sample["mem_total"]
     assert sample["job_rss"] > 10 << 20        # this Python at least
@@ -103,6 +111,7 @@ def test_a_sample_of_this_machine_without_and_with_gpus(monkeypatch: pytest.Monk
     assert abs(sample["t"] - time.time()) < 5
     monkeypatch.setenv("PATH", f"{SMI_BIN}:/usr/bin:/bin")
     sample = sysmetrics.Sampler(os.getpid(), "127.0.0.1").sample()
+    assert sample is not None
     assert sample["gpus"] == [{"index": 0, "util_pct": 0.0, "mem_used": 1024 << 20,
                                "mem_total": 81559 << 20},
                               {"index": 1, "util_pct": 0.0, "mem_used": 512 << 20,
@@ -114,6 +123,7 @@ def test_a_sample_of_this_machine_without_and_with_gpus(monkeypatch: pytest.Monk
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
     assert sysmetrics.visible_gpus() == {1}
     sample = sysmetrics.Sampler(os.getpid(), "127.0.0.1").sample()
+    assert sample is not None
     assert [g["index"] for g in sample["gpus"]] == [1]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-8f6c")   # by UUID: every GPU
     assert sysmetrics.visible_gpus() is None
@@ -121,6 +131,35 @@ def test_a_sample_of_this_machine_without_and_with_gpus(monkeypatch: pytest.Monk
         assert sysmetrics.visible_gpus({"CUDA_VISIBLE_DEVICES": none}) == set()
     assert sysmetrics.visible_gpus({"CUDA_VISIBLE_DEVICES": "2,-1,3"}) == {2}   # as CUDA
     assert sysmetrics.visible_gpus({}) is None
+
+
+def test_sampling_ends_with_the_job_no_sample_after_it(tmp_path: Path) -> None:
+    """A sample taken once the job's root has exited (a zombie not yet reaped, or gone)
+    would say the job holds 0 bytes: none is taken, and the sampling ends."""
+    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    sampler = sysmetrics.Sampler(job.pid, "127.0.0.1")
+    lines: list[str] = []
+    out = SimpleNamespace(append=lines.append)
+    stop = threading.Event()
+    sampling = threading.Thread(target=sysmetrics.keep_sampling,
+                                args=(sampler, out, stop, 0.05), daemon=True)
+    try:
+        sampling.start()
+        deadline = time.monotonic() + 10
+        while not lines and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert lines and json.loads(lines[0].split(" ", 1)[1])["job_rss"] > 1 << 20
+        job.kill()
+        time.sleep(0.3)   # a zombie: killed, not yet reaped
+        assert sampler.sample() is None
+        sampling.join(timeout=5)
+        assert not sampling.is_alive()   # ended by itself, STOP never set
+    finally:
+        stop.set()
+        job.kill()
+        job.wait()
+    assert all(json.loads(line.split(" ", 1)[1])["job_rss"] > 1 << 20 for line in lines)
+    assert sampler.sample() is None   # reaped: gone
 
 
 def test_the_supervisors_lines_are_not_the_jobs_progress(tmp_path: Path) -> None:
