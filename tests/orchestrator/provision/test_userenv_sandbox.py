@@ -67,7 +67,7 @@ def frameworks(bob: Path, runs: Path, share: Path, name: str, prefix: str) -> No
                                f"{ckpt}/lightning", "--samples", "6144", "--epochs", e])
                 for e in ("2", "3")]
     launches += [("hf", ["hf_trainer_job.py", "--", "--out", f"{ckpt}/hf", "--steps", s])
-                 for s in ("30", "45")]
+                 for s in ("30", "60")]
     said = {}
     for n, (what, args) in enumerate(launches):
         out = orchestrator("train", "-i", str(bob), "--nodes", "3", "--python-env", "bobenv",
@@ -92,8 +92,8 @@ def frameworks(bob: Path, runs: Path, share: Path, name: str, prefix: str) -> No
     assert "epoch 2 starts" in resumed and "epoch 0 starts" not in resumed
     assert "trained to step 30" in said[("hf", 0)] and "resuming" not in said[("hf", 0)]
     assert "resuming from checkpoint-30" in said[("hf", 1)], said[("hf", 1)][-3000:]
-    assert "trained to step 45" in said[("hf", 1)]
-    assert share.joinpath("checkpoints", "bob", name, "hf", "checkpoint-45").is_dir()
+    assert "trained to step 60" in said[("hf", 1)]
+    assert share.joinpath("checkpoints", "bob", name, "hf", "checkpoint-60").is_dir()
 
 
 def listed(inventory: Path) -> list[dict]:
