@@ -25,10 +25,12 @@ script's: a rank that prints its own beats keeps them (the controller ignores th
 measured ones of that rank). Evaluation forwards (no grad, or the model in eval mode)
 are not steps, and the time around them is not counted.
 
-The cost: a clock read per forward, the reducer's figures computed every few iterations
-(torch's default is every 100th; here as often as the reads need them), and DDP's logging
-data read at most every READ_S. Standard
-library only until torch itself is imported by the script.
+The cost: most training forwards pass through four attribute checks and a counter (the
+"unclocked" ones, about 2 us); once in `rate` iterations (about every READ_S / 2) two
+forwards are clocked, and the meter sums the steps between them; the reducer computes its
+figures at those iterations (torch's default is every 100th), and DDP's logging data is
+read at most every READ_S. Standard library only until torch itself is imported by the
+script.
 """
 
 from __future__ import annotations
@@ -120,26 +122,29 @@ class StepMeter:
     by: str = "ddp"                   # what measured the steps (the beat's by=)
 
     def forward(self, training: bool, synced: bool, samples: Callable[[], int | None],
-                iterates: bool | None = None) -> None:
+                iterates: bool | None = None, unclocked: int = 0) -> None:
         """A forward of the model begins; TRAINING: with grad, in train mode; SYNCED: its
         backward will all-reduce (not under no_sync()); SAMPLES: its batch's size, asked
         for at most every READ_S (it rarely changes; asking costs microseconds);
         ITERATES: an iteration of the reducer (with grad and synced, in train mode or
-        not; by default TRAINING and SYNCED)."""
+        not; by default TRAINING and SYNCED); UNCLOCKED: the training forwards that
+        all-reduced since the last one the meter saw, and passed it by (at most what
+        `unclocked()` allowed): their steps are summed, not timed one by one."""
         now = self.now = self.clock()
         self.closed = None
-        self.iterations += (training and synced) if iterates is None else iterates
+        self.iterations += unclocked + ((training and synced) if iterates is None else iterates)
+        self.steps += unclocked
         if not training:
             self.started = None   # an evaluation: the time around it is not a step's
             return
         if self.started is not None:
-            wall = now - self.started
+            wall = now - self.started   # the step begun then, and the unclocked ones
             self.closed = (wall, self.syncing)
-            self.counted += 1
+            self.counted += 1 + unclocked
             self.steps += 1
             if self.syncing:
                 self.wall_synced += wall
-                self.synced_wall = wall
+                self.synced_wall = None if unclocked else wall
             else:
                 self.wall_local += wall
         self.started, self.syncing = now, synced
@@ -150,6 +155,16 @@ class StepMeter:
                 self.samples.append(size)
         if self.last_beat is None:
             self.last_beat = now
+
+    def unclocked(self) -> int:
+        """How many of the next forwards may pass the meter by (see forward()), when each
+        trains and all-reduces as this one: up to the next iteration whose figures the
+        reducer computes (a multiple of `rate`), which is clocked, and so is the one after
+        it, which pairs that iteration's wall time with its figures."""
+        if self.started is None or not self.syncing or self.rate < 2:
+            return 0
+        into = self.iterations % self.rate
+        return 0 if into == 0 else self.rate - into - 1
 
     def wants_reading(self) -> bool:
         """Whether to read the reducer's timers now: this forward logged the figures of
@@ -207,31 +222,54 @@ def say(line: str) -> None:
 
 
 def instrument(ddp_class: Any, meter: StepMeter, out: Callable[[str], None] = say) -> None:
-    """Wrap DDP_CLASS.forward so that METER sees every forward of the first model that
-    trains, and OUT gets its beats. Torch is the script's: imported by now (DDP_CLASS is
-    torch's), and not by this module, which runs in any Python."""
-    torch = sys.modules["torch"]
+    """Wrap DDP_CLASS.forward so that METER sees the forwards of the model that trains (the
+    first; once it is gone, the next), and OUT gets its beats. Torch is the script's:
+    imported by now (DDP_CLASS is torch's), and not by this module, which runs in any
+    Python.
 
+    Most forwards of a training loop take the short way: the model is the one timed, it
+    trains, grad is on and it all-reduces (as at the forward the meter saw last), and the
+    meter allowed as many to pass unclocked (StepMeter.unclocked); they cost a few checks.
+    Any other forward goes to the meter."""
+    grad_enabled = sys.modules["torch"].is_grad_enabled
     original = ddp_class.forward
-    tracked: list[weakref.ref] = []   # the model whose steps are timed (the first to train)
-    applied = [0]                     # the sample rate set on it
+    tracked: weakref.ref | None = None   # the model whose steps are timed
+    target: int | None = None            # its id() while it lives
+    left = allowed = applied = 0         # unclocked forwards left, allowed; the rate set
+
+    def gone(_: weakref.ref) -> None:   # the model was freed: time the next one that trains
+        nonlocal tracked, target, left, allowed, applied
+        tracked = target = None
+        left = allowed = applied = 0
+        meter.started = None
 
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        grad = torch.is_grad_enabled()
+        nonlocal left
+        if left and id(self) == target and self.training and grad_enabled() \
+                and self.require_backward_grad_sync:
+            left -= 1
+            return original(self, *args, **kwargs)
+        return clocked(self, args, kwargs)
+
+    def clocked(self: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        nonlocal tracked, target, left, allowed, applied
+        grad = grad_enabled()
         training = grad and bool(self.training)
-        if not tracked and training:
-            tracked.append(weakref.ref(self))
-        mine = bool(tracked) and tracked[0]() is self
-        if mine:
-            synced = bool(getattr(self, "require_backward_grad_sync", True))
-            meter.forward(training, synced, lambda: batch_size(args, kwargs), grad and synced)
-            if meter.rate != applied[0]:
-                applied[0] = meter.rate
-                rate = getattr(self, "_set_ddp_runtime_logging_sample_rate", None)
-                if rate is not None:
-                    rate(meter.rate)
+        if tracked is None and training and "require_backward_grad_sync" in vars(self):
+            tracked, target = weakref.ref(self, gone), id(self)
+        if id(self) != target:   # (target is None once the timed model is gone)
+            return original(self, *args, **kwargs)
+        synced = bool(self.require_backward_grad_sync)
+        meter.forward(training, synced, lambda: batch_size(args, kwargs), grad and synced,
+                      unclocked=allowed - left)
+        left = allowed = 0
+        if meter.rate != applied:
+            applied = meter.rate
+            rate = getattr(self, "_set_ddp_runtime_logging_sample_rate", None)
+            if rate is not None:
+                rate(meter.rate)
         result = original(self, *args, **kwargs)   # logs the last iteration's figures
-        if mine and training:
+        if training:
             if meter.wants_reading():
                 try:
                     meter.read(self._get_ddp_logging_data())
@@ -240,6 +278,8 @@ def instrument(ddp_class: Any, meter: StepMeter, out: Callable[[str], None] = sa
             line = meter.beat()
             if line is not None:
                 out(line)
+            if meter.rate == applied:   # a new rate applies from the next clocked forward
+                left = allowed = meter.unclocked()
         return result
 
     forward.__wrapped__ = original  # type: ignore[attr-defined]

@@ -8,6 +8,8 @@ import os
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -119,6 +121,113 @@ def test_gradient_accumulation_spreads_the_wait_over_the_steps_that_do_not_sync(
     assert beat.wait_s == pytest.approx(0.2 * 2 / 8)   # 2 synced forwards of 8 steps
 
 
+class Reducing:
+    """The part of DDP's surface that the wrapper touches, on the test's clock: a forward
+    that trains and all-reduces is an iteration of the reducer, whose figures say it
+    waited WAIT_S of each step (a stand-in for the class; real DDP ranks are below)."""
+
+    def __init__(self, wait_s: float = 0.0005) -> None:
+        self.training = True
+        self.require_backward_grad_sync = True
+        self.iteration = 0
+        self.rates: list[int] = []
+        self.wait_s = wait_s
+
+    def forward(self, x: object) -> object:
+        torch = sys.modules["torch"]
+        if self.training and torch.is_grad_enabled() and self.require_backward_grad_sync:
+            self.iteration += 1
+        return x
+
+    def _set_ddp_runtime_logging_sample_rate(self, rate: int) -> None:
+        self.rates.append(rate)
+
+    def _get_ddp_logging_data(self) -> dict:
+        return ddp_data(self.iteration - 1, comm_ms=self.wait_s * 1000)
+
+
+@dataclass
+class Counting(steptime.StepMeter):
+    seen: int = 0   # forwards the meter saw
+
+    def forward(self, training: bool, synced: bool, samples: Callable[[], int | None],
+                iterates: bool | None = None, unclocked: int = 0) -> None:
+        self.seen += 1
+        super().forward(training, synced, samples, iterates, unclocked)
+
+
+def timed_model(clock: Clock) -> tuple[type[Reducing], Counting, list[str]]:
+    pytest.importorskip("torch")
+
+    class Model(Reducing):
+        pass
+
+    meter, lines = Counting(clock=clock), list[str]()
+    steptime.instrument(Model, meter, out=lines.append)
+    return Model, meter, lines
+
+
+def test_most_forwards_pass_the_meter_by_and_their_steps_still_add_up() -> None:
+    """3000 training steps of 2 ms: after the first beat set the rate (50), the meter
+    sees about two forwards in 50, and the beats still count every step, at its time,
+    with the wait that the reducer's figures (read every 0.2 s) say."""
+    clock = Clock()
+    model_class, meter, lines = timed_model(clock)
+    model = model_class()
+    for _ in range(3000):
+        model.forward(1)
+        clock.now += 0.002
+    beats = [b for line in lines if (b := parse_beat(line)) is not None]
+    assert meter.rate == 50 and model.rates == [1, 50]
+    assert meter.seen < 600 + 2 * 2400 / 50 + 5, meter.seen
+    # A beat a second, or at the clocked forward after it (every 0.1 s: 50 steps).
+    steps = [b.step or 0 for b in beats]
+    gaps = [b - a for a, b in zip(steps, steps[1:], strict=False)]
+    assert steps[0] == 501 and all(500 <= gap <= 550 for gap in gaps), steps
+    model.training = False   # an evaluation is clocked: no step lost on the way
+    model.forward(1)
+    assert meter.steps == 2999   # the last step ends in the evaluation: not counted
+    late = beats[1:]
+    assert all(b.step_s == pytest.approx(0.0015) and b.wait_s == pytest.approx(0.0005)
+               for b in late), late
+
+
+def test_an_evaluation_amid_unclocked_steps_counts_them_without_their_time() -> None:
+    clock = Clock()
+    model_class, meter, lines = timed_model(clock)
+    model = model_class()
+    torch = sys.modules["torch"]
+    for i in range(2000):
+        if i == 1234:   # 5 s of evaluation: not a step's time
+            model.training = False
+            with torch.no_grad():
+                model.forward(1)
+            clock.now += 5
+            model.training = True
+        model.forward(1)
+        clock.now += 0.002
+    beats = [b for line in lines if (b := parse_beat(line)) is not None]
+    assert model.iteration == 2000 and meter.iterations == 2000
+    assert beats and all(b.step_s is not None and b.step_s < 0.002 for b in beats), beats
+    model.training = False
+    model.forward(1)
+    assert meter.steps == 1998   # all but the two steps that ended in an evaluation
+
+
+def test_the_next_model_is_timed_once_the_first_is_gone() -> None:
+    clock = Clock()
+    model_class, meter, lines = timed_model(clock)
+    for _ in range(2):   # one model per trial, as a search over settings makes them
+        model = model_class()
+        for _ in range(1000):
+            model.forward(1)
+            clock.now += 0.002
+        del model
+        clock.now += 10
+    steps = [b.step for line in lines if (b := parse_beat(line)) is not None]
+    assert len(steps) == 3 and steps[-1] is not None and steps[-1] > 1000, steps
+
+
 def test_the_batch_dimension_is_found_in_tensors_tuples_and_dicts() -> None:
     torch = pytest.importorskip("torch")
     x = torch.zeros(16, 3)
@@ -175,6 +284,23 @@ def test_a_plain_ddp_script_gets_step_times_and_the_slow_rank_shows(tmp_path: Pa
     assert own[1] > own[0] + 0.025, (own, beats)
     assert wait[0] > wait[1] + 0.025, (wait, beats)
     assert "rank 0 done" in outs[0]   # the script's own lines are as they were
+
+
+def test_a_fast_ddp_script_gets_every_step_counted_and_its_wait(tmp_path: Path) -> None:
+    """Steps of a millisecond or two: most forwards pass the meter by (the cost of
+    measuring); the beats still count every step and carry the reducer's wait."""
+    pytest.importorskip("torch")
+    outs = run_ranks(tmp_path, "--steps", "3000", "--width", "32", "--layers", "1")
+    for out in outs:
+        beats = [b for line in out.splitlines() if (b := parse_beat(line)) is not None]
+        assert len(beats) >= 2, out
+        assert all(b.samples == 64 and b.step_s for b in beats), beats
+        assert any(b.wait_s is not None for b in beats[1:]), beats
+        steps = [b.step or 0 for b in beats]
+        assert steps == sorted(steps) and steps[-1] < 3000, steps
+        # Beats a second apart count the steps between them: their step times say so.
+        for a, b in zip(beats, beats[1:], strict=False):
+            assert (b.step or 0) - (a.step or 0) > 0.5 / ((b.step_s or 1) + (b.wait_s or 0)), beats
 
 
 def test_an_fsdp_script_gets_step_times_of_its_outermost_model(tmp_path: Path) -> None:
