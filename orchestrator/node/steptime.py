@@ -104,7 +104,7 @@ class StepMeter:
     started: float | None = None      # the current step's training forward began
     syncing: bool = True              # the current step all-reduces its gradients
     steps: int = 0                    # every training step so far (the beat's step=)
-    closed: tuple[float, bool] | None = None   # the step just ended: its wall time, synced
+    closed: bool = False              # this forward ended a step
     counted: int = 0                  # steps summed since the last beat, and their wall
     wall_synced: float = 0.0          # time: of steps that all-reduced...
     wall_local: float = 0.0           # ...and of those that did not
@@ -131,7 +131,7 @@ class StepMeter:
         all-reduced since the last one the meter saw, and passed it by (at most what
         `unclocked()` allowed): their steps are summed, not timed one by one."""
         now = self.now = self.clock()
-        self.closed = None
+        self.closed = False
         self.iterations += unclocked + ((training and synced) if iterates is None else iterates)
         self.steps += unclocked
         if not training:
@@ -139,7 +139,7 @@ class StepMeter:
             return
         if self.started is not None:
             wall = now - self.started   # the step begun then, and the unclocked ones
-            self.closed = (wall, self.syncing)
+            self.closed = True
             self.counted += 1 + unclocked
             self.steps += 1
             if self.syncing:
@@ -169,7 +169,7 @@ class StepMeter:
     def wants_reading(self) -> bool:
         """Whether to read the reducer's timers now: this forward logged the figures of
         the last step that all-reduced."""
-        return self.closed is not None and self.syncing and self.synced_wall is not None \
+        return self.closed and self.syncing and self.synced_wall is not None \
             and (self.iterations - 1) % self.rate == 0 \
             and self.now - self.last_read >= self.read_s
 
@@ -233,7 +233,7 @@ def instrument(ddp_class: Any, meter: StepMeter, out: Callable[[str], None] = sa
     Any other forward goes to the meter."""
     grad_enabled = sys.modules["torch"].is_grad_enabled
     original = ddp_class.forward
-    tracked: weakref.ref | None = None   # the model whose steps are timed
+    tracked: weakref.ref | None = None   # the model timed (its callback says when it is gone)
     target: int | None = None            # its id() while it lives
     left = allowed = applied = 0         # unclocked forwards left, allowed; the rate set
 
@@ -255,7 +255,7 @@ def instrument(ddp_class: Any, meter: StepMeter, out: Callable[[str], None] = sa
         nonlocal tracked, target, left, allowed, applied
         grad = grad_enabled()
         training = grad and bool(self.training)
-        if tracked is None and training and "require_backward_grad_sync" in vars(self):
+        if target is None and training and "require_backward_grad_sync" in vars(self):
             tracked, target = weakref.ref(self, gone), id(self)
         if id(self) != target:   # (target is None once the timed model is gone)
             return original(self, *args, **kwargs)
