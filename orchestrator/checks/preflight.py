@@ -169,18 +169,39 @@ def _second_round(report: Report, rendezvous: Rendezvous) -> None:
         for f in again:  # an error is reported and the job refused
             r = answers[f.node.name]
             f.reach = r.value if r.error is None else {"error": str(r.error)}
-        _judge_reach(report, listener["port"])
     reached = sum(bool((f.reach or {}).get("connect", {}).get("ok")) for f in others)
+    strangers: list[dict[str, str]] = []
     if not (listener.get("self") or {}).get("ok") or reached < len(report.facts) - 1:
         try:
-            stop_listener(node0.node, report.clients[node0.node.name], listener["port"],
-                          rendezvous.nonce)
+            strangers = stop_listener(node0.node, report.clients[node0.node.name],
+                                       listener["port"], rendezvous)
         except (OSError, TimeoutError):
             pass  # it ends by itself (LISTEN_SECONDS and LISTEN_PER_NODE)
+    if addr:
+        _judge_reach(report, listener["port"], strangers)
 
 
-def _judge_reach(report: Report, port: int) -> None:
-    """Round 2: the same shared filesystem and node 0's master port, from every node."""
+def _strangers(report: Report, port: int, strangers: list[dict[str, str]]) -> str | None:
+    """Who connected to node 0's listener and could not prove the run's key, in words
+    (None: nobody); each named once."""
+    seen = {(s.get("addr"), s.get("said")): s for s in strangers}.values()
+    if not seen:
+        return None
+    who = "; ".join(f"from {s.get('addr')}, saying {s.get('said')!r}" for s in seen)
+    return (f"someone else connected to {report.facts[0].node.name}'s listener on port "
+            f"{port} ({who}) and could not prove the run's key: another user's process?")
+
+
+def _judge_reach(report: Report, port: int,
+                 stopped: list[dict[str, str]] | None = None) -> None:
+    """Round 2: the same shared filesystem and node 0's master port, from every node. A
+    node that could not connect while strangers were there (who connected to node 0's
+    listener without the run's key, as the nodes that got through or the listener's stop,
+    STOPPED, tell) is said to have met them, not a firewall."""
+    strangers = [s for f in report.facts[1:] for s in (f.reach or {}).get("strangers") or []]
+    strangers += stopped or []
+    met = _strangers(report, port, strangers)
+    failed = False
     node0 = report.facts[0]
     n0 = node0.node.name
     path = report.cluster.shared_path
@@ -204,13 +225,23 @@ def _judge_reach(report: Report, port: int) -> None:
                 f"{path}/checkpoints/ is not there ({token.get('error')}); mount the "
                 f"cluster's share at {path} on {name}")
         connect = f.reach.get("connect") or {}
-        if not connect.get("ok"):
+        failed = failed or not connect.get("ok")
+        if not connect.get("ok") and met:
+            first = strangers[0].get("addr")
+            report.problems.append(
+                f"{name} cannot connect to {n0}'s master port {port} at "
+                f"{report.master_addr}: {met} Run again; if it recurs, ask an admin who "
+                f"connects to {n0}:{port} from {first}")
+        elif not connect.get("ok"):
             report.problems.append(
                 f"{name} cannot connect to {n0}'s master port {port} at "
                 f"{report.master_addr}: {connect.get('error')}; open TCP port {port} on "
                 f"{n0} to the other nodes (the firewall role opens the cluster to itself: "
                 f"check for other rules, e.g. `nft list ruleset` on {n0}), or fix "
                 f"{n0}'s cluster_address if it is not {n0}'s")
+    if met and not failed:
+        report.warnings.append(f"{met} It was not counted: the run's own nodes all got "
+                               "through")
 
 
 SHARED_FIX = {

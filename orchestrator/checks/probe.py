@@ -14,6 +14,8 @@ port: a free one is claimed, and a short-lived listener is started on it.
 
 Round 2, every other node (`reach`): the shared path shows the token node 0 wrote there
 (the same filesystem), and node 0's master port answers from here (no firewall between).
+The listener counts a node only when it proves the run's key (Rendezvous), so no other
+user who connects to it can stop it or take a node's place; it names those who tried.
 The listener ends as soon as every node has connected: torchrun then binds the port.
 """
 
@@ -89,13 +91,17 @@ class NodeFacts:
 
 @dataclass(frozen=True)
 class Rendezvous:
-    """What node 0's listener expects: a nonce it greets with, how many connections, and
-    the token file it wrote on the share (read by the others)."""
+    """What node 0's listener expects: a nonce it greets with (public), how many
+    connections, the token file it wrote on the share (read by the others, and by anyone
+    who reads the share), and the run's key, which every node proves it holds to be counted
+    or to stop the listener (node/probe.py serve): it travels only in the requests' standard
+    input, never on a command line or the share, so no other user's process can."""
 
     nonce: str
     token_name: str
     token_value: str
     expect: int
+    key: str = field(default_factory=lambda: secrets.token_hex(32), repr=False)
 
     @classmethod
     def new(cls, nodes: int) -> Rendezvous:
@@ -145,12 +151,14 @@ def probe(node: NodeSpec, conn: ssh.Connection, *, shared: dict[str, Any],
                                "user_env": node.python_env, "node": node.name}
     if ahead is not None:   # round 2's check, at the end of round 1 (node/probe.py reach_ahead)
         request["reach"] = {"address": master_address, "port": ahead.port,
-                            "nonce": ahead.rendezvous.nonce, "timeout": CONNECT_TIMEOUT,
+                            "nonce": ahead.rendezvous.nonce, "key": ahead.rendezvous.key,
+                            "timeout": CONNECT_TIMEOUT,
                             "wait": REACH_AHEAD_WAIT,
                             "token": ahead.rendezvous.token(shared["path"])}
     if rendezvous is not None:
         spec["token"] = {"name": rendezvous.token_name, "value": rendezvous.token_value}
-        request["listen"] = {"nonce": rendezvous.nonce, "expect": rendezvous.expect,
+        request["listen"] = {"nonce": rendezvous.nonce, "key": rendezvous.key,
+                             "expect": rendezvous.expect,
                              "address": master_address, "timeout": CONNECT_TIMEOUT,
                              "seconds": LISTEN_SECONDS + LISTEN_PER_NODE * rendezvous.expect}
     result = nodelib.call(conn, node.python, "probe", timeout=150, stdin=json.dumps(request))
@@ -168,7 +176,7 @@ def reach(node: NodeSpec, conn: ssh.Connection, *, addr: str, port: int,
           rendezvous: Rendezvous, shared_path: str) -> dict[str, Any]:
     """Round 2 on a node other than node 0: does it see node 0's token on the shared path,
     and does node 0's listener on the master port answer it?"""
-    request = {"addr": addr, "port": port, "nonce": rendezvous.nonce,
+    request = {"addr": addr, "port": port, "nonce": rendezvous.nonce, "key": rendezvous.key,
                "timeout": CONNECT_TIMEOUT,
                "token": rendezvous.token(shared_path)}
     result = nodelib.call(conn, node.python, "reach", timeout=CONNECT_TIMEOUT * 3 + 30,
@@ -179,6 +187,14 @@ def reach(node: NodeSpec, conn: ssh.Connection, *, addr: str, port: int,
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def stop_listener(node: NodeSpec, conn: ssh.Connection, port: int, nonce: str) -> None:
-    """End node 0's listener now (when not every node connected to it)."""
-    nodelib.call(conn, node.python, "unlisten", str(port), nonce, timeout=30)
+def stop_listener(node: NodeSpec, conn: ssh.Connection, port: int,
+                  rendezvous: Rendezvous) -> list[dict[str, str]]:
+    """End node 0's listener now (when not every node connected to it), proving the run's
+    key (`reach` with "stop"); who connected to it without the key (node/probe.py serve)."""
+    request = {"stop": True, "port": port, "nonce": rendezvous.nonce, "key": rendezvous.key}
+    result = nodelib.call(conn, node.python, "reach", timeout=30, stdin=json.dumps(request))
+    try:
+        said = json.loads(result.stdout.strip().splitlines()[-1])
+        return list(said.get("strangers") or [])
+    except (ValueError, IndexError, AttributeError):
+        return []   # an older listener's, or none: it ends by itself

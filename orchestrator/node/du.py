@@ -13,7 +13,9 @@ kind, from where it lies on the share:
 
 A user reads what the share's modes let them: another user's private directory is listed
 as not read, with its owner, and its bytes count nowhere. An admin runs it as root (`du
---all`, through sudo) and sees everything. Hard links count once.
+--all`, through sudo) and sees everything. Hard links count once. The walk follows no
+link, not even one a user swaps in for a directory it has seen (health.walk); the paths it
+names are shown with what is not ASCII made visible.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 from .health import walk
 from .protocol import NODE_STATE_DIR
 from .space import space
+from .untrusted import visible
 from .util import owner_of, user_name
 
 KINDS = ("checkpoints", "run records", "data", "wheelhouses", "other")
@@ -50,7 +53,7 @@ def usage(share: str) -> dict[str, Any]:
     unread: list[dict[str, str]] = []
     root = os.path.realpath(share)
     for st, parts in walk(root, lambda path, why: unread.append(
-            {"path": path, "owner": owner_of(path), "why": why})):
+            {"path": visible(path, ascii_only=True), "owner": owner_of(path), "why": why})):
         mine = users.setdefault(user_name(st.st_uid), dict.fromkeys(KINDS, 0))
         mine[kind_of(parts)] += st.st_blocks * 512
     [free] = space({"share": root}) or [{}]

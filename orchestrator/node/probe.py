@@ -6,11 +6,13 @@ probe|reach|unlisten|release`), in the node's system python.
               environment changed since this user last checked it, see TORCH_CACHE),
               GPUs, who else uses this node (busy.py: live runs of any user, GPU
               processes), the shared path, names; on node 0 the master port (claimed
-              for the run) and a short-lived listener on it
+              for the run, in root's claims directory: claims_dir) and a short-lived
+              listener on it, which counts only nodes that prove the run's key (serve)
     reach     round 2, on every other node: node 0's token on the share, its listener
               (done at the end of round 1 where node 0 listens on the port asked for:
               reach_ahead; asked again only where it could not be)
-    unlisten  PORT NONCE: end node 0's listener now
+    unlisten  PORT NONCE: end node 0's listener now (the run's key on stdin; preflight
+              asks `reach` with "stop" instead, which answers who else connected)
     release   RUN: drop the run's claim on node 0's master port
 """
 
@@ -20,9 +22,11 @@ import errno
 import getpass
 import glob
 import hashlib
+import hmac
 import json
 import os
 import pwd
+import secrets
 import socket
 import stat
 import subprocess
@@ -439,27 +443,47 @@ def claim(port: int, run: str | None, leases: str = LEASE_DIR) -> bool:
     return False
 
 
+def has_acl(path: str) -> bool:
+    """Whether PATH carries a POSIX ACL (access or default), which its mode does not show."""
+    for name in ("system.posix_acl_access", "system.posix_acl_default"):
+        try:
+            if os.getxattr(path, name, follow_symlinks=False):
+                return True
+        except OSError:
+            continue   # ENODATA: none; ENOTSUP: the filesystem has none
+    return False
+
+
 def claims_dir(leases: str) -> str | None:
-    """Why LEASES cannot hold the claims of every user (None: it can). It must be a
-    directory like /tmp, sticky and writable by all; made so now when missing. One that
-    another user made otherwise (or a file, or a link in its place) is not used."""
+    """Why LEASES cannot hold the claims of every user (None: it can). It must be root's
+    (the common role makes it at boot: tmpfiles.d), like /tmp (sticky, writable by all)
+    and without an ACL: a directory another user made decides nothing for this one (its
+    maker could deny this user in an ACL while its mode reads 1777). Root makes it now
+    when missing; a user never does (it would be that user's)."""
+    if os.geteuid() == 0:
+        try:
+            os.mkdir(leases, 0o1777)
+            os.chmod(leases, 0o1777)    # made now, under the umask
+        except FileExistsError:
+            pass
+    fix = f"ask an admin to remove it (sudo rm -rf {leases}); site.yml makes it, root's, at boot"
     try:
-        os.mkdir(leases, 0o1777)
-    except FileExistsError:
-        pass
-    st = os.lstat(leases)
-    if (stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
-            and st.st_mode & 0o7777 != 0o1777):
-        os.chmod(leases, 0o1777)    # made now, under the umask
         st = os.lstat(leases)
-    if stat.S_ISDIR(st.st_mode) and st.st_mode & 0o7777 == 0o1777:
-        return None
-    what = ("a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory"
-            if not stat.S_ISDIR(st.st_mode) else f"mode {st.st_mode & 0o7777:04o}, not 1777")
+    except FileNotFoundError:
+        return f"{leases} does not exist: ask an admin to run site.yml (its common role " \
+            "makes it, root's, at boot)"
     owner = owner_name(st.st_uid)
-    return (f"{leases} is {what} (made by {owner}): ask "
-            f"{'an admin' if st.st_uid == 0 else owner + ' or an admin'} to remove it "
-            f"(sudo rm -rf {leases})")
+    if not stat.S_ISDIR(st.st_mode) or st.st_mode & 0o7777 != 0o1777:
+        what = ("a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory"
+                if not stat.S_ISDIR(st.st_mode) else f"mode {st.st_mode & 0o7777:04o}, not 1777")
+        return (f"{leases} is {what} (made by {owner}): ask "
+                f"{'an admin' if st.st_uid == 0 else owner + ' or an admin'} to remove it "
+                f"(sudo rm -rf {leases})")
+    if st.st_uid != 0:
+        return f"{leases} is not root's (made by {owner}): {fix}"
+    if has_acl(leases):
+        return f"{leases} carries an ACL (getfacl {leases}): {fix}"
+    return None
 
 
 def drop_expired(leases: str) -> None:
@@ -511,73 +535,135 @@ def resolve(names: list[str]) -> dict[str, str | None]:
 
 
 # --- node 0's listener on the master port -----------------------------------------------
+# Any user of node 0 may connect to the listener, so nothing it says is a secret: it greets
+# each connection with "clustertrain NONCE CHALLENGE" (the preflight's nonce, public: it
+# names the token file on the share; a fresh random challenge). A node of the run answers
+# "ok PROOF" (count me) or "stop PROOF" (end now), PROOF the HMAC-SHA256 of "WORD NONCE
+# CHALLENGE" under the run's key, which reaches the run's processes only on their standard
+# input (never a command line, an environment or the share): nobody else can make it, and
+# an answer overheard proves nothing to the next challenge. The listener replies "counted
+# STRANGERS": the connections it had that could not prove the key (JSON), which preflight
+# names instead of blaming the share or a firewall.
+
+GREETING = "clustertrain"
+ANSWER_WAIT = 2.0    # seconds the listener waits for a connection's answer
+MAX_STRANGERS = 4    # connections without the key that the listener names
+MAX_LINE = 4096
+
+
+def proof(key: str, word: str, nonce: str, challenge: str) -> str:
+    """WORD's proof, under the run's KEY, for the listener of NONCE that sent CHALLENGE."""
+    return hmac.new(key.encode(), f"{word} {nonce} {challenge}".encode(),
+                    hashlib.sha256).hexdigest()
+
+
+def read_line(conn: socket.socket) -> bytes:
+    """One line from CONN (without its end), or what came before it closed."""
+    said = b""
+    while b"\n" not in said and len(said) < MAX_LINE:
+        part = conn.recv(MAX_LINE)
+        if not part:
+            break
+        said += part
+    return said.partition(b"\n")[0]
+
+
+def hear(conn: socket.socket, peer: str, spec: dict, strangers: list[dict[str, str]]
+         ) -> str | None:
+    """Greet CONN and read its answer: "ok" or "stop" when it proved the run's key (SPEC's);
+    else None, and a connection that said something else, or held on without a word, is
+    added to STRANGERS (one that closes at once is another preflight's node, or a scan)."""
+    challenge = secrets.token_hex(16)
+    said, held = b"", False
+    try:
+        conn.settimeout(ANSWER_WAIT)
+        conn.sendall(f"{GREETING} {spec['nonce']} {challenge}\n".encode())
+        said = read_line(conn)
+    except OSError:
+        held = True
+    word, _, mac = said.decode("ascii", "replace").strip().partition(" ")
+    if word in ("ok", "stop") and hmac.compare_digest(
+            mac.encode(), proof(spec["key"], word, spec["nonce"], challenge).encode()):
+        return word
+    if (said or held) and len(strangers) < MAX_STRANGERS:
+        strangers.append({"addr": peer, "said": said[:40].decode("ascii", "replace")
+                          if said else "nothing, and held on"})
+    return None
+
 
 def serve(sock: socket.socket, spec: dict, token_path: str | None) -> None:
-    """Accept until SPEC's expected number of nodes connected (or its seconds ran out):
-    greet each with the nonce; the last one only after the listening socket is closed, so
-    the port is free when preflight ends. Then remove the token. A node counts when it
-    answers the greeting with "ok" (the nonce was the one it expected): another user's
-    preflight, whose nodes try the same port at once (round 2 ahead), closes without a
-    word and is not counted; when it came as the last one, the port is listened on again."""
+    """Accept until SPEC's expected number of nodes proved the run's key (hear()), one
+    proved a stop, or SPEC's seconds ran out; then remove the token. The listening socket
+    is closed before the last node is answered, so the port is free when preflight ends;
+    a node closes its end first, so no TIME_WAIT is left on this side of the port. Another
+    user's preflight, whose nodes try the same port at once (round 2 ahead), closes without
+    a word and is not counted; nor is anyone who cannot prove the key."""
     deadline, count = time.time() + spec["seconds"], 0
-    greeting = ("clustertrain %s\n" % spec["nonce"]).encode()
-    port = sock.getsockname()[1]
+    strangers: list[dict[str, str]] = []
     try:
         while count < spec["expect"] and time.time() < deadline:
             sock.settimeout(max(0.1, deadline - time.time()))
             try:
-                conn, _ = sock.accept()
+                conn, peer = sock.accept()
             except OSError:
                 break
-            last = count + 1 >= spec["expect"]
-            if last:
-                sock.close()
-            said = b""
-            try:  # the client closes first: no TIME_WAIT is left on this side of the port
-                conn.settimeout(2.0)
-                conn.sendall(greeting)
-                while True:
-                    part = conn.recv(64)
-                    if not part:
-                        break
-                    said += part
+            word = None
+            try:
+                word = hear(conn, peer[0], spec, strangers)
+                count += word == "ok"
+                if word == "stop" or count >= spec["expect"]:
+                    sock.close()
+                if word:
+                    conn.sendall(f"counted {json.dumps(strangers)}\n".encode())
+                    while conn.recv(64):
+                        pass
             except OSError:
                 pass
             finally:
                 conn.close()
-            if said.startswith(b"stop " + spec["nonce"].encode()):
+            if word == "stop":
                 break
-            if said.startswith(b"ok"):
-                count += 1
-            elif last:
-                try:
-                    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                    sock.bind(("0.0.0.0", port))
-                    sock.listen(128)
-                except OSError:
-                    break   # taken meanwhile: round 2 names the nodes that did not get in
     finally:
         sock.close()
-        if token_path:
-            try:
-                os.unlink(token_path)
-            except OSError:
-                pass
+        _unlink(token_path)
 
 
-def greeted(addr: str, port: int, nonce: str, timeout: float) -> tuple[bool, bytes]:
-    """Connect to the listener at ADDR:PORT; (it greeted with NONCE, what it said)."""
+def greeting(conn: socket.socket, nonce: str) -> tuple[bytes, str | None]:
+    """What the program at CONN's other end greeted with, and its challenge when it is the
+    listener of NONCE (None: another program, or another preflight's listener)."""
+    said = read_line(conn)
+    parts = said.decode("ascii", "replace").split()
+    return said, parts[2] if len(parts) == 3 and parts[:2] == [GREETING, nonce] else None
+
+
+def prove(conn: socket.socket, word: str, nonce: str, key: str,
+          challenge: str) -> list[dict[str, str]] | None:
+    """Answer the listener's CHALLENGE with WORD, proved with the run's KEY: the strangers
+    its reply names (None: it did not take the proof)."""
+    conn.sendall(f"{word} {proof(key, word, nonce, challenge)}\n".encode())
+    kind, _, rest = read_line(conn).decode("ascii", "replace").partition(" ")
+    if kind != "counted":
+        return None
+    try:
+        found = json.loads(rest)
+    except ValueError:
+        return []
+    return [s for s in found if isinstance(s, dict)] if isinstance(found, list) else []
+
+
+def greeted(addr: str, port: int, nonce: str, key: str, timeout: float
+            ) -> tuple[bool, bytes, list[dict[str, str]]]:
+    """Connect to the listener at ADDR:PORT: (it is NONCE's and counted this node, what it
+    said, the strangers it named)."""
     c = socket.create_connection((addr, port), timeout=timeout)
     try:
         c.settimeout(timeout)
-        said = c.recv(64)
-        ours = said.strip() == ("clustertrain " + nonce).encode()
-        if ours:   # counted by our listener; another's is left without a word
-            c.sendall(b"ok\n")
+        said, challenge = greeting(c, nonce)
+        # another's is left without a word
+        counted = prove(c, "ok", nonce, key, challenge) if challenge else None
     finally:
         c.close()
-    return ours, said
+    return counted is not None, said, counted or []
 
 
 def listen(port: int, spec: dict, token_path: str | None,
@@ -608,7 +694,7 @@ def listen(port: int, spec: dict, token_path: str | None,
     sock.close()
     if master_ip:
         try:
-            ok = greeted(master_ip, port, spec["nonce"], spec["timeout"])[0]
+            ok = greeted(master_ip, port, spec["nonce"], spec["key"], spec["timeout"])[0]
             info["self"] = {"ok": ok, "error": None if ok else "another program answers"}
         except OSError as exc:
             info["self"] = {"ok": False, "error": str(exc.strerror or exc)}
@@ -726,7 +812,7 @@ def reach_ahead(req: dict, addr: str | None) -> dict[str, Any] | None:
     listener greets (refused meanwhile), and read its token while the connection holds it
     there (the listener removes it once the last node has closed). None when node 0 did
     not listen there within REQ's wait (it chose another port, or failed): round 2 then
-    asks this node again. REQ: port, nonce, timeout, wait, token."""
+    asks this node again. REQ: port, nonce, key, timeout, wait, token."""
     if not addr:
         return None
     t0 = time.time()
@@ -750,12 +836,14 @@ def reach_ahead(req: dict, addr: str | None) -> dict[str, Any] | None:
     out: dict[str, Any] = {"addr": addr, "port": req["port"]}
     try:
         c.settimeout(req["timeout"])
-        said = c.recv(64)
-        if said.strip() != ("clustertrain " + req["nonce"]).encode():
+        challenge = greeting(c, req["nonce"])[1]
+        if not challenge:
             return None   # another program holds the port: node 0 chose another
         out["token"] = read_token(req["token"])
-        c.sendall(b"ok\n")
-        out["connect"] = {"ok": True, "error": None}
+        strangers = prove(c, "ok", req["nonce"], req["key"], challenge)
+        out["connect"] = {"ok": strangers is not None, "error": None if strangers is not None
+                          else "node 0's listener did not take the run's key"}
+        out["strangers"] = strangers or []
     except OSError as exc:   # node 0's listener counted this connection: no second try
         out["connect"] = {"ok": False, "error": exc.strerror or str(exc)}
     finally:
@@ -765,14 +853,18 @@ def reach_ahead(req: dict, addr: str | None) -> dict[str, Any] | None:
 
 
 def reach(req: dict) -> dict[str, Any]:
-    """Round 2 (see the module's docstring). REQ: addr, port, nonce, timeout, token."""
+    """Round 2 (see the module's docstring). REQ: addr, port, nonce, key, timeout, token;
+    with "stop" (on node 0), end its listener instead (stop_listener)."""
+    if req.get("stop"):
+        return stop_listener(req["port"], req["nonce"], req["key"])
     out: dict[str, Any] = {}
     tok = req.get("token")
     if tok:  # before connecting: the listener removes the token once all nodes connected
         out["token"] = read_token(tok)
     t0 = time.time()
     try:
-        ok, said = greeted(req["addr"], req["port"], req["nonce"], req["timeout"])
+        ok, said, out["strangers"] = greeted(req["addr"], req["port"], req["nonce"],
+                                             req["key"], req["timeout"])
         out["connect"] = {"ok": ok, "error": None if ok else
                           "another program answers there (%r)" % said[:40]}
     except socket.timeout:  # noqa: UP041 - not TimeoutError before Python 3.10
@@ -784,21 +876,34 @@ def reach(req: dict) -> dict[str, Any]:
     return out
 
 
-def stop_listener(port: int, nonce: str) -> None:
-    """End node 0's listener on PORT now, if it is the one greeting with NONCE."""
+def stop_listener(port: int, nonce: str, key: str | None = None) -> dict[str, Any]:
+    """End node 0's listener on PORT now, if it is NONCE's, proving the run's KEY (None:
+    read from standard input, {"key": KEY}, as `node.py unlisten PORT NONCE` gets it:
+    never on a command line). {"stopped", "strangers": who connected without the key}."""
+    if key is None:
+        try:
+            key = str(json.load(sys.stdin)["key"])
+        except (ValueError, KeyError, TypeError):
+            return {"stopped": False, "strangers": []}
     try:
         s = socket.create_connection(("127.0.0.1", port), timeout=3)
-        s.settimeout(3)
-        if s.recv(64).strip() == ("clustertrain " + nonce).encode():
-            s.sendall(("stop " + nonce + "\n").encode())
-        s.close()
     except OSError:
-        pass
+        return {"stopped": False, "strangers": []}
+    try:
+        s.settimeout(3)
+        challenge = greeting(s, nonce)[1]
+        strangers = prove(s, "stop", nonce, key, challenge) if challenge else None
+    except OSError:
+        strangers = None
+    finally:
+        s.close()
+    return {"stopped": strangers is not None, "strangers": strangers or []}
 
 
 def release(run: str, leases: str = LEASE_DIR, once_bound: int | None = None,
             wait: float = BOUND_WAIT) -> None:
-    """Drop RUN's claims on master ports (a claim lapses by itself after LEASE_S); with
+    """Drop RUN's claims on master ports, this user's files (a claim lapses by itself
+    after LEASE_S); with
     ONCE_BOUND, first wait (at most WAIT seconds) until that port is bound."""
     deadline = time.monotonic() + wait
     ended = os.path.join(os.path.expanduser("~"), JOBS_DIR, run, EXIT_FILE)
@@ -806,7 +911,8 @@ def release(run: str, leases: str = LEASE_DIR, once_bound: int | None = None,
            and time.monotonic() < deadline):
         time.sleep(0.2)
     for name in glob.glob(os.path.join(leases, "*." + run)):
-        try:
-            os.unlink(name)
+        try:   # this user's own claims only: another's file named so is not RUN's claim
+            if os.lstat(name).st_uid == os.geteuid():
+                os.unlink(name)
         except OSError:
             pass

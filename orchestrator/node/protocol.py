@@ -18,10 +18,12 @@ LIB_SUBDIR = "lib"      # this package, one directory per version: lib/<version>
 ENVS_SUBDIR = "envs"    # a user's own environments: envs/NAME-KEY/, envs/NAME (the newest)
 ENVS_DIR = f"{NODE_STATE_DIR}/{ENVS_SUBDIR}"   # relative to the user's home
 # An environment's name (env create --name, train --python-env): also a file name there.
-ENV_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+ENV_NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"   # matched whole (fullmatch)
 LAST_USED = "last-used"  # in an environment's directory: touched when a run checks it
 JOBS_DIR = f"{NODE_STATE_DIR}/{JOBS_SUBDIR}"
-PORT_CLAIMS_DIR = "/tmp/clustertrain-ports"   # master-port claims on node 0, any user's
+# Master-port claims on node 0, any user's: a directory of root's like /tmp, made at boot
+# (roles/common tasks/ports.yml: common_port_claims_dir), where no user can make it first.
+PORT_CLAIMS_DIR = "/run/clustertrain-ports"
 
 # -- the files of a run's job directory (~/.clustertrain/jobs/<run>/) -----------------------
 OUTPUT_LOG = "output.log"          # torchrun's output (every rank's lines)

@@ -4,6 +4,11 @@ share (checkpoints/USER/.clustertrain/runs/RUN/NODE.json, each node's part as it
 supervisor wrote it: its user, when it started and ended, the GPUs it used, and the
 GPU-seconds those GPUs did nothing: sysmetrics.IdleGpus).
 
+A record counts for its file's owner, who must be the user whose directory it lies in
+(checkpoints/USER): one in another user's name (or in a directory of no user) is refused,
+and said with its owner. Every file there is read as untrusted (untrusted.py): no link
+followed, no pipe waited on, a bounded size, a bounded number per owner and directory.
+
 A part still running counts until its state's last writing (its supervisor rewrites it
 every few seconds). Only the time inside the window counts (SINCE to now). As for `du`,
 a user reads the records the share's modes let them (their own); an admin reads
@@ -12,17 +17,27 @@ everyone's as root (`usage --all`, through sudo).
 
 from __future__ import annotations
 
+import errno
 import glob
+import json
 import os
+import pwd
+import stat
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
+from . import untrusted
 from .protocol import NODE_STATE_DIR
 from .sysmetrics import visible_gpus
-from .util import owner_of, read_json
+from .untrusted import visible
+from .util import owner_of, user_name
 
 HOUR = 3600.0
 IDLE_HOURS = 1.0   # a run (or notebook) whose GPUs sat idle this many GPU-hours is listed
+MAX_RECORD = 1 << 20   # bytes: a node's state is a few KiB; a bigger file is no state
+MAX_RUNS = 20000       # runs read in one user's records, per owner (the newest)
+MAX_FILES = 1024       # files read in one run's directory, per owner (the newest)
 
 
 def gpus_used(argv: list[str], environ: dict[str, str] | os._Environ[str] = os.environ,
@@ -67,64 +82,118 @@ def part(state: dict[str, Any], since: float, now: float
     return seconds, gpu_seconds, idle_seconds
 
 
+@dataclass
+class Found:
+    """What a reading of the records found: the runs counted, the places it could not
+    read, and the records it refused (each {"path", "owner", "why"})."""
+
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    unread: list[dict[str, str]] = field(default_factory=list)
+    refused: list[dict[str, str]] = field(default_factory=list)
+
+    def refuse(self, path: str, uid: int | None, why: str) -> None:
+        self.refused.append({"path": visible(path, ascii_only=True),
+                             "owner": "?" if uid is None else user_name(uid), "why": why})
+
+
 def usage(share: str, since: float = 0.0, now: float | None = None) -> dict[str, Any]:
     """{"since", "runs": [{"run", "user", "nodes", "start", "end", "node_hours",
     "gpu_hours", "idle_gpu_hours"}], "users": {user: {"runs", "node_hours", "gpu_hours",
     "idle_gpu_hours"}}, "idle": [the runs with IDLE_HOURS idle GPU-hours or more],
-    "unread": [{"path", "owner", "why"}]}: the records of every user this process may
-    read."""
+    "unread": [{"path", "owner", "why"}], "refused": [the same: records not counted]}:
+    the records of every user this process may read. Each record counts for its file's
+    owner, who must be the user whose directory it lies in; names from the share are
+    shown with what is not ASCII made visible (a Cyrillic "а" is not an "a")."""
     now = time.time() if now is None else now
-    runs: list[dict[str, Any]] = []
-    unread: list[dict[str, str]] = []
+    found = Found()
     top = os.path.join(share, "checkpoints")
     try:
-        users = sorted(os.listdir(top))
+        users = untrusted.entries(top)
     except OSError as exc:
-        return {"since": since, "runs": [], "users": {}, "unread": [
-            {"path": top, "owner": "?", "why": exc.strerror or str(exc)}]}
-    for user in users:
-        records = os.path.join(top, user, NODE_STATE_DIR, "runs")
-        try:
-            ids = sorted(os.listdir(records))
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            mine = os.path.join(top, user)
-            unread.append({"path": mine, "owner": owner_of(mine),
-                           "why": exc.strerror or str(exc)})
-            continue
-        for run_id in ids:
-            found = _run(os.path.join(records, run_id), run_id, user, since, now)
-            if found is not None:
-                runs.append(found)
+        return {"since": since, "runs": [], "users": {}, "idle": [], "refused": [],
+                "unread": [{"path": top, "owner": "?", "why": exc.strerror or str(exc)}]}
+    for entry in sorted(users, key=lambda e: e.name):
+        if stat.S_ISDIR(entry.info.st_mode):
+            _user(top, entry.name, since, now, found)
     totals: dict[str, dict[str, Any]] = {}
     hours = ("node_hours", "gpu_hours", "idle_gpu_hours")
-    for r in runs:
+    for r in found.runs:
         t = totals.setdefault(r["user"], {"runs": 0, **dict.fromkeys(hours, 0.0)})
         t["runs"] += 1
         for key in hours:
             t[key] += r[key]
-    return {"since": since, "runs": runs,
+    return {"since": since, "runs": found.runs,
             "users": {u: {**t, **{k: round(t[k], 3) for k in hours}}
                       for u, t in sorted(totals.items())},
-            "idle": [r for r in runs if r["idle_gpu_hours"] >= IDLE_HOURS],
-            "unread": unread}
+            "idle": [r for r in found.runs if r["idle_gpu_hours"] >= IDLE_HOURS],
+            "unread": found.unread, "refused": found.refused}
 
 
-def _run(path: str, run_id: str, user: str, since: float,
-         now: float) -> dict[str, Any] | None:
+def _user(top: str, user: str, since: float, now: float, found: Found) -> None:
+    """The runs in USER's records (TOP/USER/.clustertrain/runs), into FOUND: the newest
+    MAX_RUNS of each owner there, nothing followed through a link."""
+    try:
+        uid: int | None = pwd.getpwnam(user).pw_uid
+    except KeyError:
+        uid = None   # no such user: every record there is refused, as another's
+    try:
+        fd = untrusted.open_below(top, (user, NODE_STATE_DIR, "runs"))
+    except untrusted.NotRead as exc:
+        if exc.errno == errno.ENOENT:
+            return
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            mine = os.path.join(top, user)
+            found.unread.append({"path": visible(mine, ascii_only=True),
+                                 "owner": owner_of(mine), "why": os.strerror(exc.errno)})
+        else:
+            found.refused.append({"path": visible(exc.path, ascii_only=True),
+                                  "owner": owner_of(exc.path), "why": exc.why})
+        return
+    where = os.path.join(top, user, NODE_STATE_DIR, "runs")
+    try:
+        runs = untrusted.listing(fd, MAX_RUNS)
+        _beyond(found, where, runs, "runs", MAX_RUNS)
+        for run in runs.kept:
+            if stat.S_ISDIR(run.info.st_mode):
+                one = _run(fd, where, run, Owner(user, uid), since, now, found)
+                if one is not None:
+                    found.runs.append(one)
+    except OSError as exc:
+        found.unread.append({"path": visible(where, ascii_only=True),
+                             "owner": owner_of(where), "why": exc.strerror or str(exc)})
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The user whose directory records lie in, and that user's uid (None: none here)."""
+
+    name: str
+    uid: int | None
+
+
+def _beyond(found: Found, where: str, listed: untrusted.Listing, what: str,
+            limit: int) -> None:
+    """Into FOUND: each owner's entries of WHERE beyond the LIMIT read, counted."""
+    for uid, n in listed.beyond.items():
+        found.refuse(where, uid if isinstance(uid, int) else None,
+                     f"{n} more {what} of this owner not read: at most the newest {limit} are")
+
+
+def _run(runs_fd: int, where: str, run: untrusted.Entry, owner: Owner, since: float,
+         now: float, found: Found) -> dict[str, Any] | None:
     """One run's use inside the window, from its nodes' state files; None if none of its
-    time falls inside it."""
+    time falls inside it. A file whose owner is not OWNER is refused."""
+    path = os.path.join(where, run.name)
+    states = _states(runs_fd, path, run, owner, found)
     nodes, seconds, gpu_seconds, idle_seconds = [], 0.0, 0.0, 0.0
     starts, ends = [], []
-    for file in sorted(glob.glob(os.path.join(path, "*.json"))):
-        state = read_json(file)
-        if not isinstance(state, dict) or "node" not in state:
-            continue   # not a node's state (a recovery plan, a decision)
+    for state in states:
         counted = part(state, since, now)
         if counted is None:
             continue
-        nodes.append(str(state["node"]))
+        nodes.append(visible(str(state["node"]), ascii_only=True))
         seconds += counted[0]
         gpu_seconds += counted[1]
         idle_seconds += counted[2]
@@ -133,8 +202,46 @@ def _run(path: str, run_id: str, user: str, since: float,
     if not nodes or seconds <= 0:
         return None
     ended = [float(e) for e in ends if isinstance(e, (int, float))]
-    return {"run": run_id, "user": user, "nodes": nodes, "start": min(starts),
-            "end": max(ended) if len(ended) == len(ends) else None,
+    return {"run": visible(run.name, ascii_only=True), "user": owner.name, "nodes": nodes,
+            "start": min(starts), "end": max(ended) if len(ended) == len(ends) else None,
             "node_hours": round(seconds / HOUR, 4), "gpu_hours": round(gpu_seconds / HOUR, 4),
             "idle_gpu_hours": round(idle_seconds / HOUR, 4)}
 
+
+def _states(runs_fd: int, path: str, run: untrusted.Entry, owner: Owner,
+            found: Found) -> list[dict[str, Any]]:
+    """The nodes' states in the run's directory PATH that OWNER wrote (the others refused,
+    into FOUND): files that are not a node's state (a recovery plan, a decision) left out."""
+    try:
+        fd = untrusted.open_dir(run.name, runs_fd, seen=run.info)
+    except untrusted.NotRead as exc:
+        found.refuse(path, exc.uid, exc.why)
+        return []
+    states = []
+    try:
+        files = untrusted.listing(fd, MAX_FILES, lambda n: n.endswith(".json"))
+        _beyond(found, path, files, "files", MAX_FILES)
+        for file in files.kept:
+            at = os.path.join(path, file.name)
+            if file.info.st_uid != owner.uid:
+                found.refuse(at, file.info.st_uid, f"its owner is "
+                             f"{user_name(file.info.st_uid)}, not "
+                             f"{visible(owner.name, ascii_only=True)}, whose directory it "
+                             "lies in: not counted")
+                continue
+            try:
+                state = json.loads(untrusted.read_bytes(file.name, MAX_RECORD, owner.uid, fd))
+            except untrusted.NotRead as exc:
+                found.refuse(at, exc.uid if exc.uid is not None else file.info.st_uid,
+                             exc.why)
+                continue
+            except ValueError:
+                continue   # being written, or not a state
+            if isinstance(state, dict) and "node" in state:
+                states.append(state)
+    except OSError as exc:
+        found.unread.append({"path": visible(path, ascii_only=True), "owner": "?",
+                             "why": exc.strerror or str(exc)})
+    finally:
+        os.close(fd)
+    return states

@@ -75,6 +75,7 @@ if not __package__:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 cordon = importlib.import_module(".cordon", __package__) if __package__ else \
     importlib.import_module("cordon")
+untrusted = cordon.untrusted   # reading what users wrote (the slurm role's untrusted.py)
 
 CONFIG = "/etc/clustertrain/health.json"          # written by roles/health
 LIB_DIR = "/usr/local/lib/clustertrain"           # where roles/health installs this file
@@ -727,32 +728,48 @@ def _write_lines(path: str, lines: list[dict[str, Any]]) -> None:
 
 def walk(root: str, unread: Callable[[str, str], None] | None = None
          ) -> Iterator[tuple[os.stat_result, tuple[str, ...]]]:
-    """Every entry under ROOT (not following links; a file with hard links once), with the
-    parts of its path below ROOT. A directory that cannot be listed is passed to UNREAD
-    (its path, why) and skipped. node/du.py counts by it too."""
+    """Every entry under ROOT (lstat'ed; a file with hard links once), with the parts of its
+    path below ROOT. A directory is entered only as what was seen of it: opened without
+    following a link, and only while it is the directory lstat saw (a user who swaps his
+    directory for a link once it was seen does not lead the walk elsewhere); each once. One
+    that cannot be listed is passed to UNREAD (its path, why) and skipped. node/du.py
+    counts by it too."""
     seen: set[tuple[int, int]] = set()
-    stack: list[tuple[str, tuple[str, ...]]] = [(root, ())]
+    stack: list[tuple[str, tuple[str, ...], os.stat_result | None]] = [(root, (), None)]
     while stack:
-        path, parts = stack.pop()
+        path, parts, was = stack.pop()
         try:
-            entries = list(os.scandir(path))
+            found = _listed(path, was)
+        except untrusted.NotRead as exc:
+            if unread:
+                unread(path, os.strerror(exc.errno) if exc.errno else exc.why)
+            continue
         except OSError as exc:
             if unread:
                 unread(path, exc.strerror or str(exc))
             continue
-        for entry in entries:
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue   # gone meanwhile
-            if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
+        for entry in found:
+            st = entry.info
+            if st.st_nlink > 1 or stat.S_ISDIR(st.st_mode):
                 if (st.st_dev, st.st_ino) in seen:
                     continue
                 seen.add((st.st_dev, st.st_ino))
             here = (*parts, entry.name)
             yield st, here
             if stat.S_ISDIR(st.st_mode):
-                stack.append((entry.path, here))
+                stack.append((os.path.join(path, entry.name), here, st))
+
+
+def _listed(path: str, was: os.stat_result | None) -> list[Any]:
+    """The entries of the directory PATH (untrusted.Entry, lstat'ed), opened without
+    following a link and, given WAS (its lstat when it was listed), only as that one."""
+    fd = untrusted.open_dir(path, seen=was) if was is not None else \
+        os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        found: list[Any] = untrusted.entries(fd)
+    finally:
+        os.close(fd)
+    return found
 
 
 def nearly_full(got: dict[str, Any], min_free_gb: float) -> bool:

@@ -27,6 +27,17 @@ the system's, never the content's:
   keeps its mtime;
 - its node is the name's NODE and the content's "node", which must agree (else refused).
 
+Any user may write any number of files there: a reader reads at most the newest PER_NODE
+events of each user for each node and PER_OWNER of each user in all (lstat'ed, not
+opened, beyond those), so that one user's flood costs every reader a bounded read, and
+says the rest in one line per user. Dropping a user's older events of a node changes
+nothing the rule decides: his newer events lift or keep his older cordons alike. A writer
+(record) removes his own events of the node beyond the newest PER_NODE (the sticky bit
+lets him: they are his), and is refused an event of a further node past PER_OWNER //
+PER_NODE nodes, so that readers read every event of an honest writer. Every
+file is read as untrusted (untrusted.py), and what another user wrote (a reason, a run, a
+file name) is shown with its control characters made visible.
+
 Who decides: each reader, from the files, by one rule. Any user may cordon any node (a user
 who finds a bad node keeps everyone's runs off it, as a run that loses a node does). A
 node is cordoned while any cordon of it holds; an uncordon lifts the cordons before it
@@ -51,7 +62,9 @@ library only, and no import of the package.
 
 from __future__ import annotations
 
+import errno
 import grp
+import importlib
 import json
 import os
 import pwd
@@ -65,11 +78,19 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+# Reading what other users wrote: the node package's module, or (run as a script, or as
+# root's copy beside the helper and the health check) the untrusted.py beside this file.
+untrusted = importlib.import_module(".untrusted", __package__) if __package__ else \
+    importlib.import_module("untrusted")
+
 CORDONS_SUBDIR = "cordons"   # under the share's root (nfs_server_subdirectories)
 CORDON, UNCORDON = "cordon", "uncordon"
 DEFAULT_ADMIN_GROUP = "sudo"  # roles/contract's cluster_admin_group
 SKEW = 300.0                 # seconds an event may lie in the future (clocks differ)
 MAX_EVENT = 64 * 1024        # bytes: a bigger file is no event
+PER_NODE = 3                 # events read of each user for each node: the newest
+PER_OWNER = 384              # events read of each user in all: the newest (record()
+                             # refuses a user events of more than PER_OWNER // PER_NODE nodes)
 NODE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 DRAIN_MARK = "clustertrain ("  # how the helper's drain reasons begin: "clustertrain (USER): "
 
@@ -141,9 +162,11 @@ class Event:
         return user_name(self.uid)
 
     def to_json(self) -> dict[str, Any]:
-        return {"node": self.node, "action": self.action, "why": self.why, "run": self.run,
-                "by": self.by, "uid": self.uid, "time": self.time, "since": iso(self.time),
-                "file": self.file}
+        """The event as shown to every user: what its author wrote made visible."""
+        return {"node": self.node, "action": self.action, "why": visible(self.why),
+                "run": None if self.run is None else visible(self.run), "by": self.by,
+                "uid": self.uid, "time": self.time, "since": iso(self.time),
+                "file": visible(self.file)}
 
 
 @dataclass(frozen=True)
@@ -155,7 +178,7 @@ class Ignored:
     why: str
 
     def to_json(self) -> dict[str, str]:
-        return {"file": self.file, "by": self.by, "why": self.why}
+        return {"file": visible(self.file), "by": self.by, "why": visible(self.why)}
 
 
 @dataclass
@@ -171,55 +194,67 @@ class NodeState:
         return " and ".join(dict.fromkeys(c.by for c in self.held))
 
 
+def visible(text: str) -> str:
+    """TEXT another user wrote, its control characters made visible (untrusted.visible)."""
+    shown: str = untrusted.visible(text)
+    return shown
+
+
+def node_of(name: str) -> str:
+    """The node a record's file NAME (NODE@TIME_NS@USER.json) is of."""
+    return name.rsplit("@", 2)[0]
+
+
 def read(share: str, node: str | None = None, now: float | None = None
          ) -> tuple[list[Event], list[Ignored]]:
-    """The events (of NODE) the record holds, oldest first, and the files refused. A
-    writer's temporary file (a leading dot) is neither."""
-    where = cordons_dir(share)
+    """The events (of NODE) the record holds, oldest first, and the files refused: of each
+    user the newest PER_NODE of each node and PER_OWNER in all (one Ignored per user
+    says the rest). A writer's temporary file (a leading dot) is neither."""
     try:
-        names = os.listdir(where)
+        fd = os.open(cordons_dir(share), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except (FileNotFoundError, NotADirectoryError):
         return [], []
-    stamp = time.time() if now is None else now
-    events: list[Event] = []
-    ignored: list[Ignored] = []
-    for name in sorted(names):
-        if not name.endswith(".json") or name.startswith("."):
-            continue
-        if node is not None and name.rsplit("@", 2)[0] != node:
-            continue
-        found = _read_one(where, name, stamp)
-        if isinstance(found, Event):
-            events.append(found)
-        else:
-            ignored.append(found)
+    try:
+        found = untrusted.entries(fd, lambda name: name.endswith(".json") and
+                                  not name.startswith(".") and
+                                  (node is None or node_of(name) == node))
+        per_node = untrusted.bounded(found, PER_NODE, lambda e: (e.info.st_uid, node_of(e.name)))
+        kept = untrusted.bounded(per_node.kept, PER_OWNER)
+        stamp = time.time() if now is None else now
+        events: list[Event] = []
+        ignored = [Ignored(f"{n} files", user_name(int(uid)), f"more events of this user: "
+                           f"only the newest {PER_OWNER} of each user are read")
+                   for uid, n in kept.beyond.items()]
+        for entry in kept.kept:
+            one = _read_one(fd, entry, stamp)
+            if isinstance(one, Event):
+                events.append(one)
+            elif one is not None:
+                ignored.append(one)
+    finally:
+        os.close(fd)
     return sorted(events, key=lambda e: (e.time, e.file)), ignored
 
 
-def _read_one(where: str, name: str, now: float) -> Event | Ignored:
-    """The file NAME of WHERE as an event, or why it is none. Opened without following a
-    link nor waiting on a pipe: a user's planted file must not hang or fool a reader."""
-    path = os.path.join(where, name)
+def _read_one(fd: int, entry: Any, now: float) -> Event | Ignored | None:
+    """The file ENTRY (untrusted.Entry) of the directory FD as an event, or why it is none
+    (None: gone meanwhile, removed by its writer). Opened without following a link nor
+    waiting on a pipe, of its lstat's owner: a user's planted file must not hang or fool a
+    reader."""
+    name, info = entry.name, entry.info
+    owner = user_name(info.st_uid)
+    if stat.S_ISLNK(info.st_mode):
+        return Ignored(name, owner, "cannot be read (a symbolic link: not followed)")
+    if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_EVENT:
+        return Ignored(name, owner, "not an event file")
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as exc:
-        try:
-            owner = user_name(os.lstat(path).st_uid)
-        except OSError:
-            owner = "?"
-        return Ignored(name, owner, f"cannot be read ({exc.strerror})")
-    try:
-        info = os.fstat(fd)
-        owner = user_name(info.st_uid)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_EVENT:
-            return Ignored(name, owner, "not an event file")
-        with os.fdopen(os.dup(fd), encoding="utf-8") as fh:
-            content = json.load(fh)
-    except (OSError, ValueError):
+        found = untrusted.read(name, MAX_EVENT, info.st_uid, fd)
+        content = json.loads(found.data.decode("utf-8"))
+    except untrusted.NotRead as exc:
+        return None if exc.errno == errno.ENOENT else Ignored(name, owner, exc.why)
+    except ValueError:
         return Ignored(name, owner, "not an event (cut short, or not JSON)")
-    finally:
-        os.close(fd)
-    return _event(name, content, info, now)
+    return _event(name, content, found.info, now)
 
 
 def _event(name: str, content: Any, info: os.stat_result, now: float) -> Event | Ignored:
@@ -229,6 +264,8 @@ def _event(name: str, content: Any, info: os.stat_result, now: float) -> Event |
     parts = name[:-len(".json")].rsplit("@", 2)
     if len(parts) != 3:
         return Ignored(name, owner, "not named NODE@TIME_NS@USER.json")
+    if not NODE_NAME.match(parts[0]):
+        return Ignored(name, owner, "its file name names no node")
     if content.get("node") != parts[0]:
         return Ignored(name, owner, f"its content names node {content.get('node')!r}, its "
                        f"file name {parts[0]!r}")
@@ -312,10 +349,10 @@ def record(share: str, node: str, action: str, why: str, run: str | None = None,
     stamp = time.time() if now is None else now
     content = {"node": node, "action": action, "why": why, "by": user_name(uid), "run": run,
                "since": iso(stamp)}
-    name = f"{node}@{int(stamp * 1e9)}@{user_name(uid).replace(' ', '')}.json"
-    tmp = os.path.join(where, f".{name}.{os.getpid()}.tmp")
+    tmp = os.path.join(where, f".{node}@{int(stamp * 1e9)}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     try:
+        _make_room(where, os.fstat(fd).st_uid, node)   # the share's owner (root squashed)
         os.fchmod(fd, 0o644)   # every user reads it, whatever this process' umask
         with os.fdopen(os.dup(fd), "w", encoding="utf-8") as fh:
             json.dump(content, fh)
@@ -324,10 +361,42 @@ def record(share: str, node: str, action: str, why: str, run: str | None = None,
         if now is not None:
             os.utime(fd, (now, now))
         info = os.fstat(fd)
+    except BaseException:
+        os.unlink(tmp)
+        raise
     finally:
         os.close(fd)
+    name = f"{node}@{int(stamp * 1e9)}@{user_name(info.st_uid).replace(' ', '')}.json"
     os.rename(tmp, os.path.join(where, name))
-    return Event(node, action, why, run, uid, info.st_mtime_ns / 1e9, name).to_json()
+    return Event(node, action, why, run, info.st_uid, info.st_mtime_ns / 1e9, name).to_json()
+
+
+class TooMany(OSError):
+    """This user holds events of as many nodes as the record reads of one user."""
+
+
+def _make_room(where: str, uid: int, node: str) -> None:
+    """Before UID writes an event of NODE in WHERE: remove UID's own events of NODE but the
+    newest PER_NODE - 1 (none a reader reads once the new one is there); TooMany when NODE
+    would be one node too many (PER_OWNER // PER_NODE): so that a reader, who reads
+    PER_OWNER events of each user, reads all of an honest writer's."""
+    mine = [e for e in untrusted.entries(where, lambda n: n.endswith(".json") and
+                                         not n.startswith("."))
+            if e.info.st_uid == uid and stat.S_ISREG(e.info.st_mode)]
+    nodes = {node_of(e.name) for e in mine}
+    most = PER_OWNER // PER_NODE
+    if node not in nodes and len(nodes) >= most:
+        raise TooMany(f"{user_name(uid)} holds events of {len(nodes)} nodes in {where}, the "
+                      f"most one user may ({most}): remove your events of nodes you no "
+                      "longer cordon (your files NODE@*.json there whose newest is an "
+                      "uncordon), or ask an admin to")
+    of_node = sorted((e for e in mine if node_of(e.name) == node),
+                     key=lambda e: (e.info.st_mtime_ns, e.name), reverse=True)
+    for old in of_node[PER_NODE - 1:]:
+        try:
+            os.unlink(os.path.join(where, old.name))
+        except FileNotFoundError:
+            pass
 
 
 def lift(share: str, node: str, why: str, admin_group: str | None) -> dict[str, Any]:
@@ -342,8 +411,8 @@ def lift(share: str, node: str, why: str, admin_group: str | None) -> dict[str, 
         state = NodeState(held)
         newest = held[-1]
         return {"refused": f"{node} is cordoned by {state.authors()} since {iso(newest.time)} "
-                f"({newest.why or 'no reason given'}); {user_name(me)} may not lift it: only "
-                f"{admins.describe()} or {state.authors()}, who cordoned it, may"}
+                f"({visible(newest.why) or 'no reason given'}); {user_name(me)} may not lift "
+                f"it: only {admins.describe()} or {state.authors()}, who cordoned it, may"}
     event = record(share, node, UNCORDON, why) if held else None
     return {"event": event, "lifted": [c.to_json() for c in mine],
             "held": [c.to_json() for c in held if c not in mine]}

@@ -246,6 +246,66 @@ def test_round_two_asks_only_the_nodes_that_could_not_check_ahead(monkeypatch) -
     assert r.problems == []
 
 
+STRANGER = {"addr": "192.0.2.66", "said": "stop 1a2b3c4d 5e6f"}
+
+
+def test_a_stranger_at_node0s_listener_is_named_never_the_share_or_the_firewall() -> None:
+    """Someone connected to node 0's listener and could not prove the run's key (bob, who
+    read its greeting): node1 learnt it when it got through, node2 could not connect. The
+    verdict names the stranger, not node2's firewall; without a failure it is a warning."""
+    n0 = facts("node0", {}, listener={"port": 29500, "ok": True, "self": {"ok": True}})
+    n1 = facts("node1", {}, reach={"token": {"ok": True}, "connect": {"ok": True},
+                                   "strangers": [STRANGER]})
+    n2 = facts("node2", {}, reach={"token": {"ok": True},
+                                   "connect": {"ok": False, "error": "no answer within 3 s "
+                                               "(packets dropped: a firewall?)"}})
+    r = report(n0, n1, n2)
+    _judge_reach(r, 29500)
+    assert r.problems == [
+        "node2 cannot connect to node0's master port 29500 at 192.0.2.10: someone else "
+        "connected to node0's listener on port 29500 (from 192.0.2.66, saying 'stop "
+        "1a2b3c4d 5e6f') and could not prove the run's key: another user's process? Run "
+        "again; if it recurs, ask an admin who connects to node0:29500 from 192.0.2.66"]
+    n2.reach = {"token": {"ok": True}, "connect": {"ok": True}}
+    r = report(n0, n1, n2)
+    _judge_reach(r, 29500)
+    assert r.problems == [] and r.warnings == [
+        "someone else connected to node0's listener on port 29500 (from 192.0.2.66, saying "
+        "'stop 1a2b3c4d 5e6f') and could not prove the run's key: another user's process? "
+        "It was not counted: the run's own nodes all got through"]
+
+
+def test_a_stranger_node0s_listener_names_when_stopped_is_in_the_verdict(monkeypatch) -> None:
+    """No other node got through to tell: node 0's listener, stopped with the run's key,
+    names who connected without it."""
+    from orchestrator.checks import preflight
+    from orchestrator.checks.probe import Rendezvous
+
+    def reach(node, conn, *, addr, port, rendezvous, shared_path):  # noqa: ANN001, ANN202
+        return {"token": {"ok": True}, "connect": {"ok": False, "error": "timed out"}}
+
+    def stop_listener(node, conn, port, rendezvous):  # noqa: ANN001, ANN202
+        return [STRANGER]
+
+    monkeypatch.setattr(preflight, "reach", reach)
+    monkeypatch.setattr(preflight, "stop_listener", stop_listener)
+    r = report(facts("node0", {}, listener={"port": 29500, "ok": True, "self": {"ok": True}}),
+               facts("node1", {}, reach=None))
+    r.clients = {f.node.name: object() for f in r.facts}  # type: ignore[misc]
+    preflight._second_round(r, Rendezvous.new(2))
+    [problem] = r.problems
+    assert problem.startswith("node1 cannot connect to node0's master port 29500 at "
+                              "192.0.2.10: someone else connected to node0's listener on "
+                              "port 29500 (from 192.0.2.66"), problem
+    assert "firewall" not in problem
+
+
+def test_the_runs_key_never_shows_in_the_rendezvous_repr() -> None:
+    from orchestrator.checks.probe import Rendezvous
+    r = Rendezvous.new(2)
+    assert len(r.key) == 64 and r.key not in repr(r) and r.key != r.token_value
+
+
 def test_gpus_counted_without_torch_against_what_torch_sees() -> None:
     gpu = {"ok": True, "version": "2.13.0+cu128", "gpus": 6, "cuda_available": True,
            "torchrun": True}

@@ -350,3 +350,99 @@ def test_a_node_returns_to_slurm_once_its_cordon_is_lifted_by_the_rule(share: st
     mine = helper_as(BIN, share, scontrol, "--resume", "node1")
     assert mine.returncode == 1 and "node1 is drained for another reason (new DIMMs): an " \
         "admin returns it" in mine.stderr, mine.stderr
+
+
+# -- one user's flood, another user's escapes ---------------------------------------------
+
+def flood(share: str, uid: int, n: int, nodes: int) -> None:
+    """N cordon events by UID, spread over NODES nodes (made-up ones, and node1 the newest),
+    as a user writes them by hand: no bound but the directory's."""
+    where = Path(cordon.cordons_dir(share))
+    for i in range(n):
+        node = "node1" if i % nodes == (n - 1) % nodes else f"fake{i % nodes}"
+        path = where / f"{node}@{1_000_000_000 + i}000000000@x.json"
+        path.write_text(json.dumps({"node": node, "action": "cordon", "why": f"flood {i}"}))
+        os.utime(path, (1_000_000_000 + i, 1_000_000_000 + i))
+        os.chown(path, uid, uid)
+
+
+def listing_times(shares: list[str], uid: int, tries: int = 5) -> list[float]:
+    """The best of TRIES of UID's `cordon` listing (the node verb, its own process) of each
+    of SHARES, taken in turns (a busy machine slows each alike)."""
+    best = [float("inf")] * len(shares)
+    for _ in range(tries):
+        for i, share in enumerate(shares):
+            started = time.monotonic()
+            verb_as(uid, {"share": share, "admin_group": "sudo"})
+            best[i] = min(best[i], time.monotonic() - started)
+    return best
+
+
+@as_root
+@pytest.mark.parametrize("nodes", [1, 3000])
+def test_another_users_flood_costs_a_listing_at_most_twice_its_time(open_share: str,
+                                                                    nodes: int) -> None:
+    """3000 of bin's events (of one node, or of 3000) in the record: daemon's listing takes
+    at most twice its time without them (the same record but the flood, listed in turns),
+    still shows daemon's cordon, and says bin's flood in one line, not 3000."""
+    calm_share = os.path.join(open_share, "calm")   # the same record, but the flood
+    os.makedirs(cordon.cordons_dir(calm_share))
+    os.chmod(calm_share, 0o755)
+    os.chmod(cordon.cordons_dir(calm_share), 0o1777)
+    for share in (open_share, calm_share):
+        verb_as(DAEMON, {"share": share, "node": "node2", "action": "cordon", "why": "fan"})
+    flood(open_share, BIN, 3000, nodes)
+    alone, flooded = listing_times([calm_share, open_share], DAEMON)
+    listed = verb_as(DAEMON, {"share": open_share, "admin_group": "sudo"})
+    assert listed["cordoned"]["node2"]["by"] == "daemon"
+    assert listed["cordoned"]["node1"]["by"] == "bin"
+    assert len(listed["ignored"]) <= 1, listed["ignored"][:3]
+    print(f"listing: {alone * 1000:.0f} ms alone, {flooded * 1000:.0f} ms beside 3000 events "
+          f"of another user over {nodes} node(s)")
+    assert flooded <= 2 * alone, (alone, flooded)
+
+
+def test_a_writer_keeps_its_own_few_newest_events_of_a_node(share: str) -> None:
+    """A user who cordons and uncordons a node again and again leaves its newest few
+    events, not one more file each time; the record decides as before."""
+    for i in range(4 * cordon.PER_NODE):   # cordon, uncordon, ..., uncordon
+        cordon.record(share, "node1", (cordon.CORDON, cordon.UNCORDON)[i % 2], f"#{i}",
+                      now=1000.0 + i)
+    cordon.record(share, "node2", cordon.CORDON, "other", now=5000.0)
+    names = sorted(os.listdir(cordon.cordons_dir(share)))
+    assert len([n for n in names if n.startswith("node1@")]) == cordon.PER_NODE
+    assert cordon.current(share, "node1") is None
+    assert (cordon.current(share, "node2") or {}).get("why") == "other"
+
+
+def test_a_writer_is_refused_past_its_bound_of_nodes(share: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cordon, "PER_OWNER", 3 * cordon.PER_NODE)
+    for node in ("node1", "node2", "node3"):
+        cordon.record(share, node, cordon.CORDON, "x")
+    with pytest.raises(OSError, match=r"holds events of 3 nodes in .*cordons, the most one "
+                                      r"user may \(3\)"):
+        cordon.record(share, "node4", cordon.CORDON, "x")
+    said = cordon.main({"share": share, "node": "node4", "action": "cordon", "why": "x"})
+    assert "the most one user may" in said["error"]
+    # An uncordon of a node the writer holds events of makes no new one: never refused.
+    assert cordon.main({"share": share, "node": "node1", "action": "uncordon"})["lifted"]
+
+
+def test_text_from_the_record_reaches_a_terminal_with_its_escapes_visible(share: str) -> None:
+    """bob's reason that would erase its own line and print "no node is cordoned", and a
+    file whose name carries escapes: shown escaped, the latter refused."""
+    cordon.record(share, "node1", cordon.CORDON, "\x1b[1A\x1b[2K\rno node is cordoned",
+                  run="r\x1b[31m1")
+    where = Path(cordon.cordons_dir(share))
+    (where / "n\x1b[2K@100000000000@bob.json").write_text(
+        json.dumps({"node": "n\x1b[2K", "action": "cordon", "why": "x"}))
+    listed = cordon.main({"share": share})
+    got = listed["cordoned"]["node1"]
+    assert (got["why"], got["run"]) == ("\\x1b[1A\\x1b[2K\\x0dno node is cordoned",
+                                        "r\\x1b[31m1"), got
+    assert list(listed["cordoned"]) == ["node1"]
+    assert [(i["file"], i["why"]) for i in listed["ignored"]] == [
+        ("n\\x1b[2K@100000000000@bob.json", "its file name names no node")]
+    cordon.record(share, "node1", cordon.CORDON, "x\x07", now=time.time() + 1)
+    assert (cordon.current(share, "node1") or {})["why"] == "x\\x07"

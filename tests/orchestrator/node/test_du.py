@@ -10,6 +10,7 @@ from pathlib import Path
 
 from orchestrator.cli.cmd_du import table
 from orchestrator.node import du
+from orchestrator.node.health import walk
 
 MIB = 1 << 20
 
@@ -60,3 +61,21 @@ def test_the_table_puts_the_biggest_user_first_and_names_what_it_did_not_read(
     assert lines[3].split()[0] == getpass.getuser()
     assert lines[4] == (f"not read: {tmp_path}/checkpoints/carol (owned by carol): "
                         "Permission denied; an admin sees it with du --all")
+
+
+def test_a_directory_swapped_for_a_link_mid_walk_is_not_followed(tmp_path: Path) -> None:
+    """bob swaps a directory of his, once the walk has seen it, for a link to a big tree:
+    the walk (du's, the health check's count of who fills the share) does not count the
+    tree through it, nor through a plain link to it."""
+    share = tmp_path / "share"
+    write(tmp_path / "big" / "blob", 8)
+    (share / "checkpoints" / "bob" / "x").mkdir(parents=True)
+    write(share / "checkpoints" / "bob" / "x" / "small", 1)
+    (share / "checkpoints" / "bob" / "to-big").symlink_to(tmp_path / "big")
+    counted = 0
+    for st, parts in walk(str(share)):
+        counted += st.st_blocks * 512
+        if parts == ("checkpoints", "bob", "x"):
+            (share / "checkpoints" / "bob" / "x").rename(share / "checkpoints" / "bob" / "y")
+            (share / "checkpoints" / "bob" / "x").symlink_to(tmp_path / "big")
+    assert counted < 4 * MIB, counted   # bob's 1 MiB and the directories, not the 8 MiB

@@ -9,10 +9,11 @@ import os
 import pwd
 import shutil
 import socket
+import struct
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,8 @@ import pytest
 
 from orchestrator.defaults import RENDEZVOUS_SPAN
 from orchestrator.node import probe as node
+
+KEY = "k" * 64   # the run's key (checks/probe.py Rendezvous)
 
 
 def free_port() -> int:
@@ -220,6 +223,82 @@ def test_the_claims_directory_is_made_like_tmp_and_one_made_otherwise_is_not_use
                                           f"(sudo rm -rf {taken})")
 
 
+@pytest.fixture
+def reachable() -> Iterator[Path]:
+    """A directory every user may reach (pytest's tmp_path is root's alone)."""
+    root_only()
+    path = tempfile.mkdtemp(prefix="clustertrain-probe-test-", dir="/tmp")
+    os.chmod(path, 0o755)
+    try:
+        yield Path(path)
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def acl_denying(path: str, uid: int) -> None:
+    """An access ACL on PATH that denies UID everything (as `setfacl -m u:UID:---` sets
+    it; this machine may lack setfacl): its mode still reads as before."""
+    entries = [(0x01, 7, 0xFFFFFFFF), (0x02, 0, uid), (0x04, 7, 0xFFFFFFFF),
+               (0x10, 7, 0xFFFFFFFF), (0x20, 7, 0xFFFFFFFF)]
+    os.setxattr(path, "system.posix_acl_access", struct.pack("<I", 2) + b"".join(
+        struct.pack("<HHI", *e) for e in entries))
+
+
+def test_a_claims_directory_another_user_made_decides_nothing_for_this_one(
+        reachable: Path) -> None:
+    """bob made the claims directory first, like /tmp (sticky, mode 1777), and denied
+    alice in an ACL: its mode still reads 1777. Alice's launch still finds its port (not
+    claimed, with a warning naming bob and the fix) instead of being refused until an admin
+    cleans up; so does a directory of root's that carries an ACL."""
+    root_only()
+    alice = pwd.getpwnam("daemon").pw_uid
+    squatted = reachable / "ports"
+    squatted.mkdir()
+    squatted.chmod(0o1777)
+    given(squatted)
+    acl_denying(str(squatted), alice)
+    assert oct(squatted.stat().st_mode & 0o7777) == "0o1777"
+    port = free_port()
+    found = as_user("daemon", node.find_port, port, "run-a", 200, str(squatted))
+    assert (found["port_free"], found["free_port"]) == (True, port), found
+    assert found["port_warning"].endswith(
+        f"{squatted} is not root's (made by {OTHER}): ask an admin to remove it "
+        f"(sudo rm -rf {squatted}); site.yml makes it, root's, at boot"), found
+    assert os.listdir(squatted) == []
+    roots = reachable / "roots"
+    roots.mkdir()
+    roots.chmod(0o1777)
+    acl_denying(str(roots), alice)
+    found = as_user("daemon", node.find_port, port, "run-a", 200, str(roots))
+    assert found["port_warning"].endswith(
+        f"{roots} carries an ACL (getfacl {roots}): ask an admin to remove it "
+        f"(sudo rm -rf {roots}); site.yml makes it, root's, at boot"), found
+
+
+def test_the_claims_directory_is_the_one_the_common_role_makes_root_s_at_boot() -> None:
+    """One place under /run, where only root makes directories: the common role's
+    tmpfiles.d entry, which every boot makes anew."""
+    import yaml
+
+    from orchestrator.node.protocol import PORT_CLAIMS_DIR
+    roles = Path(__file__).resolve().parents[3] / "roles" / "common"
+    made = yaml.safe_load((roles / "vars" / "main.yml").read_text())["common_port_claims_dir"]
+    assert made == PORT_CLAIMS_DIR == node.LEASE_DIR and made.startswith("/run/")
+    entry = (roles / "templates" / "clustertrain-ports.conf.j2").read_text().splitlines()[-1]
+    assert entry == "d {{ common_port_claims_dir }} 1777 root root -"
+
+
+def test_a_claim_is_released_only_by_its_owner(leases: str) -> None:
+    """bob's file named like alice's claim of her run is bob's: her release leaves it (and
+    his claim cannot stand in for hers, live_claims)."""
+    port = free_port()
+    forged = Path(leases, f"{port}.root.run-a")
+    as_user(OTHER, forged.touch)
+    assert node.find_port(port + 1, "run-a", 200, leases)["port_free"] is True
+    node.release("run-a", leases)
+    assert os.listdir(leases) == [forged.name]
+
+
 def test_an_expired_claim_is_no_claim_and_ones_own_are_cleared(leases: str) -> None:
     port = free_port()
     old = time.time() - node.LEASE_S - 5
@@ -315,14 +394,14 @@ def test_the_listener_greets_every_node_then_frees_the_port_and_the_token(
         tmp_path: Path) -> None:
     port, token = free_port(), tmp_path / "token"
     token.write_text("v" * 8)
-    spec = {"nonce": "n1", "expect": 2, "seconds": 30}
+    spec = {"nonce": "n1", "key": KEY, "expect": 2, "seconds": 30}
     t = threading.Thread(target=node.serve, args=(listening(port), spec, str(token)))
     t.start()
-    first = node.reach({"addr": "127.0.0.1", "port": port, "nonce": "n1", "timeout": 3,
+    first = node.reach({"addr": "127.0.0.1", "port": port, "nonce": "n1", "key": KEY, "timeout": 3,
                         "token": {"path": str(token), "value": "v" * 8}})
     assert first["token"] == {"ok": True, "error": None}
     assert first["connect"] == {"ok": True, "error": None}
-    assert node.greeted("127.0.0.1", port, "n1", 3)[0] is True
+    assert node.greeted("127.0.0.1", port, "n1", KEY, 3)[0] is True
     t.join(timeout=10)
     assert not t.is_alive() and not token.exists() and node.port_free(port)
 
@@ -339,12 +418,12 @@ def test_round_two_names_a_wrong_token_another_program_and_a_closed_port(
             conn.recv(8)
             conn.close()
         threading.Thread(target=answer, daemon=True).start()
-        out = node.reach({"addr": "127.0.0.1", "port": port, "nonce": "n", "timeout": 3,
+        out = node.reach({"addr": "127.0.0.1", "port": port, "nonce": "n", "key": KEY, "timeout": 3,
                           "token": {"path": str(token), "value": "v"}})
     assert out["token"] == {"ok": False, "error": "it holds something else"}
     assert out["connect"]["ok"] is False
     assert out["connect"]["error"].startswith("another program answers there (b'SSH-2.0")
-    closed = node.reach({"addr": "127.0.0.1", "port": free_port(), "nonce": "n",
+    closed = node.reach({"addr": "127.0.0.1", "port": free_port(), "nonce": "n", "key": KEY,
                          "timeout": 3, "token": None})
     assert closed["connect"] == {"ok": False, "error": "Connection refused"}
 
@@ -356,9 +435,9 @@ def test_round_two_ahead_waits_for_node_0_to_listen_and_reads_the_token_it_holds
     node, and the listener removes the token once the last one has closed."""
     port, token = free_port(), tmp_path / "token"
     token.write_text("v" * 8)
-    req = {"port": port, "nonce": "n3", "timeout": 3, "wait": 5,
+    req = {"port": port, "nonce": "n3", "key": KEY, "timeout": 3, "wait": 5,
            "token": {"path": str(token), "value": "v" * 8}}
-    spec = {"nonce": "n3", "expect": 1, "seconds": 30}
+    spec = {"nonce": "n3", "key": KEY, "expect": 1, "seconds": 30}
     later = threading.Timer(0.5, lambda: node.serve(listening(port), spec, str(token)))
     later.start()
     out = node.reach_ahead(req, "127.0.0.1")
@@ -373,7 +452,7 @@ def test_round_two_ahead_waits_for_node_0_to_listen_and_reads_the_token_it_holds
 def test_round_two_ahead_leaves_to_round_two_what_it_cannot_tell(tmp_path: Path) -> None:
     """Nobody listens within the wait, or another program holds the port (node 0 chose
     another): None, and round 2 asks the node again at node 0's port."""
-    req = {"port": free_port(), "nonce": "n4", "timeout": 3, "wait": 0.3,
+    req = {"port": free_port(), "nonce": "n4", "key": KEY, "timeout": 3, "wait": 0.3,
            "token": {"path": str(tmp_path / "token"), "value": "v"}}
     assert node.reach_ahead(req, "127.0.0.1") is None
     port = free_port()
@@ -393,16 +472,18 @@ def test_another_preflights_nodes_at_the_same_port_are_not_counted(tmp_path: Pat
     and every node of this preflight still gets through and reads the token."""
     port, token = free_port(), tmp_path / "token"
     token.write_text("v" * 8)
-    spec = {"nonce": "mine", "expect": 2, "seconds": 30}
+    spec = {"nonce": "mine", "key": KEY, "expect": 2, "seconds": 30}
     t = threading.Thread(target=node.serve, args=(listening(port), spec, str(token)))
     t.start()
-    theirs = {"port": port, "nonce": "theirs", "timeout": 3, "wait": 2,
+    theirs = {"port": port, "nonce": "theirs", "key": "t" * 64, "timeout": 3, "wait": 2,
               "token": {"path": str(tmp_path / "their-token"), "value": "w"}}
-    mine = {**theirs, "nonce": "mine", "token": {"path": str(token), "value": "v" * 8}}
+    mine = {**theirs, "nonce": "mine", "key": KEY,
+            "token": {"path": str(token), "value": "v" * 8}}
     assert node.reach_ahead(theirs, "127.0.0.1") is None          # before ours
     first = node.reach_ahead(mine, "127.0.0.1")
     assert first is not None and first["connect"]["ok"] and first["token"]["ok"]
-    assert node.greeted("127.0.0.1", port, "theirs", 3)[0] is False   # as the last expected
+    # as the last expected
+    assert node.greeted("127.0.0.1", port, "theirs", "t" * 64, 3)[0] is False
     assert node.reach_ahead(theirs, "127.0.0.1") is None
     last = node.reach_ahead(mine, "127.0.0.1")
     assert last is not None and last["connect"]["ok"] and last["token"]["ok"], last
@@ -410,14 +491,42 @@ def test_another_preflights_nodes_at_the_same_port_are_not_counted(tmp_path: Pat
     assert not t.is_alive() and not token.exists() and node.port_free(port)
 
 
+def test_a_stranger_who_reads_the_greeting_can_neither_stop_the_listener_nor_count(
+        tmp_path: Path) -> None:
+    """bob connects to alice's listener, reads its greeting and answers with what it said
+    (the old `stop NONCE`), then `ok`: the listener keeps serving, alice's node still gets
+    through and reads the token, and it learns that someone could not prove the run's key."""
+    port, token = free_port(), tmp_path / "token"
+    token.write_text("v" * 8)
+    spec = {"nonce": "n5", "key": KEY, "expect": 1, "seconds": 30}
+    t = threading.Thread(target=node.serve, args=(listening(port), spec, str(token)))
+    t.start()
+    for answer in ("stop", "ok", "ok \udcff"):
+        with socket.create_connection(("127.0.0.1", port), timeout=3) as bob:
+            said = bob.recv(128).decode().split()
+            bob.sendall(f"{answer} {' '.join(said[1:])}\n".encode(errors="surrogateescape"))
+            bob.recv(128)   # it ends bob's connection without a word
+    time.sleep(0.3)
+    assert t.is_alive() and not node.port_free(port), "bob stopped alice's listener"
+    out = node.reach({"addr": "127.0.0.1", "port": port, "nonce": "n5", "key": KEY,
+                      "timeout": 3, "token": {"path": str(token), "value": "v" * 8}})
+    assert out["connect"] == {"ok": True, "error": None}
+    assert out["token"] == {"ok": True, "error": None}
+    assert [s["addr"] for s in out["strangers"]] == ["127.0.0.1"] * 3
+    assert out["strangers"][0]["said"].startswith("stop n5 ")
+    t.join(timeout=10)
+    assert not t.is_alive() and node.port_free(port)
+
+
 def test_a_listener_whose_nodes_do_not_come_is_stopped_by_its_nonce_only() -> None:
     port = free_port()
-    spec = {"nonce": "n2", "expect": 3, "seconds": 30}
+    spec = {"nonce": "n2", "key": KEY, "expect": 3, "seconds": 30}
     t = threading.Thread(target=node.serve, args=(listening(port), spec, None))
     t.start()
-    node.stop_listener(port, "another-nonce")  # not ours: ignored
+    node.stop_listener(port, "another-nonce", KEY)  # not ours: ignored
+    node.stop_listener(port, "n2", "x" * 64)  # without the run's key: ignored
     assert t.is_alive()
-    node.stop_listener(port, "n2")
+    node.stop_listener(port, "n2", KEY)
     t.join(timeout=10)
     assert not t.is_alive() and node.port_free(port)
 

@@ -189,9 +189,12 @@ def test_shared_path_of_the_wrong_type_and_writable_share(tmp_path: Path, shm_sh
     assert user_dir.is_dir() and list(user_dir.iterdir()) == []  # the probe file is gone
 
 
+KEY = "k" * 64   # the run's key (checks/probe.py Rendezvous), on the verbs' stdin
+
+
 def reach(port: int, nonce: str, token: dict | None, timeout: float = 3) -> dict:
-    request = {"addr": "127.0.0.1", "port": port, "nonce": nonce, "timeout": timeout,
-               "token": token}
+    request = {"addr": "127.0.0.1", "port": port, "nonce": nonce, "key": KEY,
+               "timeout": timeout, "token": token}
     p = subprocess.run([*NODE, "reach"], input=json.dumps(request),
                        capture_output=True, text=True, timeout=60, check=True)
     return json.loads(p.stdout)
@@ -216,7 +219,7 @@ def test_node0_listens_until_every_node_connected_and_reads_the_token(tmp_path, 
     token = {"name": ".clustertrain-token-test", "value": "v" * 32}
     out = probe_request(tmp_path, port=port, addresses=["127.0.0.1"],
                         shared={"path": str(shm_share), "fstypes": None, "token": token},
-                        listen={"nonce": "n1", "expect": 3, "address": "127.0.0.1",
+                        listen={"nonce": "n1", "key": KEY, "expect": 3, "address": "127.0.0.1",
                                 "timeout": 3, "seconds": 30})
     assert out["listener"] == {"port": port, "ok": True, "error": None,
                                "self": {"ok": True, "error": None}}
@@ -237,9 +240,9 @@ def test_a_listener_is_stopped_when_a_node_does_not_come(tmp_path, shm_share) ->
     port = unused_port()
     out = probe_request(tmp_path, port=port, addresses=["127.0.0.1"],
                         shared={"path": str(shm_share), "fstypes": None},
-                        listen={"nonce": "n2", "expect": 3, "address": "127.0.0.1",
+                        listen={"nonce": "n2", "key": KEY, "expect": 3, "address": "127.0.0.1",
                                 "timeout": 3, "seconds": 30})
     assert out["listener"]["ok"] and not bindable(port)
-    subprocess.run([*NODE, "unlisten", str(port), "n2"], check=True,
-                   timeout=30)
+    subprocess.run([*NODE, "unlisten", str(port), "n2"], check=True, timeout=30,
+                   input=json.dumps({"key": KEY}), text=True)   # the key: never argv
     assert wait_until(lambda: bindable(port))

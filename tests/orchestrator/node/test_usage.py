@@ -1,9 +1,17 @@
 """`usage`: node- and GPU-hours from the runs' records on the share, over a recorded set of
-runs of two users, checked against figures computed by hand."""
+runs of two users, checked against figures computed by hand; a record counts for its
+file's owner, one in another user's name is refused and said, and a planted pipe or link
+neither hangs nor fools it. The records are those of real users of this machine, alice and
+bob, made here (as root) for these tests: a record counts only for its owner."""
 
 from __future__ import annotations
 
 import json
+import os
+import pwd
+import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,14 +25,47 @@ H = 3600.0
 SINCE = NOW - 24 * H
 
 
-def record(share: Path, user: str, run: str, node: str, **state) -> None:
+PEOPLE = ("alice", "bob")
+
+
+@pytest.fixture(scope="module")
+def people() -> Iterator[None]:
+    """alice and bob, real users of this machine (made here when missing, removed after)."""
+    if os.geteuid() != 0:
+        pytest.skip("records of other owners need root")
+    made = []
+    for name in PEOPLE:
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            subprocess.run(["useradd", "-M", "-N", "-s", "/usr/sbin/nologin", name],
+                           check=True, capture_output=True)
+            made.append(name)
+    yield
+    for name in made:
+        subprocess.run(["userdel", name], check=False, capture_output=True)
+
+
+def give(path: Path, owner: str, top: Path) -> None:
+    """PATH and every directory above it up to TOP, OWNER's."""
+    pw = pwd.getpwnam(owner)
+    while path != top:
+        os.lchown(path, pw.pw_uid, pw.pw_gid)
+        path = path.parent
+
+
+def record(share: Path, user: str, run: str, node: str, owner: str | None = None,
+           **state) -> Path:
+    """A node's state in USER's records, written by OWNER (by default USER)."""
     path = share / "checkpoints" / user / ".clustertrain" / "runs" / run / f"{node}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"node": node, "user": user, **state}))
+    give(path, owner or user, share / "checkpoints")
+    return path
 
 
 @pytest.fixture
-def share(tmp_path: Path) -> Path:
+def share(tmp_path: Path, people: None) -> Path:
     # alice: 2 nodes x 2 h with 4 GPUs each, ended: 4 node-hours, 16 GPU-hours; node0's
     # GPUs did nothing for 1.5 h of it: 6 idle GPU-hours.
     for node, idle in (("node0", 1.5 * 4 * H), ("node1", 0.0)):
@@ -40,7 +81,9 @@ def share(tmp_path: Path) -> Path:
     for node in ("node0", "node1", "node2"):
         record(tmp_path, "bob", "b1", node, started=SINCE - H, ended=SINCE + H, gpus=2,
                gpu_idle_s=H)
-    (tmp_path / "checkpoints/bob/.clustertrain/runs/b1/plan.json").write_text('{"nodes": []}')
+    plan = tmp_path / "checkpoints/bob/.clustertrain/runs/b1/plan.json"
+    plan.write_text('{"nodes": []}')
+    give(plan, "bob", tmp_path / "checkpoints")
     # bob: a run over before the window: not counted.
     record(tmp_path, "bob", "b0", "node0", started=SINCE - 5 * H, ended=SINCE - 4 * H, gpus=8)
     # carol has a directory and no run yet.
@@ -94,3 +137,42 @@ def test_a_date_that_is_not_one_is_refused_naming_the_forms() -> None:
     with pytest.raises(InputError, match=r"usage --since '1 week': not a date; give "
                                          r"YYYY-MM-DD"):
         since_of("1 week", NOW)
+
+
+def test_a_record_counts_for_its_files_owner_not_the_directory_it_lies_in(
+        share: Path) -> None:
+    """bob bills thousands of GPU-hours to carol (no such user here) and to a look-alike of
+    alice (a Cyrillic а), and moves a run of his own out of his directory: none counts, and
+    each is said, naming its file and its owner."""
+    forged = {"started": NOW - 10 * H, "ended": NOW - H, "gpus": 512}
+    paths = [record(share, "carol", "c1", "node0", owner="bob", **forged),
+             record(share, "\u0430lice", "x1", "node0", owner="bob", **forged),
+             record(share, "alice", "x2", "node0", owner="bob", **forged)]
+    found = usage.usage(str(share), SINCE, NOW)
+    assert set(found["users"]) == {"alice", "bob"}
+    assert found["users"]["alice"]["gpu_hours"] == 16.0
+    assert found["users"]["bob"]["gpu_hours"] == 6.0
+    assert {r["run"] for r in found["runs"]} == {"a1", "a2", "b1"}
+    refused = {r["path"]: r for r in found["refused"]}
+    shown = [str(p).replace("\u0430", "\\u0430") for p in paths]
+    assert sorted(refused) == sorted(shown), refused
+    assert {r["owner"] for r in refused.values()} == {"bob"}
+    assert refused[shown[2]]["why"] == "its owner is bob, not alice, whose directory it " \
+        "lies in: not counted"
+
+
+@pytest.mark.timeout(60)
+def test_a_planted_pipe_or_link_in_a_run_neither_hangs_nor_reads_without_end(
+        share: Path) -> None:
+    runs = share / "checkpoints" / "bob" / ".clustertrain" / "runs" / "b1"
+    os.mkfifo(runs / "node8.json")
+    (runs / "node9.json").symlink_to("/dev/zero")
+    for name in ("node8.json", "node9.json"):
+        give(runs / name, "bob", share / "checkpoints")
+    started = time.monotonic()
+    found = usage.usage(str(share), SINCE, NOW)
+    assert time.monotonic() - started < 5
+    assert found["users"]["bob"]["gpu_hours"] == 6.0
+    whys = {Path(r["path"]).name: r["why"] for r in found["refused"]}
+    assert whys == {"node8.json": "not a regular file (a pipe, a device or a directory)",
+                    "node9.json": "a symbolic link: not followed"}, whys

@@ -8,6 +8,7 @@ same verbs over SSH."""
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import os
 import shutil
@@ -224,15 +225,17 @@ def test_verb_reach_connects_to_node0s_listener_and_unlisten_ends_it(
     request = {"shared": {"path": str(tmp_path), "fstypes": None},
                "addresses": ["127.0.0.1"], "port": port, "span": 200, "run": None,
                "state_dir": str(tmp_path / "state"),
-               "listen": {"nonce": "v1", "expect": 3, "address": "127.0.0.1", "timeout": 3,
-                          "seconds": 30}}
+               "listen": {"nonce": "v1", "key": "k" * 64, "expect": 3,
+                          "address": "127.0.0.1", "timeout": 3, "seconds": 30}}
     listening = last_json(node.verb("probe", stdin=json.dumps(request)))
     assert isinstance(listening, dict) and listening["listener"]["ok"], listening
     got = last_json(node.verb("reach", stdin=json.dumps(
-        {"addr": "127.0.0.1", "port": port, "nonce": "v1", "timeout": 3, "token": None})))
+        {"addr": "127.0.0.1", "port": port, "nonce": "v1", "key": "k" * 64, "timeout": 3,
+         "token": None})))
     assert isinstance(got, dict) and got["connect"] == {"ok": True, "error": None}
     assert not bindable(port), "one node of three came: node 0 listens on"
-    assert node.verb("unlisten", str(port), "v1").returncode == 0
+    assert node.verb("unlisten", str(port), "v1",
+                     stdin=json.dumps({"key": "k" * 64})).returncode == 0
     deadline = time.monotonic() + 10
     while not bindable(port):
         assert time.monotonic() < deadline, "unlisten left the listener on the port"
@@ -330,13 +333,14 @@ def test_verb_health_reads_the_nodes_verdict_and_the_shares_histories(
 
 @covers("usage")
 def test_verb_usage_reads_the_runs_records(node: Node, tmp_path: Path) -> None:
-    runs = tmp_path / "checkpoints" / "alice" / ".clustertrain" / "runs" / "r1"
+    me = getpass.getuser()   # a record counts for its file's owner (node/usage.py)
+    runs = tmp_path / "checkpoints" / me / ".clustertrain" / "runs" / "r1"
     runs.mkdir(parents=True)
     (runs / "n0.json").write_text(json.dumps({"node": "n0", "started": 1000.0,
                                               "ended": 4600.0, "gpus": 2}))
     said = last_json(node.verb("usage", str(tmp_path), "--since", "0"))
     assert isinstance(said, dict)
-    assert said["users"] == {"alice": {"runs": 1, "node_hours": 1.0, "gpu_hours": 2.0,
+    assert said["users"] == {me: {"runs": 1, "node_hours": 1.0, "gpu_hours": 2.0,
                                        "idle_gpu_hours": 0.0}}
 
 

@@ -1,0 +1,1 @@
+../../roles/slurm/files/untrusted.py
