@@ -8,7 +8,6 @@ import argparse
 from pathlib import Path
 
 from .. import defaults
-from ..errors import ClusterError
 from ..run.lifecycle import attach_run
 from . import values
 
@@ -18,14 +17,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Stream every node's log of RUN, prefixed like train, "
                        "and exit with the run's exit status when it ends. Ctrl-C detaches "
                        "without stopping the run.")
-    p.add_argument("run", help="run id (see `python -m orchestrator runs`)")
-    p.add_argument("--tail", type=int, metavar="N",
+    p.add_argument("run", type=values.run_id, help="run id (see `python -m orchestrator runs`)")
+    p.add_argument("--tail", type=values.whole(0, "lines"), metavar="N",
                    help="start with the last N lines of each node (default: from the start)")
     p.add_argument("--runs-dir", type=values.runs_dir, default=str(defaults.RUNS_DIR))
     p.set_defaults(func=_main)
 
 
 def _main(args: argparse.Namespace) -> int:
-    if args.tail is not None and args.tail < 0:
-        raise ClusterError(f"--tail {args.tail}: give a number of lines, 0 or more")
     return attach_run(Path(args.runs_dir), args.run, args.tail)

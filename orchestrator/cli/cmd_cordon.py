@@ -26,10 +26,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "and since when. With NODE: cordon it (every user's preflight refuses "
                        "it; on Slurm it is drained too) until `uncordon NODE`. Runs that "
                        "lose a node, and doctor, cordon it themselves. " + WHO_LIFTS)
-    c.add_argument("node", nargs="?", help="the node's inventory name")
+    c.add_argument("node", nargs="?", type=values.node(), help="the node's inventory name")
     c.add_argument("--why", type=values.text("the reason"),
                    help="the reason every refusal will name (with NODE: required)")
-    c.add_argument("-i", "--inventory", default=str(defaults.INVENTORY))
+    c.add_argument("-i", "--inventory", type=values.inventory, default=str(defaults.INVENTORY))
     c.set_defaults(func=_cordon)
     u = sub.add_parser("uncordon", aliases=["undrain"],
                        help="return a cordoned (and drained) node to service",
@@ -37,8 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "record says so, and on a Slurm cluster Slurm takes it back. A clean "
                        "`doctor` on the node does the same, as its user, by the same rule. "
                        + WHO_LIFTS)
-    u.add_argument("node", help="the node's inventory name (also its Slurm name)")
-    u.add_argument("-i", "--inventory", default=str(defaults.INVENTORY))
+    u.add_argument("node", type=values.node(),
+                   help="the node's inventory name (also its Slurm name)")
+    u.add_argument("-i", "--inventory", type=values.inventory, default=str(defaults.INVENTORY))
     u.set_defaults(func=_uncordon)
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from ..provision.data import (
     CIFAR10_MD5,
@@ -13,6 +12,9 @@ from ..provision.data import (
     fetch_cifar10,
     write_synthetic,
 )
+from . import values
+
+DEST = values.path("the directory to write the dataset in")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -25,12 +27,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     v = verbs.add_parser("cifar10", help="the real CIFAR-10 (download or --archive)",
                          description=f"Download {CIFAR10_URL} (or take --archive), verify "
                          "its MD5 and unpack it.")
-    v.add_argument("--dest", type=Path, required=True,
+    v.add_argument("--dest", type=DEST, required=True,
                    help="target directory, e.g. /mnt/cluster/data/cifar10")
-    v.add_argument("--archive", type=Path, default=None,
+    v.add_argument("--archive", type=values.path("a cifar-10-python.tar.gz"), default=None,
                    help="a local cifar-10-python.tar.gz (air-gapped clusters)")
-    v.add_argument("--url", default=CIFAR10_URL, help="download from a mirror instead")
-    v.add_argument("--md5", default=CIFAR10_MD5,
+    v.add_argument("--url", default=CIFAR10_URL, type=values.text("a download address"),
+                   help="download from a mirror instead")
+    v.add_argument("--md5", default=CIFAR10_MD5, type=values.text("the archive's MD5"),
                    help="expected MD5 of the archive (default: the official one)")
     v.add_argument("--force", action="store_true", help="replace an existing copy")
     v.set_defaults(func=_cifar10)
@@ -39,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                          description="Each class is a random pattern of coloured 8x8 "
                          "blocks plus per-pixel noise: a CNN learns it in a few epochs, "
                          "so a working training run ends far above chance.")
-    v.add_argument("--dest", type=Path, required=True)
+    v.add_argument("--dest", type=DEST, required=True)
     v.add_argument("--train-per-class", type=int, default=100)
     v.add_argument("--test-per-class", type=int, default=20)
     v.add_argument("--classes", type=int, default=10)

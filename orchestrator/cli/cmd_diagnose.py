@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "detached): a py-spy dump of every worker on every node, grouped "
                        "by where the ranks are; the odd ones out are named. The run goes "
                        "on undisturbed.")
-    p.add_argument("run", help="run id (see `python -m orchestrator runs`)")
+    p.add_argument("run", type=values.run_id, help="run id (see `python -m orchestrator runs`)")
     p.add_argument("--native", action="store_true",
                    help="with C/C++ frames (slower; shows where in torch a rank waits)")
     p.add_argument("--json", action="store_true", help="print the analysis as JSON")

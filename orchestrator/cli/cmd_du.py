@@ -12,6 +12,7 @@ from ..cluster.inventory import load_cluster
 from ..cluster.share_usage import share_usage
 from ..node.du import KINDS
 from ..node.space import size
+from . import values
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--all", action="store_true", dest="everyone",
                    help="read every user's directories as root (sudo on the first node)")
     d.add_argument("--json", action="store_true", help="print the figures as JSON")
-    d.add_argument("-i", "--inventory", default=str(defaults.INVENTORY))
+    d.add_argument("-i", "--inventory", type=values.inventory, default=str(defaults.INVENTORY))
     d.set_defaults(func=_du)
 
 

@@ -29,16 +29,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         "a detached notebook again; `notebook stop RUN` ends it.")
     p.add_argument("action", nargs="?", choices=("start", "connect", "stop"), default=None,
                    help="start (default), connect RUN or stop RUN")
-    p.add_argument("run", nargs="?", default=None, help="the notebook's run id (connect, stop)")
-    p.add_argument("-i", "--inventory",
+    p.add_argument("run", nargs="?", default=None, type=values.run_id,
+                   help="the notebook's run id (connect, stop)")
+    p.add_argument("-i", "--inventory", type=values.inventory,
                    help=f"Ansible inventory (default: {defaults.INVENTORY})")
-    p.add_argument("--host", metavar="NODE", type=values.text("a node's inventory name"),
+    p.add_argument("--host", metavar="NODE", type=values.node("a notebook runs on one node"),
                    help="the node, by inventory name (default: the training node with the "
                    "fewest runs and GPU processes; with --queue, the one Slurm grants)")
     p.add_argument("--python-env", metavar="NAME",
                    help="the kernels run in your own environment NAME (env create) instead "
                    "of the cluster's; it needs jupyterlab")
-    p.add_argument("--port", type=int, metavar="PORT",
+    p.add_argument("--port", type=values.port(), metavar="PORT",
                    help="this machine's end of the tunnel (default: 8888 or the next free "
                    "port)")
     p.add_argument("--detach", action="store_true",
@@ -56,6 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q = p.add_argument_group("through Slurm's queue (an inventory with cluster_scheduler: slurm)")
     q.add_argument("--queue", action="store_true",
                    help="ask Slurm for the node and wait in its queue")
+    # These four are checked as train's are (run/spec.py: the spec's declared options).
     q.add_argument("--gpus-per-node", type=int, metavar="G",
                    help="GPUs to ask for (default: every GPU of the node)")
     q.add_argument("--partition", help="Slurm partition")
@@ -68,8 +70,6 @@ def _main(args: argparse.Namespace) -> int:
     action = getattr(args, "action", None) or "start"
     runs_dir = Path(getattr(args, "runs_dir", defaults.RUNS_DIR))
     port = getattr(args, "port", None)
-    if port is not None and not 1 <= port <= 65535:
-        raise LaunchError(f"--port {port}: give a port of this machine, 1-65535")
     if action == "start":
         if getattr(args, "run", None):
             raise LaunchError(f"notebook {args.run}: a run id goes with connect or stop "

@@ -12,11 +12,12 @@ from . import values
 
 
 def add_selection_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-i", "--inventory", default=str(defaults.INVENTORY),
+    p.add_argument("-i", "--inventory", type=values.inventory, default=str(defaults.INVENTORY),
                    help="Ansible inventory, the one site.yml uses (default: %(default)s)")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--nodes", type=int, help="use the first N nodes of train_nodes")
-    group.add_argument("--hosts", help="use these nodes, by inventory name: a,b")
+    group.add_argument("--hosts", type=values.text("inventory names separated by commas"),
+                       help="use these nodes, by inventory name: a,b")
 
 
 def add_python_env_arg(p: argparse.ArgumentParser) -> None:
@@ -40,8 +41,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "at once.")
     add_selection_args(p)
     add_python_env_arg(p)
-    p.add_argument("--master-port", type=int, help="port to check on node 0 "
-                   f"(default: cluster_rendezvous_port, else {defaults.RENDEZVOUS_PORT})")
+    p.add_argument("--master-port", type=values.port(values.LEAST_MASTER_PORT),
+                   help="port to check on node 0 (default: cluster_rendezvous_port, else "
+                   f"{defaults.RENDEZVOUS_PORT})")
     p.add_argument("--share-gpus", action="store_true",
                    help="a node in use by another run or GPU process is a warning, not a "
                    "problem")

@@ -7,15 +7,18 @@ from pathlib import Path
 
 from .. import defaults
 from ..provision.site import provision
+from . import values
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("provision", help="configure the nodes: run site.yml with ansible-runner")
-    p.add_argument("-i", "--inventory", default=str(defaults.INVENTORY))
-    p.add_argument("--limit", help="only these hosts/groups (Ansible pattern)")
-    p.add_argument("--tags", help="only tasks with these tags")
+    p.add_argument("-i", "--inventory", type=values.inventory, default=str(defaults.INVENTORY))
+    p.add_argument("--limit", type=values.text("the hosts or groups (an Ansible pattern)"),
+                   help="only these hosts/groups (Ansible pattern)")
+    p.add_argument("--tags", type=values.text("the tags"), help="only tasks with these tags")
     p.add_argument("--check", action="store_true", help="dry run: report what would change")
     p.add_argument("--playbook", default="site.yml",
+                   type=values.text("a playbook, relative to the repository"),
                    help="playbook, relative to the repository (default: %(default)s)")
     p.add_argument("-e", "--extra-vars", action="append", metavar="K=V",
                    help="extra variables for the playbook (repeatable)")

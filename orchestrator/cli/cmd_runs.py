@@ -24,13 +24,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("show", nargs="?", metavar="show|report",
                    help="show RUN: status, each node's end, step times, stragglers, hang; "
                    "report RUN: write RUN/report.html again (every run gets one at its end)")
-    p.add_argument("run", nargs="?", help="the run to show or report")
+    p.add_argument("run", nargs="?", type=values.run_id, help="the run to show or report")
     p.add_argument("--runs-dir", type=values.runs_dir, default=str(defaults.RUNS_DIR))
     p.set_defaults(func=_runs)
 
     p = sub.add_parser("logs", help="show a run's logs (all nodes, or one)")
-    p.add_argument("run", help="run id (see `python -m orchestrator runs`)")
-    p.add_argument("--node", help="only this node's log")
+    p.add_argument("run", type=values.run_id, help="run id (see `python -m orchestrator runs`)")
+    p.add_argument("--node", type=values.node(), help="only this node's log")
     p.add_argument("--follow", "-f", action="store_true",
                    help="keep printing new lines until the run ends")
     p.add_argument("--runs-dir", type=values.runs_dir, default=str(defaults.RUNS_DIR))

@@ -6,8 +6,9 @@ import argparse
 from pathlib import Path
 
 from .. import defaults
-from ..record.rundir import RUN_ID, open_run
+from ..record.rundir import open_run
 from ..run.settle import current_attempt
+from ..run.spec import check_grace
 from ..run.stop import stop_run
 from . import values
 
@@ -16,9 +17,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("stop", help="stop a running job on every node",
                        description="SIGTERM to the run's process group on each node, "
                        "SIGKILL after the grace period. Other runs are not touched.")
-    p.add_argument("run", help="run id (see `python -m orchestrator runs`)")
+    p.add_argument("run", type=values.run_id, help="run id (see `python -m orchestrator runs`)")
     p.add_argument("--runs-dir", type=values.runs_dir, default=str(defaults.RUNS_DIR))
-    p.add_argument("-i", "--inventory",
+    p.add_argument("-i", "--inventory", type=values.inventory,
                    help="connect with this inventory (default: the one the run used)")
     p.add_argument("--grace", type=float, default=defaults.GRACE,
                    help="seconds between SIGTERM and SIGKILL (default: %(default)s)")
@@ -26,11 +27,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
-    if RUN_ID.match(args.run):   # a run whose node failed and that recovered: its attempt now
-        attempt = current_attempt(open_run(Path(args.runs_dir), args.run)).run_id
-        if attempt != args.run:
-            print(f"run {args.run} recovered from a failed node and runs as {attempt} now")
-            args.run = attempt
+    check_grace(args.grace)   # before a live run is settled through its nodes
+    # A run whose node failed and that recovered: its attempt now.
+    attempt = current_attempt(open_run(Path(args.runs_dir), args.run))
+    attempt.info(*(() if args.inventory else ("inventory",)))   # its nodes are asked through it
+    if attempt.run_id != args.run:
+        print(f"run {args.run} recovered from a failed node and runs as {attempt.run_id} now")
+        args.run = attempt.run_id
     results = stop_run(Path(args.runs_dir), args.run, args.grace, args.inventory)
     if not results:
         print(f"run {args.run} was waiting in Slurm's queue: its job was cancelled; nothing "

@@ -20,7 +20,7 @@ from ..run.spec import Given, RunSpec, from_sources, read_job_file
 from ..run.stop import stop_run
 from ..sweep.record import STOP, SweepRecord, TrialState, new_sweep, open_sweep
 from ..sweep.report import REPORT, write_sweep_report
-from ..sweep.runner import ENDED, Sweep, default_parallel
+from ..sweep.runner import ENDED, Sweep, check_nodes, default_parallel
 from ..sweep.spec import read_sweep_file
 from ..sweep.table import table
 from . import values
@@ -72,6 +72,7 @@ def _run(args: argparse.Namespace) -> int:
                      ("run_id", "the sweep names its trials' runs: take run_id out")):
         if getattr(base, key):
             raise InputError(f"{path}: {key}: {fix}")
+    check_nodes(base)   # before the record: a sweep train would refuse is none
     trials = sweep.expand()
     parallel = sweep.parallel or default_parallel(base, len(trials))
     record = new_sweep(base.runs_dir, path.absolute(), sweep, trials, parallel)
@@ -230,6 +231,7 @@ def _resume(args: argparse.Namespace) -> int:
               "nothing to run")
         return 0
     base = from_sources(read_job_file(record.path / JOB, RunSpec))
+    check_nodes(base)   # the inventory may have changed since
     (record.path / STOP).unlink(missing_ok=True)
     for t in again:
         t.state = TrialState.PENDING

@@ -15,6 +15,7 @@ from ..cluster.inventory import load_cluster
 from ..cluster.share_usage import run_usage
 from ..errors import InputError
 from ..node.sysmetrics import GPU_IDLE_PCT
+from . import values
 
 DEFAULT_DAYS = 30
 
@@ -30,25 +31,25 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "everyone's with --all (as root, through sudo). On a Slurm cluster, "
                        "Slurm's own accounting (sacct) of the same window follows: every "
                        "allocation, whatever started it.")
-    u.add_argument("--since", metavar="DATE",
+    u.add_argument("--since", metavar="DATE", type=values.since,
                    help="YYYY-MM-DD or YYYY-MM-DDTHH:MM (local time)")
     u.add_argument("--runs", action="store_true", help="a line per run as well")
     u.add_argument("--all", action="store_true", dest="everyone",
                    help="every user's records, read as root (sudo on the first node)")
     u.add_argument("--json", action="store_true", help="print the figures as JSON")
-    u.add_argument("-i", "--inventory", default=str(defaults.INVENTORY))
+    u.add_argument("-i", "--inventory", type=values.inventory, default=str(defaults.INVENTORY))
     u.set_defaults(func=_usage)
 
 
 def since_of(text: str | None, now: float, verb: str = "usage") -> float:
-    """--since of VERB as seconds since the epoch (InputError naming the forms it takes)."""
+    """--since of VERB as seconds since the epoch (InputError naming the forms it takes,
+    or today for a date after NOW)."""
     if text is None:
         return now - DEFAULT_DAYS * 86400
     try:
-        return datetime.fromisoformat(text).timestamp()
-    except ValueError:
-        raise InputError(f"{verb} --since {text!r}: not a date; give YYYY-MM-DD or "
-                         "YYYY-MM-DDTHH:MM (local time)") from None
+        return values.past(text, now)
+    except ValueError as exc:
+        raise InputError(f"{verb} --since {exc}") from None
 
 
 def _usage(args: argparse.Namespace) -> int:
@@ -108,4 +109,6 @@ def table(found: dict[str, Any], runs: bool = False) -> list[str]:
     for u in found.get("unread") or []:
         lines.append(f"not read: {u['path']} (owned by {u['owner']}): {u['why']}; an admin "
                      "sees it with usage --all")
+    for u in found.get("refused") or []:   # a record in a user's place by someone else
+        lines.append(f"not counted: {u['path']} (owned by {u['owner']}): {u['why']}")
     return lines

@@ -6,7 +6,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..provision.envfile import check_python_version
 from ..provision.wheelhouse import LOCK, WheelhouseRequest, build
+
+
+def _python_version(value: str) -> str:
+    """The type of --python-version: X.Y or X.Y.Z, refused by argparse otherwise."""
+    try:
+        return check_python_version(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -18,8 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--env", type=Path, default=Path("environment.yml"),
                    help="environment file (default: environment.yml)")
     p.add_argument("--dest", type=Path, required=True, help="wheelhouse directory")
-    p.add_argument("--python-version", help="nodes' python, e.g. 3.11, when it differs from "
-                   "this machine's (wheels only)")
+    p.add_argument("--python-version", type=_python_version, help="nodes' python, e.g. "
+                   "3.11, when it differs from this machine's (wheels only)")
     p.add_argument("--platform", help="nodes' wheel platform, e.g. manylinux_2_28_x86_64, "
                    "when it differs from this machine's (wheels only)")
     p.add_argument("--extra-index-url", help="extra package index, e.g. "

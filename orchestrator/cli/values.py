@@ -1,15 +1,24 @@
 """Argument types the verbs share: each refuses, as argparse's error (exit 2, with the
 verb's usage), a value that is wrong on its face, before the verb runs: an empty text
-(never taken for "not given") and a runs directory that is a file (never read as "no
-runs")."""
+(never taken for "not given"), a runs directory that is a file (never read as "no
+runs"), a run id that is a path (never read outside the runs directory), a port out of
+range, a count below its least, a date in the future, two nodes where one is meant."""
 
 from __future__ import annotations
 
 import argparse
+import re
+import time
 from collections.abc import Callable
+from datetime import date, datetime
 from pathlib import Path
 
 from .. import defaults
+from ..errors import ClusterError
+from ..record.rundir import check_run_id
+
+DATE_FORMS = "YYYY-MM-DD or YYYY-MM-DDTHH:MM (local time)"
+LEAST_MASTER_PORT = 1024   # a master port, as train's --master-port (run/spec.py)
 
 
 def text(what: str) -> Callable[[str], str]:
@@ -21,6 +30,17 @@ def text(what: str) -> Callable[[str], str]:
     return check
 
 
+def path(what: str) -> Callable[[str], Path]:
+    """The type of an option whose value is a path, WHAT, not empty (never taken for the
+    current directory)."""
+    def check(value: str) -> Path:
+        return Path(text(what)(value))
+    return check
+
+
+inventory = text("an Ansible inventory file (the one site.yml uses)")
+
+
 def runs_dir(value: str) -> str:
     """The type of --runs-dir: a directory, or a path where none is yet."""
     text("the directory the runs are recorded in")(value)
@@ -28,4 +48,78 @@ def runs_dir(value: str) -> str:
         raise argparse.ArgumentTypeError(
             f"{value} is not a directory; give the directory the runs are recorded in "
             f"(default: {defaults.RUNS_DIR})")
+    return value
+
+
+def run_id(value: str) -> str:
+    """The type of a verb's RUN: a run's id, the name of its record in --runs-dir (never
+    a path: '..', '/', ...)."""
+    try:
+        return check_run_id(value)
+    except ClusterError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def node(why: str = "") -> Callable[[str], str]:
+    """The type of an option whose value is one node's inventory name (WHY: what one
+    node is for, said when the value names more)."""
+    def check(value: str) -> str:
+        text("a node's inventory name")(value)
+        names = [n for n in re.split(r"[,\s]+", value) if n]
+        if len(names) != 1 or names[0] != value:
+            raise argparse.ArgumentTypeError(
+                f"{value!r} is not one node's inventory name{'; ' + why if why else ''}: "
+                f"give one (e.g. {names[0] if names else 'node0'})")
+        return value
+    return check
+
+
+def port(least: int = 1) -> Callable[[str], int]:
+    """The type of an option whose value is a port, LEAST to 65535."""
+    def check(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a port; choose a port in "
+                                             f"{least}-65535") from None
+        if not least <= number <= 65535:
+            raise argparse.ArgumentTypeError(f"{value}: choose a port in {least}-65535")
+        return number
+    return check
+
+
+def whole(least: int, what: str) -> Callable[[str], int]:
+    """The type of an option whose value is a whole number of WHAT, LEAST or more."""
+    def check(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            number = least - 1
+        if number < least:
+            raise argparse.ArgumentTypeError(f"{value}: give a number of {what}, {least} or "
+                                             "more")
+        return number
+    return check
+
+
+def past(value: str, now: float | None = None) -> float:
+    """VALUE, a date or a time (local), as seconds since the epoch; ValueError saying
+    why unless it is one, and not after NOW."""
+    try:
+        at = datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        raise ValueError(f"{value!r}: not a date; give {DATE_FORMS}") from None
+    now = time.time() if now is None else now
+    if at > now:
+        raise ValueError(f"{value} is in the future (today is {date.fromtimestamp(now)}); "
+                         "give a date up to today")
+    return at
+
+
+def since(value: str) -> str:
+    """The type of --since: a date or time not after now (`past`)."""
+    try:
+        past(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     return value

@@ -22,6 +22,7 @@ from typing import Any
 from .. import contract, defaults
 from ..errors import InventoryError
 from ..node.protocol import ENV_NAME_PATTERN, ENVS_DIR
+from . import inventory_schema as schema
 from .ssh import SshTarget
 
 TRAIN_GROUP = "train_nodes"
@@ -82,8 +83,8 @@ class Cluster:
     def rendezvous_span(self) -> int:
         """The inventory's cluster_rendezvous_port_span: the master ports a run may take,
         from rendezvous_port up."""
-        return int(self.variables.get("cluster_rendezvous_port_span")
-                   or defaults.RENDEZVOUS_SPAN)
+        value = self.variables.get("cluster_rendezvous_port_span")
+        return defaults.RENDEZVOUS_SPAN if value is None else int(value)
 
     @property
     def admin_group(self) -> str:
@@ -150,7 +151,7 @@ class Cluster:
 def check_env_name(name: str, label: str) -> str:
     """NAME, when it can name a user's own environment (env create --name, train
     --python-env); InventoryError naming LABEL otherwise."""
-    if not re.match(ENV_NAME_PATTERN, name):
+    if not re.fullmatch(ENV_NAME_PATTERN, name):
         raise InventoryError(f"{label} {name!r}: an environment's name is letters, digits, "
                              "'_', '.' and '-', starting with a letter or digit (64 at most), "
                              "e.g. myproject")
@@ -168,15 +169,15 @@ _PARAMIKO_OPTIONS = {"host": "remote_addr", "remote_user": "remote_user", "port"
                      "private_key_file": "private_key_file",
                      "host_key_checking": "host_key_checking", "timeout": "timeout",
                      "proxy_command": "proxy_command"}
-_OWN_VARS = ("cluster_address", "cluster_shared_path", "cluster_rendezvous_port",
-             "cluster_scheduler", "cluster_ring_ports",
-             "cluster_rendezvous_port_span", "cluster_admin_group", "python_env_backend",
-             "cluster_min_free_gb",
-             "ansible_python_interpreter",
-             # node paths the roles make configurable (NodeSpec, _ROLE_PATHS)
-             "python_env_state_dir", "common_cluster_env_file",
-             # how preflight checks the shared path's mount (preflight.shared_spec)
-             "cluster_shared_fstypes", "nfs_client_kernel_mount")
+# The variables that say where and as whom ssh logs in (the ssh plugin's, the paramiko
+# plugin's), each checked as written, before Ansible reads them (True as port 1...).
+_HOST_VARS = ("ansible_host", "ansible_ssh_host", "ansible_paramiko_host")
+_SSH_PORT = schema.port(1)
+_LOGIN_VARS = {**{v: schema.address for v in _HOST_VARS},
+               **{v: _SSH_PORT for v in ("ansible_port", "ansible_ssh_port",
+                                         "ansible_paramiko_port")},
+               **{v: schema.login for v in ("ansible_user", "ansible_ssh_user",
+                                            "ansible_paramiko_user")}}
 
 
 def _load_ansible(path: Path):
@@ -264,18 +265,14 @@ def _target(hv: dict[str, Any], name: str, path: Path) -> SshTarget:
                 for mine, theirs in _PARAMIKO_OPTIONS.items()}
     else:
         opts = {}
+    for variable, kind in _LOGIN_VARS.items():
+        schema.checked(variable, kind, hv.get(variable), path, name)
     opts.update({option: _option("ssh", option, hv, name, path)
                  for option in _SSH_OPTIONS if option not in opts})
-    try:
-        port = int(opts["port"]) if opts["port"] not in (None, "") else None
-    except (TypeError, ValueError):
-        raise InventoryError(f"{name}: ansible_port must be a number in {path}, "
-                             f"not {opts['port']!r}") from None
+    host, user, port = _checked_login(opts, hv, name, path)
     key = opts["private_key_file"]
     return SshTarget(
-        host=str(opts["host"] or name),
-        user=str(opts["remote_user"]) if opts["remote_user"] else None,
-        port=port,
+        host=host, user=user, port=port,
         private_key_file=os.path.expanduser(str(key)) if key else None,
         host_key_checking=bool(opts["host_key_checking"]),
         ssh_executable=str(opts["ssh_executable"] or "ssh"),
@@ -285,6 +282,22 @@ def _target(hv: dict[str, Any], name: str, path: Path) -> SshTarget:
         timeout=int(opts["timeout"] or 10),
         proxy_command=str(opts.get("proxy_command") or "") or None,
     )
+
+
+def _checked_login(opts: dict[str, Any], hv: dict[str, Any], name: str, path: Path
+                   ) -> tuple[str, str | None, int | None]:
+    """The host, user and port ssh is given for NAME, wherever they were set (the
+    inventory name, ansible.cfg...), each refused when it is not a plausible one: a host
+    ssh would read as an option above all."""
+    schema.checked("inventory name", schema.address, name, path, name, "rename the host "
+                   "(its ansible_host, if it has one, says where ssh goes)")
+    given = next((v for v in _HOST_VARS if hv.get(v) not in (None, "")), "inventory name")
+    host = schema.checked(given, schema.address, opts["host"] or name, path, name)
+    user = schema.checked("ansible_user", schema.login, opts["remote_user"] or None, path,
+                          name)
+    port = None if opts["port"] in (None, "") else schema.checked(
+        "ansible_port", _SSH_PORT, opts["port"], path, name)
+    return host, user, port
 
 
 def _option(plugin: str, option: str, hv: dict[str, Any], name: str, path: Path) -> Any:
@@ -315,56 +328,37 @@ def load_cluster(path: str | os.PathLike[str] = defaults.INVENTORY) -> Cluster:
         raise InventoryError(
             f"inventory {path} has no hosts in group '{TRAIN_GROUP}'; list the training "
             "nodes there in order (the first is node 0, see docs/CONVENTIONS.md)")
+    _refuse_redefined(path)
     nodes = []
     first: dict[str, Any] = {}
     for host in hosts:
         renderer = _Renderer(loader, variables.get_vars(host=host), host.name, path)
-        if not first:
-            first = {k: renderer.get(k) for k in _OWN_VARS}
-        nodes.append(_node(host.name, renderer, path))
+        own = {v.name: schema.check(v, renderer.get(v.name), path,
+                                    host.name if v.per_node else "")
+               for v in schema.VARIABLES if v.per_node or not first}
+        first = first or own
+        nodes.append(_node(host.name, renderer, own, path))
     _refuse_duplicates(nodes, path)
-    try:
-        port = int(first.get("cluster_rendezvous_port") or defaults.RENDEZVOUS_PORT)
-    except (TypeError, ValueError):
-        raise InventoryError(f"cluster_rendezvous_port in {path} must be a port number, "
-                             f"not {first.get('cluster_rendezvous_port')!r}") from None
-    cluster = Cluster(path, tuple(nodes),
-                      str(first.get("cluster_shared_path") or defaults.SHARED_PATH),
+    port = first["cluster_rendezvous_port"] or defaults.RENDEZVOUS_PORT
+    cluster = Cluster(path, tuple(nodes), first["cluster_shared_path"] or defaults.SHARED_PATH,
                       port, first)
-    try:
-        contract.rules().port_range(cluster.ring_ports)   # the firewall's rule
-    except ValueError as exc:
-        raise InventoryError(f"cluster_ring_ports in {path}: {exc}") from None
-    try:
-        span = cluster.rendezvous_span
-    except (TypeError, ValueError):
-        span = 0
-    if not 1 <= span <= 65536 - port:
+    if not 1 <= cluster.rendezvous_span <= 65536 - port:
         raise InventoryError(f"cluster_rendezvous_port_span in {path}: "
                              f"{first.get('cluster_rendezvous_port_span')!r}: give the number "
                              f"of master ports from {port} up, at least 1, the last at most "
                              "65535 (default 200)")
-    try:
-        min_free = cluster.min_free_gb
-    except (TypeError, ValueError):
-        min_free = -1.0
-    if not min_free >= 0:
-        raise InventoryError(f"cluster_min_free_gb in {path}: "
-                             f"{first.get('cluster_min_free_gb')!r}: give the GiB a run needs "
-                             "free on the share and on each node's home and temporary "
-                             f"directory, a number of 0 or more (default {defaults.MIN_FREE_GB:g})")
     return cluster
 
 
-def _node(name: str, renderer: _Renderer, path: Path) -> NodeSpec:
+def _node(name: str, renderer: _Renderer, own: dict[str, Any], path: Path) -> NodeSpec:
+    """NAME's node; OWN: its variables of inventory_schema, checked."""
     target = _target(renderer.rendered(), name, path)
     cluster_address = contract.member_address(
-        name, {"cluster_address": renderer.get("cluster_address"), "ansible_host": target.host})
-    interpreter = str(renderer.get("ansible_python_interpreter") or defaults.NODE_PYTHON)
+        name, {"cluster_address": own["cluster_address"], "ansible_host": target.host})
+    interpreter = own["ansible_python_interpreter"] or defaults.NODE_PYTHON
     if "auto" in interpreter:
         interpreter = defaults.NODE_PYTHON
-    paths = {variable: str(renderer.get(variable) or _role_path(variable))
-             for variable in _ROLE_PATHS}
+    paths = {variable: own[variable] or _role_path(variable) for variable in _ROLE_PATHS}
     return NodeSpec(name=name, ssh=target, cluster_address=cluster_address,
                     python=interpreter, env_state_dir=paths["python_env_state_dir"],
                     cluster_env_file=paths["common_cluster_env_file"])
@@ -383,3 +377,48 @@ def _refuse_duplicates(nodes: list[NodeSpec], path: Path) -> None:
                     f"({node.cluster_address if what == 'cluster_address' else node.ssh.host}); "
                     "each training node must be a different machine: fix ansible_host / "
                     "cluster_address of one of them")
+
+
+# What makes two lines of an INI inventory two machines under one name.
+_ADDRESS_VARS = ("ansible_host", "ansible_port", "cluster_address")
+
+
+def _ini_host_lines(text: str) -> list[tuple[int, str, dict[str, str]]]:
+    """(line number, host, its key=value words) of each host line of an INI inventory
+    (the lines of its [group] sections and before the first, not of :vars or :children)."""
+    found, hosts = [], True
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if line.startswith("[") and line.endswith("]"):
+            hosts = ":" not in line or line[1:-1].rpartition(":")[2] == "hosts"
+            continue
+        if not hosts or not line or line.startswith(("#", ";")):
+            continue
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError:
+            continue
+        if words:
+            found.append((number, words[0], dict(w.split("=", 1) for w in words[1:]
+                                                 if "=" in w)))
+    return found
+
+
+def _refuse_redefined(path: Path) -> None:
+    """An INI inventory's host written twice with two addresses: Ansible keeps the
+    last, which is not the machine the first line names."""
+    if not path.is_file() or path.suffix in (".yml", ".yaml", ".json") or \
+            os.access(path, os.X_OK):   # YAML, or a script's output: not INI lines
+        return
+    seen: dict[tuple[str, str], tuple[int, str]] = {}
+    for number, host, words in _ini_host_lines(path.read_text(errors="replace")):
+        for key in _ADDRESS_VARS:
+            if key not in words:
+                continue
+            first, value = seen.setdefault((host, key), (number, words[key]))
+            if value != words[key]:
+                raise InventoryError(
+                    f"{host} is defined twice in {path} with two addresses: line {first} "
+                    f"says {key}={value}, line {number} says {key}={words[key]} (Ansible "
+                    "keeps the last); give each machine its own name, or the same "
+                    f"{key} on both lines")

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import PreflightError
+from ..errors import InventoryError, PreflightError
 from .fanout import each
 
 CONNECT_TIMEOUT = 10
@@ -64,6 +64,20 @@ class SshTarget:
     timeout: int = CONNECT_TIMEOUT
     proxy_command: str | None = None         # ansible_paramiko_proxy_command (%h %p %r)
 
+    def __post_init__(self) -> None:
+        # The inventory refuses such a host (inventory_schema.address); this is the last
+        # line: a host OpenSSH would take for an option (-oProxyCommand=...) or for words.
+        if not self.host or self.host.startswith("-") or any(
+                c.isspace() or ord(c) < 32 for c in self.host):
+            raise InventoryError(
+                f"SSH host {self.host!r} would be read by ssh as an option or as words; "
+                "give a host name or an IP address (ansible_host in the inventory)")
+
+    def at(self, *command: str) -> list[str]:
+        """The end of an ssh command line: the host, then COMMAND to run there. After
+        `--`, so that nothing in it is read as an option."""
+        return ["--", self.host, *command]
+
     def options(self) -> list[str]:
         """The arguments Ansible's ssh plugin gives, in its order (the first value of an
         option wins in OpenSSH, so the order matters)."""
@@ -87,7 +101,7 @@ class SshTarget:
     def effective(self) -> dict[str, str]:
         """OpenSSH's resolved settings for this node (`ssh -G`: ~/.ssh/config applied,
         nothing connected): user, hostname, port, proxyjump..."""
-        proc = subprocess.run([self.ssh_executable, "-G", *self.options(), self.host],
+        proc = subprocess.run([self.ssh_executable, "-G", *self.options(), *self.at()],
                               capture_output=True, text=True, timeout=10)
         settings: dict[str, str] = {}
         for line in proc.stdout.splitlines():
@@ -133,7 +147,7 @@ class Connection:
             self._pid_asked = True
             check = subprocess.run([self.target.ssh_executable, "-o",
                                     f"ControlPath={self.control_path}", "-O", "check",
-                                    self.target.host], capture_output=True, text=True,
+                                    *self.target.at()], capture_output=True, text=True,
                                    timeout=10, check=False)
             found = re.search(r"pid=(\d+)", check.stderr + check.stdout)
             self._master_pid = int(found.group(1)) if found else None
@@ -141,7 +155,7 @@ class Connection:
 
     def _argv(self, ours: list[str], *rest: str) -> list[str]:
         # Ours first: they must win over ansible.cfg's ControlMaster/ControlPath. The
-        # host and the remote command come last.
+        # host and the remote command come last (SshTarget.at).
         return [self.target.ssh_executable, "-o", f"ControlPath={self.control_path}",
                 "-o", "BatchMode=yes", *ours, *self.target.options(), *rest]
 
@@ -150,7 +164,7 @@ class Connection:
         argv = self._argv(["-o", "ControlMaster=yes", "-o", f"ControlPersist={MASTER_PERSIST}",
                            "-o", f"ServerAliveInterval={ALIVE_INTERVAL}",
                            "-o", f"ServerAliveCountMax={ALIVE_COUNT}", "-f", "-N"],
-                          self.target.host)
+                          *self.target.at())
         each = self.target.timeout * 3 + 10   # seconds an attempt may take
         deadline = None if within is None else time.monotonic() + within
 
@@ -191,7 +205,7 @@ class Connection:
         """What a ProxyJump/ProxyCommand said when the master failed: a master with
         ControlPersist sends the proxy's messages to /dev/null, so that a key the bastion
         refused shows only as a closed connection. Asked again without a master."""
-        argv = alone(self.target, self.target.host, "--", "exit")
+        argv = alone(self.target, *self.target.at("exit"))
         try:
             return subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
                                   text=True, timeout=timeout).stderr
@@ -205,7 +219,7 @@ class Connection:
 
     def command(self, command: str) -> list[str]:
         """argv that runs COMMAND (one shell string) on the node over the master."""
-        return [*self.shell(), self.target.host, "--", command]
+        return [*self.shell(), *self.target.at(command)]
 
     def run(self, command: str, timeout: float = 60.0, stdin: str | None = None) -> Result:
         """Run COMMAND on the node; wait for it; return its exit code and output."""
@@ -253,7 +267,7 @@ class Connection:
             try:
                 told = subprocess.run([self.target.ssh_executable, "-o",
                                        f"ControlPath={self.control_path}", "-O", "exit",
-                                       self.target.host], capture_output=True, timeout=10,
+                                       *self.target.at()], capture_output=True, timeout=10,
                                       check=False).returncode == 0
             except subprocess.TimeoutExpired:
                 pass
@@ -269,7 +283,8 @@ class Connection:
 
 def alone(target: SshTarget, *rest: str, ours: tuple[str, ...] = ()) -> list[str]:
     """argv of an SSH connection of its own to TARGET (no master shared, none left behind),
-    with OURS before the node's options (the first value of an option wins)."""
+    with OURS before the node's options (the first value of an option wins), then REST
+    (TARGET.at(...): the host and the command; none for rsync's --rsh)."""
     return [target.ssh_executable, "-o", "BatchMode=yes", "-o", "ControlMaster=no",
             "-o", "ControlPath=none", "-o", "ControlPersist=no", *ours, *target.options(),
             *rest]
@@ -282,7 +297,7 @@ def forward(target: SshTarget, local_port: int, remote_port: int) -> subprocess.
     taken) or the node stops answering; its words are on the process's stderr. It ends
     with the thread that opened it, however that ends (kill -9 included)."""
     return subprocess.Popen(
-        alone(target, target.host, ours=(
+        alone(target, *target.at(), ours=(
             "-N", "-o", "ExitOnForwardFailure=yes",
             "-o", f"ServerAliveInterval={ALIVE_INTERVAL}",
             "-o", f"ServerAliveCountMax={ALIVE_COUNT}",

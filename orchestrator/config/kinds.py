@@ -2,7 +2,8 @@
 yamlfile.py) against it, nested values included: a value of another kind is refused
 naming the file, its line, the value's place (`args[0]`, `env.LR`) and what it must be.
 A number where text is declared is taken as written (`lr: 1e-3` stays "1e-3"); a boolean
-or an empty value there is refused, never turned into "True" or "" silently."""
+or an empty value there is refused, never turned into "True" or "" silently. A key given
+no value is refused, never taken for "not given" (which would mean its default)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Any
 import yaml
 
 from ..errors import InputError
-from .yamlfile import FLOAT, INT, STR, compose, scalar
+from .yamlfile import FLOAT, INT, NULL, STR, compose, scalar
 
 
 def line(node: yaml.Node) -> int:
@@ -154,12 +155,15 @@ class Located:
 @dataclass(frozen=True)
 class Record(Kind):
     """A mapping of known keys, each of its own kind; CLOSED: no other key (the error
-    says HINT). A null value counts as not given."""
+    says HINT). A key given no value (`key:`) is refused, and so is a null (`key: null`,
+    `key: ~`) unless the key is one of NULLS: keys whose own value may be none, written
+    so by the tool itself (`train --dry-run`'s `nodes: null`), read as not given."""
 
     keys: Mapping[str, Kind] = field(default_factory=dict)
     what: str = "a mapping"
     closed: bool = True
     hint: str = ""
+    nulls: frozenset[str] = frozenset()
 
     def fits(self, node: yaml.Node) -> bool:
         return isinstance(node, yaml.MappingNode) and (not self.closed or all(
@@ -174,7 +178,7 @@ class Record(Kind):
         return {k: v.value for k, v in self.located(node, path, name).items()}
 
     def located(self, node: yaml.Node, path: Path, name: str = "") -> dict[str, Located]:
-        """Each key given a value (not null), with its value and line."""
+        """Each key given a value (a null one of NULLS: not), with its value and line."""
         found: dict[str, Located] = {}
         for key, value in node.value:
             label = Text("a name").read(key, path, f"a key of {name or 'the file'}")
@@ -186,8 +190,13 @@ class Record(Kind):
                                      + (f" (did you mean {near[0]!r}?)" if near else "")
                                      + (f"; {self.hint}" if self.hint else ""))
                 continue
-            if isinstance(value, yaml.ScalarNode) and scalar(value, path) is None:
-                continue
+            if isinstance(value, yaml.ScalarNode) and value.tag == NULL:
+                if value.value and label in self.nulls:
+                    continue
+                raise InputError(f"{path} line {line(key)}: {where} is "
+                                 f"{'null' if value.value else 'empty'}; give "
+                                 f"{self.keys[label].what}, or remove the line to use the "
+                                 "default")
             found[label] = Located(self.keys[label].read(value, path, where), line(key))
         return found
 

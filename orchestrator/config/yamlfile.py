@@ -1,7 +1,9 @@
 """A YAML file a user wrote, read strictly: UTF-8 only, YAML 1.2's core schema (so `on`,
-`yes`, `1:30:00` and `010` are what they look like, not true, true, 5400 and 8) and no key
-twice in one mapping. The result is the node tree, each node with its line, for kinds.py
-to check; every error names the file and the line."""
+`yes`, `1:30:00` and `010` are what they look like, not true, true, 5400 and 8), no key
+twice in one mapping, no tag (`!!int "two"`: a value is what it looks like, never what a
+tag claims) and no alias (`*a`: a few lines cannot grow into a huge value). The result is
+the node tree, each node with its line, for kinds.py to check; every error names the file
+and the line."""
 
 from __future__ import annotations
 
@@ -13,15 +15,41 @@ import yaml
 
 from ..errors import InputError
 
-NULL, BOOL, INT, FLOAT, STR = (f"tag:yaml.org,2002:{t}" for t in
-                               ("null", "bool", "int", "float", "str"))
-SEQ, MAP = "tag:yaml.org,2002:seq", "tag:yaml.org,2002:map"
+TAGS = "tag:yaml.org,2002:"   # what `!!` stands for
+NULL, BOOL, INT, FLOAT, STR = (f"{TAGS}{t}" for t in ("null", "bool", "int", "float", "str"))
+SEQ, MAP = f"{TAGS}seq", f"{TAGS}map"
+KEY = object()   # a step into a mapping's key (not its value)
+
+
+class Refused(yaml.YAMLError):
+    """What a user's file may not hold, on LINE; compose() names the file."""
+
+    def __init__(self, line: int, said: str) -> None:
+        super().__init__(said)
+        self.line = line
 
 
 class Strict(yaml.SafeLoader):
-    """SafeLoader with YAML 1.2's core schema for plain scalars, and nothing else."""
+    """SafeLoader with YAML 1.2's core schema for plain scalars, and nothing else: a tag or
+    an alias is Refused, naming the value's place (`env.LR`, `args[1]`)."""
 
     yaml_implicit_resolvers: dict[Any, list[tuple[str, re.Pattern[str]]]] = {}
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.steps: list[object] = []   # the way from the root to the node being composed
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        if isinstance(parent, yaml.MappingNode):
+            step: object = KEY if index is None else getattr(index, "value", "?")
+        else:
+            step = index
+        self.steps.append(step)
+        try:
+            _refuse_tag_or_alias(self.peek_event(), self.anchors, self.steps)
+            return super().compose_node(parent, index)
+        finally:
+            self.steps.pop()
 
 
 for _tag, _pattern, _first in (
@@ -31,6 +59,39 @@ for _tag, _pattern, _first in (
         (FLOAT, r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
                 r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$", list("-+0123456789."))):
     Strict.add_implicit_resolver(_tag, re.compile(_pattern), _first)
+
+
+def _place(steps: list[object]) -> str:
+    """The value's place as errors name it: `env.LR`, `args[1]`, `a key of env`."""
+    name = ""
+    for step in steps:
+        if step is KEY:
+            return f"a key of {name}" if name else "a key"
+        if isinstance(step, int):
+            name = f"{name}[{step}]"
+        elif step is not None:
+            name = f"{name}.{step}" if name else str(step)
+    return name or "the file"
+
+
+def _refuse_tag_or_alias(event: yaml.Event, anchors: dict[Any, yaml.Node],
+                         steps: list[object]) -> None:
+    place, line = _place(steps), event.start_mark.line + 1 if event.start_mark else 0
+    if isinstance(event, yaml.AliasEvent) and event.anchor in anchors:
+        anchored = anchors[event.anchor].start_mark.line + 1
+        raise Refused(line, f"{place}: *{event.anchor} repeats the value anchored on line "
+                            f"{anchored}; this file takes no aliases: write the value out")
+    tag = getattr(event, "tag", None)
+    if tag is None:
+        return
+    written = "!!" + tag[len(TAGS):] if tag.startswith(TAGS) else tag
+    fix = "leave it out"
+    if isinstance(event, yaml.ScalarEvent):
+        quote = event.style if event.style in ("'", '"') else ""
+        value = f"{quote}{event.value}{quote}"
+        key = f"{steps[-1]}: " if isinstance(steps[-1], str) else ""
+        fix += f" and write the value plainly ({key}{value})"
+    raise Refused(line, f"{place}: the tag {written} is not read here; {fix}")
 
 
 def read_text(path: Path, what: str, label: str = "") -> str:
@@ -54,6 +115,8 @@ def compose(path: Path, what: str, label: str = "") -> yaml.Node | None:
     text = read_text(path, what, label)
     try:
         root = yaml.compose(text, Loader=Strict)
+    except Refused as exc:
+        raise InputError(f"{path} line {exc.line}: {exc}") from None
     except yaml.YAMLError as exc:
         raise InputError(f"{path} is not valid YAML: {exc}; fix its syntax") from None
     if root is not None:

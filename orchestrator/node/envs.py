@@ -17,7 +17,7 @@ from .protocol import ENV_NAME_PATTERN, ENVS_DIR, LAST_USED
 from .util import read_json
 
 # NAME-KEY, as playbooks/user_env.yml names a state: KEY is 12 hex digits of its digest.
-STATE_DIR = re.compile(ENV_NAME_PATTERN.rstrip("$") + r"-(?P<key>[0-9a-f]{12})$")
+STATE_DIR = re.compile(ENV_NAME_PATTERN + r"-(?P<key>[0-9a-f]{12})")
 
 
 def root() -> str:
@@ -63,7 +63,7 @@ def describe(path: str, current: bool) -> dict[str, Any]:
     complete = env is not None
     if env is None:   # not finished (or its env.json unreadable): name and key from the directory's
         base = os.path.basename(path)
-        match = STATE_DIR.match(base)
+        match = STATE_DIR.fullmatch(base)
         env = ({"name": base[:match.start("key") - 1], "key": match.group("key")} if match
                else {"name": base, "key": ""})
     made = read_json(os.path.join(path, "python_env.json")) or {}
@@ -91,7 +91,7 @@ def list_envs(name: str | None = None) -> dict[str, Any]:
     for entry in entries:
         path = os.path.join(top, entry)
         if os.path.islink(path) or not os.path.isdir(path) or not (
-                os.path.isfile(os.path.join(path, "env.json")) or STATE_DIR.match(entry)):
+                os.path.isfile(os.path.join(path, "env.json")) or STATE_DIR.fullmatch(entry)):
             continue
         env = describe(path, os.path.realpath(path) in currents)
         if name is None or env["name"] == name:

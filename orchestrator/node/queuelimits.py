@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from enum import Enum
 
 _GPU_TRES = re.compile(r"(?:^|,)gres/gpu=(\d+)(?:,|$)")
-_GRES = re.compile(r"^--gres=gpu:(\d+)$")
+_GRES = re.compile(r"--gres=gpu:(\d+)")
 UNLIMITED = ("UNLIMITED", "INFINITE", "NONE", "N/A", "")
 
 
@@ -60,7 +60,7 @@ class Ask:
             elif arg.startswith("--") and "=" in arg:
                 key, _, value = arg[2:].partition("=")
                 options[key] = value
-        found = [_GRES.match(a) for a in gres_args]
+        found = [_GRES.fullmatch(a) for a in gres_args]
         gpus = next((int(m.group(1)) for m in found if m), 0)
         time = options.get("time")
         return cls(nodes, gpus, options.get("partition"),

@@ -46,7 +46,7 @@ from .protocol import (
 )
 from .util import detach, read_json, write_json
 
-SAFE = re.compile(r"^[\w@%+=:,./-]+$")   # a value that needs no quoting in the shell line
+SAFE = re.compile(r"[\w@%+=:,./-]+")   # a value that needs no quoting in the shell line
 LOCK = "next.lock"
 DECISION_WAIT = 20.0   # a node that lost the lock waits this long for the decision
 
@@ -178,7 +178,7 @@ def fill(plan: dict[str, Any], decision: dict[str, Any], me: str, python: str,
               "addresses": ",".join(decision["addresses"]),
               "state": attempt_dir(plan["state"], run), "home": home,
               "torchrun": torchrun, "python": python, "attempt": str(decision["attempt"])}
-    unsafe = {k: v for k, v in values.items() if not SAFE.match(v)}
+    unsafe = {k: v for k, v in values.items() if not SAFE.fullmatch(v)}
     if unsafe:
         raise ValueError(f"{unsafe} would need quoting in a launch line")
     line = plan["template"]

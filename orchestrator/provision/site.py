@@ -30,7 +30,7 @@ def _progress(event: dict) -> bool:
     return True
 
 
-KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # What Ansible says when `become` (sudo) is refused on a host.
 BECOME_FAILED = re.compile(r"Missing sudo password|a password is required|"
                            r"is not in the sudoers|not allowed to execute|Incorrect sudo password")
@@ -60,7 +60,7 @@ def check_extra_vars(item: str) -> None:
         pairs = shlex.split(text)
     except ValueError as exc:
         raise ClusterError(f"-e {item!r}: {exc}") from None
-    bad = [p for p in pairs if not KEY.match(p.partition("=")[0]) or "=" not in p]
+    bad = [p for p in pairs if not KEY.fullmatch(p.partition("=")[0]) or "=" not in p]
     if not pairs or bad:
         raise ClusterError(f"-e {item!r} is not KEY=VALUE: {bad[0] if bad else 'empty'} sets no "
                            "variable; give e.g. -e python_env_backend=venv, a YAML mapping, "

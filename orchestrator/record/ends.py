@@ -93,3 +93,44 @@ def how_it_ended(code: int) -> str:
             name = f"signal {-code}"
         return "aborted" if name == "SIGABRT" else f"died of {name}"
     return f"exited with code {code}"
+
+
+# -- the failing rank's own exception ---------------------------------------------------
+TRACEBACK = "Traceback (most recent call last):"
+ERROR_LINES = 3   # of its traceback: the last frame (file, line), and the exception
+
+
+@dataclass(frozen=True)
+class RankError:
+    """The end of a rank's traceback, as its node's log has it (text without the prefix)."""
+
+    node: str
+    rank: int
+    lines: tuple[str, ...]
+
+
+def rank_error(lines: Iterable[str]) -> RankError | None:
+    """The failing rank's own exception in a node's log: the last traceback of the rank
+    that torchrun's report names (else of the last rank that printed one), its last
+    ERROR_LINES lines. torchrun's own traceback (ChildFailedError) is no rank's."""
+    log = list(lines)
+    open_: dict[tuple[str, int], list[str]] = {}      # (node, rank): a traceback going on
+    done: dict[tuple[str, int], tuple[str, ...]] = {}  # ... and each one's last, ended
+    for line in log:
+        source, text = _text(line.rstrip("\n"))
+        if not source.startswith("rank") or not source[4:].isdigit():
+            continue
+        key = (line.partition(" | ")[0].rsplit("/", 1)[0], int(source[4:]))
+        if text.startswith(TRACEBACK):
+            open_[key] = []
+        elif key in open_ and text.strip(" ^~"):   # (3.11's carets under a frame: not kept)
+            open_[key].append(text)
+            if text and not text[0].isspace():   # the exception's line ends it
+                done.pop(key, None)
+                done[key] = tuple(open_.pop(key)[-ERROR_LINES:])
+    if not done:
+        return None
+    ends = scan_log(log)
+    named = [k for k in done if k[1] in ends.failed]
+    node, rank = (named or list(done))[-1]
+    return RankError(node, rank, done[(node, rank)])

@@ -3,7 +3,6 @@ user, duration and what it ran, and a note when its record or its nodes could no
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -11,7 +10,7 @@ from typing import Any
 from ..errors import ClusterError
 from ..node import doctor as node_doctor
 from ..node.protocol import NOTEBOOK_MODULE
-from .rundir import RecordUnreadable, RunDir
+from .rundir import DOCTOR_SHAPE, RecordUnreadable, RunDir
 from .status import row
 
 WHAT_WIDTH = 80  # a row shows this much of the script and its arguments
@@ -33,11 +32,10 @@ def describe_doctor(run: RunDir) -> str | None:
     doctor.json, instead of the job's long command line; None for any other run."""
     if run.info().get("script") != node_doctor.__name__:
         return None
-    path = run.path / "doctor.json"
-    if not path.exists():
+    verdict = run.read_json("doctor.json", DOCTOR_SHAPE)
+    if verdict is None:
         return "doctor (no analysis: the run did not finish)"
-    suspects = json.loads(path.read_text()).get("suspects", [])
-    named = sorted({s["node"] for s in suspects})
+    named = sorted({str(s.get("node")) for s in verdict.get("suspects", [])})
     return f"doctor: suspects {', '.join(named)}" if named else "doctor: no node named"
 
 
@@ -56,22 +54,22 @@ def listed(run: RunDir, summary_of: Callable[[RunDir], dict[str, Any] | None]) -
     controller is gone is completed from what its nodes left on the share)."""
     try:
         info = run.info()
-        nodes = ",".join(info["nodes"])
-    except (RecordUnreadable, KeyError, TypeError) as exc:
-        why = exc if isinstance(exc, RecordUnreadable) else f"{run.run_json}: no nodes"
-        return Listed(run.run_id, "unreadable", "-", "-", "-", "-", str(why))
+        said = what(run)
+    except RecordUnreadable as exc:
+        return Listed(run.run_id, "unreadable", "-", "-", "-", "-", str(exc))
+    nodes = ",".join(info["nodes"])
     user = ",".join(sorted(set((info.get("users") or {}).values()))) or "-"
     note = ""
     try:
         summary = summary_of(run)
     except RecordUnreadable as exc:
-        return Listed(run.run_id, "unreadable", nodes, user, "-", what(run), str(exc))
+        return Listed(run.run_id, "unreadable", nodes, user, "-", said, str(exc))
     except (KeyError, TypeError) as exc:   # run.json lacks what settling it needs
-        return Listed(run.run_id, "unreadable", nodes, user, "-", what(run),
+        return Listed(run.run_id, "unreadable", nodes, user, "-", said,
                       f"{run.run_json} lacks {exc} (written by an older version, or edited)")
     except (ClusterError, OSError) as exc:
         summary, note = None, f"{run.run_id}: cannot ask its nodes ({exc})"
     status, duration = row(summary)
     if summary is None and info.get("queued"):
         status, nodes = "queued", f"(since {str(info['queued'].get('since', '?'))[11:19]})"
-    return Listed(run.run_id, status, nodes, user, duration, what(run), note)
+    return Listed(run.run_id, status, nodes, user, duration, said, note)

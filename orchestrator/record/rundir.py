@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
-from ..errors import ClusterError
+from ..errors import ClusterError, InputError
 
 T = TypeVar("T")
 
@@ -47,9 +47,70 @@ class RecordUnreadable(ClusterError):
     """A run's run.json or summary.json cannot be read (cut short, edited, not JSON)."""
 
 
-# What a summary.json must hold to be read (`runs`, `runs show`, `attach`); every writer
-# gives these and more (start, end, nodes, first_failed), however the run ended.
-SUMMARY_KEYS = ("status", "duration_s")
+@dataclass(frozen=True)
+class Shape:
+    """What the value of one key of a record must be (WHAT: in the user's words);
+    REQUIRED: every writer gives it, however the run ended."""
+    what: str
+    fits: Callable[[Any], bool]
+    required: bool = False
+
+
+def _text(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _texts(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _mapping(value: Any) -> bool:
+    return isinstance(value, dict)
+
+
+def _mappings(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, dict) for v in value)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _or_none(fits: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda value: value is None or fits(value)
+
+
+# What the verbs read of a run.json and a summary.json (`runs`, `runs show`, `attach`,
+# `stop`, the report, `ui`): a record whose value at one of these keys is of another
+# shape cannot be read, and is named so; the other keys are read where they are used.
+INFO_SHAPE = {
+    "run_id": Shape("text", _text),
+    "inventory": Shape("the inventory's path", _text),
+    "nodes": Shape("a list of node names", _texts, required=True),
+    "users": Shape("a mapping of node to user", lambda v: _mapping(v) and _texts(
+        list(v.values()))),
+    "script": Shape("text", _text),
+    "script_args": Shape("a list of text", _texts),
+    "node_commands": Shape("a mapping", _mapping),
+    "queued": Shape("a mapping or null", _or_none(_mapping)),
+    "recovery": Shape("a mapping or null", _or_none(_mapping)),
+    "recovery_plan": Shape("a mapping or null", _or_none(_mapping)),
+    "master": Shape("a mapping or null", _or_none(_mapping)),
+}
+SUMMARY_SHAPE = {
+    "status": Shape("text", _text, required=True),
+    "duration_s": Shape("a number", _number, required=True),
+    "nodes": Shape("a list of mappings (one a node)", _mappings),
+    "first_failed": Shape("a node's name or null", _or_none(_text)),
+    "recovered_in": Shape("a run id or null", _or_none(_text)),
+    "hang": Shape("a mapping or null", _or_none(_mapping)),
+    "recoveries": Shape("a list of mappings or null", _or_none(_mappings)),
+    "step_times": Shape("a mapping or null", _or_none(_mapping)),
+    "stragglers": Shape("a list or null", _or_none(lambda v: isinstance(v, list))),
+    "rank_exit_codes": Shape("a mapping or null", _or_none(_mapping)),
+    "error": Shape("text or null", _or_none(_text)),
+}
+DOCTOR_SHAPE = {"suspects": Shape("a list of mappings (one a suspect)", _mappings)}
 
 PRIVATE_DIR = 0o700    # a run's directory, and any directory made in it
 PRIVATE_FILE = 0o600   # every file of a run's record
@@ -117,7 +178,17 @@ def run_state_dir(shared_path: str, user: str, run_id: str) -> str:
 
 
 # What a run's id may be: its record's directory name, and the name on its nodes.
-RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$")
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,80}")
+
+
+def check_run_id(run_id: str) -> str:
+    """RUN_ID, if it is a run's id (the name of its record in the runs directory, never a
+    path); InputError saying what one is, else."""
+    if not RUN_ID.fullmatch(run_id):
+        raise InputError(f"{run_id!r} is not a run id (a letter or digit, then up to 80 "
+                         "letters, digits, '.', '_' or '-'; never a path); see `python -m "
+                         "orchestrator runs` for the runs, and --runs-dir for where they are")
+    return run_id
 
 
 def new_run_id(now: float | None = None) -> str:
@@ -214,23 +285,44 @@ class RunDir:
                 continue
         return found
 
-    def info(self) -> dict[str, Any]:
-        info = self._read(self.run_json)
+    def info(self, *needs: str) -> dict[str, Any]:
+        """The run's run.json (RecordUnreadable unless it reads as INFO_SHAPE says, and
+        holds each key of NEEDS: what the caller cannot do without)."""
+        info = self.read_json(self.run_json.name, INFO_SHAPE)
         if info is None:
-            raise RecordUnreadable(f"run {self.run_id}: {self.run_json} is missing")
+            raise RecordUnreadable(f"run {self.run_id}: {self.run_json} is missing; "
+                                   f"remove {self.path}/ if you no longer need the run")
+        self._refuse_missing(self.run_json, info, needs)
         return info
 
     def summary(self) -> dict[str, Any] | None:
         """The run's summary, None while it has none (it runs, or was never settled)."""
-        summary = self._read(self.summary_json)
-        if summary is not None:
-            missing = [k for k in SUMMARY_KEYS if k not in summary]
-            if missing:
+        return self.read_json(self.summary_json.name, SUMMARY_SHAPE)
+
+    def read_json(self, name: str, shape: dict[str, Shape]) -> dict[str, Any] | None:
+        """The record NAME of the run (run.json, summary.json, doctor.json, ...), None if
+        there is none; RecordUnreadable naming it and what is wrong unless it is a JSON
+        object whose keys have the SHAPE given (the required ones there)."""
+        path = self.path / name
+        data = self._read(path)
+        if data is None:
+            return None
+        self._refuse_missing(path, data, [k for k, s in shape.items() if s.required])
+        for key, want in shape.items():
+            if key in data and not want.fits(data[key]):
                 raise RecordUnreadable(
-                    f"run {self.run_id}: {self.summary_json} lacks {', '.join(missing)} "
-                    "(written by an older version, or edited); fix it, or remove "
-                    f"{self.path}/ if you no longer need the run")
-        return summary
+                    f"run {self.run_id}: {path}: {key} is {_shown(data[key])}, not "
+                    f"{want.what} (edited, or cut short); fix it, or remove {self.path}/ "
+                    "if you no longer need the run")
+        return data
+
+    def _refuse_missing(self, path: Path, data: dict[str, Any], keys: Iterable[str]) -> None:
+        missing = [k for k in keys if k not in data]
+        if missing:
+            raise RecordUnreadable(
+                f"run {self.run_id}: {path} lacks {', '.join(missing)} (written by an "
+                f"older version, or edited); fix it, or remove {self.path}/ if you no "
+                "longer need the run")
 
     def _read(self, path: Path) -> dict[str, Any] | None:
         try:
@@ -247,12 +339,20 @@ class RunDir:
         return data
 
 
+def _shown(value: Any) -> str:
+    """VALUE as a record's reader is told it: its JSON, cut to a line."""
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     write_private(path, json.dumps(data, indent=2) + "\n")
 
 
 def open_run(root: Path, run_id: str) -> RunDir:
-    run = RunDir(root, run_id)
+    """The run RUN_ID in ROOT (RunNotFound unless its record is there; InputError unless
+    RUN_ID is a run's id: nothing outside ROOT is ever read)."""
+    run = RunDir(root, check_run_id(run_id))
     if not run.run_json.exists():
         known = ", ".join(r.run_id for r in list_runs(root)[-5:]) or "none"
         raise RunNotFound(f"no run {run_id!r} in {root}/ (recent: {known}); see "

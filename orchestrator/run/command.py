@@ -25,7 +25,7 @@ from ..node.protocol import (
 FR_BUFFER_SIZE = "2000"  # flight-recorder entries a rank keeps (torch's default)
 # torchrun prefixes every worker line with its global rank; logstream parses it.
 LOG_PREFIX_TEMPLATE = "[rank${rank}]:"
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 __all__ = ["EXIT_MARKER", "NodeCommand", "TorchrunOptions"]  # EXIT_MARKER: job.py reads it
 
 
@@ -64,7 +64,7 @@ def parse_env(items: list[str] | None) -> dict[str, str]:
     env: dict[str, str] = {}
     for item in items or []:
         key, sep, value = item.partition("=")
-        if not sep or not ENV_NAME.match(key):
+        if not sep or not ENV_NAME.fullmatch(key):
             raise InputError(
                 f"--env {item!r} is not KEY=VALUE with KEY a shell variable name "
                 "(letters, digits, '_', not starting with a digit); for example "

@@ -33,7 +33,7 @@ from ..node.protocol import (
     SYSTEM_MARKER,
     End,
 )
-from ..record.ends import PEER_GONE
+from ..record.ends import PEER_GONE, rank_error
 from ..record.logstream import LineSplitter, is_record
 from ..record.rundir import RunDir, iso, open_private
 from .command import EXIT_MARKER, NodeCommand
@@ -45,6 +45,7 @@ STEADY = 5.0             # a stream followed again that breaks sooner is not a b
 HEARTBEAT = 1.0          # seconds between the lease renewals sent to every node
 PROGRESS_INTERVAL = 1.0  # seconds between looks at the run's progress (stragglers)
 FOUND_BY = "the nodes"   # who found an attached run hung, in its summary
+ERROR_TAIL = 256 * 1024  # bytes of a failed node's log read for its rank's traceback
 
 
 @dataclass(frozen=True)
@@ -463,8 +464,27 @@ class Job:
         self._keep_timeline()
         with self._system_lock:
             flags = [flag.to_json() for flag in self.system.flags]
+        if f.first_failed and not f.interrupted:
+            self._say_rank_error(f.first_failed)
         return JobResult(self.outcomes, f.first_failed, f.interrupted, started, time.time(),
                          f.why_interrupted, self._hang, self._hung, progress, flags)
+
+    def _say_rank_error(self, node: str) -> None:
+        """The run's last words: the end of the traceback of NODE's failing rank (after
+        torchrun's report, which the node printed before it ended), read from the end of
+        its log."""
+        try:
+            with open(self.rundir.log(node), "rb") as log:
+                start = max(0, log.seek(0, 2) - ERROR_TAIL)
+                log.seek(start)
+                tail = log.read().decode(errors="replace").splitlines()[1 if start else 0:]
+        except OSError:
+            return
+        found = rank_error(tail)
+        if found is not None:
+            self._say(f"{found.node}: rank {found.rank} failed; the end of its traceback:\n"
+                      + "\n".join(f"    {found.node}/rank{found.rank} | {line}"
+                                  for line in found.lines))
 
     # -- progress: stragglers and hangs ---------------------------------------------------
     def _look_at_progress(self) -> None:

@@ -43,7 +43,7 @@ def settle(run: RunDir) -> dict | None:
     summary = run.summary()
     if summary is not None:
         return summary
-    info = run.info()
+    info = run.info("inventory")   # its nodes are asked through it
     if info.get("queued"):   # still waiting in Slurm's queue, or its train is gone
         from .allocation import settle_queued
         return settle_queued(run, info)

@@ -51,9 +51,9 @@ from .command import (
     refuse_reserved,
 )
 
-MODULE_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
-SLURM_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-SLURM_TIME = re.compile(r"^\d+(-\d+)?(:\d+){0,2}$")
+MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+SLURM_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+SLURM_TIME = re.compile(r"\d+(-\d+)?(:\d+){0,2}")
 MAX_SECONDS = 60.0          # --link-seconds, --compute-seconds
 MAX_ALLREDUCE_MB = 8192.0   # --allreduce-mb: 8 GB per rank
 
@@ -96,7 +96,7 @@ def _seconds(least: float, fix: str, above: bool = False) -> Callable[[Any, str]
 
 def _slurm(pattern: re.Pattern[str], what: str, example: str) -> Callable[[Any, str], str]:
     def check(value: Any, label: str) -> str:
-        if not pattern.match(str(value)):
+        if not pattern.fullmatch(str(value)):
             raise InputError(f"{label} {value!r}: give a Slurm {what} (e.g. {example})")
         return str(value)
     return check
@@ -129,7 +129,7 @@ def _choice(*allowed: str) -> Callable[[Any, str], str]:
 
 
 def _run_id(value: Any, label: str) -> str:
-    if not RUN_ID.match(str(value)):
+    if not RUN_ID.fullmatch(str(value)):
         raise InputError(f"{label} {value!r}: a run id is a letter or digit, then up to 80 "
                          "letters, digits, '.', '_' or '-'")
     return str(value)
@@ -157,7 +157,7 @@ def _env(value: Any, label: str) -> dict[str, str]:
         return parse_env(value)
     env = {}
     for key, text in value.items():
-        if not ENV_NAME.match(key):
+        if not ENV_NAME.fullmatch(key):
             raise InputError(f"{label}: {key!r} is not a variable name (letters, "
                              "digits, '_', not starting with a digit)")
         refuse_reserved(key, label)
@@ -170,7 +170,7 @@ def _secret_env(value: Any, label: str) -> tuple[str, ...]:
     shell's environment (whose value never enters the spec)."""
     names: list[str] = []
     for name in value:
-        if not ENV_NAME.match(name):
+        if not ENV_NAME.fullmatch(name):
             raise InputError(f"{label} {name!r}: not a variable name (letters, "
                              "digits, '_', not starting with a digit), e.g. WANDB_API_KEY")
         refuse_reserved(name, f"{label} {name}")
@@ -242,7 +242,7 @@ class RunSpec:
         _NAMES, "use these nodes, by inventory name: a,b", group="nodes", check=_hosts,
         completes="hosts"))
     workdir: Path | None = option(None, Option(    # None: nothing to sync (a module)
-        Text("a path"), f"local directory with the training code (default: "
+        Text("a directory"), f"local directory with the training code (default: "
         f"{project().train})", special=True))
     script: str = option(defaults.SCRIPT, Option(  # relative to workdir, or a module name
         Text("a path relative to workdir"), "training script, relative to --workdir "
@@ -523,10 +523,14 @@ def read_job_file(path: Path, cls: type = RunSpec,
                   extra: Mapping[str, Kind] | None = None) -> dict[str, Given]:
     """A job file's keys, each with its value and where it stands; InputError naming the
     line for anything that is not a key of train (or of EXTRA: a verb's own section, such
-    as a sweep's), or of the wrong kind (nested values too), or given twice."""
+    as a sweep's), or of the wrong kind (nested values too), or given twice, or given no
+    value (`workdir:` is no default). A null is read as not given only where it is the
+    option's own none (`nodes: null`: all of train_nodes), as --dry-run writes it."""
     keys = {**job_keys(cls), **(extra or {})}
+    nones = frozenset(d.key for d in declared(cls)   # --dry-run writes them as null
+                      if d.default is None and not d.option.special)
     record = Record(keys, hint=f"a job file takes {', '.join(keys)}. The script's own "
-                    "options go in `args:`")
+                    "options go in `args:`", nulls=nones)
     found: dict[str, Given] = {}
     for key, got in read_file(path, record, "a mapping of train's options (e.g. `nodes: "
                               "2`)", f"-f {path}").items():
@@ -593,7 +597,7 @@ def _what_to_run(given: Mapping[str, Given], label: Label) -> dict[str, Any]:
     workdir = _workdir(get("workdir", str(project().train)), label("workdir"))
     module = get("module")
     if module is not None:
-        if not MODULE_NAME.match(module):
+        if not MODULE_NAME.fullmatch(module):
             raise InputError(f"{label('module')} {module!r} is not a module name (dotted "
                              "Python identifiers, e.g. -m mypkg.train)")
         script = module

@@ -140,9 +140,9 @@ def conclude(run: RunDir, result: JobResult, summary: dict) -> int:
         how = (f"exited with code {outcome.exit_code if outcome else '?'} after its ranks "
                f"finished ({'; '.join(after[failed])}), but not every rank of the run "
                "had finished its script")
-    lines = list(outcome.last_worker_lines) if outcome else []
-    lines += [line for line in (outcome.last_lines if outcome else [])
-              if "/rank" not in line.split(" | ")[0]]
+    lines = [line for line in (outcome.last_lines if outcome else [])
+             if "/rank" not in line.split(" | ")[0]]
+    lines += list(outcome.last_worker_lines) if outcome else []   # the rank's error: last
     tail = "\n    ".join(lines) if lines else "(no output)"
     hang = summary.get("hang")
     held = (f"\nA collective timed out; holding it up: {suspects(hang, 'nobody named')}. "
@@ -152,8 +152,8 @@ def conclude(run: RunDir, result: JobResult, summary: dict) -> int:
     space = (f" It ran out of space (its ranks said a disk was full): on {failed}, {full}; "
              "free some there, or write elsewhere." if full else "")
     raise LaunchError(f"run {run.run_id} failed: {failed} {how} first; the other nodes were "
-                      f"stopped.{space} Last lines from {failed} (training processes first, then "
-                      f"torchrun):\n    {tail}{held}\nFull logs: {run.path}/")
+                      f"stopped.{space}{held}\nFull logs: {run.path}/. Last lines from {failed} "
+                      f"(torchrun first, then the training processes):\n    {tail}")
 
 
 def suspects(hang: dict, nobody: str = "nobody") -> str:

@@ -23,7 +23,7 @@ from .spec import check_grace
 
 def stop_run(runs_dir: Path, run_id: str, grace: float = defaults.GRACE,
              inventory: str | None = None) -> list[StopResult]:
-    if not RUN_ID.match(run_id):
+    if not RUN_ID.fullmatch(run_id):
         raise ClusterError(f"{run_id!r} is not a run id; see `python -m orchestrator runs`")
     check_grace(grace)
     run = open_run(runs_dir, run_id)

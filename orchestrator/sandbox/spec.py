@@ -22,7 +22,7 @@ from ..errors import SandboxError
 from ..resources import project
 
 LABEL = "clustertrain.sandbox"
-NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,29}$")
+NAME_RE = re.compile(r"[a-z][a-z0-9-]{0,29}")
 FIRST_HOST = 10  # node addresses start at .10 of the sandbox subnet (then outsiders, bastion)
 SHARED_PATH = defaults.SHARED_PATH
 EXPORT_PATH = str(contract.role_default("contract", "cluster_nfs_export_path"))
@@ -54,7 +54,7 @@ def state_root() -> Path:
 
 
 def validate_name(name: str) -> str:
-    if not NAME_RE.match(name):
+    if not NAME_RE.fullmatch(name):
         raise SandboxError(
             f"invalid sandbox name {name!r}: use 1-30 lowercase letters, digits and '-', "
             "starting with a letter (for example --name demo)")

@@ -10,18 +10,26 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
-from ..record.rundir import RUN_ID, new_run_id, write_private
+from ..record.rundir import RUN_ID, RecordUnreadable, new_run_id, write_private
 from .early import EarlyStop
 from .spec import SweepSpec, Trial
 
 SWEEP_JSON = "sweep.json"
 STOP = "stop-requested"   # beside sweep.json: `sweep stop` asked the sweep to end
+
+
+class SweepUnreadable(RecordUnreadable):
+    """A sweep's sweep.json cannot be read (cut short, edited, not JSON, not a sweep's)."""
+
+
+class _Wrong(ValueError):
+    """What is wrong with a sweep.json's content (open_sweep says where, and the fix)."""
 
 
 class TrialState(str, Enum):
@@ -70,9 +78,23 @@ class TrialRecord:
                 "values": [list(v) for v in self.values]}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> TrialRecord:
-        return cls(**{**data, "state": TrialState(data["state"]),
-                      "values": [tuple(v) for v in data["values"]]})
+    def from_json(cls, data: Any, label: str = "a trial") -> TrialRecord:
+        """The trial DATA holds; _Wrong (naming LABEL) for what no writer of it writes."""
+        if not isinstance(data, dict):
+            raise _Wrong(f"{label} is not a JSON object")
+        _check_keys(cls, data, label)
+        state = data.get("state", TrialState.PENDING.value)
+        try:
+            state = TrialState(state)
+        except ValueError:
+            raise _Wrong(f"{label}: state {state!r} is not one of "
+                         f"{', '.join(s.value for s in TrialState)}") from None
+        try:
+            return cls(**{**data, "state": state,
+                          "values": [tuple(v) for v in data["values"]]})
+        except TypeError as exc:
+            raise _Wrong(f"{label}: values {data['values']!r} are not (option, value) pairs "
+                         f"({exc})") from None
 
 
 @dataclass
@@ -145,12 +167,52 @@ def new_sweep(runs_dir: Path, file: Path, sweep: SweepSpec, trials: list[Trial],
 def open_sweep(runs_dir: Path, sweep_id: str) -> SweepRecord:
     """The record of SWEEP_ID; InputError naming the sweeps there when it is not one."""
     path = runs_dir / sweep_id / SWEEP_JSON
-    if not RUN_ID.match(sweep_id) or not path.is_file():
+    if not RUN_ID.fullmatch(sweep_id) or not path.is_file():
         known = ", ".join(p.parent.name for p in sorted(runs_dir.glob(f"*/{SWEEP_JSON}"))[-5:])
         raise InputError(f"no sweep {sweep_id!r} in {runs_dir}/ (recent: {known or 'none'}); "
                          "pass --runs-dir where it was started")
-    data = json.loads(path.read_text(encoding="utf-8"))
-    trials = [TrialRecord.from_json(t) for t in data.pop("trials")]
-    early = data.pop("early_stop", None)
-    return SweepRecord(runs_dir=runs_dir, trials=trials,
-                       early_stop=EarlyStop(**early) if early else None, **data)
+    try:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise _Wrong(f"cannot be read ({exc.strerror or exc})") from None
+        except ValueError as exc:   # not UTF-8, not JSON
+            raise _Wrong(f"is not JSON ({exc}): it was cut short or edited") from None
+        return _sweep_record(runs_dir, data)
+    except _Wrong as exc:
+        raise SweepUnreadable(
+            f"sweep {sweep_id}: {path} {exc}; restore the file, or remove the sweep's "
+            f"directory {path.parent}/ if you no longer need the sweep (its trials' runs "
+            "stay)") from None
+
+
+def _sweep_record(runs_dir: Path, data: Any) -> SweepRecord:
+    """The sweep DATA (a sweep.json's) holds; _Wrong for what no writer of it writes."""
+    if not isinstance(data, dict):
+        raise _Wrong(f"is not a JSON object (it holds {type(data).__name__})")
+    _check_keys(SweepRecord, data, "", skip=("runs_dir",))
+    if not isinstance(data["trials"], list):
+        raise _Wrong("trials is not a list")
+    trials = [TrialRecord.from_json(t, f"trial {i}") for i, t in enumerate(data["trials"], 1)]
+    early = data.get("early_stop")
+    if early:
+        if not isinstance(early, dict):
+            raise _Wrong(f"early_stop {early!r} is not a JSON object")
+        _check_keys(EarlyStop, early, "its early_stop")
+    return SweepRecord(**{**data, "runs_dir": runs_dir, "trials": trials,
+                          "early_stop": EarlyStop(**early) if early else None})
+
+
+def _check_keys(cls: type, data: dict[str, Any], label: str, skip: tuple[str, ...] = ()) -> None:
+    """_Wrong (naming LABEL, if any) when DATA lacks a field of CLS that has no default, or
+    has a key CLS has no field for."""
+    known = [f for f in fields(cls) if f.name not in skip]
+    missing = [f.name for f in known if f.name not in data and f.default is MISSING
+               and f.default_factory is MISSING]
+    if missing:
+        raise _Wrong(f"{label} lacks {', '.join(missing)} (written by another version, or "
+                     "edited)".lstrip())
+    unknown = sorted(set(data) - {f.name for f in known})
+    if unknown:
+        raise _Wrong(f"{label} has an unknown key {unknown[0]!r} (written by another "
+                     "version, or edited)".lstrip())

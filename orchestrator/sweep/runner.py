@@ -32,10 +32,11 @@ from pathlib import Path
 from typing import IO
 
 from ..cluster.inventory import load_cluster
-from ..errors import ClusterError
+from ..errors import ClusterError, InventoryError
 from ..record.rundir import RunDir, open_private
 from ..report.page import final_metrics, read_timeline
 from ..run.allocation import hangup_interrupts
+from ..run.lifecycle import choose_nodes
 from ..run.spec import RunSpec
 from . import early
 from .record import SweepRecord, TrialRecord, TrialState
@@ -70,6 +71,27 @@ def trial_spec(base: RunSpec, record: SweepRecord, trial: TrialRecord,
     if hosts is not None:
         spec = replace(spec, hosts=tuple(hosts), nodes=None)
     return spec
+
+
+def check_nodes(base: RunSpec) -> None:
+    """Every trial's nodes checked as `train` checks a run's (its own messages), before the
+    sweep is recorded and before any node is touched: through the queue, the job itself
+    (a cluster with Slurm, `nodes` within the inventory's, `hosts` known and each once);
+    without it, `hosts` (the nodes the trials share out) and `nodes` (each trial's: at
+    least 1, at most the inventory's or the hosts'), then the first trial's run as train
+    reads it (its spares, its environment). InventoryError or InputError."""
+    if base.queue:
+        choose_nodes(base)
+        return
+    whole = load_cluster(base.inventory)
+    shared = whole if base.hosts is None else whole.select(hosts=",".join(base.hosts))
+    if base.hosts is not None and base.nodes is not None and base.nodes > len(shared.nodes):
+        raise InventoryError(
+            f"--nodes {base.nodes}: --hosts names {len(shared.nodes)} node(s) "
+            f"({', '.join(shared.names)}), and each trial of the sweep takes --nodes of "
+            f"them; use --nodes {len(shared.nodes)} or fewer, or name more hosts")
+    first = shared if base.nodes is None else shared.select(nodes=base.nodes)
+    choose_nodes(replace(base, hosts=tuple(first.names), nodes=None))
 
 
 def nodes_per_trial(base: RunSpec) -> tuple[list[str] | None, int]:

@@ -41,7 +41,7 @@ from ..errors import ClusterError
 from ..record.listing import listed
 from ..record.rundir import RUN_ID, RecordUnreadable, RunDir, list_runs
 from ..report.page import TEMPLATES, render_run
-from ..sweep.record import SWEEP_JSON, SweepRecord, TrialState, open_sweep
+from ..sweep.record import SWEEP_JSON, SweepRecord, SweepUnreadable, TrialState, open_sweep
 from ..sweep.report import render_sweep
 
 DEFAULT_PORT = 8470
@@ -198,7 +198,13 @@ class UiServer:
         """The sweeps in the runs directory, newest first: a row each for the index."""
         rows = []
         for path in sorted(self.runs_dir.glob(f"*/{SWEEP_JSON}"), reverse=True):
-            record = self.sweep(path.parent.name)
+            try:
+                record = self.sweep(path.parent.name)
+            except SweepUnreadable as exc:   # listed, as `sweep show` names it
+                rows.append({"sweep_id": path.parent.name, "state": "unreadable",
+                             "href": f"/sweeps/{quote(path.parent.name)}/",
+                             "trials": str(exc), "best": "-"})
+                continue
             if record is None:
                 continue
             done = sum(t.state.done for t in record.trials)
@@ -213,14 +219,19 @@ class UiServer:
 
     def sweep(self, sweep_id: str) -> SweepRecord | None:
         """The sweep SWEEP_ID names (a run id's shape), if its record lies inside the runs
-        directory once every symlink is followed and reads as one."""
-        if not RUN_ID.match(sweep_id):
+        directory once every symlink is followed; SweepUnreadable when it does not read."""
+        if not RUN_ID.fullmatch(sweep_id):
             return None
         try:
             inside = (self.runs_dir / sweep_id / SWEEP_JSON).resolve(strict=True) \
                 .is_relative_to(self.root)
+        except (OSError, RuntimeError):
+            return None
+        try:
             return open_sweep(self.runs_dir, sweep_id) if inside else None
-        except (OSError, RuntimeError, ValueError, KeyError, TypeError, ClusterError):
+        except SweepUnreadable:
+            raise
+        except ClusterError:   # gone meanwhile
             return None
 
     def holders(self) -> dict[str, list[dict[str, str]]]:
@@ -264,7 +275,7 @@ class UiServer:
     def run_dir(self, run_id: str) -> RunDir | None:
         """The run named by a path's RUN_ID: a run id's shape, or the name of a
         directory in the runs directory (never '.', '..' or a path)."""
-        if not RUN_ID.match(run_id):
+        if not RUN_ID.fullmatch(run_id):
             try:
                 names = {p.name for p in self.runs_dir.iterdir() if p.is_dir()}
             except OSError:
@@ -338,6 +349,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._route(unquote(url.path, errors="strict"), url.path, extra)
         except UnicodeDecodeError:
             self._send(HTTPStatus.NOT_FOUND, "not found\n")
+        except RecordUnreadable as exc:   # the record is there: why it cannot be shown
+            self._send(HTTPStatus.UNPROCESSABLE_ENTITY, f"cannot show {url.path}: {exc}\n",
+                       headers=extra)
         except Exception as exc:  # noqa: BLE001 - the page says it; the server goes on
             print(f"ui: {url.path}: {type(exc).__name__}: {exc}",   # not its ?token=
                   file=sys.stderr)
@@ -401,7 +415,12 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.OK, found.read_bytes(), _content_type(found), extra)
 
     def _sweep(self, parts: list[str], raw: str, extra: dict[str, str]) -> None:
-        record = self.ui.sweep(parts[2])
+        try:
+            record = self.ui.sweep(parts[2])
+        except SweepUnreadable as exc:   # the record is there: why it cannot be shown
+            self._send(HTTPStatus.UNPROCESSABLE_ENTITY, f"cannot show sweep {parts[2]}: {exc}\n",
+                       headers=extra)
+            return
         if record is None or len(parts) > 4 or parts[3:] not in ([], [""]):
             self._send(HTTPStatus.NOT_FOUND, "not found\n")
         elif len(parts) == 3:   # its page is /sweeps/SWEEP/, as a run's

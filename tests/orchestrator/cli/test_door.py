@@ -116,8 +116,8 @@ def refused(place: Path, trap: Trap, capsys, argv: list[str], words: str) -> Non
     ("env:\n  A: '1'\n  A: '2'\n", "job.yaml line 3: 'A' is given twice (also on line 2)"),
     ("on_hang: on\n", "job.yaml line 1: on_hang 'on': give stop or wait"),
     ("nodes: 0x\n", "job.yaml line 1: nodes must be a whole number, not '0x'"),
-    ("partition: !!binary aGk=\n", "job.yaml line 1: the tag tag:yaml.org,2002:binary is "
-                                   "not understood here"),
+    ("partition: !!binary aGk=\n", "job.yaml line 1: partition: the tag !!binary is not "
+                                   "read here; leave it out"),
 ])
 def test_a_job_files_values_are_checked_to_the_last_nested_one(place, trap, capsys, text,
                                                                words) -> None:
@@ -325,3 +325,133 @@ def test_ctrl_c_while_a_module_defines_a_class_is_an_interruption(monkeypatch, c
         pass   # any other RuntimeError is not ours to hide
     else:
         raise AssertionError("a RuntimeError not caused by Ctrl-C was swallowed")
+
+
+# -- issue 66: a run id is a name in --runs-dir, never a path ------------------------------
+RUN_VERBS = [["attach"], ["runs", "show"], ["runs", "report"], ["logs"], ["diagnose"],
+             ["stop"], ["notebook", "connect"], ["notebook", "stop"]]
+
+
+@pytest.mark.parametrize("verb", RUN_VERBS)
+def test_a_run_id_that_is_a_path_is_refused_and_nothing_outside_is_read(place, trap, capsys,
+                                                                        verb) -> None:
+    """A run's record planted beside the runs directory (and one at its parent) is never
+    read, shown or written to, whatever the id climbs out with."""
+    from ..report.recorded import write_run
+
+    runs = place / "runs"
+    runs.mkdir()
+    planted = write_run(place, "x", ["node0"], 30)
+    planted.log("node0").write_text("SECRET-7d1f outside the runs directory\n")
+    planted.report_html.unlink()
+    (place / "run.json").write_text(planted.run_json.read_text())
+    for run_id in ("../x", str(planted.path), "..", "x/../../x", "./../x"):
+        code, out = run([*verb, run_id, "--runs-dir", str(runs), "-i",
+                         str(place / "hosts.ini")] if verb in (["stop"], ["notebook", "stop"])
+                        else [*verb, run_id, "--runs-dir", str(runs)], capsys)
+        assert code == 2 and "Traceback" not in out, out
+        assert f"argument run: {run_id!r} is not a run id" in out, out
+        assert "see `python -m orchestrator runs`" in out, out
+        assert "SECRET-7d1f" not in out and not planted.report_html.exists(), out
+        assert trap.knocks == 0, out
+
+
+# -- issue 66: the older verbs check their values as train does ----------------------------
+@pytest.mark.parametrize("argv, words", [
+    (["provision", "--limit", ""], "argument --limit: '' is empty; give the hosts or groups"),
+    (["provision", "--tags", " "], "argument --tags: ' ' is empty; give the tags"),
+    (["provision", "--playbook", ""], "argument --playbook: '' is empty; give a playbook"),
+    (["provision", "-i", ""], "argument -i/--inventory: '' is empty; give an Ansible inventory"),
+    (["preflight", "-i", ""], "argument -i/--inventory: '' is empty"),
+    (["du", "-i", ""], "argument -i/--inventory: '' is empty"),
+    (["usage", "-i", ""], "argument -i/--inventory: '' is empty"),
+    (["cordon", "-i", ""], "argument -i/--inventory: '' is empty"),
+    (["data", "synthetic", "--dest", ""], "argument --dest: '' is empty; give the directory"),
+    (["data", "cifar10", "--dest", ""], "argument --dest: '' is empty; give the directory"),
+    (["data", "cifar10", "--dest", "d", "--archive", ""], "argument --archive: '' is empty"),
+    (["preflight", "--master-port", "99999"],
+     "argument --master-port: 99999: choose a port in 1024-65535"),
+    (["preflight", "--master-port", "0"], "argument --master-port: 0: choose a port in "
+                                          "1024-65535"),
+    (["preflight", "--master-port", "http"], "argument --master-port: 'http' is not a port; "
+                                             "choose a port in 1024-65535"),
+    (["notebook", "--port", "99999"], "argument --port: 99999: choose a port in 1-65535"),
+    (["usage", "--since", "2999-01-01"], "argument --since: 2999-01-01 is in the future "
+                                         "(today is "),
+    (["usage", "--since", "last week"], "argument --since: 'last week': not a date; give "
+                                        "YYYY-MM-DD or YYYY-MM-DDTHH:MM"),
+    (["cordon", "", "--why", "fan"], "argument node: '' is empty; give a node's inventory "
+                                     "name"),
+    (["uncordon", ""], "argument node: '' is empty; give a node's inventory name"),
+    (["logs", "RUN", "--node", ""], "argument --node: '' is empty; give a node's inventory "
+                                    "name"),
+    (["attach", "RUN", "--tail", "-1"], "argument --tail: -1: give a number of lines, 0 or "
+                                        "more"),
+])
+def test_a_value_of_an_older_verb_wrong_on_its_face_is_refused(place, trap, capsys, argv,
+                                                               words, monkeypatch) -> None:
+    """Refused by argparse (exit 2, the verb's usage) before anything is read or asked
+    (from the test's own directory: `--dest ''` wrote a dataset into the current one)."""
+    monkeypatch.chdir(place)
+    inventory = [] if "-i" in argv or argv[0] in ("data", "logs", "attach") \
+        else ["-i", str(place / "hosts.ini")]
+    refused(place, trap, capsys, [*argv, *inventory], words)
+
+
+def test_an_empty_dataset_destination_writes_nothing_here(place, trap, capsys,
+                                                          monkeypatch) -> None:
+    """`data synthetic --dest ''` wrote the dataset into the current directory."""
+    here = place / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    refused(place, trap, capsys, ["data", "synthetic", "--dest", ""],
+            "argument --dest: '' is empty")
+    assert list(here.iterdir()) == []
+
+
+# -- issue 66: a notebook runs on one node ---------------------------------------------------
+@pytest.mark.parametrize("hosts", ["node0,node1", "node0 node1", "node0,"])
+def test_a_notebook_on_more_than_one_host_is_refused(place, trap, capsys, hosts) -> None:
+    refused(place, trap, capsys, ["notebook", "--host", hosts, "-i", str(place / "hosts.ini")],
+            f"argument --host: {hosts!r} is not one node's inventory name; a notebook runs "
+            "on one node: give one (e.g. node0)")
+
+
+@pytest.mark.parametrize("verb", [["stop"], ["notebook", "stop"]])
+def test_a_bad_grace_is_refused_before_a_live_run_is_asked_about(place, trap, capsys,
+                                                                 verb) -> None:
+    """A run with no summary yet is settled through its nodes before it is stopped: a
+    --grace that cannot be is refused before that."""
+    from ..report.recorded import write_run
+
+    live = write_run(place / "runs", "live", ["node0", "node1"], 30)
+    live.summary_json.unlink()
+    live.create({**live.info(), "inventory": str(place / "hosts.ini"),
+                 "node_commands": {n: {"run_state": f"/share/{n}"} for n in ("node0", "node1")}},
+                queued=True)
+    code, out = run([*verb, "live", "--grace", "-1", "--runs-dir", str(place / "runs")], capsys)
+    assert code == 2 and "--grace -1.0: give the seconds between SIGTERM and SIGKILL" in out
+    time.sleep(0.05)
+    assert trap.knocks == 0, out
+
+
+# -- names that become paths or command-line words are matched whole (issue 66) -----------
+# A pattern written `^...$` and used with re.match lets a trailing newline through (`$`
+# also matches before one): each of these is refused when it ends in a newline.
+
+@pytest.mark.parametrize("argv, words", [
+    (["--run-id", "myrun\n"], "a run id is a letter or digit"),
+    (["--queue", "--partition", "gpu\n"], "give a Slurm partition"),
+    (["--queue", "--qos", "normal\n"], "give a Slurm qos"),
+    (["--queue", "--time", "2:00:00\n"], "give a Slurm time"),
+    (["--python-env", "myenv\n"], "an environment's name is letters, digits"),
+    (["--env", "LR\n=1"], "--env"),
+])
+def test_a_name_with_a_trailing_newline_is_refused(place, trap: Trap, capsys, argv,
+                                                   words) -> None:
+    refused(place, trap, capsys, train(place, *argv, "job.py"), words)
+
+
+def test_a_sandbox_name_with_a_trailing_newline_is_refused(capsys) -> None:
+    code, out = run(["sandbox", "status", "--name", "demo\n"], capsys)
+    assert code == 2 and "invalid sandbox name 'demo\\n'" in out, out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -228,3 +229,174 @@ def test_a_space_minimum_that_is_not_a_number_of_gib_is_refused(tmp_path: Path,
         "    cluster_shared_path: /data/shared\n",
         "    cluster_shared_path: /data/shared\n    cluster_min_free_gb: 0.5\n"))
     assert load_cluster(ok).min_free_gb == 0.5
+
+
+# --- every value is checked at the door (issue 66) ---------------------------------------
+
+def _load_then_connect(inv: Path) -> str:
+    """What `preflight` does with an inventory: load it, then connect to each node; the
+    error the user is shown ("" if none came from loading)."""
+    from orchestrator.cluster import ssh
+    from orchestrator.errors import PreflightError
+
+    try:
+        cluster = load_cluster(inv)
+    except InventoryError as exc:
+        return str(exc)
+    for node in cluster.nodes:
+        try:
+            ssh.connect(node.name, node.ssh, within=10).close()
+        except PreflightError:
+            pass
+    return ""
+
+
+@pytest.mark.parametrize("where", ["ini ansible_host", "yaml ansible_host", "yaml name"])
+def test_a_host_that_ssh_would_read_as_an_option_is_refused_and_never_run(
+        tmp_path: Path, where: str) -> None:
+    pwned = tmp_path / "pwned"
+    host = f"-oProxyCommand=touch {pwned}"
+    if where == "ini ansible_host":
+        inv = write(tmp_path, "h.ini", f"[train_nodes]\nn0 ansible_host='{host}'\n")
+    elif where == "yaml ansible_host":
+        inv = write(tmp_path, "h.yml",
+                    f"train_nodes:\n  hosts:\n    n0: {{ansible_host: '{host}'}}\n")
+    else:
+        inv = write(tmp_path, "h.yml", f"train_nodes:\n  hosts:\n    '{host}':\n")
+    said = _load_then_connect(inv)
+    assert not pwned.exists()
+    name = "n0" if where != "yaml name" else host
+    variable = "ansible_host" if where != "yaml name" else "inventory name"
+    assert said.startswith(f"{name}: {variable} in {inv}: '{host}' is not a host name or "
+                           "an IP address; give a host name (letters, digits"), said
+
+
+@pytest.mark.parametrize(("hostvars", "variable", "said"), [
+    ("ansible_host: 'gpu 1'", "ansible_host", "'gpu 1' is not a host name"),
+    ("ansible_host: 'root@10.0.0.1'", "ansible_host", "'root@10.0.0.1' is not a host name"),
+    ("ansible_host: 'a;b'", "ansible_host", "'a;b' is not a host name"),
+    ("ansible_host: 10.0.0.300", "ansible_host", "'10.0.0.300' is not a host name"),
+    ("ansible_host: [10.0.0.1]", "ansible_host", "must be text, not a list"),
+    ("ansible_user: '-oProxyCommand=x'", "ansible_user", "'-oProxyCommand=x' is not a login"),
+    ("ansible_user: 'bob smith'", "ansible_user", "'bob smith' is not a login name"),
+    ("ansible_user: 'a$(id)'", "ansible_user", "'a$(id)' is not a login name"),
+    ("ansible_user: [a]", "ansible_user", "must be text, not a list"),
+])
+def test_a_host_or_user_that_is_not_plausible_is_refused(tmp_path: Path, hostvars: str,
+                                                         variable: str, said: str) -> None:
+    inv = write(tmp_path, "h.yml", f"train_nodes:\n  hosts:\n    n0: {{{hostvars}}}\n")
+    with pytest.raises(InventoryError) as err:
+        load_cluster(inv)
+    assert str(err.value).startswith(f"n0: {variable} in {inv}: {said}"), str(err.value)
+
+
+def test_a_name_with_a_leading_dash_is_refused(tmp_path: Path) -> None:
+    inv = write(tmp_path, "h.ini", "[train_nodes]\n-gpu0 ansible_host=10.0.0.1\n")
+    with pytest.raises(InventoryError, match=r"-gpu0: inventory name in .*h.ini: '-gpu0' is "
+                       r"not a host name .*; rename the host"):
+        load_cluster(inv)
+
+
+def test_plausible_hosts_and_users_are_taken(tmp_path: Path) -> None:
+    inv = write(tmp_path, "h.yml", """\
+train_nodes:
+  hosts:
+    gpu_0.example.org: {ansible_user: svc.train-1}
+    n1: {ansible_host: "fe80::1%eth0", ansible_user: "alice@example.org"}
+    n2: {ansible_host: 2001:db8::2, cluster_address: "[2001:db8::12]"}
+    n3: {ansible_host: gpu-3, cluster_address: gpu-3.ib.example.org.}
+""")
+    nodes = load_cluster(inv).nodes
+    assert [n.host for n in nodes] == ["gpu_0.example.org", "fe80::1%eth0", "2001:db8::2",
+                                       "gpu-3"]
+    assert [n.user for n in nodes[:2]] == ["svc.train-1", "alice@example.org"]
+
+
+@pytest.mark.parametrize("port", ["0", "-22", "70000", "22abc", "true", "22.5"])
+def test_an_ssh_port_that_is_not_a_port_is_refused(tmp_path: Path, port: str) -> None:
+    inv = write(tmp_path, "h.yml", f"train_nodes:\n  hosts:\n    n0: {{ansible_port: {port}}}\n")
+    with pytest.raises(InventoryError, match=rf"n0: ansible_port in .*h.yml: "
+                       rf"'?{port if port != 'true' else 'True'}'? is not a port; give a whole "
+                       r"number 1-65535"):
+        load_cluster(inv)
+
+
+@pytest.mark.parametrize(("variable", "value", "near", "allowed"), [
+    ("cluster_scheduler", "slrum", "slurm", "none, slurm"),
+    ("python_env_backend", "vnev", "venv", "conda, venv"),
+])
+def test_a_misspelt_choice_is_refused_with_did_you_mean(tmp_path: Path, variable: str,
+                                                        value: str, near: str,
+                                                        allowed: str) -> None:
+    inv = write(tmp_path, "h.ini", f"[train_nodes]\nn0\n[all:vars]\n{variable}={value}\n")
+    with pytest.raises(InventoryError, match=rf"{variable} in .*h.ini: '{value}' is not "
+                       rf"one of {allowed} \(did you mean '{near}'\?\)"):
+        load_cluster(inv)
+
+
+@pytest.mark.parametrize("address", ["not an address!", "-x", "10.0.0.300", "a..b"])
+def test_a_junk_cluster_address_is_refused(tmp_path: Path, address: str) -> None:
+    inv = write(tmp_path, "h.yml", "train_nodes:\n  hosts:\n"
+                f"    n0: {{ansible_host: 10.0.0.1, cluster_address: '{address}'}}\n")
+    with pytest.raises(InventoryError, match=rf"n0: cluster_address in .*h.yml: "
+                       rf"'{re.escape(address)}' is not a host name or an IP address"):
+        load_cluster(inv)
+
+
+@pytest.mark.parametrize("port", ["80", "0", "1023", "65536", "'29500x'", "true"])
+def test_a_privileged_or_impossible_rendezvous_port_is_refused(tmp_path: Path,
+                                                               port: str) -> None:
+    inv = write(tmp_path, "h.yml", f"all:\n  vars:\n    cluster_rendezvous_port: {port}\n"
+                "  children:\n    train_nodes:\n      hosts:\n        n0:\n")
+    with pytest.raises(InventoryError, match=r"cluster_rendezvous_port in .*h.yml: .* is not an "
+                       r"unprivileged port; give a whole number 1024-65535 \(the users' "
+                       r"training processes bind it.*default 29500"):
+        load_cluster(inv)
+
+
+@pytest.mark.parametrize(("variable", "value", "said"), [
+    ("cluster_admin_group", "'bad group!'", "'bad group!' is not a group name"),
+    ("cluster_admin_group", "[wheel, sudo]", "must be text, not a list"),
+    ("cluster_admin_group", "1000", "1000 is not a group name"),
+    ("cluster_shared_path", "relative/dir", "'relative/dir' is not an absolute path"),
+    ("cluster_shared_path", "{a: 1}", "must be text, not a mapping"),
+    ("nfs_client_kernel_mount", "maybe", "'maybe' is not true or false"),
+    ("cluster_shared_fstypes", "{nfs: 4}", "must be a type or a list of types, not a mapping"),
+    ("cluster_scheduler", "[slurm]", "must be text, not a list"),
+    ("cluster_rendezvous_port_span", "[1]", "must be a whole number, not a list"),
+    ("python_env_state_dir", "[a]", "must be text, not a list"),
+    ("ansible_python_interpreter", "{a: 1}", "must be text, not a mapping"),
+])
+def test_each_own_variable_is_checked_by_its_kind(tmp_path: Path, variable: str, value: str,
+                                                  said: str) -> None:
+    inv = write(tmp_path, "h.yml", f"all:\n  vars:\n    {variable}: {value}\n"
+                "  children:\n    train_nodes:\n      hosts:\n        n0:\n")
+    with pytest.raises(InventoryError) as err:
+        load_cluster(inv)
+    assert f"{variable} in {inv}: {said}" in str(err.value), str(err.value)
+
+
+def test_ini_values_are_read_as_ansible_reads_them(tmp_path: Path) -> None:
+    inv = write(tmp_path, "h.ini", "[train_nodes]\nn0 ansible_host=10.0.0.1\n[all:vars]\n"
+                "nfs_client_kernel_mount=no\ncluster_shared_fstypes=nfs4\n"
+                "cluster_rendezvous_port='30000'\ncluster_scheduler=slurm\n")
+    cluster = load_cluster(inv)
+    assert cluster.variables["nfs_client_kernel_mount"] is False
+    assert cluster.variables["cluster_shared_fstypes"] == ["nfs4"]
+    assert cluster.rendezvous_port == 30000 and cluster.scheduler == "slurm"
+
+
+def test_an_ini_host_defined_twice_with_two_addresses_is_refused(tmp_path: Path) -> None:
+    inv = write(tmp_path, "h.ini", "[train_nodes]\nnode1 ansible_host=10.0.0.1\n"
+                "node2 ansible_host=10.0.0.3\n\n[gpu]\nnode1 ansible_host=10.0.0.2\n")
+    with pytest.raises(InventoryError, match=r"node1 is defined twice in .*h.ini with two "
+                       r"addresses: line 2 says ansible_host=10.0.0.1, line 6 says "
+                       r"ansible_host=10.0.0.2 .*Ansible keeps the last"):
+        load_cluster(inv)
+
+
+def test_an_ini_host_in_two_groups_with_one_address_is_taken(tmp_path: Path) -> None:
+    inv = write(tmp_path, "h.ini", "[train_nodes]\nnode1 ansible_host=10.0.0.1\n"
+                "[gpu]\nnode1\n[a100]\nnode1 ansible_host=10.0.0.1 gpus=8\n"
+                "[gpu:vars]\nansible_host=10.0.0.9\n")
+    assert load_cluster(inv).nodes[0].host == "10.0.0.1"

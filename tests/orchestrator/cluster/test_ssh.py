@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cluster import ssh
-from orchestrator.errors import PreflightError
+from orchestrator.errors import InventoryError, PreflightError
 
 # OpenSSH 9's words: the server dropping the connection itself, and a bastion on the way
 # (ProxyJump) dropping the jump.
@@ -105,3 +105,45 @@ def test_a_borrowed_connection_leaves_its_master_to_its_owner() -> None:
     assert Path(owner.control_path).exists()
     owner.close()
     assert not Path(owner.control_path).exists()
+
+
+def test_a_host_that_ssh_would_read_as_an_option_never_reaches_ssh(tmp_path: Path) -> None:
+    """Whatever built it, a target whose host starts with '-' is refused before any ssh
+    runs: OpenSSH would take `-oProxyCommand=...` for an option and run the command here."""
+    pwned = tmp_path / "pwned"
+    with pytest.raises(InventoryError, match=r"SSH host '-oProxyCommand=touch .*' would be "
+                       r"read by ssh as an option.*host name or an IP address"):
+        target = ssh.SshTarget(host=f"-oProxyCommand=touch {pwned}", timeout=3)
+        ssh.connect("node0", target, within=10).close()
+    assert not pwned.exists()
+
+
+def test_every_ssh_command_line_ends_its_options_before_the_host(tmp_path: Path) -> None:
+    """Every ssh this module starts (the master, its check and exit, a command, the
+    diagnosis of a failed master, a tunnel, `ssh -G`) says `--` before the host: nothing
+    after it is read as an option."""
+    said = tmp_path / "argv"
+    script = tmp_path / "ssh"
+    script.write_text(f"""#!/bin/sh
+printf '%s\\n' "$@" >> {said}; echo === >> {said}
+case " $* " in *" ControlMaster=yes "*)
+  if [ ! -e {tmp_path}/dropped ]; then
+    touch {tmp_path}/dropped; echo "{SERVER_DROP}" >&2; exit 255
+  fi;;
+esac
+case " $* " in *" -G "*) echo "hostname node0.example.org";; esac
+exit 0
+""")
+    script.chmod(0o755)
+    target = ssh.SshTarget(host="node0.example.org", user="alice", ssh_executable=str(script))
+    conn = ssh.connect("node0", target)
+    Path(conn.control_path).touch()   # where the master's socket would be
+    assert conn.run("true").exit_code == 0 and conn.master_pid is None
+    ssh.forward(target, 40001, 40002).wait()
+    assert target.effective()["hostname"] == "node0.example.org"
+    conn.close()
+    calls = [c.strip("\n").split("\n") for c in said.read_text().split("===\n") if c.strip()]
+    assert len(calls) == 8   # master twice, diagnosis, command, check, tunnel, -G, exit
+    for argv in calls:
+        assert argv[argv.index("--") + 1] == "node0.example.org", argv
+    assert calls[3][-3:] == ["--", "node0.example.org", "true"]

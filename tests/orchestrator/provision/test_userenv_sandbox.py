@@ -254,3 +254,38 @@ def test_bob_makes_his_own_environment_and_runs_in_it_beside_alice(
         shutil.rmtree(sandbox_cluster.share / "checkpoints" / "bob" / ckpt_name,
                       ignore_errors=True)
     assert listed(bob) == []
+
+
+def test_an_environment_whose_packages_do_not_import_is_not_made_ready(
+        sandbox_cluster: ProvisionedCluster, tmp_path: Path) -> None:
+    """Two packages that install together but do not import together (vision-fake raises
+    at its import, as a torchvision built for another torch does): env create fails naming
+    the node, the package and the import's own last error line; the state is left
+    unfinished (no env.json), and the name does not point at it."""
+    from orchestrator.provision.wheelhouse import load_environment, write_lock
+    from tests.roles.test_python_env_imports import MISMATCH, wheel
+    bob = sandbox_cluster.inventories["bob"]
+    wheelhouse = sandbox_cluster.share / "wheelhouse-broken"
+    shutil.rmtree(wheelhouse, ignore_errors=True)
+    wheelhouse.mkdir()
+    files = [wheel(wheelhouse, "good-pkg", {"goodpkg/__init__.py": "VERSION = '1.0'\n"}).name,
+             wheel(wheelhouse, "vision-fake", {"visionfake/__init__.py": (
+                 "import goodpkg\nraise RuntimeError('operator torchvision::nms does not "
+                 "exist')\n")}).name]
+    spec = tmp_path / "broken.yml"
+    spec.write_text("name: broken\ndependencies:\n  - python=3.11\n  - pip\n  - pip:\n"
+                    "      - good-pkg==1.0\n      - vision-fake==1.0\n")
+    write_lock(wheelhouse, files, load_environment(spec), spec)
+    try:
+        made = orchestrator("env", "create", "-f", str(spec), "--wheelhouse",
+                            "/mnt/cluster/wheelhouse-broken", "--hosts", "node0", "-i",
+                            str(bob))
+        said = made.stdout + made.stderr
+        assert made.returncode != 0, said
+        assert "The environment's packages do not all import on node0, so it is not ready: " \
+            f"vision-fake (import visionfake): {MISMATCH}." in made.stderr, said
+        [state] = [s for s in listed(bob) if s["name"] == "broken"]
+        assert state["incomplete"] == ["node0"] and state["current"] == [], state
+    finally:
+        orchestrator("env", "rm", "broken", "-i", str(bob))
+        shutil.rmtree(wheelhouse, ignore_errors=True)

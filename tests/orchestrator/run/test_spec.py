@@ -244,3 +244,63 @@ def test_a_bad_secret_env_is_refused_before_any_node(place, monkeypatch, capsys,
                      "--workdir", str(place / "code"), "job.py"], capsys)
     assert code != 0 and words in out, out
     assert "cannot reach" not in out
+
+
+@pytest.mark.parametrize("text, words", [
+    ('workdir: code\nscript: job.py\nnodes: !!int "two"\n',
+     'job.yaml line 3: nodes: the tag !!int is not read here; leave it out and write the '
+     'value plainly (nodes: "two")'),
+    ('workdir: code\nscript: job.py\nqueue: !!bool "yes"\n',
+     "job.yaml line 3: queue: the tag !!bool is not read here"),
+    ("workdir: code\nscript: job.py\nenv: {LR: !!float 1}\n",
+     "job.yaml line 3: env.LR: the tag !!float is not read here"),
+    ("a: &a [x, x, x]\nb: &b [*a, *a, *a]\nargs: *b\n",
+     "job.yaml line 2: b[0]: *a repeats the value anchored on line 1; this file takes no "
+     "aliases: write the value out"),
+])
+def test_a_tag_or_alias_in_a_job_file_is_refused_not_trusted(place, capsys, text,
+                                                              words) -> None:
+    """`nodes: !!int "two"` was a traceback and `queue: !!bool "yes"` read as false."""
+    code, out = run(["train", "-f", str(job(place, text)), "-i", str(place / "hosts.ini")],
+                    capsys)
+    assert code == 2 and words in out, out
+    assert "Traceback" not in out and "cannot reach" not in out
+
+
+@pytest.mark.parametrize("text, words", [
+    ("workdir:\nscript: job.py\n", "job.yaml line 1: workdir is empty; give a directory, "
+                                   "or remove the line to use the default"),
+    ("workdir: ~\n", "job.yaml line 1: workdir is null; give a directory, or remove the "
+                     "line to use the default"),
+    ("workdir: null\n", "job.yaml line 1: workdir is null; give a directory"),
+    ("workdir: code\nscript:\n", "job.yaml line 2: script is empty; give a path relative "
+                                 "to workdir"),
+    ("workdir: code\nscript: job.py\nargs:\n", "job.yaml line 3: args is empty; give a list"),
+    ("workdir: code\nscript: job.py\nenv:\n", "job.yaml line 3: env is empty"),
+    ("workdir: code\nscript: job.py\nnodes:\n", "job.yaml line 3: nodes is empty; give a "
+                                               "whole number"),
+    ("workdir: code\nscript: job.py\npartition:\nqueue: true\n",
+     "job.yaml line 3: partition is empty"),
+    ("workdir: code\nscript: job.py\nqueue: null\n", "job.yaml line 3: queue is null; give "
+                                                     "true or false"),
+])
+def test_a_key_given_no_value_is_refused_not_taken_for_the_default(place, capsys, text,
+                                                                   words) -> None:
+    """A blank `workdir:` ran the repository's example job instead of the user's code."""
+    code, out = run(["train", "-f", str(job(place, text)), "-i", str(place / "hosts.ini")],
+                    capsys)
+    assert code == 2 and words in out, out
+    assert "cannot reach" not in out
+
+
+def test_a_null_that_a_dry_run_writes_is_that_options_none(place) -> None:
+    """`--dry-run` writes every option, `nodes: null` (all of train_nodes) too: read back,
+    a written null is the option's own none; empty values inside keep their meaning:
+    `FOO:` under env is FOO set to "" (as `--env FOO=`), `""` an empty argument (as
+    `-- ""`)."""
+    given = read_job_file(job(place, "workdir: code\nscript: job.py\nnodes: null\n"
+                                     "hosts: ~\nmaster_port: null\nrun_id: null\n"
+                                     "env: {A: '', B: , C: ~}\nargs: [--tag, '']\n"))
+    spec = from_sources(given)
+    assert (spec.nodes, spec.hosts, spec.master_port, spec.run_id) == (None,) * 4
+    assert spec.env == {"A": "", "B": "", "C": ""} and spec.script_args == ("--tag", "")

@@ -171,3 +171,13 @@ def test_a_sweep_whose_process_is_gone_is_settled_from_its_trials_runs(
     capsys.readouterr()
     assert main(["sweep", "resume", record.sweep_id, "--runs-dir", str(tmp_path)]) != 0
     assert f"the run of t2 ({record.sweep_id}.t2) has not ended" in capsys.readouterr().err
+
+
+def test_the_nodes_a_sweep_can_have_pass_the_door(inventory: Path) -> None:
+    """More trials, or a larger `parallel`, than fit at once is no refusal (they wait their
+    turn); `hosts` with `nodes` shares out those hosts."""
+    from orchestrator.sweep.runner import check_nodes
+    for spec in (RunSpec(inventory=inventory, nodes=5), RunSpec(inventory=inventory),
+                 RunSpec(inventory=inventory, hosts=("hpc-e", "hpc-a", "hpc-c"), nodes=2),
+                 RunSpec(inventory=inventory, hosts=("hpc-b",))):
+        check_nodes(spec)

@@ -125,6 +125,11 @@ BAD = [
      "line 4: args: --epochs is given there and swept: take it out of args"),
     ("method: random\ntrials: 5000\nparameters: {--lr: [0.1]}\nmetric: loss\n",
      f"5000 trials; a sweep runs at most {MAX_TRIALS}"),
+    # a key given no value is no default: it was minimize, and a linear range
+    ("method: grid\nparameters: {--lr: [0.1]}\nmetric: loss\ngoal:\n",
+     "line 9: sweep.goal is empty; give text, or remove the line to use the default"),
+    ("method: random\ntrials: 4\nparameters:\n  --lr: {min: 0.1, max: 1, log: ~}\n"
+     "metric: loss\n", "line 9: sweep.parameters.--lr.log is null; give true or false"),
 ]
 
 

@@ -145,6 +145,23 @@ def test_a_sweep_is_listed_and_its_page_links_its_trials_runs(tmp_path: Path) ->
             server, f"/sweeps/{record.sweep_id}/")[2]   # a trial runs: the page reloads
 
 
+def test_a_sweep_whose_record_does_not_read_is_named_not_hidden(tmp_path: Path) -> None:
+    """A cut-short sweep.json: the index lists the sweep as unreadable, naming the file, and
+    its page says why (as `sweep show` does), never a 404 that hides it or a traceback."""
+    from ..sweep.test_report import recorded_sweep
+
+    root = tmp_path / "runs"
+    root.mkdir()
+    record = recorded_sweep(root)
+    path = root / record.sweep_id / "sweep.json"
+    path.write_text(path.read_text()[:40])
+    for server in serve(root):
+        _, _, index = get(server, "/")
+        row = index[index.index(f'data-sweep="{record.sweep_id}"'):]
+        row = row[:row.index("</tr>")]
+        assert "unreadable" in row and "is not JSON" in row, row
+        status, _, page = get(server, f"/sweeps/{record.sweep_id}/")
+        assert status == 422 and str(path) in page and "is not JSON" in page, page
 def test_unknown_runs_and_paths_are_not_found(ui: UiServer) -> None:
     for path in ("/runs/20990101-000000-ffffff/", "/runs/", "/runs/nope/x.log",
                  f"/runs/{DONE}/missing.log", "/elsewhere", "/runs/.hidden/"):
@@ -367,3 +384,31 @@ def test_the_cli_serves_until_ctrl_c(runs: Path) -> None:
             proc.wait()
     assert proc.returncode in (0, 130) and "Traceback" not in err, err
     assert token not in note + out + err     # printed in the URL line only
+
+
+def test_a_record_that_cannot_be_read_is_named_on_its_page_and_in_the_list(
+        tmp_path: Path) -> None:
+    """Corrupt records (a run.json that is a list, a summary whose duration is text, one
+    cut short) are said, each naming its file and what to do: the index still lists
+    every run, and a run's page is the reason, never a server error."""
+    root = tmp_path / "runs"
+    write_run(root, DONE, ["node0", "node1"], 120)
+    broken = {"20260921-121500-0a0a0a": ("run.json", "[]"),
+              "20260921-131500-0b0b0b": ("summary.json", None),
+              "20260921-141500-0c0c0c": ("summary.json", '{"status": "succ')}
+    for run_id, (name, text) in broken.items():
+        run = write_run(root, run_id, ["node0"], 60)
+        if text is None:
+            text = (run.path / name).read_text().replace('"duration_s": 60.0',
+                                                         '"duration_s": "a minute"')
+        (run.path / name).write_text(text)
+    for server in serve(root):
+        status, _, body = get(server, "/")
+        assert status == 200, body
+        assert f'href="/runs/{DONE}/"' in body and "succeeded" in body
+        for run_id, (name, _) in broken.items():
+            row = body[body.index(f'data-run="{run_id}"'):]
+            assert ">unreadable<" in row[:row.index("</tr>")], run_id
+            status, _, page = get(server, f"/runs/{run_id}/")
+            assert status != 500 and str(root / run_id / name) in page, page
+            assert "fix" in page and "Traceback" not in page, page

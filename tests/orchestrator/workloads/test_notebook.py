@@ -73,7 +73,7 @@ def test_the_command_refuses_a_run_id_where_it_does_not_belong_before_any_node(
     code, out = run(["notebook", "open"], capsys)
     assert code == 2 and "invalid choice: 'open'" in out
     code, out = run(["notebook", "--port", "70000", "--runs-dir", str(runs)], capsys)
-    assert code == 1 and "--port 70000" in out
+    assert code == 2 and "argument --port: 70000: choose a port in 1-65535" in out
     assert not runs.exists()
 
 
