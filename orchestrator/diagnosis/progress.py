@@ -309,8 +309,9 @@ class Progress:
             return max(0.0, now - self._last)
 
     def _medians(self) -> dict[tuple[str, int], float]:
-        return {key: statistics.median(times) for key, times in self._steps.items()
-                if len(times) >= MIN_STEPS}
+        # Every rank that said a step time: a short run's few beats (one a second, each
+        # the mean of the steps it covers) are its measure; MIN_STEPS is for judging a window.
+        return {key: statistics.median(times) for key, times in self._steps.items() if times}
 
     def stragglers(self, now: float | None = None) -> list[Straggler]:
         """The nodes slower than the others in most windows of the last HISTORY (closed

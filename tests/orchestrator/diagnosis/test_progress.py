@@ -145,6 +145,14 @@ def test_summary_gives_each_nodes_step_time_and_samples_per_second() -> None:
     assert data["stragglers"] == []
 
 
+def test_a_short_runs_few_beats_still_give_its_summary_each_nodes_step_time() -> None:
+    """A run of a few seconds (Lightning's two small epochs: one or two beats a rank, one
+    a second) has its step times in its summary, as in its timeline."""
+    p = Progress(now=0.0)
+    feed(p, "node0", 0, 0.5, n=1, samples=64)
+    feed(p, "node1", 1, 0.25, n=2, samples=64)
+    assert p.to_json()["nodes"] == {"node0": {"step_s": 0.5, "samples_per_s": 128.0},
+                                    "node1": {"step_s": 0.25, "samples_per_s": 256.0}}
 def test_the_timeline_has_a_point_per_closed_window_with_step_times_rates_and_loss() -> None:
     """A point per window of 10 s: each node's slowest rank (its median), the samples per
     second of all its ranks, whether it was slower than the others; the ranks' loss."""
