@@ -387,6 +387,8 @@ def _judge_space(report: Report) -> None:
             elif itotal and ifree < defaults.SPACE_WARN * itotal:
                 report.warnings.append(f"{where} is nearly out of inodes: {ifree} free "
                                        f"of {itotal} ({grows})")
+    for f in report.facts:   # its health check's word on who fills its own disk
+        report.warnings += [f"{f.node.name}: {said}" for said in f.health_warnings]
 
 
 

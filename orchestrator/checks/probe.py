@@ -69,6 +69,7 @@ class NodeFacts:
     busy: dict[str, Any] | None = None          # node/busy.py: other runs, GPU processes
     cordon: dict[str, Any] | None = None        # node/cordon.py: this node's cordon, if any
     health: dict[str, Any] | None = None        # node/health.py: its health check's failing verdict
+    health_warnings: list[str] = field(default_factory=list)   # what it said, not cordoned for
     shared: dict[str, Any] = field(default_factory=dict)
     space: list[dict[str, Any]] = field(default_factory=list)  # node/probe.py space()
     share_users: dict[str, Any] | None = None  # node/health.py read_users(): who fills it

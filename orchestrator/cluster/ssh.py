@@ -290,18 +290,20 @@ def alone(target: SshTarget, *rest: str, ours: tuple[str, ...] = ()) -> list[str
             *rest]
 
 
-def forward(target: SshTarget, local_port: int, remote_port: int) -> subprocess.Popen:
-    """A tunnel: 127.0.0.1:LOCAL_PORT here to 127.0.0.1:REMOTE_PORT on the node, over a
-    connection of its own (bastions and ~/.ssh/config as for every connection), open
-    while the process lives. ssh exits when the forward cannot be made (the local port
-    taken) or the node stops answering; its words are on the process's stderr. It ends
-    with the thread that opened it, however that ends (kill -9 included)."""
+def forward(target: SshTarget, local: int | str, remote_port: int) -> subprocess.Popen:
+    """A tunnel: LOCAL here (a port of 127.0.0.1, or the path of a Unix socket, which ssh
+    makes: in a private directory only its user can open it) to 127.0.0.1:REMOTE_PORT on
+    the node, over a connection of its own (bastions and ~/.ssh/config as for every
+    connection), open while the process lives. ssh exits when the forward cannot be made
+    (the local end taken) or the node stops answering; its words are on the process's
+    stderr. It ends with the thread that opened it, however that ends (kill -9 included)."""
+    here = f"127.0.0.1:{local}" if isinstance(local, int) else local
     return subprocess.Popen(
         alone(target, *target.at(), ours=(
             "-N", "-o", "ExitOnForwardFailure=yes",
             "-o", f"ServerAliveInterval={ALIVE_INTERVAL}",
             "-o", f"ServerAliveCountMax={ALIVE_COUNT}",
-            "-L", f"127.0.0.1:{local_port}:127.0.0.1:{remote_port}")),
+            "-L", f"{here}:127.0.0.1:{remote_port}")),
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         text=True, start_new_session=True, preexec_fn=_end_with_parent)
 

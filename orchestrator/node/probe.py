@@ -773,6 +773,9 @@ def probe(req: dict) -> dict[str, Any]:
     verdict = health.read_state()   # the health timer's, on the node's own disk (roles/health)
     if verdict and verdict.get("failing"):
         out["health"] = verdict
+    if verdict and verdict.get("warnings"):   # a local disk users' temporary files fill
+        out["health_warnings"] = [w.get("why") for w in verdict["warnings"]
+                                  if isinstance(w, dict)]
     if out["shared"]["ok"] and req.get("node"):
         out["cordon"] = cordon.current(req["shared"]["path"], req["node"],
                                        req.get("admin_group") or cordon.DEFAULT_ADMIN_GROUP)

@@ -79,7 +79,7 @@ def test_a_stalled_share_cordons_its_node_until_it_answers_again(
         assert f"the share /mnt/cluster did not answer within {LIMIT:g} s" in said, said
         assert drain_of(sandbox_cluster, node).startswith("drain"), \
             drain_of(sandbox_cluster, node)
-        assert "clustertrain (health): health check: the share" in drain_of(sandbox_cluster, node)
+        assert "clustertrain (health check): the share" in drain_of(sandbox_cluster, node)
         view = nodes(sandbox_cluster)[node]   # read from node0, whose share answers
         assert view["state"] == "failing", view
         assert "did not answer" in view["verdict"]["failing"][0]["why"]
@@ -138,7 +138,7 @@ def test_gpu_errors_cordon_the_node_an_ecc_error_until_it_is_gone_an_xid_until_a
         assert (f"{node}: cordoned since" in refused.stdout + refused.stderr
                 and "it returns by itself once its health check passes"
                 in refused.stdout + refused.stderr), refused.stdout[-3000:]
-        assert "clustertrain (health)" in drain_of(sandbox_cluster, node)
+        assert "clustertrain (health check)" in drain_of(sandbox_cluster, node)
         # bob cannot write a node's history, nor add one
         for script in (f"echo '{{}}' >> /mnt/cluster/health/{node}.jsonl",
                        "touch /mnt/cluster/health/node9.jsonl"):
@@ -149,7 +149,7 @@ def test_gpu_errors_cordon_the_node_an_ecc_error_until_it_is_gone_an_xid_until_a
         listed = orchestrator("cordon", "-i", alice, timeout=120)
         assert not [x for x in listed.stdout.splitlines() if x.startswith(f"{node} ")], \
             listed.stdout
-        assert "clustertrain (health)" not in drain_of(sandbox_cluster, node)
+        assert "clustertrain (health check)" not in drain_of(sandbox_cluster, node)
         # The kernel says once that a GPU fell off the bus: the node stays cordoned at the
         # checks after it, until an admin (alice, in the sudo group) lifts it; bob may not.
         xid = ("NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, GPU has "
@@ -159,14 +159,14 @@ def test_gpu_errors_cordon_the_node_an_ecc_error_until_it_is_gone_an_xid_until_a
         assert "GPU 0000:18:00: Xid 79 (fallen off the bus) in the kernel's log" in said, said
         sandbox_cluster.exec(node, "sh", "-c", f": > {DOUBLE_DIR}/kernel.log")
         assert "Xid 79" in check_now(sandbox_cluster, node)
-        assert "clustertrain (health)" in drain_of(sandbox_cluster, node)
+        assert "clustertrain (health check)" in drain_of(sandbox_cluster, node)
         refused = orchestrator("uncordon", node, "-i", bob, timeout=120)
         assert refused.returncode != 0, refused.stdout
         assert "Xid 79" in check_now(sandbox_cluster, node)
         lifted = orchestrator("uncordon", node, "-i", alice, timeout=120)
         assert lifted.returncode == 0, lifted.stdout + lifted.stderr
         assert check_now(sandbox_cluster, node) == f"{node}: healthy"
-        assert "clustertrain (health)" not in drain_of(sandbox_cluster, node)
+        assert "clustertrain (health check)" not in drain_of(sandbox_cluster, node)
     finally:
         sandbox_cluster.exec(node, "sh", "-c", f"printf '%s' '{raw}' > {health.CONFIG} && "
                              f"rm -rf {DOUBLE_DIR} {health.STATE_DIR}/state.json",
@@ -239,7 +239,7 @@ def test_a_reboot_waits_for_the_nodes_runs_then_the_node_returns(
         assert "It is cordoned (and drained in Slurm) now" in report[1], report[1]
         assert re.search(r"Reboot to load the new kernel module\] \**\s*skipping: \[node2\]",
                          play.stdout), play.stdout[-4000:]
-        assert "clustertrain (health): health check: the NVIDIA driver 999.1 is installed" \
+        assert "clustertrain (health check): the NVIDIA driver 999.1 is installed" \
             in drain_of(sandbox_cluster, node)
         # Nobody else is given the node meanwhile: bob's preflight is refused, naming why.
         refused = orchestrator("preflight", "-i", str(sandbox_cluster.inventories["bob"]),

@@ -16,7 +16,7 @@ from ..orchestrator.node.test_cordon import BIN, DAEMON, as_root, calls, drained
 share = test_cordon.share          # the fixtures: a share with its cordon record,
 scontrol = test_cordon.scontrol    # a stand-in scontrol
 
-HEALTH = "clustertrain (health): GPU 0 fell off the bus"
+HEALTH = "clustertrain (health check): GPU 0 fell off the bus"
 
 
 def cordoned_by(share: str, uid: int, lifted: bool = False) -> None:
@@ -58,7 +58,7 @@ def test_a_user_returns_only_his_own_drain_and_an_admin_any(share: str,
     """bin wrote a cordon of node1 and lifted it, which lets him return node1 to Slurm by
     the record's rule: not while the drain is the health check's or daemon's."""
     cordoned_by(share, BIN, lifted=True)
-    for theirs, who in ((HEALTH, "health"), ("clustertrain (daemon): bad fan", "daemon")):
+    for theirs, who in ((HEALTH, "health check"), ("clustertrain (daemon): bad fan", "daemon")):
         drained(scontrol, theirs)
         refused = helper_as(BIN, share, scontrol, "--resume", "node1")
         assert refused.returncode == 1, refused.stdout

@@ -1,5 +1,5 @@
 """bob against the health check's drain, on the real-site sandbox: the health check (root,
-roles/health) drained a node ("clustertrain (health): why"); bob cordons it (anyone may)
+roles/health) drained a node ("clustertrain (health check): why"); bob cordons it (anyone may)
 and drains it through the helper, which overwrote the reason with his, so that the check,
 once passing, no longer resumed it, and the node stayed drained with no cordon anywhere.
 Now the helper changes only the caller's own drains: bob's drain leaves the reason as it
@@ -16,7 +16,7 @@ from .conftest import as_user
 pytestmark = [pytest.mark.sandbox, pytest.mark.timeout(600)]
 NODE = "node2"   # drained for seconds only, and left as it was found
 DRAIN = "/usr/local/sbin/clustertrain-drain"
-HEALTH = "clustertrain (health): test: GPU 0 fell off the bus"
+HEALTH = "clustertrain (health check): test: GPU 0 fell off the bus"
 
 
 def reason(cluster: ProvisionedCluster) -> str:

@@ -28,7 +28,7 @@ What it does with the verdict, each step bounded in time so that a stalled share
 hangs the timer:
 - its state, on the node's own disk (STATE_DIR/state.json, readable by every user: the
   preflight probe reads it, so a node whose share stalls is refused naming the check);
-- Slurm: a failing node is drained ("clustertrain (health): why") and resumed once the
+- Slurm: a failing node is drained ("clustertrain (health check): why") and resumed once the
   check passes, unless the drain is someone else's;
 - the share's cordon record (orchestrator/node/cordon.py): a cordon "health check: why"
   when the check starts failing, and an uncordon when it passes again. The cordon is
@@ -84,9 +84,14 @@ UNIT = "clustertrain-health"                      # its service and timer
 HISTORY_SUBDIR = "health"                         # under the share's root (nfs_server)
 REBOOT_PENDING = "reboot-pending.json"            # in STATE_DIR: a reboot asked, not done
 WHY = "health check: "                            # how the check's cordons begin
-DRAIN_WHO = "health"                              # its Slurm drains: "clustertrain (health): "
+# Its Slurm drains: "clustertrain (health check): why". The space makes it a name no login
+# name can be (useradd refuses one), so no user's drain helper ever takes it for his own.
+DRAIN_WHO = "health check"
 DRAINED_HERE = f"{cordon.DRAIN_MARK}{DRAIN_WHO})"  # how such a drain's reason begins
+SUPERVISOR_PID = "supervisor.pid"  # in a run's job directory (node/protocol.SUPERVISOR_PID)
 LOCAL_PLACES = ("/", "/tmp", "/home")
+TEMP_PLACES = ("/tmp", "/var/tmp", "/dev/shm")   # where any user writes on a node's own disk
+TEMP_WALK = 60.0    # seconds the count of who fills them may take
 USERS = "users.json"        # in HISTORY_SUBDIR: who fills a nearly full share
 USERS_EVERY = 900.0         # seconds: a nearly full share is walked at most this often,
 MOVED = 0.01                # unless its free space moved by more than this part of it
@@ -184,11 +189,13 @@ class Config:
 @dataclass(frozen=True)
 class Failure:
     """One failed check: which (share, space, gpu, clock, memory), why, and whether it
-    holds until the node reboots (a broken GPU's Xid: the kernel says it once)."""
+    holds until the node reboots (a broken GPU's Xid: the kernel says it once). A WARNING
+    is said, never cordoned for: a local disk that users' temporary files fill (blamed)."""
 
     check: str
     why: str
     sticky: bool = False
+    warning: bool = False
 
 
 # -- the checks -------------------------------------------------------------------------------
@@ -203,7 +210,7 @@ def measure(paths: list[str]) -> dict[str, Any]:
             os.listdir(path)
             out[path] = {"free": st.f_bavail * st.f_frsize, "total": st.f_blocks * st.f_frsize,
                          "ifree": st.f_favail, "itotal": st.f_files,
-                         "mounted": os.path.ismount(path)}
+                         "mounted": os.path.ismount(path), "dev": os.stat(path).st_dev}
         except OSError as exc:
             out[path] = {"error": exc.strerror or str(exc)}
     return out
@@ -261,6 +268,52 @@ def check_space(figures: dict[str, dict[str, Any]], min_free_gb: float,
             failed.append(Failure("space", f"{path} has {got['ifree']} inodes free of "
                                   f"{got['itotal']}, below {min_free_inodes}: remove files"))
     return failed
+
+
+def temp_users(dev: int, deadline: float, places: tuple[str, ...] = TEMP_PLACES
+               ) -> dict[str, int] | None:
+    """Each user's bytes (but root's) in the temporary PLACES on device DEV, biggest first;
+    None when they were not all counted by DEADLINE (time.monotonic()). Walked as the
+    share's users are (walk(): no link followed, no directory swapped in mid-walk)."""
+    totals: dict[int, int] = {}
+    for top in places:
+        try:
+            here = os.lstat(top)
+        except OSError:
+            continue
+        if here.st_dev != dev or not stat.S_ISDIR(here.st_mode):
+            continue
+        for info, _ in walk(top):
+            if time.monotonic() > deadline:
+                return None
+            if info.st_dev == dev and info.st_uid != 0 and not stat.S_ISDIR(info.st_mode):
+                totals[info.st_uid] = totals.get(info.st_uid, 0) + info.st_blocks * 512
+    return {cordon.user_name(uid): used
+            for uid, used in sorted(totals.items(), key=lambda t: -t[1])}
+
+
+def blamed(failure: Failure, path: str, got: dict[str, Any], min_free_gb: float,
+           deadline: float, places: tuple[str, ...] = TEMP_PLACES) -> Failure:
+    """FAILURE (PATH, a place on the node's own disk, has too little free space: GOT its
+    measure()) as a warning when users' temporary files there hold more than it lacks:
+    the node is not broken, a user filled it, and a cordon would keep everyone off it
+    for one user's files. The warning names the biggest of them; the failure too when
+    they hold less."""
+    short = min_free_gb * 2**30 - got.get("free", 0)
+    if failure.check != "space" or short <= 0 or "dev" not in got:
+        return failure
+    users = temp_users(got["dev"], deadline, places)
+    if not users:
+        return failure
+    biggest = ", ".join(f"{name} {used / 2**30:.2f} GiB" for name, used in
+                        list(users.items())[:3])
+    if sum(users.values()) < short:
+        return Failure(failure.check, f"{failure.why}; its temporary files' biggest users: "
+                       f"{biggest}", failure.sticky)
+    return Failure(failure.check, f"{path} has {got['free'] / 2**30:.2f} GiB free, below "
+                   f"{min_free_gb:g} GiB, filled by temporary files ({', '.join(places)}) "
+                   f"of {biggest}: they free them (the node is not cordoned for it)",
+                   warning=True)
 
 
 def check_gpus(nvidia_smi: str) -> list[Failure]:
@@ -380,9 +433,12 @@ def run_checks(cfg: Config, since: float | None) -> list[Failure]:
     figures = json.loads(out) if out is not None else {}
     if out is None:   # a home on NFS, say
         failures.append(Failure("space", f"{', '.join(places)}: measuring them {why}"))
+    deadline = time.monotonic() + TEMP_WALK
+    for path, got in figures.items():
+        failures += [blamed(f, path, got, cfg.min_free_gb, deadline) for f in
+                     check_space({path: got}, cfg.min_free_gb, cfg.min_free_inodes)]
     if share:
-        figures[cfg.share] = share
-    failures += check_space(figures, cfg.min_free_gb, cfg.min_free_inodes)
+        failures += check_space({cfg.share: share}, cfg.min_free_gb, cfg.min_free_inodes)
     failures += check_gpus(cfg.nvidia_smi) + check_xids(cfg.journalctl, since)
     failures += check_clock(cfg.max_clock_offset) + check_memory(cfg.edac)
     return failures
@@ -401,6 +457,7 @@ class State:
     since: float | None = None       # when it started failing
     cordoned: bool = False           # its cordon is in the share's record
     drained: bool = False            # Slurm drained it for this check
+    warnings: list[dict[str, Any]] = field(default_factory=list)  # said, not cordoned for
 
     def why(self) -> str:
         return "; ".join(f["why"] for f in self.failing)
@@ -514,15 +571,36 @@ def supervised_run(argv: list[str]) -> str | None:
     if not head or not (os.path.basename(head[-1]) == "node.py"
                         or head[-2:] == ["-m", "orchestrator.node"]):
         return None
-    ours = argv[i + 1:]
-    if "--" in ours:   # the rest is torchrun's
-        ours = ours[:ours.index("--")]
+    return _option(argv[i + 1:], "--run")
+
+
+def _option(words: list[str], name: str) -> str | None:
+    """The value of option NAME among a supervisor's WORDS before its `--` (the rest is
+    torchrun's), else None."""
+    ours = words[:words.index("--")] if "--" in words else words
     for j, word in enumerate(ours):
-        if word == "--run" and j + 1 < len(ours):
+        if word == name and j + 1 < len(ours):
             return ours[j + 1]
-        if word.startswith("--run="):
-            return word[len("--run="):]
+        if word.startswith(f"{name}="):
+            return word[len(name) + 1:]
     return None
+
+
+def proven_run(pid: int, argv: list[str], uid: int) -> str | None:
+    """The run of process PID (ARGV its command line, UID its owner) if it is a run's
+    supervisor and its job directory says so: JOB/supervisor.pid, written by the launch
+    once the supervisor started, a regular file of UID's (not a link) that holds PID.
+    Else None: a process merely named like a supervisor (`exec -a`, a script called
+    node.py) holds nothing up. Root reads it; what a user wrote is read as untrusted."""
+    run = supervised_run(argv)
+    job = _option(argv, "--job") if run else None
+    if not job or not os.path.isabs(job):
+        return None
+    try:
+        said = untrusted.read_bytes(os.path.join(job, SUPERVISOR_PID), 64, uid)
+    except untrusted.NotRead:
+        return None
+    return run if said.strip() == str(pid).encode() else None
 
 
 GPU_DEVICE = re.compile(r"/dev/nvidia\d+")
@@ -549,8 +627,9 @@ def _process_says(pid: str) -> tuple[list[str], list[str]]:
 
 def still_running(cfg: Config) -> list[str]:
     """What a reboot of this node would end, each said in a few words (empty: nothing):
-    Slurm's jobs on it, the supervisors of runs started over SSH, processes that hold a
-    GPU. What cannot be read counts as running: nothing is rebooted on a guess."""
+    Slurm's jobs on it, the supervisors of runs started over SSH (proven_run: a process
+    only named like one is not), processes that hold a GPU. What cannot be read counts as
+    running: nothing is rebooted on a guess."""
     found = []
     if cfg.slurm:
         try:
@@ -569,12 +648,15 @@ def still_running(cfg: Config) -> list[str]:
         if int(pid) == os.getpid():
             continue
         argv, gpus = _process_says(pid)
-        run = supervised_run(argv) if argv else None
+        if not argv and not gpus:
+            continue
+        try:
+            uid = os.stat(f"/proc/{pid}").st_uid
+        except OSError:
+            continue   # ended meanwhile
+        run = proven_run(int(pid), argv, uid)
         if run or gpus:
-            try:
-                owner = cordon.user_name(os.stat(f"/proc/{pid}").st_uid)
-            except OSError:
-                continue   # ended meanwhile
+            owner = cordon.user_name(uid)
             found.append(f"run {run} of {owner}" if run else
                          f"process {pid} of {owner} on {', '.join(gpus)}")
     return list(dict.fromkeys(found))
@@ -616,6 +698,8 @@ def step(cfg: Config, state_dir: str = STATE_DIR, now: float | None = None,
         if old.get("node") == cfg.node else State(cfg.node)
     boot = boot_id()
     found = run_checks(cfg, state.checked or None) if failures is None else list(failures)
+    state.warnings = [asdict(f) for f in found if f.warning]
+    found = [f for f in found if not f.warning]
     asked = pending_reboot(state_dir, boot)
     if asked:
         found.append(Failure("maintenance", f"{asked['why']}: it reboots once nothing runs "
@@ -644,7 +728,7 @@ def step(cfg: Config, state_dir: str = STATE_DIR, now: float | None = None,
     state.checked, state.boot = stamp, boot
     if failing:
         if cfg.slurm and not state.drained:
-            state.drained = _drain(cfg, WHY + state.why())
+            state.drained = _drain(cfg, state.why())
         if not state.cordoned:
             request["cordon"] = state.why()
     else:
@@ -949,7 +1033,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     state = step(cfg, args.state_dir)
     print(f"{cfg.node}: " + (f"failing: {state.why()}" if state.failing else "healthy")
-          + (" (cordoned)" if state.cordoned else "") + (" (drained)" if state.drained else ""))
+          + (" (cordoned)" if state.cordoned else "") + (" (drained)" if state.drained else "")
+          + "".join(f"; warning: {w['why']}" for w in state.warnings))
     return 0
 
 

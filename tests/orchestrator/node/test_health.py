@@ -11,9 +11,12 @@ import grp
 import json
 import os
 import pwd
+import re
 import stat
 import subprocess
 import sys
+import time
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -60,6 +63,65 @@ def stand_in_reboot(tmp_path: Path) -> tuple[tuple[str, ...], Path]:
     return (sys.executable, "-c", f"open({str(said)!r}, 'a').write('reboot\\n')"), said
 
 
+def stand_in_supervisor(tmp_path: Path, run: str, proven: bool = True) -> subprocess.Popen:
+    """A process with a supervisor's command line (node.py supervise --job JOB --run RUN
+    -- torchrun); with PROVEN, JOB/supervisor.pid holds its pid, as the launch writes it."""
+    job = tmp_path / "jobs" / run
+    job.mkdir(parents=True)
+    node_py = tmp_path / "node.py"
+    node_py.write_text("import time\ntime.sleep(120)\n")
+    proc = subprocess.Popen([sys.executable, str(node_py), "supervise", "--job", str(job),
+                             "--run", run, "--", "torchrun"])
+    if proven:
+        (job / health.SUPERVISOR_PID).write_text(f"{proc.pid}\n")
+    # Popen returns once the exec began; /proc/PID/cmdline reads empty until the kernel
+    # has set the new program's arguments up (a window of microseconds, longer on a
+    # loaded host), and a process without a command line is nobody's run.
+    deadline = time.monotonic() + 30
+    while not Path(f"/proc/{proc.pid}/cmdline").read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return proc
+
+
+def test_a_process_only_named_like_a_supervisor_holds_no_reboot(tmp_path, monkeypatch) -> None:
+    """bob's look-alike (his process says `node.py supervise --run ...`) without the job
+    directory's word for it, or with a job directory whose supervisor.pid is another pid,
+    another user's file or a link to the real one: nothing runs, as far as a reboot goes."""
+    ours: set[str] = set()
+    real = health._process_says
+    monkeypatch.setattr(health, "_process_says",
+                        lambda pid: real(pid) if pid in ours else ([], []))
+    cfg = config(tmp_path)
+    fakes = [stand_in_supervisor(tmp_path / str(i), f"r-bob{i}", proven=False)
+             for i in range(4)]
+    jobs = [tmp_path / str(i) / "jobs" / f"r-bob{i}" for i in range(4)]
+    real_one = stand_in_supervisor(tmp_path / "real", "r-alice")
+    try:
+        ours.update(str(p.pid) for p in fakes)
+        (jobs[1] / health.SUPERVISOR_PID).write_text(f"{real_one.pid}\n")  # not its pid
+        (jobs[2] / health.SUPERVISOR_PID).write_text(f"{fakes[2].pid}\n")
+        os.chown(jobs[2] / health.SUPERVISOR_PID, 1, 1)   # not its owner's file
+        (jobs[3] / health.SUPERVISOR_PID).symlink_to(tmp_path / "real" / "jobs" / "r-alice"
+                                                     / health.SUPERVISOR_PID)
+        assert health.still_running(cfg) == []
+        ours.add(str(real_one.pid))
+        assert health.still_running(cfg) == [f"run r-alice of {cordon.user_name(os.getuid())}"]
+    finally:
+        for p in [*fakes, real_one]:
+            p.kill()
+            p.wait()
+
+
+def test_the_health_checks_drains_name_no_user_and_its_supervisor_file_is_the_launchs() -> None:
+    """No user's drain helper takes the check's drains for his own: its name is one useradd
+    refuses (Debian's NAME_REGEX), and nobody has it here."""
+    from orchestrator.node import protocol
+
+    assert not re.fullmatch(r"[a-z_][-a-z0-9_]*\$?", health.DRAIN_WHO)
+    assert health.DRAIN_WHO not in {p.pw_name for p in pwd.getpwall()}
+    assert health.SUPERVISOR_PID == protocol.SUPERVISOR_PID
+
+
 def test_a_reboot_waits_for_the_run_on_the_node_then_the_node_returns(
         share, tmp_path, monkeypatch) -> None:
     """A reboot asked while a run's supervisor lives on the node: cordoned at once, not
@@ -73,10 +135,7 @@ def test_a_reboot_waits_for_the_run_on_the_node_then_the_node_returns(
     reboot, rebooted = stand_in_reboot(tmp_path)
     cfg = config(share, reboot=reboot)
     state_dir = str(tmp_path / "state")
-    node_py = tmp_path / "node.py"
-    node_py.write_text("import time\ntime.sleep(120)\n")
-    run = subprocess.Popen([sys.executable, str(node_py), "supervise", "--run", "r-alice",
-                            "--", "torchrun"])
+    run = stand_in_supervisor(tmp_path, "r-alice")
     ours.add(str(run.pid))
     try:
         health.ask_reboot(state_dir, "the NVIDIA driver 999.1 is installed", 1000.0)
@@ -346,3 +405,47 @@ def test_history_reads_every_nodes_lines_since(share) -> None:
     (where / "bad name.jsonl").write_text(json.dumps({"time": 30}) + "\n")
     assert health.history(str(share), since=15) == {"hpc-a": [{"time": 20,
                                                                "event": "passing"}]}
+
+
+# -- a local disk that a user's temporary files fill -------------------------------------------
+
+MIB = 2**20
+
+
+def test_a_disk_that_a_users_temporary_files_fill_is_a_warning_naming_them(tmp_path) -> None:
+    """bob (here: bin) fills the node's /tmp: the node is not broken, so the check warns,
+    naming him, and cordons nothing; where users' files hold less than is missing, the
+    failure stands (and names them too). Root's own files are nobody's to blame."""
+    temp = tmp_path / "tmp"
+    (temp / "bobs").mkdir(parents=True)
+    big = temp / "bobs" / "fill"
+    big.write_bytes(os.urandom(3 * MIB))
+    os.chown(big, 1, 1)
+    (temp / "roots").write_bytes(os.urandom(5 * MIB))
+    dev = os.stat(temp).st_dev
+    deadline = time.monotonic() + 30
+    assert health.temp_users(dev, deadline, (str(temp),)) == {
+        cordon.user_name(1): os.stat(big).st_blocks * 512}
+    short = Failure("space", "/tmp has 0.00 GiB free of 10.0, below ...")
+    got = {"free": 0, "total": 10 * 2**30, "dev": dev}
+    warned = health.blamed(short, "/tmp", got, 2 / 1024, deadline, (str(temp),))
+    assert warned.warning and warned.check == "space", warned
+    assert f"filled by temporary files ({temp}) of {cordon.user_name(1)} 0.00 GiB" \
+        in warned.why and "not cordoned" in warned.why
+    kept = health.blamed(short, "/tmp", got, 4 / 1024, deadline, (str(temp),))
+    assert not kept.warning and kept.why.startswith(short.why) and \
+        f"biggest users: {cordon.user_name(1)}" in kept.why
+    assert health.blamed(short, "/tmp", got, 2 / 1024, time.monotonic() - 1,
+                         (str(temp),)) == short   # not counted in time: as it was
+
+
+def test_a_warning_is_kept_and_said_but_never_cordoned_for(share, tmp_path) -> None:
+    cfg = config(share)
+    state_dir = str(tmp_path / "state")
+    os.mkdir(state_dir)   # the unit's StateDirectory
+    filled = Failure("space", "/tmp ... filled by temporary files of bob", warning=True)
+    state = health.step(cfg, state_dir, now=1000.0, failures=[filled])
+    assert not state.failing and not state.cordoned and held(share) == []
+    assert state.warnings == [asdict(filled)] and lines(share) == []
+    assert (health.read_state(state_dir) or {})["warnings"] == [asdict(filled)]
+    assert health.step(cfg, state_dir, now=1300.0, failures=[]).warnings == []

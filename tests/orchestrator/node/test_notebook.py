@@ -10,9 +10,20 @@ import os
 import stat
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
-from orchestrator.node.notebook import jupyter_argv, look_interval
+from orchestrator.node.notebook import (
+    STALE_AFTER,
+    Access,
+    TokenKeeper,
+    jupyter_argv,
+    keep_token,
+    look_interval,
+    read_access,
+    wanted_token,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 STAND_IN = ("import json, os, sys\n"
@@ -58,6 +69,10 @@ def test_the_port_and_token_go_to_the_job_directory_only(tmp_path) -> None:
         in argv and f"--ServerApp.root_dir={home}" in argv
     assert len(info["token"]) >= 32 and info["token"] not in proc.stdout + proc.stderr
     assert f"127.0.0.1:{info['port']}" in proc.stdout
+    # The token it starts with is the access file's first: it expires as a connect's does.
+    access = job / "notebook-access.json"
+    assert stat.S_IMODE(access.stat().st_mode) == 0o600
+    assert json.loads(access.read_text()) == {"token": info["token"]}
 
 
 def test_outside_a_run_it_says_what_it_is_for(tmp_path) -> None:
@@ -77,3 +92,76 @@ def test_an_environment_without_jupyterlab_is_named_with_the_fix(tmp_path) -> No
     assert proc.returncode == 1
     assert "has no jupyterlab: add jupyterlab to its environment file" in proc.stderr
     assert not home.exists()
+
+
+T1, T2 = "a" * 43, "b" * 43
+
+
+def test_the_access_files_token_opens_the_server_only_while_it_is_fresh() -> None:
+    assert wanted_token(Access(T1, at=1000.0), now=1000.0 + STALE_AFTER - 1) == T1
+    assert wanted_token(Access(T1, at=1000.0), now=1000.0 + STALE_AFTER + 1) is None
+    assert wanted_token(None, now=1000.0) is None
+
+
+def test_a_missing_unreadable_or_too_short_token_is_no_access(tmp_path) -> None:
+    path = tmp_path / "notebook-access.json"
+    assert read_access(str(path)) is None
+    for text in ("", "{", '{"token": ""}', '{"token": "short"}', '{"token": 7}', "[]"):
+        path.write_text(text)
+        assert read_access(str(path)) is None, text
+    path.write_text(json.dumps({"token": T1, "mark": "m"}))
+    os.utime(path, (1234.0, 1234.0))
+    assert read_access(str(path)) == Access(T1, 1234.0)
+
+
+def test_the_token_follows_each_connect_and_is_voided_when_it_ends_or_goes_stale() -> None:
+    keeper = TokenKeeper(T1)          # the token JupyterLab started with, fresh
+    assert keeper.step(Access(T1, 100.0), 101.0) is None
+    assert keeper.step(Access(T2, 110.0), 111.0) == T2   # a connect's own token
+    assert keeper.step(Access(T2, 140.0), 141.0) is None  # touched: nothing changes
+    voided = keeper.step(None, 150.0)                     # the connect ended (file removed)
+    assert voided and voided not in (T1, T2) and len(voided) >= 32
+    assert keeper.step(None, 151.0) is None               # voided once, not at each look
+    assert keeper.step(Access(T1, 160.0), 161.0) == T1    # the next connect
+    stale = keeper.step(Access(T1, 160.0), 160.0 + STALE_AFTER + 1)   # controller killed
+    assert stale and stale not in (T1, T2, voided)
+
+
+def test_the_thread_gives_each_change_to_the_server_once_it_runs(tmp_path) -> None:
+    path = tmp_path / "notebook-access.json"
+    path.write_text(json.dumps({"token": T2}))
+    given: list[str] = []
+    up = threading.Event()             # the server's state: not running at first
+
+    def server(token: str) -> bool:
+        """The server's side of a change: taken once the server is up."""
+        if up.is_set():
+            given.append(token)
+        return up.is_set()
+
+    stop = threading.Event()
+    thread = threading.Thread(target=keep_token, args=(str(path), TokenKeeper(T1), server),
+                              kwargs={"every": 0.05, "stop": stop}, daemon=True)
+    thread.start()
+    try:
+        time.sleep(0.3)
+        assert given == []             # asked again until the server takes it
+        up.set()
+        wait(lambda: given == [T2])
+        path.unlink()                  # the connect ended
+        wait(lambda: len(given) == 2)
+        assert given[1] not in (T1, T2)
+        path.write_text(json.dumps({"token": T1}))
+        os.utime(path, (time.time() - STALE_AFTER - 5,) * 2)   # its controller was killed
+        time.sleep(0.3)
+        assert len(given) == 2         # stale: stays void, and is not voided again
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+
+
+def wait(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "not within the time"
+        time.sleep(0.02)

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 from pathlib import Path
 
 import pytest
@@ -71,12 +72,19 @@ def jupyter_processes(cluster: ProvisionedCluster, node: str) -> list[str]:
             if "orchestrator.node.notebook" in line or "ipykernel" in line]
 
 
-def tunnels_here(local: str) -> list[str]:
-    port = local.rsplit(":", 1)[1]
-    ps = subprocess.run(["ps", "-eo", "args", "--no-headers"], capture_output=True,
+def tunnels_here(remote_port: int) -> list[str]:
+    """The ssh processes here that forward to REMOTE_PORT (a node's server): from the
+    Unix socket of the command's private directory, which relays its local port."""
+    ps = subprocess.run(["ps", "-ww", "-eo", "args", "--no-headers"], capture_output=True,
                         text=True).stdout
     return [line for line in ps.splitlines()
-            if line.startswith("ssh") and f"127.0.0.1:{port}:127.0.0.1:" in line]
+            if line.startswith("ssh") and f"tunnel.sock:127.0.0.1:{remote_port}" in line]
+
+
+def served_on(cluster: ProvisionedCluster, node: str, run_id: str) -> dict:
+    """What the notebook's node wrote of it (port, start token, pid): notebook.json."""
+    return json.loads(cluster.exec(
+        node, "cat", f"/home/bob/.clustertrain/jobs/{run_id}/notebook.json").stdout)
 
 
 def runs_row(runs: Path, run_id: str) -> str:
@@ -102,8 +110,8 @@ def test_bobs_notebook_on_node1_answers_only_through_ssh_and_ctrl_c_leaves_nothi
                                      "import torch; print(torch.__version__)").stdout.strip()
         assert printed.split() == [torch, "True", "bob"], printed
         # The server listens on node1's loopback only...
-        served = json.loads(sandbox_cluster.exec(
-            "node1", "cat", f"/home/bob/.clustertrain/jobs/{run_id}/notebook.json").stdout)
+        served = served_on(sandbox_cluster, "node1", run_id)
+        assert tunnels_here(served["port"])
         listening = [line.split()[3] for line in sandbox_cluster.exec(
             "node1", "ss", "-ltnH").stdout.splitlines()]
         assert [a for a in listening if a.endswith(f":{served['port']}")] == \
@@ -146,7 +154,7 @@ def test_bobs_notebook_on_node1_answers_only_through_ssh_and_ctrl_c_leaves_nothi
     wait_for(lambda: not jupyter_processes(sandbox_cluster, "node1")
              and not sandbox_cluster.run_processes("node1", run_id, user="bob"), 60,
              "JupyterLab and its kernel to end on node1")
-    assert not tunnels_here(url)
+    assert not tunnels_here(served["port"])
 
 
 def test_a_detached_notebook_outlives_its_tunnel_connects_again_and_ends_when_idle(
@@ -156,15 +164,24 @@ def test_a_detached_notebook_outlives_its_tunnel_connects_again_and_ends_when_id
     proc = notebook(runs, "-i", bob, "--host", "node2", "--detach", "--idle", "10")
     url, token = url_of(proc)
     run_id = run_of(proc)
+    served = served_on(sandbox_cluster, "node2", run_id)
     assert interrupt(proc) == 0, said(proc)[-2000:]
-    assert "tunnel closed; the notebook runs on node2" in said(proc)
-    assert not tunnels_here(url)
+    assert "tunnel closed, its URL void; the notebook runs on node2" in said(proc)
+    assert not tunnels_here(served["port"])
     assert " running " in runs_row(runs, run_id)
     again = notebook(runs, "connect", run_id, "--port", "18999")
     try:
         url2, token2 = url_of(again, timeout=90)
-        assert (url2, token2) == ("http://127.0.0.1:18999", token)
+        # A new URL: the token of each connect is its own, and the last one's is void.
+        assert url2 == "http://127.0.0.1:18999" and token2 != token
         assert "started" in api(url2, token2, "/api/status")
+        with pytest.raises(urllib.error.HTTPError, match="403"):
+            api(url2, token, "/api/status")
+        # --port that is taken (by this very connect) is named, with the fix.
+        taken = notebook(runs, "connect", run_id, "--port", "18999")
+        assert taken.wait(timeout=60) != 0
+        assert "port 18999 of this machine's loopback is in use" in said(taken) and \
+            "choose another with --port" in said(taken), said(taken)
     finally:
         assert interrupt(again) == 0, said(again)[-2000:]
     # Nobody uses it: it ends itself about --idle seconds after the last request (not at
