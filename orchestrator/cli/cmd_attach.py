@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .. import defaults
 from ..run.lifecycle import attach_run
 from . import values
 
@@ -20,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run", type=values.run_id, help="run id (see `python -m orchestrator runs`)")
     p.add_argument("--tail", type=values.whole(0, "lines"), metavar="N",
                    help="start with the last N lines of each node (default: from the start)")
-    p.add_argument("--runs-dir", type=values.runs_dir, default=str(defaults.RUNS_DIR))
+    values.add_runs_dir(p)
     p.set_defaults(func=_main)
 
 

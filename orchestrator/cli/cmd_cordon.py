@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .. import defaults
 from ..cluster.inventory import load_cluster
 from ..errors import ClusterError, InputError
 from ..run.drain import cordon_record, keep_out, uncordon
@@ -29,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("node", nargs="?", type=values.node(), help="the node's inventory name")
     c.add_argument("--why", type=values.text("the reason"),
                    help="the reason every refusal will name (with NODE: required)")
-    c.add_argument("-i", "--inventory", type=values.inventory, default=str(defaults.INVENTORY))
+    values.add_inventory(c)
     c.set_defaults(func=_cordon)
     u = sub.add_parser("uncordon", aliases=["undrain"],
                        help="return a cordoned (and drained) node to service",
@@ -39,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        + WHO_LIFTS)
     u.add_argument("node", type=values.node(),
                    help="the node's inventory name (also its Slurm name)")
-    u.add_argument("-i", "--inventory", type=values.inventory, default=str(defaults.INVENTORY))
+    values.add_inventory(u)
     u.set_defaults(func=_uncordon)
 
 

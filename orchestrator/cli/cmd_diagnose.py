@@ -7,7 +7,6 @@ import argparse
 import json
 from pathlib import Path
 
-from .. import defaults
 from ..run.diagnose import diagnose_run
 from . import values
 
@@ -23,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--native", action="store_true",
                    help="with C/C++ frames (slower; shows where in torch a rank waits)")
     p.add_argument("--json", action="store_true", help="print the analysis as JSON")
-    p.add_argument("--runs-dir", type=values.runs_dir, default=str(defaults.RUNS_DIR))
+    values.add_runs_dir(p)
     p.set_defaults(func=_main)
 
 

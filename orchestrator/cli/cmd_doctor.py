@@ -9,7 +9,6 @@ import json
 import sys
 from pathlib import Path
 
-from .. import defaults
 from ..cluster.inventory import Cluster
 from ..workloads.doctor import DoctorReport, DoctorRequest, render, run_doctor, thresholds
 from . import values
@@ -59,8 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--share-gpus", action="store_true",
                    help="measure even on nodes another run or GPU process uses (their "
                    "numbers then tell of both)")
-    p.add_argument("--runs-dir", type=values.runs_dir, default=str(defaults.RUNS_DIR),
-                   help="where run records go (default: %(default)s)")
+    values.add_runs_dir(p)
     p.set_defaults(func=_main)
 
 

@@ -7,7 +7,6 @@ import argparse
 import json
 from typing import Any
 
-from .. import defaults
 from ..cluster.inventory import load_cluster
 from ..cluster.share_usage import share_usage
 from ..node.du import KINDS
@@ -25,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--all", action="store_true", dest="everyone",
                    help="read every user's directories as root (sudo on the first node)")
     d.add_argument("--json", action="store_true", help="print the figures as JSON")
-    d.add_argument("-i", "--inventory", type=values.inventory, default=str(defaults.INVENTORY))
+    values.add_inventory(d)
     d.set_defaults(func=_du)
 
 

@@ -9,9 +9,9 @@ import json
 import time
 from datetime import datetime
 
-from .. import defaults
 from ..cluster.inventory import load_cluster
 from ..cluster.node_health import NodeHealth, NodesReport, gather
+from . import values
 from .cmd_usage import since_of
 
 
@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     n.add_argument("--since", metavar="DATE",
                    help="YYYY-MM-DD or YYYY-MM-DDTHH:MM (local time)")
     n.add_argument("--json", action="store_true", help="print it as JSON")
-    n.add_argument("-i", "--inventory", default=str(defaults.INVENTORY))
+    values.add_inventory(n)
     n.set_defaults(func=_nodes)
 
 

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from .. import defaults
-from ..errors import LaunchError
+from ..errors import InputError
 from ..run.spec import Given
 from ..workloads.notebook import DEFAULT_IDLE, connect_notebook, notebook_spec, run_notebook
 from . import cmd_stop, values
@@ -31,8 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="start (default), connect RUN or stop RUN")
     p.add_argument("run", nargs="?", default=None, type=values.run_id,
                    help="the notebook's run id (connect, stop)")
-    p.add_argument("-i", "--inventory", type=values.inventory,
-                   help=f"Ansible inventory (default: {defaults.INVENTORY})")
+    values.add_inventory(p, None)
     p.add_argument("--host", metavar="NODE", type=values.node("a notebook runs on one node"),
                    help="the node, by inventory name (default: the training node with the "
                    "fewest runs and GPU processes; with --queue, the one Slurm grants)")
@@ -50,8 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    f"ends (0: never; default {DEFAULT_IDLE:g})")
     p.add_argument("--share-gpus", action="store_true",
                    help="start even on a node another run or GPU process uses")
-    p.add_argument("--runs-dir", type=values.runs_dir,
-                   help=f"where run records go (default: {defaults.RUNS_DIR})")
+    values.add_runs_dir(p, None)
     p.add_argument("--grace", type=float,
                    help=f"stop: seconds between SIGTERM and SIGKILL (default: {defaults.GRACE:g})")
     q = p.add_argument_group("through Slurm's queue (an inventory with cluster_scheduler: slurm)")
@@ -72,13 +70,13 @@ def _main(args: argparse.Namespace) -> int:
     port = getattr(args, "port", None)
     if action == "start":
         if getattr(args, "run", None):
-            raise LaunchError(f"notebook {args.run}: a run id goes with connect or stop "
+            raise InputError(f"notebook {args.run}: a run id goes with connect or stop "
                               f"(notebook connect {args.run}); to start one, give none")
         given = {key: Given(getattr(args, key), "--" + key.replace("_", "-"))
                  for key in START_KEYS if hasattr(args, key)}
         return run_notebook(notebook_spec(given), port)
     if not getattr(args, "run", None):
-        raise LaunchError(f"notebook {action} needs the notebook's run id (see `runs`)")
+        raise InputError(f"notebook {action} needs the notebook's run id (see `runs`)")
     if action == "connect":
         return connect_notebook(runs_dir, args.run, port)
     return cmd_stop._main(argparse.Namespace(

@@ -12,8 +12,7 @@ from . import values
 
 
 def add_selection_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-i", "--inventory", type=values.inventory, default=str(defaults.INVENTORY),
-                   help="Ansible inventory, the one site.yml uses (default: %(default)s)")
+    values.add_inventory(p)
     group = p.add_mutually_exclusive_group()
     group.add_argument("--nodes", type=int, help="use the first N nodes of train_nodes")
     group.add_argument("--hosts", type=values.text("inventory names separated by commas"),

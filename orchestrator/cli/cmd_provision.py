@@ -5,14 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .. import defaults
 from ..provision.site import provision
 from . import values
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("provision", help="configure the nodes: run site.yml with ansible-runner")
-    p.add_argument("-i", "--inventory", type=values.inventory, default=str(defaults.INVENTORY))
+    values.add_inventory(p)
     p.add_argument("--limit", type=values.text("the hosts or groups (an Ansible pattern)"),
                    help="only these hosts/groups (Ansible pattern)")
     p.add_argument("--tags", type=values.text("the tags"), help="only tasks with these tags")

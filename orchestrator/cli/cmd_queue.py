@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from .. import defaults
 from ..cluster.inventory import load_cluster
 from ..cluster.slurm import render_queue, squeue
+from . import values
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -18,7 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "every user's running jobs with their GPUs and nodes, then the "
                        "waiting ones in the order Slurm would start them, each with why it "
                        "waits. clustertrain's runs are named by their run id.")
-    p.add_argument("-i", "--inventory", default=str(defaults.INVENTORY))
+    values.add_inventory(p)
     p.add_argument("--json", action="store_true", help="the jobs as JSON")
     p.set_defaults(func=_main)
 

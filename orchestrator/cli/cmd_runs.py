@@ -8,7 +8,6 @@ import sys
 import time
 from pathlib import Path
 
-from .. import defaults
 from ..errors import ClusterError
 from ..record.listing import listed, what
 from ..record.rundir import RunDir, list_runs, open_run
@@ -25,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="show RUN: status, each node's end, step times, stragglers, hang; "
                    "report RUN: write RUN/report.html again (every run gets one at its end)")
     p.add_argument("run", nargs="?", type=values.run_id, help="the run to show or report")
-    p.add_argument("--runs-dir", type=values.runs_dir, default=str(defaults.RUNS_DIR))
+    values.add_runs_dir(p)
     p.set_defaults(func=_runs)
 
     p = sub.add_parser("logs", help="show a run's logs (all nodes, or one)")
@@ -33,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--node", type=values.node(), help="only this node's log")
     p.add_argument("--follow", "-f", action="store_true",
                    help="keep printing new lines until the run ends")
-    p.add_argument("--runs-dir", type=values.runs_dir, default=str(defaults.RUNS_DIR))
+    values.add_runs_dir(p)
     p.set_defaults(func=_logs)
 
 

@@ -18,9 +18,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="SIGTERM to the run's process group on each node, "
                        "SIGKILL after the grace period. Other runs are not touched.")
     p.add_argument("run", type=values.run_id, help="run id (see `python -m orchestrator runs`)")
-    p.add_argument("--runs-dir", type=values.runs_dir, default=str(defaults.RUNS_DIR))
-    p.add_argument("-i", "--inventory", type=values.inventory,
-                   help="connect with this inventory (default: the one the run used)")
+    values.add_runs_dir(p)
+    values.add_inventory(p, None, "connect with this inventory (default: the one the run "
+                         "used)")
     p.add_argument("--grace", type=float, default=defaults.GRACE,
                    help="seconds between SIGTERM and SIGKILL (default: %(default)s)")
     p.set_defaults(func=_main)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -15,12 +14,13 @@ from pathlib import Path
 
 from .. import defaults
 from ..errors import ClusterError, InputError
-from ..record.rundir import RunDir, open_private, write_private
+from ..record.rundir import open_private, write_private
 from ..run.spec import Given, RunSpec, from_sources, read_job_file
 from ..run.stop import stop_run
 from ..sweep.record import STOP, SweepRecord, TrialState, new_sweep, open_sweep
-from ..sweep.report import REPORT, write_sweep_report
-from ..sweep.runner import ENDED, Sweep, check_nodes, default_parallel
+from ..sweep.report import REPORT
+from ..sweep.runner import Sweep, check_nodes, default_parallel
+from ..sweep.settle import alive, settle
 from ..sweep.spec import read_sweep_file
 from ..sweep.table import table
 from . import values
@@ -38,9 +38,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "parameters after the script's arguments, as many at once as fit "
                        "(through Slurm's queue with queue: true). docs/sweeps.md has it all.")
     p.add_argument("-f", "--file", metavar="SWEEP_FILE", help="run the sweep this file says")
-    p.add_argument("--runs-dir", type=values.runs_dir, help="where the sweep and its trials "
-                   f"are recorded (default: the job's runs_dir, or {defaults.RUNS_DIR})")
-    p.add_argument("-i", "--inventory", help="the inventory (default: the job's)")
+    values.add_runs_dir(p, None, "where the sweep and its trials are recorded (default: "
+                        f"the job's runs_dir, or {defaults.RUNS_DIR})")
+    values.add_inventory(p, None, "the inventory (default: the job's)")
     p.add_argument("--detach", action="store_true", help=DETACH_HELP)
     p.set_defaults(func=_run)
     verbs = p.add_subparsers(dest="action", metavar="ACTION")
@@ -49,7 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        ("resume", "run again every trial not succeeded (nor stopped early)")):
         v = verbs.add_parser(name, help=what, description=f"sweep {name} ID: {what}.")
         v.add_argument("sweep", metavar="ID", help="the sweep's id (printed first)")
-        v.add_argument("--runs-dir", type=values.runs_dir, default=str(defaults.RUNS_DIR))
+        values.add_runs_dir(v)
         if name == "show":
             v.add_argument("--json", action="store_true", help="the record as JSON")
         if name == "resume":
@@ -145,41 +145,8 @@ def _runs_dir_option(record: SweepRecord) -> str:
             else f" --runs-dir {record.runs_dir}")
 
 
-def _alive(record: SweepRecord) -> bool:
-    """Whether the sweep's own process still runs it (on this machine)."""
-    if record.state != "running" or record.host != socket.gethostname() or not record.pid:
-        return False
-    try:
-        os.kill(record.pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def settle_sweep(record: SweepRecord) -> SweepRecord:
-    """A sweep whose process is gone (killed, the machine restarted) while its record says
-    running: its trials' states from their runs' summaries (a trial's run without one may
-    still run: its `train` is a process of its own, and stays `running` here), and the
-    sweep ended."""
-    if record.state != "running" or _alive(record):
-        return record
-    for t in record.trials:
-        if t.state == TrialState.RUNNING and t.run_id:
-            summary = RunDir(record.runs_dir, t.run_id).summary()
-            if summary:
-                t.state = ENDED.get(str(summary.get("status")), TrialState.FAILED)
-        elif t.state == TrialState.PENDING:
-            t.state = TrialState.NOT_RUN
-    record.state, record.why = "stopped", "its process is gone"
-    record.save()
-    write_sweep_report(record)
-    return record
-
-
 def _show(args: argparse.Namespace) -> int:
-    record = settle_sweep(open_sweep(Path(args.runs_dir), args.sweep))
+    record = settle(open_sweep(Path(args.runs_dir), args.sweep))
     if args.json:
         print(json.dumps({"sweep_id": record.sweep_id, "state": record.state,
                           "why": record.why, "metric": record.metric, "goal": record.goal,
@@ -208,14 +175,14 @@ def _stop(args: argparse.Namespace) -> int:
             "stopped on " + ", ".join(r.node for r in results) if results
             else "cancelled in Slurm's queue"))
     print(f"sweep {record.sweep_id}: stop asked; " + (
-        "it starts no more trials" if _alive(record) else "it was not running"))
-    settle_sweep(record)
+        "it starts no more trials" if alive(record) else "it was not running"))
+    settle(record)
     return 0
 
 
 def _resume(args: argparse.Namespace) -> int:
-    record = settle_sweep(open_sweep(Path(args.runs_dir), args.sweep))
-    if _alive(record):
+    record = settle(open_sweep(Path(args.runs_dir), args.sweep))
+    if alive(record):
         raise InputError(f"sweep {record.sweep_id} is running (process {record.pid}); stop it "
                          f"first: python -m orchestrator sweep stop {record.sweep_id}")
     still = [t for t in record.trials if t.state == TrialState.RUNNING]

@@ -8,7 +8,6 @@ import functools
 import sys
 from pathlib import Path
 
-from .. import defaults
 from ..errors import ClusterError
 from . import values
 
@@ -24,9 +23,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "too), so on any --host every request must carry the token in the "
                        "URL it prints (a new one each start; the page keeps it in a "
                        "cookie): open that URL, and keep it to yourself. Ctrl-C stops it.")
-    p.add_argument("--runs-dir", type=values.runs_dir, default=str(defaults.RUNS_DIR))
-    p.add_argument("-i", "--inventory", help="the cluster's inventory, for the nodes page "
-                   "(without it the page shows the runs only)")
+    values.add_runs_dir(p)
+    values.add_inventory(p, None, "the cluster's inventory, for the nodes page (without "
+                         "it the page shows the runs only)")
     p.add_argument("--host", default="127.0.0.1", type=values.text("an address to listen on"),
                    help="the address to listen on (default 127.0.0.1: this machine only; "
                    "the token is asked on every address)")

@@ -10,7 +10,6 @@ import time
 from datetime import datetime
 from typing import Any
 
-from .. import defaults
 from ..cluster.inventory import load_cluster
 from ..cluster.share_usage import run_usage
 from ..errors import InputError
@@ -37,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     u.add_argument("--all", action="store_true", dest="everyone",
                    help="every user's records, read as root (sudo on the first node)")
     u.add_argument("--json", action="store_true", help="print the figures as JSON")
-    u.add_argument("-i", "--inventory", type=values.inventory, default=str(defaults.INVENTORY))
+    values.add_inventory(u)
     u.set_defaults(func=_usage)
 
 

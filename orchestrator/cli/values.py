@@ -39,6 +39,21 @@ def path(what: str) -> Callable[[str], Path]:
 
 
 inventory = text("an Ansible inventory file (the one site.yml uses)")
+INVENTORY_HELP = f"Ansible inventory, the one site.yml uses (default: {defaults.INVENTORY})"
+RUNS_DIR_HELP = f"where run records go (default: {defaults.RUNS_DIR})"
+
+
+def add_inventory(p: argparse.ArgumentParser, default: str | None = str(defaults.INVENTORY),
+                  help: str = INVENTORY_HELP) -> None:
+    """-i/--inventory, as every verb takes it (but train, whose options are run/spec.py's
+    RunSpec): DEFAULT None where the verb finds one of its own (a run's, a job's)."""
+    p.add_argument("-i", "--inventory", type=inventory, default=default, help=help)
+
+
+def add_runs_dir(p: argparse.ArgumentParser, default: str | None = str(defaults.RUNS_DIR),
+                 help: str = RUNS_DIR_HELP) -> None:
+    """--runs-dir, as every verb takes it (but train: run/spec.py's RunSpec)."""
+    p.add_argument("--runs-dir", type=runs_dir, default=default, help=help)
 
 
 def runs_dir(value: str) -> str:

@@ -404,21 +404,60 @@ def _ini_host_lines(text: str) -> list[tuple[int, str, dict[str, str]]]:
     return found
 
 
+def _yaml_host_entries(text: str) -> list[tuple[str, str, dict[str, str]]]:
+    """Each host of a YAML inventory as each group gives it: (where: the group's path,
+    host, its variables written there); [] for what does not read as one (Ansible's own
+    parse says why)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return []
+    found: list[tuple[str, str, dict[str, str]]] = []
+
+    def group(where: str, body: Any) -> None:
+        if not isinstance(body, dict):
+            return
+        hosts = body.get("hosts")
+        for host, given in (hosts.items() if isinstance(hosts, dict) else []):
+            found.append((where, str(host), {str(k): str(v) for k, v in given.items()}
+                          if isinstance(given, dict) else {}))
+        children = body.get("children")
+        for name, child in (children.items() if isinstance(children, dict) else []):
+            group(f"{where} > {name}", child)
+
+    for name, body in (data.items() if isinstance(data, dict) else []):
+        group(str(name), body)
+    return found
+
+
 def _refuse_redefined(path: Path) -> None:
-    """An INI inventory's host written twice with two addresses: Ansible keeps the
-    last, which is not the machine the first line names."""
-    if not path.is_file() or path.suffix in (".yml", ".yaml", ".json") or \
-            os.access(path, os.X_OK):   # YAML, or a script's output: not INI lines
-        return
-    seen: dict[tuple[str, str], tuple[int, str]] = {}
-    for number, host, words in _ini_host_lines(path.read_text(errors="replace")):
+    """An inventory's host given twice with two addresses (two INI lines, or two YAML
+    groups): Ansible keeps one of them, which is not the machine the other names."""
+    if not path.is_file() or path.suffix == ".json" or os.access(path, os.X_OK):
+        return   # a script's output, or JSON: Ansible's own parse alone
+    text = path.read_text(errors="replace")
+    if path.suffix in (".yml", ".yaml"):
+        _refuse_two_addresses(path, [(f"group {where}", host, given) for where, host, given
+                                     in _yaml_host_entries(text)], "Ansible keeps one")
+    else:
+        _refuse_two_addresses(path, [(f"line {n}", host, given) for n, host, given
+                                     in _ini_host_lines(text)], "Ansible keeps the last")
+
+
+def _refuse_two_addresses(path: Path, entries: list[tuple[str, str, dict[str, str]]],
+                          kept: str) -> None:
+    """ENTRIES (where, host, its variables there): an InventoryError naming the first host
+    given two values of one of _ADDRESS_VARS, both places and the fix."""
+    seen: dict[tuple[str, str], tuple[str, str]] = {}
+    for where, host, words in entries:
         for key in _ADDRESS_VARS:
             if key not in words:
                 continue
-            first, value = seen.setdefault((host, key), (number, words[key]))
+            first, value = seen.setdefault((host, key), (where, words[key]))
             if value != words[key]:
                 raise InventoryError(
-                    f"{host} is defined twice in {path} with two addresses: line {first} "
-                    f"says {key}={value}, line {number} says {key}={words[key]} (Ansible "
-                    "keeps the last); give each machine its own name, or the same "
-                    f"{key} on both lines")
+                    f"{host} is defined twice in {path} with two addresses: {first} "
+                    f"says {key}={value}, {where} says {key}={words[key]} ({kept}); give "
+                    f"each machine its own name, or the same {key} in both places")

@@ -50,6 +50,13 @@ class TrialState(str, Enum):
         """Nothing left to run of it (`resume` runs the others again)."""
         return self in (TrialState.SUCCEEDED, TrialState.EARLY)
 
+    @classmethod
+    def of_run(cls, status: object) -> TrialState:
+        """The state of a trial whose run ended with STATUS (its summary's): succeeded,
+        stopped (stopped or interrupted), else failed."""
+        return {"succeeded": cls.SUCCEEDED, "stopped": cls.STOPPED,
+                "interrupted": cls.STOPPED}.get(str(status), cls.FAILED)
+
 
 @dataclass
 class TrialRecord:

@@ -49,10 +49,6 @@ STOP_WAIT_S = 120.0   # after Ctrl-C or `sweep stop`: how long each trial may ta
 TRIAL_ENV = "SWEEP_TRIAL"   # SWEEP.tN, in every rank's environment, the same on resume:
                            # a script names its checkpoints by it (train/train.py does)
 QUEUE_PARALLEL = 16   # through the queue, trials waiting or running at once by default
-ENDED = {"succeeded": TrialState.SUCCEEDED, "stopped": TrialState.STOPPED,
-         "interrupted": TrialState.STOPPED}   # any other end of a run: failed
-
-
 @dataclass
 class Running:
     trial: TrialRecord
@@ -271,7 +267,7 @@ class Sweep:
             trial.state = TrialState.FAILED
             trial.why = _last_line(self.record.path / f"t{trial.number}.log")
         else:
-            trial.state = ENDED.get(str(summary.get("status")), TrialState.FAILED)
+            trial.state = TrialState.of_run(summary.get("status"))
             trial.nodes = trial.nodes or _nodes_of(run)
             trial.why = "" if trial.state == TrialState.SUCCEEDED else \
                 str(summary.get("error") or "")

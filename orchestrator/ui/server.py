@@ -43,6 +43,7 @@ from ..record.rundir import RUN_ID, RecordUnreadable, RunDir, list_runs
 from ..report.page import TEMPLATES, render_run
 from ..sweep.record import SWEEP_JSON, SweepRecord, SweepUnreadable, TrialState, open_sweep
 from ..sweep.report import render_sweep
+from ..sweep.settle import settle
 
 DEFAULT_PORT = 8470
 REFRESH_S = 5       # a page that changes (the runs, a live run, the nodes) reloads so often
@@ -219,7 +220,8 @@ class UiServer:
 
     def sweep(self, sweep_id: str) -> SweepRecord | None:
         """The sweep SWEEP_ID names (a run id's shape), if its record lies inside the runs
-        directory once every symlink is followed; SweepUnreadable when it does not read."""
+        directory once every symlink is followed, settled (sweep/settle.py) as every verb
+        reads it; SweepUnreadable when it does not read."""
         if not RUN_ID.fullmatch(sweep_id):
             return None
         try:
@@ -228,11 +230,17 @@ class UiServer:
         except (OSError, RuntimeError):
             return None
         try:
-            return open_sweep(self.runs_dir, sweep_id) if inside else None
+            record = open_sweep(self.runs_dir, sweep_id) if inside else None
         except SweepUnreadable:
             raise
         except ClusterError:   # gone meanwhile
             return None
+        if record is None:
+            return None
+        try:
+            return settle(record)   # a sweep whose process is gone, as `sweep show` says it
+        except OSError:
+            return record   # settled here, though its record could not be written
 
     def holders(self) -> dict[str, list[dict[str, str]]]:
         """{node: the runs in the runs directory that have not ended and run on it}."""

@@ -252,6 +252,30 @@ def test_an_empty_value_of_another_verb_is_refused(place, trap, capsys, argv, wo
             if argv[0] in ("env", "notebook", "cordon", "preflight") else argv, words)
 
 
+VERBS_WITH_INVENTORY = [["nodes"], ["queue"], ["ui"], ["du"], ["usage"], ["provision"],
+                        ["preflight"], ["cordon"], ["notebook"], ["stop", "20260101-000000-abcdef"]]
+VERBS_WITH_RUNS_DIR = [["runs"], ["logs", "20260101-000000-abcdef"], ["ui"], ["doctor"],
+                       ["attach", "20260101-000000-abcdef"], ["sweep", "show", "x"],
+                       ["diagnose", "20260101-000000-abcdef"], ["notebook"]]
+
+
+@pytest.mark.parametrize("argv", VERBS_WITH_INVENTORY, ids=lambda a: a[0])
+def test_every_verbs_inventory_is_the_same_option_checked_at_the_door(place, trap, capsys,
+                                                                      argv) -> None:
+    """-i/--inventory is declared once (cli/values.add_inventory): every verb refuses an
+    empty one the same way (`nodes` and `queue` took it, and said a stranger error later)."""
+    refused(place, trap, capsys, [*argv, "-i", ""],
+            "argument -i/--inventory: '' is empty; give an Ansible inventory file")
+
+
+@pytest.mark.parametrize("argv", VERBS_WITH_RUNS_DIR, ids=lambda a: "-".join(a[:2]))
+def test_every_verbs_runs_dir_is_the_same_option_checked_at_the_door(place, trap, capsys,
+                                                                     argv) -> None:
+    (place / "a-file").write_text("")
+    refused(place, trap, capsys, [*argv, "--runs-dir", str(place / "a-file")],
+            f"argument --runs-dir: {place / 'a-file'} is not a directory")
+
+
 # -- e: options that contradict each other -------------------------------------------------
 @pytest.mark.parametrize("verb, argv, words", [
     ("train", ["--nodes", "2", "--max-recoveries", "1", "--min-nodes", "2"],

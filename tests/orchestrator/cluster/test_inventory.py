@@ -395,6 +395,20 @@ def test_an_ini_host_defined_twice_with_two_addresses_is_refused(tmp_path: Path)
         load_cluster(inv)
 
 
+def test_a_yaml_host_given_two_addresses_by_two_groups_is_refused(tmp_path: Path) -> None:
+    inv = write(tmp_path, "h.yml", "all:\n  children:\n    train_nodes:\n      hosts:\n"
+                "        node1: {ansible_host: 10.0.0.1}\n        node2: {ansible_host: 10.0.0.3}\n"
+                "    gpu:\n      hosts:\n        node1:\n          ansible_host: 10.0.0.2\n")
+    with pytest.raises(InventoryError, match=r"node1 is defined twice in .*h.yml with two "
+                       r"addresses: group all > train_nodes says ansible_host=10.0.0.1, group "
+                       r"all > gpu says ansible_host=10.0.0.2 \(Ansible keeps one\)"):
+        load_cluster(inv)
+    same = write(tmp_path, "same.yml", "all:\n  children:\n    train_nodes:\n      hosts:\n"
+                 "        node1: {ansible_host: 10.0.0.1}\n    gpu:\n      hosts:\n"
+                 "        node1:\n")   # the same machine, named again: fine
+    assert [n.name for n in load_cluster(same).nodes] == ["node1"]
+
+
 def test_an_ini_host_in_two_groups_with_one_address_is_taken(tmp_path: Path) -> None:
     inv = write(tmp_path, "h.ini", "[train_nodes]\nnode1 ansible_host=10.0.0.1\n"
                 "[gpu]\nnode1\n[a100]\nnode1 ansible_host=10.0.0.1 gpus=8\n"

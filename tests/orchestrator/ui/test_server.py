@@ -412,3 +412,48 @@ def test_a_record_that_cannot_be_read_is_named_on_its_page_and_in_the_list(
             status, _, page = get(server, f"/runs/{run_id}/")
             assert status != 500 and str(root / run_id / name) in page, page
             assert "fix" in page and "Traceback" not in page, page
+
+
+def test_the_web_view_and_sweep_show_agree_on_a_sweep_whose_process_was_killed(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The sweep's record says running; its process was killed (here: one that ended).
+    The index, its page and `sweep show` all say stopped, "its process is gone", with the
+    same trials: its first trial's run failed, its second still has no summary (its train
+    is a process of its own), the others never started."""
+    import json
+    import socket
+
+    from orchestrator.record.rundir import RunDir
+    from orchestrator.sweep.record import open_sweep
+
+    from ..sweep.test_report import recorded_sweep
+
+    root = tmp_path / "runs"
+    root.mkdir()
+    record = recorded_sweep(root)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    record.host, record.pid, record.state = socket.gethostname(), int(gone.stdout), "running"
+    for t in record.trials:
+        t.state, t.metric = TrialState.PENDING, None
+    for t in record.trials[:2]:
+        t.state = TrialState.RUNNING
+    RunDir(root, record.trials[0].run_id or "").write_summary({"status": "failed",
+                                                               "duration_s": 3.0})
+    (root / (record.trials[1].run_id or "") / "summary.json").unlink(missing_ok=True)
+    record.save()
+    for server in serve(root):
+        _, _, index = get(server, "/")
+        row = index[index.index(f'data-sweep="{record.sweep_id}"'):]
+        assert ">stopped<" in row[:row.index("</tr>")], row[:row.index("</tr>")]
+        _, _, page = get(server, f"/sweeps/{record.sweep_id}/")
+        assert f"<title>sweep {record.sweep_id}: stopped</title>" in page
+    assert cli_main(["sweep", "show", record.sweep_id, "--runs-dir", str(root),
+                     "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert (shown["state"], shown["why"]) == ("stopped", "its process is gone")
+    assert sorted(t["state"] for t in shown["trials"]) == [
+        "failed", "not run", "not run", "running"]
+    kept = open_sweep(root, record.sweep_id)
+    assert sorted(t.state.value for t in kept.trials) == sorted(
+        t["state"] for t in shown["trials"])
