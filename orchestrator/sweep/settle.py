@@ -26,25 +26,30 @@ def alive(record: SweepRecord) -> bool:
 
 
 def settle(record: SweepRecord) -> SweepRecord:
-    """RECORD as it is, unless it says running while its process is gone (killed, the
-    machine restarted): then its trials' states from their runs' summaries (a trial's run
-    without one may still run: its `train` is a process of its own, and stays `running`;
-    one whose summary cannot be read failed, with why), its pending trials not run, and
-    the sweep stopped, written so (its record and its report)."""
-    if record.state != "running" or alive(record):
+    """RECORD as it is while its process runs it. Once that process is gone (killed, the
+    machine restarted) while the record says running: the sweep stopped, its pending
+    trials not run. And whenever it is gone, each trial still `running` takes its run's
+    end from the run's summary, as soon as there is one: a trial's `train` is a process of
+    its own, which may end long after the sweep's (one whose summary cannot be read
+    failed, with why). What changed is written (its record and its report)."""
+    if record.state not in ("running", "stopped") or alive(record):
         return record
+    changed = record.state == "running"
     for t in record.trials:
         if t.state == TrialState.RUNNING and t.run_id:
             try:
                 summary = RunDir(record.runs_dir, t.run_id).summary()
             except RecordUnreadable as exc:   # it ended, with a summary that says nothing
-                t.state, t.why = TrialState.FAILED, str(exc)
+                t.state, t.why, changed = TrialState.FAILED, str(exc), True
                 continue
             if summary:
-                t.state = TrialState.of_run(summary.get("status"))
-        elif t.state == TrialState.PENDING:
+                t.state, changed = TrialState.of_run(summary.get("status")), True
+        elif t.state == TrialState.PENDING and record.state == "running":
             t.state = TrialState.NOT_RUN
-    record.state, record.why = "stopped", "its process is gone"
+    if not changed:
+        return record
+    if record.state == "running":
+        record.state, record.why = "stopped", "its process is gone"
     record.save()
     write_sweep_report(record)
     return record

@@ -171,6 +171,14 @@ def test_a_sweep_whose_process_is_gone_is_settled_from_its_trials_runs(
     capsys.readouterr()
     assert main(["sweep", "resume", record.sweep_id, "--runs-dir", str(tmp_path)]) != 0
     assert f"the run of t2 ({record.sweep_id}.t2) has not ended" in capsys.readouterr().err
+    # t2's run ends later: its end is read then (the sweep stopped long ago), so `show`
+    # stops saying running and `resume` no longer waits for it.
+    later = RunDir(tmp_path, f"{record.sweep_id}.t2")
+    later.create({"run_id": later.run_id, "nodes": ["hpc-a"]})
+    later.write_summary({"status": "succeeded", "duration_s": 9.0})
+    assert main(["sweep", "show", record.sweep_id, "--runs-dir", str(tmp_path)]) == 0
+    assert [t.state.value for t in open_sweep(tmp_path, record.sweep_id).trials] == [
+        "failed", "succeeded", "not run", "not run"]
 
 
 def test_the_nodes_a_sweep_can_have_pass_the_door(inventory: Path) -> None:
