@@ -293,16 +293,21 @@ def temp_users(dev: int, deadline: float, places: tuple[str, ...] = TEMP_PLACES
 
 
 def blamed(failure: Failure, path: str, got: dict[str, Any], min_free_gb: float,
-           deadline: float, places: tuple[str, ...] = TEMP_PLACES) -> Failure:
+           deadline: float, places: tuple[str, ...] = TEMP_PLACES,
+           counted: dict[int, dict[str, int] | None] | None = None) -> Failure:
     """FAILURE (PATH, a place on the node's own disk, has too little free space: GOT its
     measure()) as a warning when users' temporary files there hold more than it lacks:
     the node is not broken, a user filled it, and a cordon would keep everyone off it
     for one user's files. The warning names the biggest of them; the failure too when
-    they hold less."""
+    they hold less. COUNTED keeps each device's count for the run's other places (/, /tmp
+    and /home are often one disk: walked once)."""
     short = min_free_gb * 2**30 - got.get("free", 0)
     if failure.check != "space" or short <= 0 or "dev" not in got:
         return failure
-    users = temp_users(got["dev"], deadline, places)
+    counted = {} if counted is None else counted
+    if got["dev"] not in counted:
+        counted[got["dev"]] = temp_users(got["dev"], deadline, places)
+    users = counted[got["dev"]]
     if not users:
         return failure
     biggest = ", ".join(f"{name} {used / 2**30:.2f} GiB" for name, used in
@@ -434,9 +439,10 @@ def run_checks(cfg: Config, since: float | None) -> list[Failure]:
     if out is None:   # a home on NFS, say
         failures.append(Failure("space", f"{', '.join(places)}: measuring them {why}"))
     deadline = time.monotonic() + TEMP_WALK
+    counted: dict[int, dict[str, int] | None] = {}   # each disk's count, walked once
     for path, got in figures.items():
-        failures += [blamed(f, path, got, cfg.min_free_gb, deadline) for f in
-                     check_space({path: got}, cfg.min_free_gb, cfg.min_free_inodes)]
+        failures += [blamed(f, path, got, cfg.min_free_gb, deadline, counted=counted)
+                     for f in check_space({path: got}, cfg.min_free_gb, cfg.min_free_inodes)]
     if share:
         failures += check_space({cfg.share: share}, cfg.min_free_gb, cfg.min_free_inodes)
     failures += check_gpus(cfg.nvidia_smi) + check_xids(cfg.journalctl, since)
