@@ -19,6 +19,7 @@ import random
 import signal
 import statistics
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -32,8 +33,12 @@ import distributed
 from checkpoint import Position
 from model import build_model
 
-# Settings that a resumed run must share with its checkpoint.
-RESUME_KEYS = ("epochs", "steps_per_epoch", "width", "blocks", "optimizer", "schedule")
+# Settings that a resumed run must share with its checkpoint. The steps per epoch may
+# change, with the world size or the batch size (a --min-nodes recovery): the schedule is
+# then laid over the new steps (`schedule_at`).
+RESUME_KEYS = ("epochs", "width", "blocks", "optimizer", "schedule")
+# What a schedule sets in the optimizer's groups as it steps (OneCycleLR cycles momentum).
+SCHEDULED = ("lr", "momentum", "betas")
 
 
 class SettingsMismatchError(ValueError):
@@ -215,9 +220,6 @@ class Trainer:
                 f"was made with other settings ({diff}); rerun with the same settings, or "
                 "use another --run-name (or --no-resume) to start a new run")
         self.core.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.history = list(state["history"])
         pos = Position(int(state["epoch"]), int(state["step"]))
         rngs = state["rng"]
         if len(rngs) == self.env.world_size and sig["batch_size"] == now["batch_size"]:
@@ -225,11 +227,31 @@ class Trainer:
         elif pos.step:
             log(self.env, "world size or batch size changed: restarting the interrupted epoch")
             pos = Position(pos.epoch, 0)
+        if sig.get("steps_per_epoch") == now["steps_per_epoch"]:
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+        else:
+            self.schedule_at(pos.epoch * self.steps_per_epoch, state["optimizer"])
+        self.history = list(state["history"])
         carried = pos.step and self.env.is_main  # rank 0 carries the whole job's partial sums
         self.partial = ([float(v) for v in state.get("partial_epoch", [0.0, 0.0, 0.0])]
                         if carried else [0.0, 0.0, 0.0])
         self.position = pos
         self.resumed_from = {"epoch": pos.epoch, "step": pos.step}
+
+    def schedule_at(self, done: int, optimizer_state: dict[str, Any]) -> None:
+        """The checkpoint's optimizer state (its moments), under this run's schedule after
+        DONE of its steps: the schedule is replayed on the new steps (a few thousand
+        steps of arithmetic), since the saved one counted other steps."""
+        with warnings.catch_warnings():   # "lr_scheduler.step() before optimizer.step()"
+            warnings.simplefilter("ignore", UserWarning)
+            for _ in range(done):
+                self.scheduler.step()
+        scheduled = [{k: g[k] for k in SCHEDULED if k in g}
+                     for g in self.optimizer.param_groups]
+        self.optimizer.load_state_dict(optimizer_state)
+        for group, values in zip(self.optimizer.param_groups, scheduled, strict=True):
+            group.update(values)
 
     def close(self) -> None:
         """Give back what the trainer took from the process: the signal handlers."""

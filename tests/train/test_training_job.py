@@ -178,6 +178,34 @@ def test_sigterm_saves_mid_epoch_and_a_rerun_continues_there(
     assert_continues_reference(metrics, reference["metrics"], resumed_at["epoch"])
 
 
+def test_a_run_resumed_on_fewer_processes_finishes_its_schedule(synthetic_dir, tmp_path):
+    """What a --min-nodes recovery does: the run's checkpoint, made by 2 processes, is
+    resumed by 1. The steps per epoch double with it; the job restarts the interrupted
+    epoch and its learning-rate schedule ends where a 1-process run's ends (the rate at
+    each epoch's end is a function of the fraction of training done, not of the step)."""
+    ckpt = tmp_path / "ckpt"
+    two = subprocess.Popen(torchrun_cmd(2, *job_args(synthetic_dir, ckpt)), env=job_env(),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    try:
+        wait_for((ckpt, "ckpt-000001-*.pt"), two)
+        two.send_signal(signal.SIGTERM)
+        two.communicate(timeout=120)
+    finally:
+        stop_job(two)
+    one = [sys.executable, str(TRAIN_PY), *job_args(synthetic_dir, ckpt)]
+    resumed = final_line(run_to_end(one).stdout)
+    alone = json.loads((ckpt / "metrics.json").read_text())["history"]
+    fresh = tmp_path / "fresh"
+    run_to_end([sys.executable, str(TRAIN_PY), *job_args(synthetic_dir, fresh)])
+    reference = json.loads((fresh / "metrics.json").read_text())["history"]
+    assert resumed["world_size"] == 1 and resumed["resumed_from"]["epoch"] >= 1
+    assert len(alone) == EPOCHS
+    for e in range(resumed["resumed_from"]["epoch"], EPOCHS):
+        assert alone[e]["lr"] == pytest.approx(reference[e]["lr"], rel=1e-6, abs=1e-9), \
+            f"epoch {e + 1}: lr {alone[e]['lr']} after the resume, {reference[e]['lr']} alone"
+
+
 def test_single_process_without_torchrun(synthetic_dir, tmp_path):
     ckpt = tmp_path / "ckpt"
     proc = run_to_end([sys.executable, str(TRAIN_PY), "--data-dir", str(synthetic_dir),
