@@ -8,7 +8,11 @@ attached to start the next attempt, so the nodes do, as the controller would hav
 - A supervisor whose part ended because of a peer's fault (the peer lost, its supervisor
   failed, its torchrun killed by a signal) decides the next attempt: the healthy nodes in
   their order, then the first spare not in use nor cordoned in the failed node's place
-  (or the healthy ones alone, --min-nodes). The first to take the failed attempt's lock
+  (or the healthy ones alone, --min-nodes). A spare counts only while its standby says,
+  every STANDBY_LOOK seconds on the share, that nobody else uses its node (another user's
+  run or notebook, a GPU process): the node that decides cannot see another user's
+  processes on the spare, and a spare whose standby is gone (its node down) would not
+  start its part. The first to take the failed attempt's lock
   cordons the node (and drains it) and writes the decision (STATE/recovery/next.json);
   the others read it. Every node the decision names, the spare's standby included,
   starts its part of the next attempt: the launch line filled in, run by its own shell,
@@ -21,13 +25,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import pwd
 import re
 import subprocess
 import sys
 import time
 from typing import Any
 
-from . import cordon
+from . import busy, cordon
 from .fault import node_fault
 from .protocol import (
     CODE_SUBDIR,
@@ -49,6 +54,8 @@ from .util import detach, read_json, write_json
 SAFE = re.compile(r"[\w@%+=:,./-]+")   # a value that needs no quoting in the shell line
 LOCK = "next.lock"
 DECISION_WAIT = 20.0   # a node that lost the lock waits this long for the decision
+STANDBY_LOOK = 5.0     # seconds between a standby's looks at who else uses its node
+STANDBY_STALE = 60.0   # a standby's word older than this: the spare is not standing by
 
 
 def plan_path(state_dir: str) -> str:
@@ -57,6 +64,34 @@ def plan_path(state_dir: str) -> str:
 
 def next_path(state_dir: str) -> str:
     return os.path.join(state_dir, RECOVERY_SUBDIR, NEXT_FILE)
+
+
+def standby_path(root_state: str, node: str) -> str:
+    """Where NODE's standby says whether its node is free (the first attempt's state)."""
+    return os.path.join(root_state, RECOVERY_SUBDIR, f"standby-{node}.json")
+
+
+def others_on(found: busy.Busy, me: str) -> list[str]:
+    """Who else uses a node, in words: other users' runs (notebooks too) and GPU processes.
+    The run's own user's other work there is his to share (as --share-gpus is)."""
+    return ([f"{r.user}'s {r.kind} {r.run}" for r in found.runs if r.user != me] +
+            [f"{g.user or 'another user'}'s GPU process {g.pid}"
+             for g in found.gpu_processes if g.user != me])
+
+
+def unfit(plan: dict[str, Any], spare: str, now: float) -> str | None:
+    """Why SPARE cannot take a failed node's place now (None: it can), from what its
+    standby last said on the share."""
+    said = read_json(standby_path(plan["state"], spare))
+    at = said.get("at") if isinstance(said, dict) else None
+    if not isinstance(at, (int, float)):
+        return "its standby never said it was ready"
+    if now - at > STANDBY_STALE:
+        return f"no word from its standby for {now - at:.0f} s"
+    others = said.get("others") if isinstance(said, dict) else None
+    if others:
+        return "in use by " + "; ".join(str(o)[:120] for o in list(others)[:3])
+    return None
 
 
 def attempt_of(run_id: str) -> int:
@@ -88,8 +123,15 @@ def next_nodes(plan: dict[str, Any], nodes: list[str], failed: str
     healthy = [n for n in nodes if n != failed]
     kept_out = set(cordon.cordoned(plan["share"], plan.get("admin_group")
                                    or cordon.DEFAULT_ADMIN_GROUP)) if plan.get("share") else set()
-    spare = next((s for s in plan.get("spares") or []
-                  if s not in nodes and s not in kept_out), None)
+    spare = None
+    for candidate in plan.get("spares") or []:
+        if candidate in nodes or candidate in kept_out:
+            continue
+        why = unfit(plan, candidate, time.time())
+        if why is None:
+            spare = candidate
+            break
+        _say(f"spare {candidate} passed over: {why}")
     if spare is not None:
         return [*healthy, spare], spare
     least = plan.get("min_nodes")
@@ -253,7 +295,11 @@ def standby(args: argparse.Namespace) -> int:
     state, run = plan["state"], plan["run_id"]
     nodes = list(plan["nodes"])
     since = time.time()
+    look = 0.0
     while os.path.exists(args.plan):
+        if time.monotonic() >= look:
+            look = time.monotonic() + STANDBY_LOOK
+            say_ready(plan, args.node)
         decision = read_json(next_path(state))
         if isinstance(decision, dict):
             if not decision.get("attempt"):
@@ -275,6 +321,18 @@ def standby(args: argparse.Namespace) -> int:
             return 0
         time.sleep(1.0)
     return 0
+
+
+def say_ready(plan: dict[str, Any], node: str) -> None:
+    """Tell the run's nodes, on the share, whether anybody else uses this spare now."""
+    try:
+        write_json(standby_path(plan["state"], node),
+                   {"at": time.time(),
+                    "others": others_on(busy.scan(exclude=plan["run_id"]),
+                                        pwd.getpwuid(os.getuid()).pw_name)},
+                   sync=False)
+    except OSError as exc:   # a stalled or full share: the word goes stale, the spare unused
+        _say(f"could not say that {node} stands by: {exc}")
 
 
 def _say(text: str) -> None:

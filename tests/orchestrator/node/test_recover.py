@@ -184,10 +184,72 @@ def test_no_spare_and_too_few_nodes_writes_why_and_starts_nothing(tmp_path: Path
     assert said["attempt"] is None and said["node"] == "n1"
 
 
+def stands_by(made: dict, node: str, others: list[str] | None = None, ago: float = 0.0) -> None:
+    """What NODE's standby says on the share (say_ready), AGO seconds ago."""
+    Path(recover.standby_path(made["state"], node)).write_text(
+        json.dumps({"at": time.time() - ago, "others": others or []}))
+
+
 def test_a_cordoned_spare_is_passed_over(tmp_path: Path) -> None:
     made = plan(tmp_path, ["n2", "n3"])
+    stands_by(made, "n2")
+    stands_by(made, "n3")
     cordon.record(made["share"], "n2", cordon.CORDON, "bad fan")
     assert recover.next_nodes(made, ["n0", "n1"], "n1") == (["n0", "n3"], "n3")
+
+
+def test_a_spare_another_user_works_on_is_passed_over(tmp_path: Path, capsys) -> None:
+    """The node that decides cannot see bob's notebook on the spare; the spare's standby
+    can, and says so: alice's recovery takes the next spare, or none."""
+    made = plan(tmp_path, ["n2", "n3"])
+    stands_by(made, "n2", ["bob's notebook 20260101-000000-abcdef"])
+    stands_by(made, "n3")
+    assert recover.next_nodes(made, ["n0", "n1"], "n1") == (["n0", "n3"], "n3")
+    assert "spare n2 passed over: in use by bob's notebook" in capsys.readouterr().out
+    stands_by(made, "n3", ["bob's GPU process 4242"])
+    assert recover.next_nodes(made, ["n0", "n1"], "n1") is None
+
+
+def test_a_spare_whose_standby_is_silent_is_passed_over(tmp_path: Path, capsys) -> None:
+    """A spare whose node went down (its standby with it) would never start its part."""
+    made = plan(tmp_path, ["n2", "n3", "n4"], min_nodes=1)
+    stands_by(made, "n2", ago=recover.STANDBY_STALE + 5)
+    stands_by(made, "n4")
+    assert recover.next_nodes(made, ["n0", "n1"], "n1") == (["n0", "n4"], "n4")
+    out = capsys.readouterr().out
+    assert "spare n2 passed over: no word from its standby for" in out
+    assert "spare n3 passed over: its standby never said it was ready" in out
+    Path(recover.standby_path(made["state"], "n4")).write_text("{not json")
+    assert recover.next_nodes(made, ["n0", "n1"], "n1") == (["n0"], None)   # --min-nodes 1
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="starts a process as another user: needs root")
+def test_a_standby_names_another_users_notebook_on_its_node(tmp_path: Path) -> None:
+    """say_ready on a real process table: a notebook's supervisor of another user (nobody)
+    is named; the run's own user's work and the run itself are not."""
+    made = plan(tmp_path, ["n2"])
+
+    def supervisor(run: str) -> list[str]:   # what busy.scan takes for a notebook's
+        return ["/usr/bin/python3", "-c", "import time; time.sleep(300)", "/h/node.py",
+                "supervise", "--job", "/h/j", "--run", run, "--", "python3", "-m",
+                protocol.NOTEBOOK_MODULE]
+
+    theirs = subprocess.Popen(supervisor("20260101-000000-b0b0b0"), user="nobody", cwd="/")
+    mine = subprocess.Popen(supervisor("20260101-000000-a1a1a1"))
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            recover.say_ready(made, "n2")
+            said = json.loads(Path(recover.standby_path(made["state"], "n2")).read_text())
+            if said["others"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert said["others"] == ["nobody's notebook 20260101-000000-b0b0b0"], said
+        assert recover.unfit(made, "n2", time.time()) == (
+            "in use by nobody's notebook 20260101-000000-b0b0b0")
+    finally:
+        theirs.kill()
+        mine.kill()
 
 
 @pytest.mark.parametrize(("reason", "peer", "why"), [
