@@ -146,10 +146,6 @@ def decide(plan: dict[str, Any], state_dir: str, run_id: str, me: str, nodes: li
     the lock first: the failed node is cordoned and drained first), or the one another
     node wrote. None when there is no next attempt (recoveries used up, no spare)."""
     attempt = attempt_of(run_id) + 1
-    if attempt > int(plan.get("max_recoveries") or 0):
-        _say(f"{failed} {why}; --max-recoveries {plan.get('max_recoveries')} used up: "
-             "the run ends here")
-        return None
     where = os.path.join(state_dir, RECOVERY_SUBDIR)
     os.makedirs(where, exist_ok=True)
     try:
@@ -157,19 +153,26 @@ def decide(plan: dict[str, Any], state_dir: str, run_id: str, me: str, nodes: li
                          0o600))
     except FileExistsError:
         return _await_decision(next_path(state_dir))
-    chosen = next_nodes(plan, nodes, failed)
+    # The failed node is kept out whether or not the run goes on: the next run to be
+    # placed on it, anybody's, would fail too.
+    reason = f"{failed} lost mid-run {run_id} ({why})" if why.startswith("lost") else \
+        f"{failed} failed mid-run {run_id} ({why})"
+    failed_at = time.time()
+    cordoned, drained = _keep_out(plan, failed, reason, run_id)
+    chosen = None if attempt > int(plan.get("max_recoveries") or 0) else \
+        next_nodes(plan, nodes, failed)
     if chosen is None:
-        _say(f"{failed} {why}; no spare is left and the healthy nodes are fewer than "
-             f"--min-nodes: the run ends here")
+        _say(f"{failed} {why}; " + (
+            f"--max-recoveries {plan.get('max_recoveries')} used up"
+            if attempt > int(plan.get("max_recoveries") or 0) else
+            "no spare is left and the healthy nodes are fewer than --min-nodes")
+            + ": the run ends here")
         write_json(next_path(state_dir), {"attempt": None, "failed_run": run_id,
-                                          "node": failed, "why": why})
+                                          "node": failed, "why": why, "cordoned": cordoned,
+                                          "drained": drained})
         return None
     names, spare = chosen
     run = f"{plan['run_id']}.r{attempt}"
-    failed_at = time.time()
-    reason = f"{failed} lost mid-run {run_id} ({why})" if why.startswith("lost") else \
-        f"{failed} failed mid-run {run_id} ({why})"
-    cordoned, drained = _keep_out(plan, failed, reason, run_id)
     decision = {"attempt": attempt, "run_id": run, "failed_run": run_id, "node": failed,
                 "why": why, "failed_at": failed_at, "last_heard_at": heard,
                 "nodes": names, "addresses": [plan["addresses"][n] for n in names],

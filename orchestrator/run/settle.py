@@ -69,6 +69,12 @@ def recorded(run: RunDir, info: dict[str, Any], summary: dict[str, Any],
         earlier = (summary_of(run.root, recovery.failed_run) or {}).get("recoveries") or []
         summary = with_recovery(run, info["recovery_plan"]["run_id"], recovery,
                                 [Recovery(**r) for r in earlier], summary)
+    if decision and not decision.get("attempt"):   # the last attempt: its lost node kept out
+        why = f"{decision.get('node')} lost mid-run {decision.get('failed_run')} " \
+              f"({decision.get('why')})"
+        summary = {**summary,
+                   **({"cordoned": {decision["node"]: why}} if decision.get("cordoned") else {}),
+                   **({"drained": {decision["node"]: why}} if decision.get("drained") else {})}
     if decision and decision.get("attempt") and summary.get("status") != "succeeded":
         following = RunDir(run.root, str(decision["run_id"]))
         if not following.run_json.exists():

@@ -64,6 +64,12 @@ def plan(tmp: Path, spares: list[str], most: int = 1, seconds: float = 2.0,
     return made
 
 
+def stands_by(made: dict, node: str, others: list[str] | None = None, ago: float = 0.0) -> None:
+    """What NODE's standby says on the share (say_ready), AGO seconds ago."""
+    Path(recover.standby_path(made["state"], node)).write_text(
+        json.dumps({"at": time.time() - ago, "others": others or []}))
+
+
 def start(tmp: Path, made: dict, node: str) -> None:
     """NODE's part of the first attempt, launched as the controller launches it."""
     line = recover.fill(made, {"attempt": 0, "run_id": "R", "nodes": made["nodes"],
@@ -157,12 +163,20 @@ def test_a_script_that_fails_on_every_node_is_not_recovered(tmp_path: Path) -> N
 
 
 def test_recoveries_used_up_end_the_run_with_no_next_attempt(tmp_path: Path) -> None:
-    made = plan(tmp_path, [], most=1)
+    """The last allowed attempt loses a node: no next attempt, and the node is cordoned
+    all the same (the next run placed on it, anybody's, would fail too)."""
+    made = plan(tmp_path, ["n2"], most=1)
+    stands_by(made, "n2")
     state = tmp_path / "share" / "runs" / "R.r1"
     state.mkdir(parents=True)
     assert recover.decide(made, str(state), "R.r1", "n0", ["n0", "n1"], "n1", "lost", None) \
         is None
-    assert not Path(recover.next_path(str(state))).exists()
+    said = json.loads(Path(recover.next_path(str(state))).read_text())
+    assert (said["attempt"], said["node"], said["cordoned"]) == (None, "n1", True), said
+    assert (cordon.current(made["share"], "n1") or {}).get("run") == "R.r1"
+    # Another survivor reads the same end (the lock was taken), at once.
+    assert recover.decide(made, str(state), "R.r1", "n2", ["n0", "n1"], "n1", "lost",
+                          None) is None
 
 
 def test_without_a_spare_the_healthy_nodes_go_on_when_min_nodes_allows(
@@ -181,13 +195,7 @@ def test_no_spare_and_too_few_nodes_writes_why_and_starts_nothing(tmp_path: Path
     assert recover.decide(made, made["state"], "R", "n0", ["n0", "n1"], "n1", "lost",
                           None) is None
     said = json.loads(Path(recover.next_path(made["state"])).read_text())
-    assert said["attempt"] is None and said["node"] == "n1"
-
-
-def stands_by(made: dict, node: str, others: list[str] | None = None, ago: float = 0.0) -> None:
-    """What NODE's standby says on the share (say_ready), AGO seconds ago."""
-    Path(recover.standby_path(made["state"], node)).write_text(
-        json.dumps({"at": time.time() - ago, "others": others or []}))
+    assert said["attempt"] is None and said["node"] == "n1" and said["cordoned"]
 
 
 def test_a_cordoned_spare_is_passed_over(tmp_path: Path) -> None:

@@ -141,3 +141,20 @@ def test_a_node_whose_ranks_failed_while_the_others_stopped_for_a_hang_is_no_fai
                                                                           at=NOW - 4),
                  "node2": ended(143, "hung", why, at=NOW - 4)})
     assert s["status"] == "hung" and s["first_failed"] is None
+
+
+def test_a_last_attempts_lost_node_is_kept_in_its_summary_as_cordoned(tmp_path) -> None:
+    """The nodes' end of a detached run that may recover no more (node/recover.py decide:
+    attempt None) cordoned the node it lost: the summary says so, as an attached run's."""
+    from orchestrator.record.rundir import RunDir
+    from orchestrator.run.settle import recorded
+
+    info = {**INFO, "recovery_plan": {"run_id": "r1"}}
+    summary = settled({"node0": ended(143, "peer-lost", "node1"),
+                       "node1": running(age=STATE_STALE + 60), "node2": ended(143, "peer-lost",
+                                                                          "node1")})
+    decision = {"attempt": None, "failed_run": "r1", "node": "node1", "why": "lost (x)",
+                "cordoned": True, "drained": False}
+    kept = recorded(RunDir(tmp_path, "r1"), info, summary, decision)
+    assert kept["cordoned"] == {"node1": "node1 lost mid-run r1 (lost (x))"}
+    assert "drained" not in kept and "recovered_in" not in kept
