@@ -10,8 +10,9 @@ and said with its owner. Every file there is read as untrusted (untrusted.py): n
 followed, no pipe waited on, a bounded size, a bounded number per owner and directory.
 
 A part still running counts until its state's last writing (its supervisor rewrites it
-every few seconds). Only the time inside the window counts (SINCE to now). As for `du`,
-a user reads the records the share's modes let them (their own); an admin reads
+every few seconds); one whose last writing is older than STATE_STALE ended then (its node
+was lost, and never wrote its end). Only the time inside the window counts (SINCE to
+now). As for `du`, a user reads the records the share's modes let them (their own); an admin reads
 everyone's as root (`usage --all`, through sudo).
 """
 
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import untrusted
-from .protocol import NODE_STATE_DIR
+from .protocol import NODE_STATE_DIR, STATE_STALE
 from .sysmetrics import visible_gpus
 from .untrusted import visible
 from .util import owner_of, user_name
@@ -80,6 +81,16 @@ def part(state: dict[str, Any], since: float, now: float
     idle_seconds = min(gpu_seconds, float(idle) * seconds / whole) \
         if isinstance(idle, (int, float)) and idle > 0 and whole > 0 else 0.0
     return seconds, gpu_seconds, idle_seconds
+
+
+def end_of(state: dict[str, Any], now: float) -> float | None:
+    """When a node's part ended: its end, or the last writing of a part whose supervisor
+    went silent (its node lost: `runs` settles it so, STATE_STALE); None while it runs."""
+    for key in ("ended", "time"):
+        at = state.get(key)
+        if isinstance(at, (int, float)) and (key == "ended" or now - at > STATE_STALE):
+            return float(at)
+    return None
 
 
 @dataclass
@@ -198,10 +209,10 @@ def _run(runs_fd: int, where: str, run: untrusted.Entry, owner: Owner, since: fl
         gpu_seconds += counted[1]
         idle_seconds += counted[2]
         starts.append(float(state["started"]))
-        ends.append(state.get("ended"))
+        ends.append(end_of(state, now))
     if not nodes or seconds <= 0:
         return None
-    ended = [float(e) for e in ends if isinstance(e, (int, float))]
+    ended = [e for e in ends if e is not None]
     return {"run": visible(run.name, ascii_only=True), "user": owner.name, "nodes": nodes,
             "start": min(starts), "end": max(ended) if len(ended) == len(ends) else None,
             "node_hours": round(seconds / HOUR, 4), "gpu_hours": round(gpu_seconds / HOUR, 4),

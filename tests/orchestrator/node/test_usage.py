@@ -122,6 +122,23 @@ def test_the_table_puts_the_most_gpu_hours_first_and_lists_runs(share: Path) -> 
         "doing nothing (at or under 1 % used)"]
 
 
+def test_a_node_whose_supervisor_went_silent_ended_at_its_last_word(tmp_path: Path,
+                                                                    people: None) -> None:
+    """A node lost mid-run never writes its end: its state says running for good. Once
+    its last writing is older than STATE_STALE it ended then (as `runs` settles it), and
+    the run is not listed as running for ever."""
+    from orchestrator.node.protocol import STATE_STALE
+
+    record(tmp_path, "alice", "a3", "node0", started=NOW - 2 * H, ended=NOW - H, gpus=1)
+    record(tmp_path, "alice", "a3", "node1", started=NOW - 2 * H, time=NOW - 1.5 * H,
+           state="running", gpus=1)
+    record(tmp_path, "alice", "a4", "node0", started=NOW - H, time=NOW - STATE_STALE / 2,
+           state="running", gpus=1)
+    runs = {r["run"]: r for r in usage.usage(str(tmp_path), SINCE, NOW)["runs"]}
+    assert runs["a3"]["end"] == NOW - H and runs["a3"]["node_hours"] == 1.5
+    assert runs["a4"]["end"] is None   # its supervisor wrote a minute ago: still running
+
+
 def test_the_gpus_a_nodes_part_uses() -> None:
     assert usage.gpus_used([], {"CUDA_VISIBLE_DEVICES": "0,1"}) == 2   # Slurm's choice
     assert usage.gpus_used([], {"CUDA_VISIBLE_DEVICES": ""}) == 0
