@@ -171,8 +171,13 @@ def bind_elsewhere(port: int) -> str:
 def test_the_port_is_ours_from_the_start_so_nobody_else_can_bind_it() -> None:
     # The race of free_local_port (probe, close, let ssh bind later): between the probe
     # and ssh, another user could take the port and receive the token. Now the port is
-    # held by this process, listening, from the start.
-    with hold_local_port() as held:
+    # held by this process, listening, from the start. The port to begin at is one of the
+    # kernel's choosing: the default one is any notebook test's, on the other worker too,
+    # and could be taken again by it between this one's end and the last look.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        first = probe.getsockname()[1]
+    with hold_local_port(first=first) as held:
         port = held.getsockname()[1]
         assert bind_elsewhere(port) == "Address already in use"
     assert bind_elsewhere(port) == "bound"
