@@ -164,10 +164,10 @@ def probe(node: NodeSpec, conn: ssh.Connection, *, shared: dict[str, Any],
                              "seconds": LISTEN_SECONDS + LISTEN_PER_NODE * rendezvous.expect}
     result = nodelib.call(conn, node.python, "probe", timeout=150, stdin=json.dumps(request))
     received = time.time()
-    if result.exit_code != 0:
-        last = (result.stderr.strip().splitlines() or ['exit %d' % result.exit_code])[-1]
-        return NodeFacts(node, error=f"probe failed with {node.python}: {last}")
-    data = json.loads(result.stdout.strip().splitlines()[-1])
+    try:
+        data = nodelib.answer_of(result, node.name, "probe")
+    except nodelib.NodeAnswerError as exc:
+        return NodeFacts(node, error=f"probe failed with {node.python}: {exc.said}")
     facts = NodeFacts(node, **{k: v for k, v in data.items() if k != "time"})
     facts.clock_offset = data["time"] - received
     return facts
@@ -180,12 +180,11 @@ def reach(node: NodeSpec, conn: ssh.Connection, *, addr: str, port: int,
     request = {"addr": addr, "port": port, "nonce": rendezvous.nonce, "key": rendezvous.key,
                "timeout": CONNECT_TIMEOUT,
                "token": rendezvous.token(shared_path)}
-    result = nodelib.call(conn, node.python, "reach", timeout=CONNECT_TIMEOUT * 3 + 30,
-                          stdin=json.dumps(request))
-    if result.exit_code != 0:
-        return {"error": (result.stderr.strip().splitlines() or
-                          ["exit %d" % result.exit_code])[-1]}
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    try:
+        return nodelib.ask(conn, node.python, "reach", node=node.name,
+                           timeout=CONNECT_TIMEOUT * 3 + 30, stdin=json.dumps(request))
+    except nodelib.NodeAnswerError as exc:
+        return {"error": exc.said}
 
 
 def stop_listener(node: NodeSpec, conn: ssh.Connection, port: int,
@@ -193,9 +192,9 @@ def stop_listener(node: NodeSpec, conn: ssh.Connection, port: int,
     """End node 0's listener now (when not every node connected to it), proving the run's
     key (`reach` with "stop"); who connected to it without the key (node/probe.py serve)."""
     request = {"stop": True, "port": port, "nonce": rendezvous.nonce, "key": rendezvous.key}
-    result = nodelib.call(conn, node.python, "reach", timeout=30, stdin=json.dumps(request))
     try:
-        said = json.loads(result.stdout.strip().splitlines()[-1])
-        return list(said.get("strangers") or [])
-    except (ValueError, IndexError, AttributeError):
+        said = nodelib.ask(conn, node.python, "reach", node=node.name, timeout=30,
+                           stdin=json.dumps(request))
+    except nodelib.NodeAnswerError:
         return []   # an older listener's, or none: it ends by itself
+    return list(said.get("strangers") or [])

@@ -4,7 +4,6 @@ events), read from the nodes and, on one node whose share answers, from the shar
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -61,16 +60,12 @@ class NodesReport:
 
 
 def _ask(node: NodeSpec, *args: str, timeout: float) -> dict[str, Any]:
+    """`node.py health ARGS` on NODE, its answer (NodeAnswerError: a RuntimeError)."""
     conn = ssh.connect(node.name, node.ssh)
     try:
-        result = nodelib.call(conn, node.python, "health", *args, timeout=timeout)
+        return nodelib.ask(conn, node.python, "health", *args, node=node.name, timeout=timeout)
     finally:
         conn.close()
-    if result.exit_code != 0:
-        said = (result.stderr.strip().splitlines() or [f"exit {result.exit_code}"])[-1]
-        raise RuntimeError(said)
-    found: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
-    return found
 
 
 def gather(cluster: Cluster, since: float) -> NodesReport:
@@ -89,6 +84,9 @@ def gather(cluster: Cluster, since: float) -> NodesReport:
         try:
             shared = _ask(spec, "--share", cluster.shared_path, "--since", repr(since),
                           "--admin-group", cluster.admin_group, timeout=SHARE_TIMEOUT)
+        except nodelib.NodeAnswerError as exc:   # it names the node
+            report.share_error = str(exc)
+            continue
         except Exception as exc:  # noqa: BLE001 - the next node may read it
             report.share_error = f"{spec.name}: {exc}"
             continue

@@ -6,6 +6,9 @@ The version is a digest of the package's files, so a node that has it gets nothi
 a call runs the node's copy, and only a node that lacks it (exit code MISSING) gets the
 files, once, through the same connection, then the call again. No program travels as a
 string or on a command line; Python keeps its bytecode cache beside the files.
+
+A verb answers with one JSON object, the last line of its output: `ask` returns it, or
+raises NodeAnswerError naming the node, the verb and what the node said instead.
 """
 
 from __future__ import annotations
@@ -15,18 +18,20 @@ import functools
 import gzip
 import hashlib
 import io
+import json
 import shlex
 import subprocess
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..node import protocol
 
 PACKAGE = Path(__file__).resolve().parents[1]     # orchestrator/
 ENTRY = "node.py"
 MISSING = 67   # a call's exit code when the node lacks this version
+SHOWN = 200    # characters of an answer that is not one, shown in the error
 
 
 class Runs(Protocol):
@@ -41,6 +46,32 @@ class Starts(Runs, Protocol):
 
     def popen(self, command: str, stdin: bool = False) -> subprocess.Popen:
         ...
+
+
+class Output(Protocol):
+    """What a command's result holds (ssh.Result, or a stand-in's)."""
+
+    @property
+    def exit_code(self) -> int: ...
+
+    @property
+    def stdout(self) -> str: ...
+
+    @property
+    def stderr(self) -> str: ...
+
+
+class NodeAnswerError(RuntimeError):
+    """A node verb gave no answer to read: it failed (SAID: the last line of its stderr, or
+    "exit N"), or the last line of its output is no JSON object. A RuntimeError, as what
+    the callers caught before it had a type of its own."""
+
+    def __init__(self, node: str, verb: str, said: str, exit_code: int) -> None:
+        super().__init__(f"{node}: `node.py {verb}` failed: {said}")
+        self.node = node
+        self.verb = verb
+        self.said = said
+        self.exit_code = exit_code
 
 
 @dataclass(frozen=True)
@@ -131,3 +162,37 @@ def call(conn: Runs, python: str, verb: str, *args: str, timeout: float = 60.0,
         result = conn.run(command(python, verb, *args, sudo=sudo), timeout=timeout,
                           stdin=stdin)
     return result
+
+
+def answer_of(result: Output, node: str, verb: str) -> dict[str, Any]:
+    """The answer in RESULT, VERB's run on NODE: the JSON object on its output's last line
+    (NodeAnswerError when it failed or gave none)."""
+    def no_answer(said: str) -> NodeAnswerError:
+        return NodeAnswerError(node, verb, said, result.exit_code)
+
+    if result.exit_code != 0:
+        raise no_answer((result.stderr.strip().splitlines() or
+                         [f"exit {result.exit_code}"])[-1])
+    lines = result.stdout.strip().splitlines()
+    if not lines:
+        raise no_answer("it gave no answer")
+    last = lines[-1].strip()
+    try:
+        answer = json.loads(last)
+    except json.JSONDecodeError as exc:
+        # The parser ran out of text (or inside a string): the output ended early (the
+        # node died mid-print, the connection dropped), not a line of something else.
+        cut = exc.pos >= len(last) or exc.msg.startswith("Unterminated string")
+        raise no_answer(f"its answer was {'cut short' if cut else 'not JSON'}: "
+                        f"{last[:SHOWN]}") from None
+    if not isinstance(answer, dict):
+        raise no_answer(f"its answer was not a JSON object: {last[:SHOWN]}")
+    return answer
+
+
+def ask(conn: Runs, python: str, verb: str, *args: str, node: str, timeout: float = 60.0,
+        stdin: str | None = None, sudo: bool = False) -> dict[str, Any]:
+    """VERB's answer on NODE (CONN to it) as `call` runs it; NodeAnswerError when the verb
+    failed or gave none (the connection's own errors pass through)."""
+    return answer_of(call(conn, python, verb, *args, timeout=timeout, stdin=stdin, sudo=sudo),
+                     node, verb)

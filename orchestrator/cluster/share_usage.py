@@ -5,7 +5,6 @@ user's directories)."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from ..errors import ClusterError
@@ -21,20 +20,18 @@ def read_share(cluster: Cluster, verb: str, *args: str, everyone: bool = False) 
     first = cluster.nodes[0]
     conn = ssh.connect(first.name, first.ssh)
     try:
-        result = nodelib.call(conn, first.python, verb, cluster.shared_path, *args,
-                              timeout=WALK_TIMEOUT, sudo=everyone)
+        return nodelib.ask(conn, first.python, verb, cluster.shared_path, *args,
+                           node=first.name, timeout=WALK_TIMEOUT, sudo=everyone)
+    except nodelib.NodeAnswerError as exc:
+        if everyone and exc.exit_code != 0 and "sudo" in exc.said:
+            raise ClusterError(f"{verb} --all reads every user's directories as root, "
+                               f"through sudo on {first.name}, which refused: {exc.said}. "
+                               f"It is for an admin (passwordless sudo); without --all, "
+                               f"{verb} shows what you may read") from None
+        raise ClusterError(f"{first.name}: cannot read the share {cluster.shared_path}: "
+                           f"{exc.said}") from None
     finally:
         conn.close()
-    if result.exit_code != 0:
-        said = (result.stderr.strip().splitlines() or [f"exit {result.exit_code}"])[-1]
-        if everyone and "sudo" in said:
-            raise ClusterError(f"{verb} --all reads every user's directories as root, "
-                               f"through sudo on {first.name}, which refused: {said}. It is "
-                               f"for an admin (passwordless sudo); without --all, {verb} "
-                               "shows what you may read")
-        raise ClusterError(f"{first.name}: cannot read the share {cluster.shared_path}: "
-                           f"{said}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def share_usage(cluster: Cluster, everyone: bool = False) -> dict[str, Any]:

@@ -4,7 +4,6 @@ as the user, without sudo, into ~/.clustertrain/envs/NAME-KEY on every chosen no
 
 from __future__ import annotations
 
-import json
 import secrets
 import shlex
 import tempfile
@@ -204,14 +203,11 @@ def _on_nodes(cluster: Cluster, *argv: str) -> dict[str, dict[str, Any]]:
     def one(node: Any) -> dict[str, Any]:
         conn = ssh.connect(node.name, node.ssh)
         try:
-            result = nodelib.call(conn, node.python, "envs", *argv, timeout=120)
+            return nodelib.ask(conn, node.python, "envs", *argv, node=node.name, timeout=120)
+        except nodelib.NodeAnswerError as exc:
+            raise ClusterError(f"{node.name}: envs failed: {exc.said}") from None
         finally:
             conn.close()
-        if result.exit_code != 0:
-            raise ClusterError(f"{node.name}: envs failed: "
-                               f"{result.stderr.strip()[-300:] or result.exit_code}")
-        value: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
-        return value
     return each(cluster.nodes, one, lambda n: n.name).values_or_raise()
 
 

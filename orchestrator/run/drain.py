@@ -99,12 +99,13 @@ def cordon_event(cluster: Cluster, spec: NodeSpec, conn: nodelib.Runs, node: str
     """Add NODE's ACTION (CORDON, UNCORDON) to the share's record through SPEC's node, as
     the node verb does (an uncordon: node/cordon.py's lift); {"event": ...}, or
     {"refused": why} or {"error": why not}."""
-    result = nodelib.call(conn, spec.python, "cordon", timeout=30, stdin=json.dumps(
-        {"share": cluster.shared_path, "node": node, "action": action, "why": why,
-         "run": run_id, "admin_group": cluster.admin_group}))
-    if result.exit_code != 0:
-        return {"error": (result.stderr.strip().splitlines() or [f"exit {result.exit_code}"])[-1]}
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    try:
+        return nodelib.ask(conn, spec.python, "cordon", node=spec.name, timeout=30,
+                           stdin=json.dumps({"share": cluster.shared_path, "node": node,
+                                             "action": action, "why": why, "run": run_id,
+                                             "admin_group": cluster.admin_group}))
+    except nodelib.NodeAnswerError as exc:
+        return {"error": exc.said}
 
 
 def _drain(cluster: Cluster, reasons: Mapping[str, str], pre: str, asker: ssh.Connection,
@@ -187,15 +188,14 @@ def cordon_record(cluster: Cluster) -> dict[str, Any]:
     first = cluster.nodes[0]
     conn = ssh.connect(first.name, first.ssh)
     try:
-        result = nodelib.call(conn, first.python, "cordon", timeout=30, stdin=json.dumps(
-            {"share": cluster.shared_path, "admin_group": cluster.admin_group}))
+        return nodelib.ask(conn, first.python, "cordon", node=first.name, timeout=30,
+                           stdin=json.dumps({"share": cluster.shared_path,
+                                             "admin_group": cluster.admin_group}))
+    except nodelib.NodeAnswerError as exc:
+        raise ClusterError(f"{first.name}: cannot read the cordon record: "
+                           f"{exc.said}") from None
     finally:
         conn.close()
-    if result.exit_code != 0:
-        raise ClusterError(f"{first.name}: cannot read the cordon record: "
-                           f"{(result.stderr.strip().splitlines() or ['?'])[-1]}")
-    listed: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
-    return listed
 
 
 def clear_cordons(cluster: Cluster, names: list[str], why: str,

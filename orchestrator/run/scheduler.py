@@ -13,7 +13,6 @@ and stops the job when the run must end.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import time
 from collections.abc import Callable
@@ -137,25 +136,26 @@ class SshScheduler:
                 errors.append(str(exc))
                 continue
             try:
-                result = nodelib.call(conn, spec.python, "states", state_dir, timeout=30)
+                data = nodelib.ask(conn, spec.python, "states", state_dir, node=spec.name,
+                                   timeout=30)
+            except nodelib.NodeAnswerError as exc:
+                errors.append(f"{spec.name}: {exc.said}")
+                continue
             except (OSError, TimeoutError, RuntimeError) as exc:
                 errors.append(f"{spec.name}: {exc}")
                 continue
             finally:
                 if own:
                     conn.close()
-            if result.exit_code == 0 and result.stdout.strip():
-                data = json.loads(result.stdout.strip().splitlines()[-1])
-                return NodeStates(data["states"], float(data["now"]), data.get("hang") or {},
-                                  data.get("next"))
-            errors.append(f"{spec.name}: {result.stderr.strip()[-200:]}")
+            return NodeStates(data["states"], float(data["now"]), data.get("hang") or {},
+                              data.get("next"))
         raise OSError("no node of the run answered: " + "; ".join(errors))
 
     def cancel(self, nodes: list[NodeSpec], run_id: str, grace: float) -> dict[str, StopResult]:
         def one(spec: NodeSpec) -> StopResult:
             conn, own = self._conn(spec)
             try:
-                return stop_job(conn, spec.python, run_id, grace)
+                return stop_job(conn, spec.python, run_id, grace, node=spec.name)
             finally:
                 if own:
                     conn.close()
@@ -215,16 +215,13 @@ def slurm_job_of(info: dict) -> str | None:
     return (info.get("slurm") or {}).get("job_id") or None
 
 
-def stop_job(conn: ssh.Connection, python: str, run_id: str, grace: float) -> StopResult:
-    """Stop run RUN_ID's processes on the node behind CONN: the node package's stop
+def stop_job(conn: ssh.Connection, python: str, run_id: str, grace: float, *,
+             node: str) -> StopResult:
+    """Stop run RUN_ID's processes on NODE, behind CONN: the node package's stop
     (node/stop.py), the one implementation of "stop this run's process tree" for the
-    supervisor, train and `stop`."""
-    result = nodelib.call(conn, python, "stop", JOBS_DIR, run_id, str(grace),
-                          timeout=grace + 30)
-    lines = result.stdout.strip().splitlines()
-    if result.exit_code != 0 or not lines:
-        raise RuntimeError(f"{conn.name}: stop script failed: {result.stderr.strip()[-300:]}")
-    data = json.loads(lines[-1])
-    return StopResult(conn.name, data["found"], bool(data.get("initial")),
+    supervisor, train and `stop`; NodeAnswerError (a RuntimeError) when it failed."""
+    data = nodelib.ask(conn, python, "stop", JOBS_DIR, run_id, str(grace), node=node,
+                       timeout=grace + 30)
+    return StopResult(node, data["found"], bool(data.get("initial")),
                       data.get("killed", []), data.get("left", []), data.get("user", ""),
                       bool(data.get("stale")))

@@ -18,7 +18,6 @@ the SSH connection preflight opened: one round trip instead of a playbook.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shlex
 import subprocess
@@ -314,8 +313,8 @@ def reuse_and_carry(cluster: Cluster, workdir: Path, run_id: str, digest: str,
 
 def _carried(name: str, result: Result) -> dict:
     """What `node.py carry` said it carried on node NAME (LaunchError if it failed)."""
-    if result.exit_code != 0:
+    try:
+        return nodelib.answer_of(result, name, "carry")
+    except nodelib.NodeAnswerError as exc:
         raise LaunchError(f"{name}: could not carry the last run's files into the new "
-                          f"snapshot: {(result.stderr.strip().splitlines() or ['?'])[-1]}")
-    parsed: dict = json.loads(result.stdout.strip().splitlines()[-1])
-    return parsed
+                          f"snapshot: {exc.said}") from None

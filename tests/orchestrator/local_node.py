@@ -36,6 +36,22 @@ class LocalNode:
                                 start_new_session=True)
 
 
+class Canned:
+    """A node that answers every command with RESULTS in turn (the last one again once they
+    run out), running nothing: a node whose answer is broken, as the test builds it."""
+
+    def __init__(self, *results: Result) -> None:
+        self.results = list(results)
+        self.runs: list[str] = []   # every command run, in order
+
+    def run(self, command: str, timeout: float = 60.0, stdin: str | None = None) -> Result:
+        self.runs.append(command)
+        return self.results.pop(0) if len(self.results) > 1 else self.results[0]
+
+    def close(self) -> None:
+        pass
+
+
 def installed(home: Path) -> Path:
     """node.py of this version, installed under HOME as on a node."""
     nodelib.install(LocalNode(home))

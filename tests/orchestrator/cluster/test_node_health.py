@@ -4,8 +4,17 @@ nodes: tests/roles/test_health_sandbox.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from orchestrator.cli.cmd_nodes import table
-from orchestrator.cluster.node_health import NodeHealth, NodesReport, ranked
+from orchestrator.cluster import node_health
+from orchestrator.cluster.inventory import Cluster, NodeSpec
+from orchestrator.cluster.node_health import NodeHealth, NodesReport, gather, ranked
+from orchestrator.cluster.ssh import Result, SshTarget
+
+from ..local_node import Canned
 
 FAILING = {"node": "n3", "checked": 1000.0, "since": 900.0, "failing": [
     {"check": "share", "why": "the share /mnt/cluster did not answer within 10 s"}]}
@@ -54,3 +63,23 @@ def test_a_date_that_is_not_one_is_refused_naming_the_verb(capsys) -> None:
     assert main(["nodes", "--since", "yesterday", "-i", "/no/such/inventory.yml"]) == 2
     assert ("nodes --since 'yesterday': not a date; give YYYY-MM-DD or YYYY-MM-DDTHH:MM"
             in capsys.readouterr().err)
+
+
+def test_a_node_that_answers_with_no_json_is_not_answering_and_named(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its row says which node and verb and what it said; the share's part, asked of the
+    node that answered, says the same of it."""
+    answers = {"n0": [Result(0, '{"state": {"node": "n0", "failing": []}}\n', ""),
+                      Result(0, '{"state": {}, "cordoned": {', "")],
+               "n1": [Result(0, "Welcome to n1\n", "")]}
+    monkeypatch.setattr(node_health.ssh, "connect",
+                        lambda name, target: Canned(answers[name].pop(0)))
+    cluster = Cluster(Path("hosts.yml"), tuple(NodeSpec(n, SshTarget(n), n)
+                                               for n in ("n0", "n1")))
+    report = gather(cluster, since=0.0)
+    rows = {n.name: n for n in report.nodes}
+    assert rows["n1"].state == "not answering" and rows["n1"].error == (
+        "n1: `node.py health` failed: its answer was not JSON: Welcome to n1")
+    assert rows["n0"].state == "ok"
+    assert report.share_error == ('n0: `node.py health` failed: its answer was cut short: '
+                                  '{"state": {}, "cordoned": {')

@@ -6,6 +6,7 @@ home of the test's own): the sandbox tests reach real nodes the same way."""
 from __future__ import annotations
 
 import ast
+import json
 import os
 import shlex
 import sys
@@ -15,9 +16,10 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cluster import nodelib
+from orchestrator.cluster.ssh import Result
 from orchestrator.run.command import NodeCommand
 
-from ..local_node import LocalNode
+from ..local_node import Canned, LocalNode
 
 NODE = Path(nodelib.__file__).resolve().parents[1] / "node"
 ORCHESTRATOR = NODE.parent
@@ -159,3 +161,44 @@ def test_the_node_package_runs_from_its_copy_alone(tmp_path: Path) -> None:
                       f"states {shlex.quote(str(tmp_path))}")
     assert result.exit_code == 0 and '"states"' in result.stdout, result.stderr
     assert os.path.isdir(Path(entry).parent / "orchestrator" / "node" / "__pycache__")
+
+
+def test_a_verbs_request_and_answer_round_trip_through_the_node_program(tmp_path: Path) -> None:
+    """The request goes on standard input, the answer comes back as the JSON object on the
+    last line: a cordon written through one call is listed by the next."""
+    share = tmp_path / "share"
+    (share / "cordons").mkdir(parents=True)
+    node = LocalNode(tmp_path / "home")
+    said = nodelib.ask(node, sys.executable, "cordon", node="n0", stdin=json.dumps(
+        {"share": str(share), "node": "n1", "action": "cordon", "why": "bad GPU"}))
+    assert said["event"]["node"] == "n1" and said["event"]["why"] == "bad GPU"
+    listed = nodelib.ask(node, sys.executable, "cordon", node="n0",
+                         stdin=json.dumps({"share": str(share)}))
+    assert list(listed["cordoned"]) == ["n1"]
+
+
+@pytest.mark.parametrize(("result", "said"), [
+    (Result(0, "starting\nnot json at all\n", ""), "its answer was not JSON: not json at all"),
+    (Result(0, '{"states": {"r1": 1}, "now": 12', ""),
+     'its answer was cut short: {"states": {"r1": 1}, "now": 12'),
+    (Result(0, '{"why": "unterminated', ""), 'its answer was cut short: {"why": "unterminated'),
+    (Result(0, "", ""), "it gave no answer"),
+    (Result(0, " \n\n", "a warning\n"), "it gave no answer"),
+    (Result(0, "[1, 2]\n", ""), "its answer was not a JSON object: [1, 2]"),
+    (Result(0, "x" * 500, ""), "its answer was not JSON: " + "x" * 200),
+    (Result(1, '{"states": {}}', "Traceback ...\nPermissionError: [Errno 13] /s\n"),
+     "PermissionError: [Errno 13] /s"),
+    (Result(137, "", ""), "exit 137"),
+], ids=["not-json", "cut-short", "cut-in-a-string", "empty", "blank", "not-an-object",
+        "long", "stderr", "exit"])
+def test_an_answer_that_is_not_one_is_a_typed_error_naming_node_verb_and_what_it_said(
+        result: Result, said: str) -> None:
+    with pytest.raises(nodelib.NodeAnswerError) as caught:
+        nodelib.ask(Canned(result), "/usr/bin/python3", "states", "/s", node="node7")
+    error = caught.value
+    assert isinstance(error, RuntimeError)   # what callers caught before
+    assert (error.node, error.verb, error.said, error.exit_code) == (
+        "node7", "states", said, result.exit_code)
+    assert str(error).startswith("node7: ") and "states" in str(error) and said in str(error)
+    with pytest.raises(nodelib.NodeAnswerError):
+        nodelib.answer_of(result, "node7", "states")

@@ -6,8 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.cluster.inventory import Cluster
-from orchestrator.run.drain import KeptOut, keep_out_lost, lost_nodes
+from orchestrator.cluster.inventory import Cluster, NodeSpec
+from orchestrator.cluster.ssh import Result, SshTarget
+from orchestrator.node.cordon import CORDON
+from orchestrator.run.drain import KeptOut, cordon_event, keep_out_lost, lost_nodes
+
+from ..local_node import Canned
 
 SUMMARY = {"run_id": "r1", "nodes": [
     {"name": "node0", "end_reason": "stopped", "why": "peer-lost node1"},
@@ -43,3 +47,16 @@ def test_the_admin_group_is_the_inventorys_else_the_contracts() -> None:
     assert Cluster(Path("hosts.yml"), ()).admin_group == "sudo"
     assert Cluster(Path("hosts.yml"), (), variables={
         "cluster_admin_group": "wheel"}).admin_group == "wheel"
+
+
+def test_a_cordon_answered_with_no_json_is_said_as_the_nodes_failure() -> None:
+    """What keep_out says when the node cannot cordon ("could not cordon N: why"), not a
+    traceback from the middle of a run's end."""
+    cluster = Cluster(Path("hosts.yml"), ())
+    asker = NodeSpec("node0", SshTarget("10.0.0.1"), "10.0.0.1")
+    said = cordon_event(cluster, asker, Canned(Result(0, "Last login: today\n", "")),
+                        "node1", CORDON, "lost", "r1")
+    assert said == {"error": "its answer was not JSON: Last login: today"}
+    failed = cordon_event(cluster, asker, Canned(Result(1, "", "OSError: read-only\n")),
+                          "node1", CORDON, "lost", "r1")
+    assert failed == {"error": "OSError: read-only"}

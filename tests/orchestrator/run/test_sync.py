@@ -9,8 +9,11 @@ import sys
 from pathlib import Path
 from typing import cast
 
+import pytest
+
 from orchestrator.cluster.inventory import Cluster, NodeSpec
-from orchestrator.cluster.ssh import Connection, SshTarget
+from orchestrator.cluster.ssh import Connection, Result, SshTarget
+from orchestrator.errors import LaunchError
 from orchestrator.run.sync import (
     carry,
     code_digest,
@@ -20,7 +23,7 @@ from orchestrator.run.sync import (
     work_key,
 )
 
-from ..local_node import LocalNode, installed
+from ..local_node import Canned, LocalNode, installed
 
 
 def code_tree(root: Path) -> Path:
@@ -126,3 +129,16 @@ def test_linked_code_and_the_last_runs_files_come_in_one_round_trip(tmp_path) ->
     assert found["n0"]["from"] == "r1" and found["n0"]["carried"] == []
     assert (root / "r2" / "train.py").stat().st_ino == (snap / "train.py").stat().st_ino
     assert os.readlink(root / ".work" / work_key(work)) == "../r2"   # WORK's latest now
+
+
+def test_a_node_that_carries_with_no_answer_fails_the_launch_naming_it(tmp_path) -> None:
+    """A LaunchError that names the node and what it said, as when the carry fails."""
+    cluster = Cluster(tmp_path / "hosts", (NodeSpec("n0", SshTarget("127.0.0.1"), "127.0.0.1"),))
+    node = Canned(Result(0, "", ""))
+    with pytest.raises(LaunchError) as caught:
+        reuse_and_carry(cluster, tmp_path, "r2", "D1", {"n0": cast(Connection, node)})
+    assert str(caught.value) == ("n0: could not carry the last run's files into the new "
+                                 "snapshot: it gave no answer")
+    node.results = [Result(0, "carried\n", "")]
+    with pytest.raises(LaunchError, match="snapshot: its answer was not JSON: carried$"):
+        carry(cluster, tmp_path, "r2", {"n0": cast(Connection, node)}, ["n0"])
