@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..node import protocol
+from ..node import ROLE_MODULES, protocol, role_module_files
 
 PACKAGE = Path(__file__).resolve().parents[1]     # orchestrator/
 ENTRY = "node.py"
@@ -81,11 +81,18 @@ class Bundle:
 
 
 def _files() -> list[tuple[str, bytes]]:
-    """The bundle's files, by their path under the lib directory: the package (links
-    followed: fingerprint.py is the python_env role's), its parent's __init__ and node.py."""
+    """The bundle's files, by their path under the lib directory: the package with the
+    roles' files that are modules of it (node/__init__.py: ROLE_MODULES), its parent's
+    __init__ and node.py."""
     node = PACKAGE / "node"
-    files = [(f"orchestrator/node/{p.name}", p.read_bytes())
-             for p in sorted(node.glob("*.py")) if p.name != "entry.py"]
+    modules = {p.name: p for p in node.glob("*.py") if p.name != "entry.py"}
+    roles = role_module_files()
+    if len(roles) != len(ROLE_MODULES):
+        raise RuntimeError(f"the roles' files {', '.join(f'{m}.py' for m in ROLE_MODULES)} "
+                           f"are not beside {PACKAGE}: reinstall clustertrain")
+    modules.update({f"{name}.py": Path(path) for name, path in roles.items()})
+    files = [(f"orchestrator/node/{name}", modules[name].read_bytes())
+             for name in sorted(modules)]
     return [("orchestrator/__init__.py", (PACKAGE / "__init__.py").read_bytes()),
             *files, (ENTRY, (node / "entry.py").read_bytes())]
 

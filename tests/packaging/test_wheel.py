@@ -102,3 +102,24 @@ def test_the_installed_plugins_and_contract_find_their_shared_files_in_the_wheel
     assert result["contract"] == ["10.0.0.1", True]
     assert result["filter"] == "gpu2"
     assert result["drift"] == "ansible-playbook site.yml -i hosts.yml --limit n1"
+
+
+def test_the_installed_node_package_finds_the_roles_files_it_is_made_of(installed_tool):
+    """orchestrator.node.health (and cordon, untrusted, fingerprint) are the roles' files:
+    in an install, the wheel's copy of them, which the node package's bundle carries."""
+    proc = installed_tool.run("python", "-c", (
+        "import json\n"
+        "from orchestrator.node import cordon, fingerprint, health, untrusted\n"
+        "from orchestrator.cluster import nodelib\n"
+        "files = dict(nodelib._files())\n"
+        "print(json.dumps({m.__name__: [m.__file__, files['orchestrator/node/'\n"
+        "    + m.__name__.rsplit('.', 1)[1] + '.py'] == open(m.__file__, 'rb').read()]\n"
+        "    for m in (cordon, fingerprint, health, untrusted)}))\n"))
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout.splitlines()[-1])
+    for name, role in (("cordon", "slurm"), ("fingerprint", "python_env"),
+                       ("health", "health"), ("untrusted", "slurm")):
+        path, carried = found[f"orchestrator.node.{name}"]
+        assert path.startswith(f"{installed_tool.venv}/lib/"), path
+        assert path.endswith(f"orchestrator/_project/roles/{role}/files/{name}.py"), path
+        assert carried, name

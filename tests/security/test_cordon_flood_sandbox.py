@@ -1,7 +1,7 @@
 """bob floods the share's cordon record, on the real-site sandbox: 3000 events of his own
 (of one node, and of made-up ones) cost alice's `cordon` listing at most twice its time,
 and a reason of his that would erase its line and print "no node is cordoned" reaches
-alice's terminal with its escapes made visible. The rule: orchestrator/node/cordon.py
+alice's terminal with its escapes made visible. The rule: roles/slurm/files/cordon.py
 (it reads the newest few events of each user; untrusted.py makes text visible)."""
 
 from __future__ import annotations

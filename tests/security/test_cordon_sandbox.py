@@ -3,7 +3,7 @@ writes into the share's cordons/ in alice's name are his (or, dated in the futur
 nobody's), his uncordon of alice's cordon is refused and a forged one lifts nothing, and
 through the drain helper he drains no node he has not cordoned and returns none of hers.
 alice is an admin (a member of the inventory's cluster_admin_group, sudo by default): she
-lifts bob's cordon. The rule: orchestrator/node/cordon.py."""
+lifts bob's cordon. The rule: roles/slurm/files/cordon.py."""
 
 from __future__ import annotations
 

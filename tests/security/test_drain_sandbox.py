@@ -4,7 +4,7 @@ and drains it through the helper, which overwrote the reason with his, so that t
 once passing, no longer resumed it, and the node stayed drained with no cordon anywhere.
 Now the helper changes only the caller's own drains: bob's drain leaves the reason as it
 is, and he cannot return the node to Slurm. The rule: roles/slurm/templates/
-clustertrain-drain.j2 over orchestrator/node/cordon.py."""
+clustertrain-drain.j2 over roles/slurm/files/cordon.py."""
 
 from __future__ import annotations
 

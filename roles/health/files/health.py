@@ -30,7 +30,7 @@ hangs the timer:
   preflight probe reads it, so a node whose share stalls is refused naming the check);
 - Slurm: a failing node is drained ("clustertrain (health check): why") and resumed once the
   check passes, unless the drain is someone else's;
-- the share's cordon record (orchestrator/node/cordon.py): a cordon "health check: why"
+- the share's cordon record (roles/slurm/files/cordon.py): a cordon "health check: why"
   when the check starts failing, and an uncordon when it passes again. The cordon is
   written as root on the node, which the share squashes to its anonymous user (nobody):
   no user can write such a file. The uncordon lifts only what its author may: with root
@@ -49,8 +49,9 @@ hangs the timer:
   warns about the share. Names and totals only, as `sshare` shows every user's use; no
   path is written. Gone once the share has room again.
 
-The standard library only (the role installs it beside cordon.py, root's). The node
-package links to this file (orchestrator/node/health.py) for `read_state` and `history`.
+The standard library only (the role installs it beside cordon.py, root's). It is also
+the node package's module orchestrator.node.health (orchestrator/node/__init__.py:
+ROLE_MODULES), for `read_state` and `history`.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 # The cordon record's rule: the node package's module, or (run as a script) the cordon.py
-# beside this file: the role's copy, or the node package's link.
+# beside this file, the role's copy.
 if not __package__:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 cordon = importlib.import_module(".cordon", __package__) if __package__ else \
@@ -219,9 +220,14 @@ def measure(paths: list[str]) -> dict[str, Any]:
 def _child(args: list[str], stdin: str | None, wait: float) -> tuple[str | None, str]:
     """Run this file with ARGS in a child given WAIT seconds; (its stdout, "") or (None,
     why). A child stuck on a stalled share is killed and not waited for."""
-    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), *args],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    argv, env = [sys.executable, os.path.abspath(__file__), *args], None
+    if __package__:   # the node package's module: the child runs it as one too (its cordon)
+        top = sys.modules[__package__.split(".")[0]].__file__ or ""
+        paths = [os.path.dirname(os.path.dirname(top)), os.environ.get("PYTHONPATH", "")]
+        argv = [sys.executable, "-m", __spec__.name if __spec__ else __name__, *args]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
     try:
         out, err = proc.communicate(stdin, timeout=wait)
     except subprocess.TimeoutExpired:

@@ -56,8 +56,8 @@ only once the record no longer cordons it and the caller wrote a cordon that was
 or is an admin; a drain Slurm holds for another reason (an admin's) is left alone.
 
 This file is the slurm role's (roles/slurm/files/cordon.py, installed root's for the
-helper) and the node package's (orchestrator/node/cordon.py links to it): the standard
-library only, and no import of the package.
+helper) and the node package's module orchestrator.node.cordon (orchestrator/node/
+__init__.py: ROLE_MODULES): the standard library only, and no import of the package.
 """
 
 from __future__ import annotations

@@ -13,8 +13,9 @@ thousands of files, or text whose escapes rewrite the reader's terminal. So:
 - text shown to another user has its control and other unprintable characters made
   visible (`visible`).
 
-The standard library only: the slurm role installs it beside cordon.py (root's); the
-node package links to this file (orchestrator/node/untrusted.py).
+The standard library only: the slurm role installs it beside cordon.py (root's); it is
+also the node package's module orchestrator.node.untrusted (orchestrator/node/__init__.py:
+ROLE_MODULES).
 """
 
 from __future__ import annotations

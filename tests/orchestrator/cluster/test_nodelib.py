@@ -17,12 +17,14 @@ import pytest
 
 from orchestrator.cluster import nodelib
 from orchestrator.cluster.ssh import Result
+from orchestrator.node import role_module_files
 from orchestrator.run.command import NodeCommand
 
 from ..local_node import Canned, LocalNode
 
 NODE = Path(nodelib.__file__).resolve().parents[1] / "node"
 ORCHESTRATOR = NODE.parent
+REPO = ORCHESTRATOR.parent
 # What runs in the job's environment rather than the node's bare Python imports torch when
 # it runs: the doctor's measurements, and the torch check of the fingerprint.
 TORCH_WHEN_RUN = {"doctor.py", "fingerprint.py"}
@@ -49,7 +51,11 @@ def imports(tree: ast.AST, top_level: bool) -> set[str]:
     return found
 
 
-@pytest.mark.parametrize("path", sorted(NODE.glob("*.py")), ids=lambda p: p.name)
+# The package's own files and the roles' files that are modules of it.
+MODULES = sorted([*NODE.glob("*.py"), *map(Path, role_module_files().values())])
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: p.name)
 def test_a_node_module_imports_the_standard_library_and_the_package_only(path: Path) -> None:
     tree = ast.parse(path.read_text())
     ours = {".", "orchestrator.node"} | {n for n in imports(tree, True) | imports(tree, False)
@@ -202,3 +208,25 @@ def test_an_answer_that_is_not_one_is_a_typed_error_naming_node_verb_and_what_it
     assert str(error).startswith("node7: ") and "states" in str(error) and said in str(error)
     with pytest.raises(nodelib.NodeAnswerError):
         nodelib.answer_of(result, "node7", "states")
+
+
+def test_the_roles_files_are_modules_of_the_package_with_no_link_in_it() -> None:
+    """health.py, cordon.py, untrusted.py and fingerprint.py are the roles' files, the one
+    copy: imported from there on the controller, carried by the bundle into the package on
+    the nodes; no link under orchestrator/ stands for them (or anything else)."""
+    from orchestrator import node, resources
+    from orchestrator.node import cordon, fingerprint, health, untrusted
+
+    links = [p for p in ORCHESTRATOR.rglob("*") if p.is_symlink()]
+    assert links == [], links
+    roles = REPO / "roles"
+    assert {m.__name__: Path(m.__file__ or "") for m in (health, cordon, untrusted, fingerprint)
+            } == {"orchestrator.node.health": roles / "health/files/health.py",
+                  "orchestrator.node.cordon": roles / "slurm/files/cordon.py",
+                  "orchestrator.node.untrusted": roles / "slurm/files/untrusted.py",
+                  "orchestrator.node.fingerprint": roles / "python_env/files/fingerprint.py"}
+    carried = dict(nodelib._files())
+    for name, path in role_module_files().items():
+        assert carried[f"orchestrator/node/{name}.py"] == Path(path).read_bytes()
+    # The wheel's copy of the roles is where the package looks for them in an install.
+    assert node._ROLES[1] == (os.pardir, resources.SHIPPED_DIR, "roles")

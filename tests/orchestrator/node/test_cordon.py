@@ -1,5 +1,5 @@
-"""The share's cordon record (orchestrator/node/cordon.py, the slurm role's
-files/cordon.py), on a real directory: a node's newest event decides, events by two users
+"""The share's cordon record (roles/slurm/files/cordon.py, the module
+orchestrator.node.cordon), on a real directory: a node's newest event decides, events by two users
 never overwrite each other, a share without the record's directory is named with its fix;
 an event's author is its file's owner and its time the file's mtime, whatever the file
 says, a date in the future is refused, and a cordon is lifted only by its author or an

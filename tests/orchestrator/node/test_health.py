@@ -1,4 +1,4 @@
-"""The node's health check (orchestrator/node/health.py, roles/health's files/health.py):
+"""The node's health check (roles/health's files/health.py, the module orchestrator.node.health):
 each check's verdict, and what one run does with it: the cordon in the share's record, its
 lift, the history on the share, the lines kept on the node while the share cannot take
 them. The share here is a directory (tmp_path) made as the nfs_server role makes it; the

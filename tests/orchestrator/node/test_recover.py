@@ -110,7 +110,10 @@ def standby(tmp: Path, made: dict, node: str) -> subprocess.Popen:
 
 def test_a_lost_node_is_replaced_by_the_spare_on_the_nodes_alone(tmp_path: Path) -> None:
     """n1 dies with nobody attached: n0 names it lost, cordons it, writes the decision; n0
-    and the spare n2 (its standby) start attempt R.r1, which runs to its end."""
+    and the spare n2 (its standby) start attempt R.r1, which runs to its end. (The spare's
+    standby looks at this whole machine: another user's run here, a sandbox node's, would
+    make it pass the spare over, as it should; make test runs no sandbox beside the unit
+    tests.)"""
     made = plan(tmp_path, ["n2"])
     spare = standby(tmp_path, made, "n2")
     try:
@@ -252,9 +255,11 @@ def test_a_standby_names_another_users_notebook_on_its_node(tmp_path: Path) -> N
             if said["others"] or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
-        assert said["others"] == ["nobody's notebook 20260101-000000-b0b0b0"], said
-        assert recover.unfit(made, "n2", time.time()) == (
-            "in use by nobody's notebook 20260101-000000-b0b0b0")
+        # (Other users' runs on this machine, a sandbox's nodes' say, are named too.)
+        assert "nobody's notebook 20260101-000000-b0b0b0" in said["others"], said
+        assert not [o for o in said["others"] if "a1a1a1" in o], said
+        assert "nobody's notebook 20260101-000000-b0b0b0" in (
+            recover.unfit(made, "n2", time.time()) or "")
     finally:
         theirs.kill()
         mine.kill()

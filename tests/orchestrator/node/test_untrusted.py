@@ -1,5 +1,5 @@
-"""Reading what other users wrote on a shared place (orchestrator/node/untrusted.py, the
-slurm role's files/untrusted.py), on real files: a pipe, a link to /dev/zero, a file too
+"""Reading what other users wrote on a shared place (roles/slurm/files/untrusted.py, the
+module orchestrator.node.untrusted), on real files: a pipe, a link to /dev/zero, a file too
 big or of another owner are refused naming the file and why, without hanging or reading
 without end; a listing keeps a bounded number of each owner's entries and follows no link;
 text from another user reaches a terminal with its escapes made visible. Files of another

@@ -1,1 +1,0 @@
-../../roles/slurm/files/cordon.py

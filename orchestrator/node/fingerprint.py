@@ -1,1 +1,0 @@
-../../roles/python_env/files/fingerprint.py

@@ -1,1 +1,0 @@
-../../roles/health/files/health.py

@@ -1,1 +1,0 @@
-../../roles/slurm/files/untrusted.py
