@@ -497,7 +497,7 @@ class Supervisor:
         watch = self.slurm_watch
         if watch is not None and (watch.over.is_set()
                                   or (self.terminated.is_set() and watch.look_now())):
-            return Ending(End.STOPPED, slurmjob.ended_why(watch.job))
+            return self._job_over(watch.job)
         if self.terminated.is_set():
             return Ending(End.STOPPED, "its Slurm step was ended (SIGTERM)")
         return None
@@ -526,8 +526,18 @@ class Supervisor:
         # ranks failed with them before this node's own look at the job (every LOOK s).
         watch = self.slurm_watch
         if watch is not None and watch.look_now():
-            return Ending(End.STOPPED, slurmjob.ended_why(watch.job))
+            return self._job_over(watch.job)
         return None   # SIGTERM to this step: final_ending asked _slurm_ended first
+
+    def _job_over(self, job: str) -> Ending:
+        """Why the run ends here now that Slurm ended its JOB: an attached run's train went
+        away (its followers' input ended: killed, its connection lost), and its job was
+        cancelled because of it (node/allocate.py), before the lease's grace named that;
+        else Slurm's own end (scancel, its time limit)."""
+        if self.args.attached and _input_ended(self.job):
+            return Ending(End.CONTROLLER_LOST,
+                          f"its train went away, and its Slurm job {job} with it")
+        return Ending(End.STOPPED, slurmjob.ended_why(job))
 
     def conclude(self, code: int, ending: Ending | None) -> None:
         """Record the end: over the ring first (the share may be stalled), then the exit
@@ -696,6 +706,16 @@ def _unlink(path: str) -> None:
         os.unlink(path)
     except OSError:
         pass
+
+
+def _input_ended(job: str) -> bool:
+    """The attached controller's follower lost its input, and no follower renewed the
+    lease since."""
+    try:
+        return os.stat(os.path.join(job, LEASE_LOST)).st_mtime >= \
+            os.stat(os.path.join(job, LEASE_FILE)).st_mtime
+    except OSError:
+        return False
 
 
 def _lease_gone(job: str, timeout: float, now: float | None = None) -> bool:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.node import dump, protocol, stop as node_stop, supervise, util
+from orchestrator.node import dump, protocol, slurmjob, stop as node_stop, supervise, util
 from orchestrator.node.ring import Counters, Ring
 
 # The node package's verbs, as a node runs them (`node.py VERB`).
@@ -569,6 +569,36 @@ def test_a_run_whose_slurm_job_ended_stops_and_says_why(tmp_path: Path,
         assert sup.wait(timeout=30) == 0
         assert not group_alive(tmp_path / "n0" / "job")
         assert (tmp_path / "scancel.log").read_text() == "77\n"
+    finally:
+        sup.kill()
+
+
+def test_a_queued_run_whose_train_was_killed_is_controller_lost(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """kill -9 of an attached --queue run's train: its connection closes, so its followers'
+    input ends and its Slurm job is cancelled (allocate's end). The job's end is then no
+    cause but an effect: the run's record says its controller went away, as a run without
+    --queue says it, not that Slurm ended its job."""
+    says = tmp_path / "squeue-says"
+    says.write_text("RUNNING\n")
+    for key, value in slurm_doubles(tmp_path, f"$(cat {says})").items():
+        monkeypatch.setenv(key, value)
+    sup = start(tmp_path, "n0", attached=True, nodes="n0", lease_timeout=120)
+    job = tmp_path / "n0" / "job"
+    try:
+        wait_file(job / "pgid")
+        follower = subprocess.Popen([*NODE, "follow", "--job", str(job), "--lease"],
+                                    stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+        assert follower.stdin is not None
+        follower.stdin.write(b".")
+        follower.stdin.flush()
+        time.sleep(1)
+        follower.stdin.close()   # train killed: its connection, and the follower's input, end
+        says.write_text("CANCELLED\n")   # and allocate cancelled the job
+        state = wait_file(job / "exit", timeout=slurmjob.LOOK + 10)
+        follower.wait(timeout=30)
+        assert (state["reason"], state["why"]) == (
+            "controller-lost", "its train went away, and its Slurm job 77 with it"), state
     finally:
         sup.kill()
 
