@@ -6,8 +6,9 @@ only when it changed), GPUs, the shared path (mounted as the inventory says, wri
 the job's user, one filesystem for all nodes), node 0's master port (free, claimed, and
 reachable from every node), names and clocks, free space where runs write (the share,
 each node's home and temporary directory), and who else uses the nodes (another run,
-any user's, or a process on a GPU: refused unless --share-gpus). At most two SSH round
-trips per node.
+any user's, or a process on a GPU: refused unless --share-gpus; for a run through Slurm's
+queue, only those Slurm does not know of: its own jobs' have other GPUs). At most two SSH
+round trips per node.
 
 Also run by `train` before anything is started. Blocking problems raise PreflightError
 (after the table is printed); warnings are printed and the job goes on.
@@ -26,7 +27,7 @@ from ..cluster.fanout import each
 from ..cluster.inventory import Cluster, NodeSpec
 from ..errors import PreflightError
 from ..node import fingerprint, health
-from ..node.busy import Busy, GpuProcess
+from ..node.busy import Busy, GpuProcess, LiveRun
 from ..node.space import size
 from ..node.util import ago
 from .probe import Ahead, NodeFacts, Rendezvous, probe, reach, stop_listener
@@ -47,7 +48,16 @@ class Report:
     nproc_per_node: int | None = None  # None: auto
     drifted: list[str] = field(default_factory=list)  # nodes to provision again
     share_gpus: bool = False   # a node another run or GPU process uses: a warning only
+    # train --queue: the GPUs Slurm gave the run on each node ({}: none yet, a dry run);
+    # None: a run outside the queue. Slurm shares out a queued run's nodes, so its jobs'
+    # runs and processes are no other user (it gave them other GPUs); those started
+    # outside Slurm still are.
+    queued_gpus: dict[str, list[int]] | None = None
     cordoned_ok: bool = False  # a cordoned node: a warning only (doctor's own run)
+
+    @property
+    def queued(self) -> bool:
+        return self.queued_gpus is not None
 
     def nproc(self, facts: NodeFacts) -> int:
         """Processes on a node: the --nproc-per-node given, else one per GPU, or 1 (gloo)."""
@@ -115,11 +125,14 @@ def run_preflight(cluster: Cluster, port: int | None = None, strict_port: bool =
                   keep_connections: bool = False, nproc_per_node: int | None = None,
                   run_id: str | None = None, share_gpus: bool = False,
                   opened: Mapping[str, ssh.Connection] | None = None,
-                  cordoned_ok: bool = False) -> Report:
+                  cordoned_ok: bool = False,
+                  queued_gpus: dict[str, list[int]] | None = None) -> Report:
     """Probe every node in parallel and judge the result (does not raise). With RUN_ID
     (a launch), the master port found on node 0 is claimed for that run. With
-    SHARE_GPUS, nodes in use by others are a warning, not a problem. OPENED: connections
-    made already (while the run waited for Slurm), used where they are still alive.
+    SHARE_GPUS, nodes in use by others are a warning, not a problem. QUEUED_GPUS: the
+    GPUs Slurm gave a run through its queue on each node (train --queue), whose nodes are
+    Slurm's to share out: only their users outside Slurm count. OPENED: connections made
+    already (while the run waited for Slurm), used where they are still alive.
 
     One round, two where it must: every node is probed at once; node 0 also writes a token
     on the share and listens on the master port, and every other node, its probe done,
@@ -139,7 +152,7 @@ def run_preflight(cluster: Cluster, port: int | None = None, strict_port: bool =
     report = Report(cluster, [f for f, _ in results],
                     {f.node.name: c for f, c in results if c is not None},
                     nproc_per_node=nproc_per_node, share_gpus=share_gpus,
-                    cordoned_ok=cordoned_ok)
+                    cordoned_ok=cordoned_ok, queued_gpus=queued_gpus)
     _judge(report, port, strict_port)
     if rendezvous is not None:
         _second_round(report, rendezvous)
@@ -509,7 +522,10 @@ def _health_cordon(verdict: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def _judge_busy(report: Report, f: NodeFacts) -> None:
     """Another run on the node (any user's, this user's other runs too), or a process of
-    no run on its GPUs: refused, naming them, unless --share-gpus (then a warning)."""
+    no run on its GPUs: refused, naming them, unless --share-gpus (then a warning). A
+    queued run's node is Slurm's to share out: its Slurm jobs' runs and processes (the
+    run's own job's too) hold other GPUs than the run's and are not counted; the others,
+    started outside Slurm, hold GPUs Slurm counts free, and are."""
     if f.busy is None:
         return
     name, busy = f.node.name, Busy.from_json(f.busy)
@@ -520,18 +536,60 @@ def _judge_busy(report: Report, f: NodeFacts) -> None:
         report.warnings.append(f"{name}: other users' processes are hidden from {f.user} "
                                "(/proc is mounted with hidepid): their runs there cannot be "
                                "seen")
-    users = [f"{r.user}'s {r.kind} {r.run}" + _on_gpus(r.gpus) for r in busy.runs]
-    users += _gpu_processes(busy.gpu_processes)
+    runs, bare = busy.runs, busy.gpu_processes
+    if report.queued_gpus is not None:
+        runs, bare = _outside_slurm(report, name, runs, bare,
+                                    report.queued_gpus.get(name) or [])
+    users = [f"{r.user}'s {r.kind} {r.run}" + _on_gpus(r.gpus) + _in_job(r.slurm_job)
+             for r in runs]
+    users += _gpu_processes(bare)
     if not users:
         return
-    what, them = f"{name} is in use by " + "; ".join(users), "them" if len(users) > 1 else "it"
+    them = "them" if len(users) > 1 else "it"
+    what = f"{name} is in use by " + "; ".join(users) + (
+        ", started outside Slurm (without --queue)" if report.queued else "")
     if report.share_gpus:
         report.warnings.append(f"{what}; running beside {them} (--share-gpus)")
     else:
-        report.problems.append(
-            f"{what}. Wait for {them} to end or have {them} stopped (`python -m "
-            "orchestrator runs` lists a user's runs, `python -m orchestrator stop RUN` "
-            f"stops one), or pass --share-gpus to run beside {them}")
+        report.problems.append(f"{what}" + _busy_fix(report.queued, them))
+
+
+def _outside_slurm(report: Report, name: str, runs: list[LiveRun], bare: list[GpuProcess],
+                   given: list[int]) -> tuple[list[LiveRun], list[GpuProcess]]:
+    """Of node NAME's runs and bare GPU processes, those a queued run counts: not of a
+    Slurm job. A process whose ancestry cannot be seen (another user's under hidepid,
+    another container's) counts when it holds a GPU Slurm GIVEN the run (no job of
+    Slurm's holds that one); on others, whether Slurm knows of it is only warned about."""
+    unseen = [g for g in bare if g.slurm_job is None and g.user is None]
+    clash = {g.pid for g in unseen if g.gpu in given}
+    left = [g for g in unseen if g.pid not in clash]
+    if left:
+        pids = {g.pid for g in left}
+        report.warnings.append(
+            f"{name}: " + "; ".join(_gpu_processes(left)) + ": whether Slurm knows of "
+            f"{'them' if len(pids) > 1 else 'it'} cannot be told from here (not on this "
+            "run's GPUs)")
+    else:
+        pids = set()
+    return ([r for r in runs if r.slurm_job is None],
+            [g for g in bare if g.slurm_job is None and g.pid not in pids])
+
+
+def _busy_fix(queued: bool, them: str) -> str:
+    """What a run refused for a busy node may do; a queued one was put there by Slurm,
+    which counts the GPUs of runs started outside it free."""
+    stop = (f"Wait for {them} to end or have {them} stopped (`python -m orchestrator runs` "
+            "lists a user's runs, `python -m orchestrator stop RUN` stops one)")
+    if queued:
+        return (f": Slurm counts those GPUs free and gave this run the node beside {them}. "
+                f"{stop} and run again, ask for other nodes (--hosts), or pass "
+                f"--share-gpus to run beside {them}")
+    return f". {stop}, or pass --share-gpus to run beside {them}"
+
+
+def _in_job(job: str | None) -> str:
+    """' (Slurm job 42)' / '' (started outside Slurm)."""
+    return f" (Slurm job {job})" if job else ""
 
 
 def _gpu_processes(rows: list[GpuProcess]) -> list[str]:
@@ -546,7 +604,7 @@ def _gpu_processes(rows: list[GpuProcess]) -> list[str]:
         said.append(f"PID {pid} of {g.user or 'a user not visible here'}"
                     + (f" ({g.command})" if g.command else "")
                     + _on_gpus([m.gpu if m.gpu is not None else m.uuid for m in mine])
-                    + (f", {sum(used)} MiB" if used else ""))
+                    + (f", {sum(used)} MiB" if used else "") + _in_job(g.slurm_job))
     return said
 
 

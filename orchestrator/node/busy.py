@@ -1,13 +1,16 @@
 """Who else uses this node now (`node.py busy`, and part of preflight's probe): the live
 runs of every user, found by their supervisors' processes, and the processes on its GPUs
-(nvidia-smi), each with its owner. Everything is read from /proc as it is now, never from
-a run's state files: a stale file cannot make a node look busy, nor a live run look gone.
+(nvidia-smi), each with its owner and the Slurm job it is a step of, if any (a queued run's
+preflight leaves those to Slurm, which gave them other GPUs). Everything is read from /proc
+as it is now, never from a run's state files: a stale file cannot make a node look busy,
+nor a live run look gone.
 """
 
 from __future__ import annotations
 
 import os
 import pwd
+import re
 import shutil
 import subprocess
 from dataclasses import asdict, dataclass, field
@@ -22,6 +25,12 @@ QUERY_APPS = ["--query-compute-apps=pid,gpu_uuid,used_memory",
               "--format=csv,noheader,nounits"]
 QUERY_GPUS = ["--query-gpu=index,uuid", "--format=csv,noheader"]
 COMMAND_CHARS = 80   # of a bare GPU process's command line, in the report
+# slurmstepd's process title for a step of job JOB ([JOB.0], [JOB.batch], [JOB.extern]):
+# every task Slurm starts is its child, under any proctrack plugin.
+_STEPD = re.compile(r"slurmstepd: \[(\d+)[.\]]")
+# A Slurm job's cgroup (proctrack/cgroup, v1 and v2): a process that left its stepd's tree.
+_JOB_CGROUP = re.compile(r"/job_(\d+)/")
+ANCESTORS = 64       # parents looked through for a run's supervisor or a slurmstepd
 
 
 @dataclass
@@ -33,6 +42,7 @@ class GpuProcess:
     used_mib: int | None = None   # None: nvidia-smi says [N/A]
     user: str | None = None       # None: not visible here (another container's, say)
     command: str = ""
+    slurm_job: str | None = None  # the Slurm job it is a step of (None: none seen)
 
 
 @dataclass
@@ -44,6 +54,7 @@ class LiveRun:
     pids: list[int] = field(default_factory=list)
     gpus: list[int] = field(default_factory=list)
     kind: str = "run"     # "notebook": `clustertrain notebook`'s JupyterLab
+    slurm_job: str | None = None   # its supervisor a step of this Slurm job (--queue)
 
 
 @dataclass
@@ -142,15 +153,60 @@ def _owner(pid: int) -> str | None:
         return str(uid)
 
 
+def _lineage(pid: int, parents: dict[int, int]) -> list[int]:
+    """PID and its ancestors, nearest first (ANCESTORS at most)."""
+    found = [pid]
+    while len(found) < ANCESTORS and pid in parents and parents[pid] not in (pid, 0):
+        pid = parents[pid]
+        found.append(pid)
+    return found
+
+
 def _run_of(pid: int, supervisors: dict[int, str], parents: dict[int, int]) -> str | None:
     """The run whose supervisor PID is an ancestor of (or is) PID."""
-    for _ in range(64):
-        if pid in supervisors:
-            return supervisors[pid]
-        if pid not in parents or parents[pid] == pid:
-            return None
-        pid = parents[pid]
-    return None
+    return next((supervisors[p] for p in _lineage(pid, parents) if p in supervisors), None)
+
+
+def stepd_job(title: str) -> str | None:
+    """The job of a slurmstepd, from its process TITLE (its /proc/PID/cmdline, NULs as
+    spaces), else None."""
+    found = _STEPD.match(title)
+    return found.group(1) if found else None
+
+
+def _title(pid: int) -> str:
+    """Process PID's command line as one line: a process title written over argv (as
+    slurmstepd's) may end without the NUL _cmdline expects."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def cgroup_job(text: str) -> str | None:
+    """The Slurm job of a process whose /proc/PID/cgroup is TEXT, else None."""
+    found = _JOB_CGROUP.search(text)
+    return found.group(1) if found else None
+
+
+def _cgroup(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cgroup") as fh:
+            return fh.read()
+    except OSError:
+        return ""
+
+
+def slurm_job_of(pid: int, parents: dict[int, int]) -> str | None:
+    """The Slurm job process PID is part of: the job of a slurmstepd among its ancestors
+    (a task Slurm started, and what it started), else of its cgroup. None: a process
+    started outside Slurm, or one whose ancestors cannot be seen (hidepid)."""
+    for p in _lineage(pid, parents)[1:]:
+        job = stepd_job(_title(p))
+        if job is not None:
+            return job
+    return cgroup_job(_cgroup(pid))
 
 
 def scan(exclude: str | None = None, smi: str = "nvidia-smi") -> Busy:
@@ -168,8 +224,10 @@ def scan(exclude: str | None = None, smi: str = "nvidia-smi") -> Busy:
             if run != exclude:
                 runs.setdefault((user, run), LiveRun(run, user, kind=kind_of(argv))
                                 ).pids.append(pid)
-    by_run = {r.run: r for r in runs.values()}
     parents = {pid: proc.ppid for pid, proc in table.items()}
+    for r in runs.values():
+        r.slurm_job = next(filter(None, (slurm_job_of(p, parents) for p in r.pids)), None)
+    by_run = {r.run: r for r in runs.values()}
     found = Busy(hidden=not os.access("/proc/1/cmdline", os.R_OK))
     used, found.error = gpu_processes(smi)
     for g in used:
@@ -177,6 +235,7 @@ def scan(exclude: str | None = None, smi: str = "nvidia-smi") -> Busy:
         if run is None:
             g.user = _owner(g.pid)
             g.command = " ".join(_cmdline(g.pid))[:COMMAND_CHARS]
+            g.slurm_job = slurm_job_of(g.pid, parents)
             found.gpu_processes.append(g)
         elif run in by_run and g.gpu is not None and g.gpu not in by_run[run].gpus:
             by_run[run].gpus.append(g.gpu)

@@ -322,9 +322,12 @@ def _attempt(spec: RunSpec, whole: Cluster, cluster: Cluster, run_id: str, dry_r
                 print(f"run {run_id}: Slurm job {allocation.job_id} granted after "
                       f"{allocation.waited_s:.1f} s: {allocation.describe()}", flush=True)
             nproc = spec.nproc_per_node or (allocation.gpus_per_node if allocation else None)
-            # Through the queue, Slurm shares out the nodes: another run on them is no refusal.
+            # Through the queue, Slurm shares out the nodes: its other jobs there hold other
+            # GPUs and are no refusal, but a run started outside Slurm is (issue 69: Slurm
+            # counts its GPUs free); --queue is no --share-gpus.
             with Session.check(cluster, master_port=spec.master_port, nproc_per_node=nproc,
-                               share_gpus=spec.share_gpus or spec.queue,
+                               share_gpus=spec.share_gpus,
+                               queued_gpus=_queued_gpus(spec, allocation),
                                cordoned_ok=spec.cordoned_ok,
                                run_id=None if dry_run else run_id,
                                opened=_opened(take, cluster, allocation)) as session:
@@ -341,9 +344,37 @@ def _attempt(spec: RunSpec, whole: Cluster, cluster: Cluster, run_id: str, dry_r
             if spec.detach and allocation is not None:
                 allocation.keep()   # running on the nodes: they give it back at the end
             return code
+        except BaseException as exc:
+            if allocation is not None:
+                _ended_unrun(RunDir(spec.runs_dir, run_id), exc)
+            raise
         finally:
             if allocation is not None:
                 allocation.release()
+
+
+def _ended_unrun(run: RunDir, exc: BaseException) -> None:
+    """A --queue run that Slurm granted but that ended before it ran (its check refused
+    it, Ctrl-C): the record it had while it waited gets its summary, as a run refused in
+    the queue does (queue_for); without one, `runs` would say its train was lost. A run
+    that ran wrote its own."""
+    try:
+        if run.summary() is not None:
+            return
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        write_summary(run, cut_short(
+            run.info(), RunStatus.INTERRUPTED if interrupted else RunStatus.FAILED,
+            time.time(), (str(exc) or "Ctrl-C") if interrupted else str(exc) or repr(exc)))
+    except Exception:  # noqa: BLE001 - the refusal itself is what the user must see
+        pass
+
+
+def _queued_gpus(spec: RunSpec, allocation: Allocation | None) -> dict[str, list[int]] | None:
+    """The GPUs Slurm gave a --queue run on each node ({}: a dry run, none asked for);
+    None for a run that does not queue."""
+    if not spec.queue:
+        return None
+    return dict(allocation.gpus) if allocation is not None else {}
 
 
 def _nodes_ahead(spec: RunSpec, whole: Cluster, cluster: Cluster) -> Cluster | None:

@@ -32,14 +32,17 @@ class Session:
     @classmethod
     def check(cls, cluster: Cluster, *, master_port: int | None, nproc_per_node: int | None,
               run_id: str | None, share_gpus: bool = False, cordoned_ok: bool = False,
-              opened: Mapping[str, ssh.Connection] | None = None) -> Session:
+              opened: Mapping[str, ssh.Connection] | None = None,
+              queued_gpus: dict[str, list[int]] | None = None) -> Session:
         """The check phase: preflight every node, keeping the connections it opened (or
         was given: OPENED); with RUN_ID (a launch), node 0's master port is claimed for it;
-        with SHARE_GPUS, nodes in use by others are not refused."""
+        with SHARE_GPUS, nodes in use by others are not refused; QUEUED_GPUS (train
+        --queue: the GPUs Slurm gave the run on each node), only those used outside Slurm
+        are."""
         report = run_preflight(cluster, master_port, strict_port=master_port is not None,
                                keep_connections=True, nproc_per_node=nproc_per_node,
                                run_id=run_id, share_gpus=share_gpus, opened=opened,
-                               cordoned_ok=cordoned_ok)
+                               cordoned_ok=cordoned_ok, queued_gpus=queued_gpus)
         clients, report.clients = report.clients, {}   # the session owns them now
         return cls(cluster, report, clients, run_id)
 

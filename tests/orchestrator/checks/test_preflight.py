@@ -14,7 +14,7 @@ from orchestrator.checks.preflight import (
 from orchestrator.checks.probe import NodeFacts
 from orchestrator.cluster.inventory import Cluster, NodeSpec
 from orchestrator.cluster.ssh import SshTarget
-from orchestrator.node.busy import Busy, LiveRun, parse_apps, parse_gpus
+from orchestrator.node.busy import Busy, GpuProcess, LiveRun, parse_apps, parse_gpus
 
 
 def spec(name: str, address: str | None = None) -> NodeSpec:
@@ -339,9 +339,11 @@ RUN = "20260101-120000-a1b2c3"
 DOUBLES = Path(__file__).resolve().parents[1] / "node" / "nvidia_smi"
 
 
-def judged(*f: NodeFacts, share_gpus: bool = False) -> Report:
+def judged(*f: NodeFacts, share_gpus: bool = False,
+           queued: dict[str, list[int]] | None = None) -> Report:
+    """F judged; QUEUED: a --queue run, given these GPUs of each node by Slurm."""
     r = Report(Cluster(inventory=Path("/site/hosts.yml"), nodes=tuple(x.node for x in f)),
-               list(f), share_gpus=share_gpus)
+               list(f), share_gpus=share_gpus, queued_gpus=queued)
     for x in f:
         x.resolve = {n.cluster_address: n.cluster_address for n in r.cluster.nodes}
     _judge(r, 29500, strict_port=False)
@@ -398,6 +400,74 @@ def test_share_gpus_runs_beside_them_with_a_warning() -> None:
     assert r.warnings[0] == (f"node0 is in use by alice's run {RUN}; running beside it "
                              "(--share-gpus)")
     assert r.warnings[1].startswith(f"node1 is in use by bob's run {RUN} on GPUs 0, 1; ")
+
+
+def slurm_node() -> Busy:
+    """A node Slurm shares out: bob's queued run (a step of his Slurm job 41) on GPUs 0, 1,
+    and a process of the run's own job 42 on GPU 2 (an srun of the user's, say)."""
+    return Busy(runs=[LiveRun(RUN, "bob", [1838400], [0, 1], slurm_job="41")],
+                gpu_processes=[GpuProcess(2290117, "GPU-2", 2, 512, "alice", "python x.py",
+                                          slurm_job="42")])
+
+
+def test_a_queued_run_beside_slurms_own_jobs_is_no_refusal_and_no_warning() -> None:
+    """Slurm gave those jobs other GPUs of the node (issue 69: without --share-gpus)."""
+    r = judged(facts("node0", {}, busy=slurm_node().to_json()), queued={"node0": [3]})
+    assert (r.problems, r.warnings) == ([], [])
+
+
+def test_a_queued_run_on_a_node_slurm_does_not_know_is_used_is_refused() -> None:
+    """Issue 69: alice's run started without --queue holds node1's GPUs, which Slurm
+    believes free; the queued run Slurm placed there does not start beside it unasked."""
+    outside = Busy(runs=[LiveRun(RUN, "alice", [4242], [0, 1]),
+                         LiveRun("20260101-130000-d4e5f6", "bob", [5151], [2],
+                                 slurm_job="41")],
+                   gpu_processes=[GpuProcess(3011554, "GPU-3", 3, 300, "carol", "python e.py")])
+    r = judged(facts("node0", {}, busy=Busy().to_json()),
+               facts("node1", {}, busy=outside.to_json()), queued={"node1": [0]})
+    assert r.warnings == []
+    assert r.problems == [
+        f"node1 is in use by alice's run {RUN} on GPUs 0, 1; PID 3011554 of carol "
+        "(python e.py) on GPU 3, 300 MiB, started outside Slurm (without --queue): Slurm "
+        "counts those GPUs free and gave this run the node beside them. Wait for them to "
+        "end or have them stopped (`python -m orchestrator runs` lists a user's runs, "
+        "`python -m orchestrator stop RUN` stops one) and run again, ask for other nodes "
+        "(--hosts), or pass --share-gpus to run beside them"]
+    shared = judged(facts("node1", {}, busy=outside.to_json()), queued={"node1": [0]},
+                    share_gpus=True)
+    assert shared.problems == []
+    assert shared.warnings == [f"node1 is in use by alice's run {RUN} on GPUs 0, 1; PID "
+                               "3011554 of carol (python e.py) on GPU 3, 300 MiB, started "
+                               "outside Slurm (without --queue); running beside them "
+                               "(--share-gpus)"]
+
+
+def test_a_queued_run_counts_a_process_it_cannot_trace_when_it_holds_the_runs_gpu() -> None:
+    """Another user's process under hidepid (or another container's): its ancestry cannot
+    be seen, so neither can its Slurm job. On a GPU Slurm gave the run it is outside Slurm
+    for sure (Slurm gives a GPU to one job); on another GPU, it is only said."""
+    unseen = Busy(gpu_processes=[GpuProcess(3011554, "GPU-3", 3, 300),
+                                 GpuProcess(3011555, "GPU-1", 1, 100)], hidden=True)
+    apart = judged(facts("node1", {}, busy=unseen.to_json()), queued={"node1": [0, 2]})
+    assert apart.problems == []
+    assert apart.warnings[-1] == (
+        "node1: PID 3011554 of a user not visible here on GPU 3, 300 MiB; PID 3011555 of a "
+        "user not visible here on GPU 1, 100 MiB: whether Slurm knows of them cannot be "
+        "told from here (not on this run's GPUs)")
+    on_mine = judged(facts("node1", {}, busy=unseen.to_json()), queued={"node1": [0, 1]})
+    [problem] = on_mine.problems
+    assert problem.startswith("node1 is in use by PID 3011555 of a user not visible here on "
+                              "GPU 1, 100 MiB, started outside Slurm"), problem
+    assert "3011554 of a user not visible here on GPU 3, 300 MiB: whether" in \
+        on_mine.warnings[-1], on_mine.warnings
+
+
+def test_a_run_without_the_queue_is_refused_beside_a_queued_one_naming_its_job() -> None:
+    r = judged(facts("node0", {}, busy=slurm_node().to_json()))
+    [problem] = r.problems
+    assert problem.startswith(
+        f"node0 is in use by bob's run {RUN} on GPUs 0, 1 (Slurm job 41); PID 2290117 of "
+        "alice (python x.py) on GPU 2, 512 MiB (Slurm job 42). Wait for them"), problem
 
 
 def test_gpus_that_cannot_be_read_and_hidden_processes_are_warned_about() -> None:
