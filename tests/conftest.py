@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 import uuid
 from collections import defaultdict
@@ -49,6 +50,14 @@ class Lanes:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # Many tests press Ctrl-C on the commands they start, as a user at a terminal does.
+    # A shell script that puts `make test` in the background (`make test &`, or a CI
+    # runner's script) starts it with SIGINT ignored, every process inherits that through
+    # exec, and Python then keeps ignoring it: those commands never saw the Ctrl-C and the
+    # tests timed out. A handler here (each xdist worker runs this too) is reset to the
+    # default at exec, so every command a test starts can be interrupted.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         config.pluginmanager.register(Lanes(), "clustertrain-lanes")
 
