@@ -19,13 +19,14 @@ SCENARIO ?= common
 SYSTEM_PACKAGES := podman runc debootstrap rsync openssh-client python3-venv unionfs-fuse fuse3
 TEST_PACKAGES := $(SYSTEM_PACKAGES) libnfs-utils chromium
 
-.PHONY: help deps test-deps venv test-venv lint unit molecule molecule-all sandbox-tests e2e bench test demo clean
+.PHONY: help deps test-deps venv test-venv lint unit molecule molecule-all sandbox-tests e2e test-extended bench test demo clean
 
 help:
 	@echo "make demo            2-node sandbox cluster: provision it and train on it"
 	@echo "make test            everything CI runs: lint, unit, molecule, sandbox and e2e tests"
 	@echo "make unit            unit tests only (about 2 minutes)"
 	@echo "make sandbox-tests   orchestrator and e2e tests on one provisioned sandbox cluster"
+	@echo "make test-extended   the scenarios of several minutes that make test leaves out"
 	@echo "make bench           benchmarks (results in bench/results/)"
 	@echo "make lint            ansible-lint (production profile), syntax checks, ruff and mypy"
 	@echo "make molecule SCENARIO=common   one molecule scenario"
@@ -106,6 +107,20 @@ molecule-all: test-deps test-venv
 e2e: test-deps test-venv
 	$(BIN)/pytest -m e2e -q
 
+# The extended scenarios (marker `extended`; docs/sandbox.md names them and says why): each
+# takes several minutes, so `make test` leaves them out. On a cluster of their own, made as
+# make test's are (tests/shared_cluster.py) and removed at the end, one test at a time:
+# about 40 minutes on 2 cores.
+test-extended: test-deps test-venv
+	@mkdir -p .cache; \
+	name=$${CLUSTERTRAIN_TEST_SANDBOX_PREFIX:-}cl-$$(od -An -N3 -tx1 /dev/urandom | tr -d ' \n')-x; \
+	trap '$(PY) -m tests.shared_cluster down '"$$name"' >/dev/null 2>&1' EXIT; \
+	echo "making the cluster $$name ($(SHARED)-extended.log)"; \
+	$(PY) -m tests.shared_cluster up $$name >$(SHARED)-extended.json \
+	  2>$(SHARED)-extended.log || { cat $(SHARED)-extended.log; exit 1; }; \
+	cat $(SHARED)-extended.log; \
+	CLUSTERTRAIN_TEST_SANDBOX=$$name $(BIN)/pytest -m extended -q --durations=0
+
 # All benchmarks, one after another (about three and a half hours on 2 cores, a third of it the 2x50
 # runs of teardown_abort.py); results in bench/results/.
 bench: test-deps test-venv
@@ -136,10 +151,11 @@ bench: test-deps test-venv
 # sandbox tests rather than a minute after them (the unit tests ended 45 s before the
 # clusters were ready, measured). Once the clusters are ready, the sandbox tests in two
 # lanes, each on a cluster of its own (a test file at a time, the files with a long test
-# first; each lane's time per file is printed at the end). One lane took 40 minutes; two
-# keep the two cores busy for 29. The sandbox tests run in the foreground: a command put in
-# the background by a script ignores SIGINT, and the tests send Ctrl-C to the trains they
-# start. The failed tests are named again at the very end.
+# first; each lane's time per file is printed at the end), all but the `extended` scenarios
+# (make test-extended; docs/sandbox.md). The cores are busy throughout: two lanes on two
+# cores, no more. The tests send Ctrl-C to the trains they start, which SIGINT ignored by a
+# background start would defeat: tests/conftest.py restores it. The failed tests are named
+# again at the very end.
 FAILED := .cache/failed-tests
 SHARED := .cache/shared-cluster
 test: test-deps test-venv
@@ -169,7 +185,7 @@ test: test-deps test-venv
 	echo "the shared clusters were ready $$(( $$(date +%s) - started )) s after they were begun"; \
 	if [ "$$(cat $(SHARED).rc 2>/dev/null)" = 0 ]; then \
 	  CLUSTERTRAIN_TEST_SANDBOX=$$name-a,$$name-b $(MAKE) --no-print-directory sandbox-tests \
-	    LANES=2 SANDBOX_SELECT="(sandbox or e2e) and not own_sandbox"; rc=$$?; \
+	    LANES=2 SANDBOX_SELECT="(sandbox or e2e) and not own_sandbox and not extended"; rc=$$?; \
 	else echo "the shared clusters could not be made: no sandbox test ran"; rc=1; fi; \
 	wait $$molecule; mol=$$?; \
 	cat .cache/molecule-logs/all.log; \

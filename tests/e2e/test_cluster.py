@@ -274,7 +274,7 @@ def test_a_detached_run_recovers_with_nobody_attached(sandbox_cluster, tmp_path)
              "node1 idle in Slurm again")
 
 
-@pytest.mark.long
+@pytest.mark.extended
 def test_a_killed_node_is_replaced_by_a_spare_and_the_run_resumes(sandbox_cluster, tmp_path):
     """Issue 29's first acceptance item: 2 nodes and a spare, --max-recoveries 1. A node
     vanishes mid-training (its container is killed, as a power cut would): the run starts

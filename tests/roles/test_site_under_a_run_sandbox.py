@@ -68,7 +68,7 @@ def current(cluster: ProvisionedCluster, node: str = "node0") -> str:
                       .stdout)["prefix"]
 
 
-@pytest.mark.long
+@pytest.mark.extended
 def test_site_yml_with_every_role_changed_leaves_a_running_job_untouched(
         sandbox_cluster: ProvisionedCluster, tmp_path: Path) -> None:
     before = current(sandbox_cluster)

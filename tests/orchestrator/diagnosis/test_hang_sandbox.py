@@ -156,7 +156,7 @@ def test_diagnose_of_a_healthy_run_names_nobody_and_the_run_finishes(
     assert "##clustertrain beat" not in (run / "node0.log").read_text()
 
 
-@pytest.mark.long
+@pytest.mark.extended
 def test_a_cpu_throttled_node_running_a_plain_ddp_script_is_flagged_as_the_straggler(
         sandbox_cluster: Sandbox, tmp_path: Path) -> None:
     """A plain DDP script, one that prints nothing while it trains and knows nothing of

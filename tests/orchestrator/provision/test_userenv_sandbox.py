@@ -110,7 +110,7 @@ def start(inventory: Path, runs: Path, work: Path, *args: str) -> subprocess.Pop
         cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-@pytest.mark.long
+@pytest.mark.extended
 def test_bob_makes_his_own_environment_and_runs_in_it_beside_alice(
         sandbox_cluster: ProvisionedCluster, tmp_path: Path) -> None:
     bob = sandbox_cluster.inventories["bob"]
