@@ -8,9 +8,7 @@ import zipfile
 
 import pytest
 
-# One worker for them all (make test's --dist loadgroup): the wheel is built and installed
-# once per worker, in about 40 s, not once on each.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("wheel")]
+pytestmark = pytest.mark.slow
 
 VERBS = ("sandbox", "data", "preflight", "train", "attach", "stop", "runs", "logs",
          "provision", "wheelhouse")
