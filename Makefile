@@ -70,7 +70,9 @@ lint: test-venv
 # Pure unit tests: about two minutes on 2 cores. `make test` also runs the slow ones.
 # deps: some use rsync and debootstrap on this machine. Two at a time (pytest-xdist): many
 # wait on real processes rather than use a core.
-PYTEST_UNIT := $(BIN)/pytest -n 2 --dist loadgroup -q
+# A file at a time on each (loadfile): a file's module and session fixtures are made once, not
+# on each worker (pytest-xdist's loadgroup groups nothing under pytest 9: its mark is lost).
+PYTEST_UNIT := $(BIN)/pytest -n 2 --dist loadfile -q
 unit: test-deps test-venv
 	$(PYTEST_UNIT) -m "not sandbox and not e2e and not slow"
 

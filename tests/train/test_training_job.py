@@ -21,9 +21,9 @@ from .conftest import TINY, TRAIN_PY, job_env, torchrun_cmd
 
 EPOCHS = 4
 # Real torchrun runs of the job: tens of seconds each on two cores.
-# One worker takes the whole file (make test's --dist loadgroup): its module fixture, a
+# One worker takes the whole file (make test's --dist loadfile): its module fixture, a
 # 2-process training run, is made once, not once per worker.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.xdist_group("train-job")]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def job_args(data: Path, ckpt: Path, *extra: str) -> list[str]:
