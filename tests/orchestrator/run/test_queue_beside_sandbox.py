@@ -40,6 +40,20 @@ def stop(cluster: ProvisionedCluster, user: str, runs: Path, run_id: str) -> Non
              f"{user}'s run to end on {NODE}")
 
 
+def bobs_queued_run(cluster: ProvisionedCluster, runs: Path, timeout: float,
+                    *script_args: str) -> tuple[int | None, str]:
+    """bob's queued train.py on NODE (SCRIPT_ARGS after --epochs 1), waited for: its exit
+    status and its output (killed if it outlasts TIMEOUT)."""
+    bob = start_train(cluster.inventories["bob"], runs, *ON_NODE, "train.py", "--",
+                      "--epochs", "1", *script_args, *SMALL)
+    try:
+        code = bob.wait(timeout=timeout)
+    finally:
+        if bob.poll() is None:
+            bob.kill()
+    return code, output(runs)
+
+
 def test_a_queued_run_does_not_start_beside_a_run_slurm_does_not_know(
         sandbox_cluster: ProvisionedCluster, tmp_path: Path) -> None:
     """alice's run started without --queue holds node1; bob's --queue run, which Slurm
@@ -48,14 +62,7 @@ def test_a_queued_run_does_not_start_beside_a_run_slurm_does_not_know(
     alice_runs, bob_runs = tmp_path / "alice-outside", tmp_path / "bob-queued"
     alice = detached(sandbox_cluster, "alice", alice_runs)
     try:
-        bob = start_train(sandbox_cluster.inventories["bob"], bob_runs, *ON_NODE,
-                          "train.py", "--", "--epochs", "1", *SMALL)
-        try:
-            code = bob.wait(timeout=300)
-        finally:
-            if bob.poll() is None:
-                bob.kill()
-        said = output(bob_runs)
+        code, said = bobs_queued_run(sandbox_cluster, bob_runs, 300)
         assert "running beside it (--share-gpus)" not in said, said[-3000:]
         assert "starting torchrun" not in said, said[-3000:]
         assert code != 0, said[-3000:]
@@ -79,15 +86,8 @@ def test_a_queued_run_starts_beside_another_queued_run_on_other_gpus(
     alice_runs, bob_runs = tmp_path / "alice-queued", tmp_path / "bob-beside"
     alice = detached(sandbox_cluster, "alice", alice_runs, *ON_NODE)
     try:
-        bob = start_train(sandbox_cluster.inventories["bob"], bob_runs, *ON_NODE,
-                          "train.py", "--", "--epochs", "1", "--run-name",
-                          f"beside-{bob_runs.name}", "--no-resume", *SMALL)
-        try:
-            code = bob.wait(timeout=400)
-        finally:
-            if bob.poll() is None:
-                bob.kill()
-        said = output(bob_runs)
+        code, said = bobs_queued_run(sandbox_cluster, bob_runs, 400, "--run-name",
+                                     f"beside-{bob_runs.name}", "--no-resume")
         assert code == 0, said[-3000:]
         assert "--share-gpus" not in said and "problem:" not in said, said[-3000:]
         gpus = {u: run_info(r)["slurm"]["gpus"][NODE]
