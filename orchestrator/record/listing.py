@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from ..errors import ClusterError
 from ..node import doctor as node_doctor
 from ..node.protocol import NOTEBOOK_MODULE
 from .rundir import DOCTOR_SHAPE, RecordUnreadable, RunDir
 from .status import row
+from .summary import Summary
 
 WHAT_WIDTH = 80  # a row shows this much of the script and its arguments
 
@@ -49,7 +49,7 @@ def what(run: RunDir) -> str:
     return said if len(said) <= WHAT_WIDTH else said[:WHAT_WIDTH - 3] + "..."
 
 
-def listed(run: RunDir, summary_of: Callable[[RunDir], dict[str, Any] | None]) -> Listed:
+def listed(run: RunDir, summary_of: Callable[[RunDir], Summary | None]) -> Listed:
     """RUN's row. SUMMARY_OF: its summary, None while it runs (settle: a run whose
     controller is gone is completed from what its nodes left on the share)."""
     try:

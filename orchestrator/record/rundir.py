@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from ..errors import ClusterError, InputError
+from .summary import NotASummary, Summary
 
 T = TypeVar("T")
 
@@ -109,6 +110,7 @@ SUMMARY_SHAPE = {
     "stragglers": Shape("a list or null", _or_none(lambda v: isinstance(v, list))),
     "rank_exit_codes": Shape("a mapping or null", _or_none(_mapping)),
     "error": Shape("text or null", _or_none(_text)),
+    "version": Shape("a whole number", lambda v: isinstance(v, int) and not isinstance(v, bool)),
 }
 DOCTOR_SHAPE = {"suspects": Shape("a list of mappings (one a suspect)", _mappings)}
 
@@ -246,10 +248,10 @@ class RunDir:
     def report_html(self) -> Path:
         return self.path / "report.html"
 
-    def write_summary(self, summary: dict[str, Any]) -> None:
-        """The run's summary.json (its report is drawn by whoever concludes the run:
-        run/status.py `write_summary`)."""
-        _write_json(self.summary_json, summary)
+    def write_summary(self, summary: Summary) -> None:
+        """The run's summary.json, the one place it is written (its report is drawn by
+        whoever concludes the run: run/status.py `write_summary`)."""
+        _write_json(self.summary_json, summary.to_json())
 
     @property
     def ended(self) -> bool:
@@ -295,9 +297,18 @@ class RunDir:
         self._refuse_missing(self.run_json, info, needs)
         return info
 
-    def summary(self) -> dict[str, Any] | None:
-        """The run's summary, None while it has none (it runs, or was never settled)."""
-        return self.read_json(self.summary_json.name, SUMMARY_SHAPE)
+    def summary(self) -> Summary | None:
+        """The run's summary, None while it has none (it runs, or was never settled);
+        RecordUnreadable naming what is wrong with one that does not read."""
+        data = self.read_json(self.summary_json.name, SUMMARY_SHAPE)
+        if data is None:
+            return None
+        try:
+            return Summary.from_json(data)
+        except NotASummary as exc:
+            raise RecordUnreadable(f"run {self.run_id}: {self.summary_json}: {exc}; fix it, "
+                                   f"or remove {self.path}/ if you no longer need the "
+                                   "run") from None
 
     def read_json(self, name: str, shape: dict[str, Shape]) -> dict[str, Any] | None:
         """The record NAME of the run (run.json, summary.json, doctor.json, ...), None if
@@ -369,7 +380,7 @@ def latest_attempt(run: RunDir) -> RunDir:
             summary = run.summary()
         except RecordUnreadable:
             return run
-        following = (summary or {}).get("recovered_in")
+        following = summary.recovered_in if summary else None
         if not following or following in seen or not RunDir(run.root, following).run_json.exists():
             return run
         seen.add(following)

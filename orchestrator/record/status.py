@@ -1,7 +1,8 @@
-"""A run's status: the one rule (`decide`) and the one writer of a summary (`write`),
-whoever concludes the run (`train` or `attach` following it to its end, run/status.py;
-`runs` settling it from what its nodes left on the share, `summarize`), read from the
-record alone (pure but for the nodes' logs that `read_ends` reads).
+"""A run's status: the one rule (`decide`) and the summary it makes (`write`; `cut_short`
+for a run left before its end), whoever concludes the run (`train` or `attach` following
+it to its end, run/status.py; `runs` settling it from what its nodes left on the share,
+`summarize`), read from the record alone (pure but for the nodes' logs that `read_ends`
+reads). The summary's shape is record/summary.py's; RunDir.write_summary writes it.
 
 The rule (`decide`), in order: every node exited 0, succeeded; a stop was asked for,
 stopped; the controller was interrupted (Ctrl-C), interrupted; the nodes found it hung,
@@ -18,29 +19,15 @@ import shlex
 import signal
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from enum import Enum
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..node.protocol import STATE_STALE, STOP_REQUESTED, End, read_end
 from .ends import NodeEnds, how_it_ended, scan_log
 from .rundir import RunDir, iso
+from .summary import NodeSummary, RunStatus, Summary
 
 LAST_LINES = 30          # any line of a node's log: torchrun's own error report is about 20
-
-
-class RunStatus(str, Enum):
-    """A run's status, as `runs`, `attach` and summary.json give it."""
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"                    # first_failed names the node
-    STOPPED = "stopped"                  # Ctrl-C in train, or `stop`
-    INTERRUPTED = "interrupted"          # the controller was interrupted before the end
-    CONTROLLER_LOST = "controller-lost"  # an attached run whose controller went away
-    HUNG = "hung"                        # no progress for --hang-timeout: diagnosed, stopped
-
-    def __str__(self) -> str:  # the value in f-strings and tables
-        return self.value
 
 
 @dataclass(frozen=True)
@@ -173,57 +160,48 @@ def decide(nodes: list[NodeEnd], ends: dict[str, NodeEnds], *, clean_exit: bool 
 
 def write(info: dict[str, Any], nodes: list[NodeEnd], decision: Decision, *, start: float,
           end: float, run: RunDir | None = None, first_seen: str | None = None,
-          extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The summary (summary.json) of a run that has ended: the one writer."""
-    def node_end(n: NodeEnd) -> dict[str, Any]:
+          **extra: Any) -> Summary:
+    """The summary of a run that has ended (EXTRA: Summary's fields that following the
+    run found: its hang, step times, ...)."""
+    def node_end(n: NodeEnd) -> NodeSummary:
         reason, why = n.reason, n.why
         if decision.first_failed and n.name == first_seen and n.name != decision.first_failed:
             # It failed first only because the cause's ranks went away under its collectives.
             reason, why = End.PEER_FAILED, decision.first_failed
         elif reason.caused_elsewhere and reason != End.STOPPED:
             reason, why = End.STOPPED, f"{reason} {why}".strip()  # the cause is kept
-        return {"end_reason": reason.value, **({"why": why} if why else {})}
+        return NodeSummary(n.name, n.exit_code, reason.value, why, n.nproc, n.node_rank,
+                           str(run.log(n.name)) if run else None)
 
     verdict = decision.verdict
     commands = info.get("commands") or {}
-    return {
-        **info,
-        "status": decision.status,
-        "start": iso(start), "end": iso(end), "duration_s": round(end - start, 3),
-        "nodes": [{"name": n.name, **({"node_rank": n.node_rank} if n.node_rank is not None
-                                      else {}),
-                   "nproc": n.nproc, "exit_code": n.exit_code, **node_end(n),
-                   **({"log": str(run.log(n.name))} if run else {})} for n in nodes],
-        "exit_codes": {n.name: n.exit_code for n in nodes},
-        "first_failed": decision.first_failed,
-        "training_completed": True if decision.ok else verdict.training_completed,
-        **({"after_finish": verdict.after_finish} if verdict.after_finish else {}),
-        **({"no_space": verdict.no_space} if verdict.no_space else {}),
-        "rank_exit_codes": {n: {str(r): c for r, c in sorted(codes.items())}
-                            for n, codes in verdict.exit_codes.items()},
-        **({"command": {n: shlex.join(argv) for n, argv in commands.items()}}
-           if commands else {}),
-        **(extra or {}),
-    }
+    return Summary(
+        decision.status, round(end - start, 3), iso(start), iso(end),
+        tuple(node_end(n) for n in nodes), {n.name: n.exit_code for n in nodes},
+        decision.first_failed, True if decision.ok else verdict.training_completed,
+        {n: {str(r): c for r, c in sorted(codes.items())}
+         for n, codes in verdict.exit_codes.items()},
+        after_finish=verdict.after_finish, no_space=verdict.no_space,
+        command={n: shlex.join(argv) for n, argv in commands.items()},
+        info=info, **extra)
 
 
 def cut_short(info: dict[str, Any], status: RunStatus, started: float, error: str,
-              launched: Iterable[str] = ()) -> dict[str, Any]:
+              launched: Iterable[str] = ()) -> Summary:
     """The summary of a run that `train` left before following it to its end: Ctrl-C or a
     failure during the code sync or the launch (nothing started, or what started was
     stopped), or a second Ctrl-C (the LAUNCHED nodes stop the job themselves once the
     controller's lease ends)."""
     ended, launched = time.time(), set(launched)
-    left = {"end_reason": "controller-lost", "why": "train left at once (a second Ctrl-C); "
-            "the node stops the job when the controller's lease ends"} \
+    left = NodeSummary("", None, "controller-lost", "train left at once (a second Ctrl-C); "
+                       "the node stops the job when the controller's lease ends") \
         if status == RunStatus.INTERRUPTED else \
-        {"end_reason": "stopped", "why": "the launch failed on another node"}
-    return {**info, "status": status, "start": iso(started), "end": iso(ended),
-            "duration_s": round(ended - started, 3),
-            "nodes": [{"name": n, "exit_code": None,
-                       **(left if n in launched else {"end_reason": "not-started"})}
-                      for n in info.get("nodes", [])],
-            "exit_codes": {}, "first_failed": None, "error": error}
+        NodeSummary("", None, "stopped", "the launch failed on another node")
+    return Summary(status, round(ended - started, 3), iso(started), iso(ended),
+                   tuple(replace(left, name=n) if n in launched else
+                         NodeSummary(n, None, "not-started")
+                         for n in info.get("nodes", [])),
+                   error=error, info=info)
 
 
 # -- how the run ended, from each source ----------------------------------------------------
@@ -241,7 +219,7 @@ def read_ends(names: list[str], run: RunDir) -> dict[str, NodeEnds]:
 
 
 def summarize(info: dict[str, Any], states: dict[str, dict], now: float,
-              run: RunDir | None = None) -> dict | None:
+              run: RunDir | None = None) -> Summary | None:
     """The summary of a run from its nodes' states on the share (no controller followed
     it to its end), or None while it still runs. A node that never wrote its state, or
     that a peer named lost (silent on the network), or whose state file went stale (not
@@ -278,21 +256,21 @@ def summarize(info: dict[str, Any], states: dict[str, dict], now: float,
     beats = [float(s["first_beat"]) for s in states.values()
              if isinstance(s.get("first_beat"), (int, float))]
     return write(info, nodes, decision, start=start, end=end, run=run,
-                 extra={"settled_from": "the nodes' state on the shared filesystem",
-                        **({"first_step_at": iso(min(beats))} if beats else {})})
+                 settled_from="the nodes' state on the shared filesystem",
+                 first_step_at=iso(min(beats)) if beats else None)
 
 
 # -- how a summary is said ---------------------------------------------------------------
-def row(summary: dict | None) -> tuple[str, str]:
+def row(summary: Summary | None) -> tuple[str, str]:
     """`runs`' STATUS and DURATION cells of a run (no summary: running)."""
     if summary is None:
         return str(RunStatus.RUNNING), "-"
-    status = str(summary["status"])
-    if summary.get("first_failed"):
-        status += f" ({summary['first_failed']})"
-    if summary.get("recovered_in"):
-        status += f", recovered in {summary['recovered_in']}"
-    elif summary.get("recoveries"):
-        status += f" after {len(summary['recoveries'])} recover" + (
-            "y" if len(summary["recoveries"]) == 1 else "ies")
-    return status, f"{summary['duration_s']:.1f}s"
+    status = str(summary.status)
+    if summary.first_failed:
+        status += f" ({summary.first_failed})"
+    if summary.recovered_in:
+        status += f", recovered in {summary.recovered_in}"
+    elif summary.recoveries:
+        status += f" after {len(summary.recoveries)} recover" + (
+            "y" if len(summary.recoveries) == 1 else "ies")
+    return status, f"{summary.duration_s:.1f}s"

@@ -25,6 +25,7 @@ from ..node.protocol import SYSTEM_INTERVAL
 from ..record.logstream import is_record
 from ..record.rundir import RecordUnreadable, RunDir, write_private
 from ..record.status import LAST_LINES, row
+from ..record.summary import RunStatus, Summary
 from . import svg
 
 FINAL_METRICS = "FINAL_METRICS "   # the job's last word (train/train.py): one JSON object
@@ -48,10 +49,10 @@ def read_timeline(run: RunDir) -> list[Point]:
     return run.read_timeline(Point.from_json)
 
 
-def attempts(run: RunDir, summary: dict | None) -> list[RunDir]:
+def attempts(run: RunDir, summary: Summary | None) -> list[RunDir]:
     """The attempts a recovered run went through, the first first, RUN last."""
-    earlier = [RunDir(run.root, r["failed_run"]) for r in (summary or {}).get("recoveries") or []
-               if isinstance(r, dict) and r.get("failed_run")]
+    earlier = [RunDir(run.root, r.failed_run) for r in (summary.recoveries if summary else ())
+               if r.failed_run]
     return [a for a in earlier if a.run_json.exists()] + [run]
 
 
@@ -87,20 +88,20 @@ def final_metrics(run: RunDir, nodes: Iterable[str]) -> dict[str, Any] | None:
     return None
 
 
-def _why(summary: dict) -> str:
+def _why(summary: Summary) -> str:
     """Why the run ended as it did, in one line."""
-    if summary.get("error"):
-        return str(summary["error"])
-    hang = summary.get("hang")
-    if summary["status"] == "hung" and hang:
+    if summary.error:
+        return summary.error
+    hang = summary.hang
+    if summary.status == RunStatus.HUNG and hang:
         return f"no rank made progress for {hang.get('quiet_s', '?')} s: {hang.get('verdict', '')}"
-    failed = summary.get("first_failed")
+    failed = summary.first_failed
     if failed:
-        node: dict = next((n for n in summary.get("nodes", []) if n.get("name") == failed), {})
-        ranks = (summary.get("rank_exit_codes") or {}).get(failed) or {}
+        node = summary.node(failed)
+        ranks = summary.rank_exit_codes.get(failed) or {}
         codes = ", ".join(f"rank {r} exited with code {c}" for r, c in ranks.items() if c)
-        how = node.get("why") or node.get("end_reason") or "failed"
-        full = (summary.get("no_space") or {}).get(failed)
+        how = (node.why or node.end_reason if node else "") or "failed"
+        full = summary.no_space.get(failed)
         return f"{failed} failed first ({how}" + (f"; {codes}" if codes else "") + (
             f"; out of space: {full}" if full else "") + ")"
     return ""
@@ -120,19 +121,21 @@ def _series(points: list[Point], field: str, stragglers: dict[str, str],
                        stragglers.get(node)) for node in nodes]
 
 
-def _marks(summary: dict) -> list[svg.Mark]:
+def _marks(summary: Summary | None) -> list[svg.Mark]:
+    if summary is None:
+        return []
     marks = []
-    for r in summary.get("recoveries") or []:
-        if (t := _time(r.get("failed_at"))) is not None:
-            marks.append(svg.Mark(t, f"{r.get('node')} failed"))
-        if (t := _time(r.get("training_again_at"))) is not None:
+    for r in summary.recoveries:
+        if (t := _time(r.failed_at)) is not None:
+            marks.append(svg.Mark(t, f"{r.node} failed"))
+        if (t := _time(r.training_again_at)) is not None:
             marks.append(svg.Mark(t, "training again", ok=True))
-    if (hang := summary.get("hang")) and (t := _time(hang.get("detected_at"))) is not None:
+    if (hang := summary.hang) and (t := _time(hang.get("detected_at"))) is not None:
         marks.append(svg.Mark(t, "hang found"))
     return marks
 
 
-def charts(points: list[Point], summary: dict, start: float | None,
+def charts(points: list[Point], summary: Summary | None, start: float | None,
            end: float | None, order: list[str]) -> list[str]:
     """The step-time, wait, samples/s and loss charts of the run (none without beats)."""
     if not points:
@@ -140,7 +143,7 @@ def charts(points: list[Point], summary: dict, start: float | None,
     t0 = min(start or points[0].t, points[0].t)
     t1 = max(end or points[-1].t, points[-1].t + 1)
     stragglers = {s["node"]: f"straggler: {s.get('slower_pct', '?')} % slower"
-                  for s in summary.get("stragglers") or [] if isinstance(s, dict)}
+                  for s in (summary.stragglers if summary else []) if isinstance(s, dict)}
     marks = _marks(summary)
     steps = _series(points, "step_s", stragglers, order)
     drawn = [svg.line_chart("Step time per node (its slowest rank's own work)", "s / step",
@@ -260,23 +263,23 @@ def context(run: RunDir) -> dict[str, Any]:
     else:
         unreadable = ""
     status, duration = row(summary)
-    names = [n["name"] if isinstance(n, dict) else n
-             for n in (summary or {}).get("nodes") or info.get("nodes") or []]
+    names = [n.name for n in summary.nodes] if summary and summary.nodes else \
+        list(info.get("nodes") or [])
     points = [p for a in attempts(run, summary) for p in read_timeline(a)]
     samples = [s for a in attempts(run, summary) for s in a.read_timeline(system.Sample.from_json)]
     # A live run's flags from its samples, by the rule its controller says them by.
-    flags = (summary.get("system_flags") or []) if summary else \
+    flags = summary.system_flags if summary else \
         [f.to_json() for f in system.flags_of(
             samples, float(info.get("gpu_idle", defaults.GPU_IDLE)))]
-    start = _time((summary or {}).get("start"))
+    start = _time(summary.start if summary else None)
     if start is None and points:
         start = points[0].t
-    end = _time((summary or {}).get("end"))
+    end = _time(summary.end if summary else None)
     fp = info.get("fingerprint") or {}
-    times = (summary or {}).get("step_times") or {}
-    nodes = [{**({} if not isinstance(n, dict) else n), "name": name,
-              **times.get(name, {}), "log": run.log(name).name}
-             for name, n in zip(names, (summary or {}).get("nodes") or names, strict=True)]
+    times = summary.step_times if summary else {}
+    ended = {n.name: n.to_json() for n in summary.nodes} if summary else {}
+    nodes = [{**ended.get(name, {}), "name": name, **(times.get(name) or {}),
+              "log": run.log(name).name} for name in names]
     doctor_path = run.path / "doctor.json"
     try:
         doctor = json.loads(doctor_path.read_text()) if doctor_path.exists() else None
@@ -285,13 +288,14 @@ def context(run: RunDir) -> dict[str, Any]:
     script = f"{info.get('script', '?')} {' '.join(info.get('script_args', []))}".strip()
     return {
         "run_id": run.run_id, "status": status if summary or not unreadable else "unreadable",
-        "duration": duration, "summary": summary or {}, "why": _why(summary) if summary else
+        "duration": duration, "summary": summary.to_json() if summary else {},
+        "why": _why(summary) if summary else
         unreadable, "running": summary is None and not unreadable,
         "facts": [("user", ", ".join(sorted(set((info.get("users") or {}).values()))) or "?"),
                   ("script", script),
                   ("nodes", ", ".join(names)),
-                  ("started", (summary or {}).get("start") or "-"),
-                  ("ended", (summary or {}).get("end") or "-"),
+                  ("started", (summary.start if summary else None) or "-"),
+                  ("ended", (summary.end if summary else None) or "-"),
                   ("code revision", info.get("code_revision") or "not a git work tree"),
                   ("environment", _environment(fp)),
                   ("python environment", info.get("python_env") or "the cluster's"),
@@ -300,14 +304,14 @@ def context(run: RunDir) -> dict[str, Any]:
                   ("slurm job", str((info.get("slurm") or {}).get("job_id", "-"))
                    if info.get("slurm") else "-")],
         "nodes": nodes,
-        "charts": charts(points, summary or {}, start, end, names),
+        "charts": charts(points, summary, start, end, names),
         "has_steps": any(p.nodes for p in points),
-        "stragglers": (summary or {}).get("stragglers") or [],
+        "stragglers": summary.stragglers if summary else [],
         "system": system_charts(samples, flags, start, end, names),
         "system_flags": [f for f in flags if isinstance(f, dict) and f.get("message")],
-        "hang": _hang(summary["hang"]) if summary and summary.get("hang") else None,
-        "recoveries": (summary or {}).get("recoveries") or [],
-        "recovered_in": (summary or {}).get("recovered_in"),
+        "hang": _hang(summary.hang) if summary and summary.hang else None,
+        "recoveries": [r.to_json() for r in summary.recoveries] if summary else [],
+        "recovered_in": summary.recovered_in if summary else None,
         "metrics": final_metrics(run, names),
         "doctor": doctor_section(doctor) if doctor else None,
         "tails": [Tail(n, log_tail(run.log(n)), run.log(n).name) for n in names],

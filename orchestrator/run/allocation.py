@@ -31,7 +31,8 @@ from ..node.allocate import KEEP
 from ..node.protocol import STOP_REQUESTED
 from ..node.slurmjob import JOB_ENV
 from ..record.rundir import RunDir, iso, write_private
-from ..record.status import RunStatus, cut_short
+from ..record.status import cut_short
+from ..record.summary import RunStatus, Summary
 from .spec import RunSpec
 from .status import write_summary
 
@@ -242,7 +243,7 @@ def hangup_interrupts() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def settle_queued(run: RunDir, info: dict[str, Any]) -> dict[str, Any] | None:
+def settle_queued(run: RunDir, info: dict[str, Any]) -> Summary | None:
     """The summary of a run recorded as queued whose train is gone (kill -9 while it
     waited: its Slurm job went with the connection), written; None while its train still
     waits, or when it waits on another machine (its liveness cannot be read from here)."""

@@ -25,7 +25,7 @@ def diagnose_run(runs_dir: Path, run_id: str, native: bool = False) -> Diagnosis
                            "diagnosed")
     summary = run.summary()
     if summary is not None:
-        raise ClusterError(f"run {run_id} has ended ({summary['status']}): there is "
+        raise ClusterError(f"run {run_id} has ended ({summary.status}): there is "
                            f"nothing to dump; see `python -m orchestrator logs {run_id}`")
     cluster = load_cluster(info["inventory"]).select(hosts=",".join(info["nodes"]))
     check_owner(cluster.nodes, info, "read its processes")

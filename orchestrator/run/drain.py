@@ -20,6 +20,7 @@ from ..cluster.inventory import Cluster, NodeSpec
 from ..errors import ClusterError
 from ..node.cordon import CORDON, UNCORDON
 from ..node.protocol import DRAIN
+from ..record.summary import Summary
 
 
 @dataclass(frozen=True)
@@ -28,26 +29,20 @@ class KeptOut:
     cordoned: dict[str, str] = field(default_factory=dict)
     drained: dict[str, str] = field(default_factory=dict)
 
-    def record(self) -> dict[str, Any]:
-        """What summary.json and doctor.json keep of it."""
-        return {**({"cordoned": self.cordoned} if self.cordoned else {}),
-                **({"drained": self.drained} if self.drained else {})}
 
-
-def lost_nodes(summary: Mapping[str, Any]) -> dict[str, str]:
+def lost_nodes(summary: Summary) -> dict[str, str]:
     """The nodes the run lost (no word from them: down, cut off), each with why."""
-    return {n["name"]: n.get("why") or "no word from it"
-            for n in summary.get("nodes") or [] if n.get("end_reason") == "lost"}
+    return {n.name: n.why or "no word from it" for n in summary.nodes if n.end_reason == "lost"}
 
 
-def keep_out_lost(summary: Mapping[str, Any], cluster: Cluster,
+def keep_out_lost(summary: Summary, cluster: Cluster,
                   clients: Mapping[str, ssh.Connection],
                   say: Callable[[str], None] = print) -> KeptOut:
     """Keep out each node the run lost, asked from a node it did not lose."""
     lost = lost_nodes(summary)
     asker = next(((n, c) for n, c in clients.items() if n not in lost and c.alive()), None)
-    return keep_out(cluster, {node: f"{node} lost mid-run {summary.get('run_id')} ({why})"
-                              for node, why in lost.items()}, str(summary.get("run_id")),
+    return keep_out(cluster, {node: f"{node} lost mid-run {summary.run_id} ({why})"
+                              for node, why in lost.items()}, summary.run_id,
                     asker, say)
 
 

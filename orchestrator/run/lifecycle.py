@@ -45,7 +45,8 @@ from ..record.rundir import (
     run_state_dir,
     write_private,
 )
-from ..record.status import RunStatus, cut_short
+from ..record.status import cut_short
+from ..record.summary import Recovery, RunStatus, Summary
 from .allocation import Allocation, queue_for
 from .command import NodeCommand, state_dir
 from .drain import keep_out_lost
@@ -53,7 +54,6 @@ from .follow import Job
 from .recovery import (
     RECOVERY_ENV,
     Failure,
-    Recovery,
     SpareFacts,
     attempt_id,
     detached_plan,
@@ -250,7 +250,7 @@ def _recovering(spec: RunSpec, whole: Cluster, cluster: Cluster, spares: list[st
             names, spare = next_nodes(names, failure.node, spares, spec.min_nodes)
             recovery = Recovery(attempt + 1, rid, failure.node, failure.why, failure.at,
                                 attempt_id(run_id, attempt + 1), names, spare,
-                                failure.node in summary.get("cordoned", {}),
+                                failure.node in summary.cordoned,
                                 _last_heard(summary, failure, names))
             _mark_recovered(spec.runs_dir, rid, recovery.run_id)
             print(f"run {rid}: {failure.node} {failure.why}; recovery {attempt + 1} of "
@@ -267,7 +267,7 @@ def _recovering(spec: RunSpec, whole: Cluster, cluster: Cluster, spares: list[st
     raise AssertionError("not reached: the last attempt returns or raises")
 
 
-def _last_heard(summary: dict[str, Any], failure: Failure, healthy: list[str]) -> str | None:
+def _last_heard(summary: Summary, failure: Failure, healthy: list[str]) -> str | None:
     """When a lost node was last heard over the network (ISO), as the nodes that heard its
     beats recorded in their ends on the share (`heard`), read through a node that is well:
     nearer its death than when the loss was seen. Else the lost node's last state on the
@@ -275,8 +275,8 @@ def _last_heard(summary: dict[str, Any], failure: Failure, healthy: list[str]) -
     if not failure.lost:
         return None
     try:
-        nodes = [n["name"] for n in summary["nodes"] if n["name"] in healthy]
-        states = node_states({**summary, "nodes": nodes}).states
+        nodes = [n.name for n in summary.nodes if n.name in healthy]
+        states = node_states({**summary.info, "nodes": nodes}).states
         heard = [float(s["heard"][failure.node]) for s in states.values()
                  if isinstance((s.get("heard") or {}).get(failure.node), (int, float))]
         return iso(max(heard) if heard else float(states[failure.node]["time"]))
@@ -285,21 +285,22 @@ def _last_heard(summary: dict[str, Any], failure: Failure, healthy: list[str]) -
 
 
 def _finish_recovery(runs_dir: Path, first: str, run_id: str, recovery: Recovery | None,
-                     done: list[Recovery], summary: dict[str, Any] | None) -> None:
+                     done: list[Recovery], summary: Summary | None) -> None:
     """The attempt RUN_ID (started by RECOVERY) of the run FIRST ended: complete that
     recovery from what its end tells, and write every recovery so far into its summary."""
     if recovery is None or summary is None:
         return
     run = RunDir(runs_dir, run_id)
-    write_summary(run, with_recovery(run, first, recovery, list(done), summary))
-    done.append(recovery)
+    summary = with_recovery(run, first, recovery, list(done), summary)
+    write_summary(run, summary)
+    done.append(summary.recoveries[-1])
 
 
 def _mark_recovered(runs_dir: Path, run_id: str, next_id: str) -> None:
     """A failed attempt's summary names the attempt that followed it."""
     summary = summary_of(runs_dir, run_id)
     if summary is not None:
-        write_summary(RunDir(runs_dir, run_id), {**summary, "recovered_in": next_id})
+        write_summary(RunDir(runs_dir, run_id), replace(summary, recovered_in=next_id))
 
 
 def _attempt(spec: RunSpec, whole: Cluster, cluster: Cluster, run_id: str, dry_run: bool,
@@ -470,7 +471,8 @@ def _run(plan: Plan, session: Session, scheduler: Scheduler, whole: Cluster,
         raise
     summary = make_summary(info, plan.commands, cluster.names, result,
                            submitted.meanwhile.seconds, run)
-    summary.update(keep_out_lost(summary, cluster, session.clients).record())
+    kept = keep_out_lost(summary, cluster, session.clients)
+    summary = replace(summary, cordoned=kept.cordoned, drained=kept.drained)
     write_summary(run, summary)
     return conclude(run, result, summary)
 
@@ -561,19 +563,19 @@ def attach_run(runs_dir: Path, run_id: str, tail: int | None = None) -> int:
         following = next_attempt(run, wait=PEER_TIMEOUT + DECISION_WAIT)
         if following is None:
             break
-        told = Recovery(**following.info()["recovery"])
+        told = Recovery.from_json(following.info()["recovery"])
         print(f"run {run.run_id}: {told.node} {told.why}; its nodes started it again as "
               f"{following.run_id} on {', '.join(told.nodes)}"
               + (f" ({told.spare}, a spare, in {told.node}'s place)" if told.spare else "")
               + "; following that", flush=True)
         run, tail, code = following, None, None
-    summary = run.summary() or {}
-    for told in summary.get("recoveries") or []:
-        print(f"run {run.run_id}: {Recovery(**told).line()}", flush=True)
+    summary = run.summary()
+    for told in summary.recoveries if summary else ():
+        print(f"run {run.run_id}: {told.line()}", flush=True)
     if code is None:
-        print(f"run {run.run_id} has ended ({summary.get('status')}); its logs: "
-              f"python -m orchestrator logs {run.run_id}")
-        return 0 if summary.get("status") == RunStatus.SUCCEEDED else 1
+        print(f"run {run.run_id} has ended ({summary.status if summary else None}); its "
+              f"logs: python -m orchestrator logs {run.run_id}")
+        return 0 if summary and summary.succeeded else 1
     return code
 
 

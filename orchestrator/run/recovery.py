@@ -17,10 +17,8 @@ run that was stopped, interrupted or hung, nothing is retried.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +27,10 @@ from ..node.fault import node_fault, ranks_killed
 from ..node.protocol import TEMPLATE, End
 from ..node.recover import attempt_dir
 from ..record.rundir import iso
+from ..record.summary import Recovery, RunStatus, Summary
 from .command import NodeCommand
 
 RECOVERY_ENV = "CLUSTERTRAIN_RECOVERY"   # each attempt's number: 0, then 1, 2, ...
-# The project's job says where it resumed from (train/train.py).
-RESUMED = re.compile(r"resumed from (?P<checkpoint>\S+) in (?P<load_s>[\d.]+) s: epoch "
-                     r"(?P<epoch>\d+), step \d+ \(global step (?P<step>\d+)\)")
 
 
 def attempt_id(run_id: str, attempt: int) -> str:
@@ -51,20 +47,19 @@ class Failure:
     at: str    # ISO time: the failed node's end (its last word, for a lost node)
 
 
-def node_failure(summary: Mapping[str, Any]) -> Failure | None:
+def node_failure(summary: Summary) -> Failure | None:
     """The node fault that ended this attempt (node/fault.py), or None when it was not
     one (it succeeded, the script failed by itself, it was stopped, interrupted or hung)."""
-    if summary.get("status") != "failed" or not summary.get("first_failed"):
+    if summary.status != RunStatus.FAILED or not summary.first_failed:
         return None
-    name = summary["first_failed"]
-    node: Mapping[str, Any] = next(
-        (n for n in summary.get("nodes") or [] if n.get("name") == name), {})
-    reason = node.get("end_reason")
-    why = node_fault(reason, node.get("why") or "", node.get("exit_code")) or ranks_killed(
-        (summary.get("rank_exit_codes") or {}).get(name) or {})
+    name = summary.first_failed
+    node = summary.node(name)
+    reason = node.end_reason if node else None
+    why = node_fault(reason, node.why if node else "", node.exit_code if node else None) \
+        or ranks_killed(summary.rank_exit_codes.get(name) or {})
     if why is None:
         return None
-    return Failure(summary["run_id"], name, why, reason == End.LOST, str(summary.get("end")))
+    return Failure(summary.run_id, name, why, reason == End.LOST, str(summary.end))
 
 
 def next_nodes(names: Sequence[str], failed: str, spares: list[str],
@@ -111,87 +106,6 @@ def spares_of(all_names: Sequence[str], chosen: Sequence[str], count: int,
         raise InputError(f"--spares {count}: {inventory} has {len(rest)} node(s) besides the "
                           f"run's {', '.join(chosen)}; give at most {len(rest)}, or add nodes")
     return rest[:count]
-
-
-@dataclass
-class Recovery:
-    """One recovery, as summary.json and `runs show` give it."""
-    attempt: int                 # the attempt it started: 1, 2, ...
-    failed_run: str              # the attempt that failed
-    node: str
-    why: str
-    failed_at: str               # when the failure was seen (ISO)
-    run_id: str                  # the attempt it started
-    nodes: list[str]
-    spare: str | None
-    cordoned: bool
-    last_heard_at: str | None = None      # when a lost node was last heard (ISO)
-    started_at: str | None = None         # the new attempt's launch (ISO)
-    training_again_at: str | None = None  # its first training step (a beat)
-    down_s: float | None = None           # failed_at -> training again
-    silent_s: float | None = None         # last_heard_at -> training again (a lost node)
-    restart_s: float | None = None        # failed_at -> torchrun started again
-    resume_s: float | None = None         # torchrun started -> first step (load included)
-    load_s: float | None = None           # the checkpoint's load (the project's job)
-    resumed_from: dict[str, Any] | None = None   # checkpoint, epoch, step
-    steps_lost: int | None = None         # steps done after that checkpoint, done again
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def complete(self, summary: Mapping[str, Any], log_text: str,
-                 last_step: int | None) -> None:
-        """Fill in what the new attempt's end tells: when it trained again and from which
-        checkpoint. LAST_STEP: the failed attempt's last step seen (its beats)."""
-        self.started_at = summary.get("start")
-        self.training_again_at = summary.get("first_step_at")
-        failed = _time(self.failed_at)
-        started, again = _time(self.started_at), _time(self.training_again_at)
-        if failed is not None and started is not None:
-            self.restart_s = round(started - failed, 3)
-        if failed is not None and again is not None:
-            self.down_s = round(again - failed, 3)
-        if started is not None and again is not None:
-            self.resume_s = round(again - started, 3)
-        heard = _time(self.last_heard_at)
-        if heard is not None and again is not None:
-            self.silent_s = round(again - heard, 3)
-        found = RESUMED.search(log_text)
-        if found:
-            self.load_s = float(found["load_s"])
-            step = int(found["step"])
-            self.resumed_from = {"checkpoint": found["checkpoint"],
-                                 "epoch": int(found["epoch"]), "step": step}
-            if last_step is not None:
-                self.steps_lost = max(0, last_step - step)
-
-    def line(self) -> str:
-        """The recovery in one line (train's output, `runs show`)."""
-        where = f"{self.spare} took its place" if self.spare else "on fewer nodes"
-        told = [f"recovery {self.attempt}: {self.node} {self.why} at {self.failed_at}; "
-                f"{where}, as {self.run_id} on {', '.join(self.nodes)}"]
-        if self.down_s is not None:
-            told.append(f"training again {self.down_s:.1f} s later" + (
-                f", {self.silent_s:.1f} s after its last heartbeat"
-                if self.silent_s is not None else "") + " (torchrun restarted "
-                        f"after {self.restart_s:.1f} s, first step {self.resume_s:.1f} s "
-                        "after that" + (f", checkpoint loaded in {self.load_s:.2f} s"
-                                        if self.load_s is not None else "") + ")")
-        if self.resumed_from:
-            told.append(f"resumed from {self.resumed_from['checkpoint']} (epoch "
-                        f"{self.resumed_from['epoch']}, step {self.resumed_from['step']}"
-                        + (f", {self.steps_lost} step(s) done again"
-                           if self.steps_lost is not None else "") + ")")
-        return "; ".join(told)
-
-
-def _time(iso: str | None) -> float | None:
-    if not iso:
-        return None
-    try:
-        return datetime.fromisoformat(iso).timestamp()
-    except ValueError:
-        return None
 
 
 def exhausted(run_id: str, failures: Sequence[Failure], most: int) -> LaunchError:

@@ -16,9 +16,9 @@ from ..errors import LaunchError
 from ..node.protocol import STOP_REQUESTED, End
 from ..record.ends import how_it_ended
 from ..record.rundir import RunDir, iso
-from ..record.status import LAST_LINES, NodeEnd, RunStatus, decide, read_ends, write
+from ..record.status import LAST_LINES, NodeEnd, decide, read_ends, write
+from ..record.summary import RunStatus, Summary
 from ..report.page import try_write_report
-from .recovery import Recovery
 
 if TYPE_CHECKING:
     from .command import NodeCommand
@@ -63,7 +63,7 @@ class JobResult:
 
 
 def make_summary(info: dict, commands: list[NodeCommand], names: list[str],
-                 result: JobResult, sync_seconds: float, run: RunDir) -> dict:
+                 result: JobResult, sync_seconds: float, run: RunDir) -> Summary:
     """The summary of a run its controller followed to its end (train, attach)."""
     nodes = [NodeEnd(n, c.nproc, result.outcomes[n].exit_code, result.outcomes[n].reason,
                      result.outcomes[n].ended, result.outcomes[n].why, c.node_rank)
@@ -78,18 +78,14 @@ def make_summary(info: dict, commands: list[NodeCommand], names: list[str],
     info = {**info, "commands": {n: c.torchrun_argv()
                                  for n, c in zip(names, commands, strict=True)}}
     return write(info, nodes, decision, start=result.started, end=result.ended, run=run,
-                 first_seen=result.first_failed, extra={
-                     "sync_s": round(sync_seconds, 3),
-                     **({"hang": result.hang} if result.hang else {}),
-                     **({"step_times": progress["nodes"]} if progress.get("nodes") else {}),
-                     **({"stragglers": progress["stragglers"]}
-                        if progress.get("stragglers") else {}),
-                     **({"system_flags": result.system_flags} if result.system_flags else {}),
-                     **({"first_step_at": iso(first_beat)} if first_beat else {}),
-                     **({"last_step": last_step} if last_step is not None else {})})
+                 first_seen=result.first_failed, sync_s=round(sync_seconds, 3),
+                 hang=result.hang or None, step_times=progress.get("nodes") or {},
+                 stragglers=progress.get("stragglers") or [],
+                 system_flags=result.system_flags,
+                 first_step_at=iso(first_beat) if first_beat else None, last_step=last_step)
 
 
-def write_summary(run: RunDir, summary: dict[str, Any]) -> None:
+def write_summary(run: RunDir, summary: Summary) -> None:
     """RUN concluded: its summary, and its report drawn from the record with it (a report
     that cannot be drawn costs the run nothing: report/page.py says so on stderr)."""
     run.write_summary(summary)
@@ -97,39 +93,39 @@ def write_summary(run: RunDir, summary: dict[str, Any]) -> None:
 
 
 # -- how a summary is said ------------------------------------------------------------------
-def conclude(run: RunDir, result: JobResult, summary: dict) -> int:
+def conclude(run: RunDir, result: JobResult, summary: Summary) -> int:
     """The end of `train` and `attach`: one line, the exit status, and for a run that did
     not succeed the error that names why (LaunchError)."""
-    print(f"run {run.run_id}: {summary['status']} after {summary['duration_s']:.1f} s; "
+    print(f"run {run.run_id}: {summary.status} after {summary.duration_s:.1f} s; "
           f"logs and summary in {run.path}/ (to look at: {run.report_html})", flush=True)
-    after = summary.get("after_finish") or {}
-    if summary["status"] == RunStatus.SUCCEEDED:
+    after = summary.after_finish
+    if summary.status == RunStatus.SUCCEEDED:
         if after:  # finished, then a worker died in torch's teardown: not the training
             print(f"run {run.run_id}: the training completed on every rank; "
                   f"{'; '.join(n for notes in after.values() for n in notes)}",
                   file=sys.stderr)
         return 0
-    if summary["status"] == RunStatus.HUNG:
-        hang = summary["hang"]
+    if summary.status == RunStatus.HUNG:
+        hung = summary.hang or {}
         raise LaunchError(f"run {run.run_id} hung: no rank made progress for "
-                          f"{hang['quiet_s']:.0f} s; holding it up: {suspects(hang)}. The "
+                          f"{hung['quiet_s']:.0f} s; holding it up: {suspects(hung)}. The "
                           f"job was stopped on every node. Every rank's stack: "
-                          f"{hang['dumps']}/")
-    if summary["status"] in (RunStatus.INTERRUPTED, RunStatus.STOPPED):
-        print(f"run {run.run_id}: {summary['status']}; the job was stopped on every node",
+                          f"{hung['dumps']}/")
+    if summary.status in (RunStatus.INTERRUPTED, RunStatus.STOPPED):
+        print(f"run {run.run_id}: {summary.status}; the job was stopped on every node",
               file=sys.stderr)
-        return 130 if summary["status"] == RunStatus.INTERRUPTED else 1
-    if summary["status"] == RunStatus.CONTROLLER_LOST:
+        return 130 if summary.status == RunStatus.INTERRUPTED else 1
+    if summary.status == RunStatus.CONTROLLER_LOST:
         raise LaunchError(f"run {run.run_id}: its controller went away and the nodes "
                           f"stopped the job; logs: {run.path}/")
-    failed = summary.get("first_failed") or next(
+    failed = summary.first_failed or next(
         (n for n, o in result.outcomes.items() if o.failed), None)
     outcome = result.outcomes.get(failed) if failed else None
     how = ("lost its connection" if outcome and outcome.reason == End.LOST
            else "had its clustertrain supervisor fail"
            if outcome and outcome.reason == End.SUPERVISOR_FAILED
            else f"exited with code {outcome.exit_code}" if outcome else "failed")
-    ranks = (summary.get("rank_exit_codes") or {}).get(failed) or {}
+    ranks = summary.rank_exit_codes.get(failed or "") or {}
     if any(c != 0 for c in ranks.values()):  # the script's own code, e.g. sys.exit(3)
         how += " (" + ", ".join(f"rank {r} {how_it_ended(c)}" for r, c in ranks.items()
                                 if c != 0) + ")"
@@ -144,11 +140,11 @@ def conclude(run: RunDir, result: JobResult, summary: dict) -> int:
              if "/rank" not in line.split(" | ")[0]]
     lines += list(outcome.last_worker_lines) if outcome else []   # the rank's error: last
     tail = "\n    ".join(lines) if lines else "(no output)"
-    hang = summary.get("hang")
+    hang = summary.hang
     held = (f"\nA collective timed out; holding it up: {suspects(hang, 'nobody named')}. "
             f"Stacks of the ranks still running: {hang['dumps']}/"
             if hang and hang.get("trigger") else "")
-    full = (summary.get("no_space") or {}).get(failed)
+    full = summary.no_space.get(failed or "")
     space = (f" It ran out of space (its ranks said a disk was full): on {failed}, {full}; "
              "free some there, or write elsewhere." if full else "")
     raise LaunchError(f"run {run.run_id} failed: {failed} {how} first; the other nodes were "
@@ -162,40 +158,38 @@ def suspects(hang: dict, nobody: str = "nobody") -> str:
         or f"{nobody} ({hang['verdict']})"
 
 
-def show(run_id: str, summary: dict, what: str) -> list[str]:
+def show(run_id: str, summary: Summary, what: str) -> list[str]:
     """`runs show RUN`: the run's status, each node's end, step times, stragglers, the
     system metrics' flags and the hang."""
-    first = f" (first failed: {summary['first_failed']})" if summary.get("first_failed") else ""
-    lines = [f"run {run_id}: {summary['status']}{first} after {summary['duration_s']:.1f} s",
+    first = f" (first failed: {summary.first_failed})" if summary.first_failed else ""
+    lines = [f"run {run_id}: {summary.status}{first} after {summary.duration_s:.1f} s",
              f"  {what}"]
-    times = summary.get("step_times") or {}
     lines.append(f"  {'NODE':<12} {'EXIT':>5}  {'END':<14} {'STEP_S':>8} {'WAIT_S':>8} "
                  f"{'SAMPLES/S':>10}")
-    for node in summary.get("nodes", []):
-        t = times.get(node["name"], {})
+    for node in summary.nodes:
+        t = summary.step_times.get(node.name) or {}
         step = f"{t['step_s']:.3f}" if "step_s" in t else "-"
         wait = f"{t['wait_s']:.3f}" if "wait_s" in t else "-"
         rate = f"{t['samples_per_s']:.1f}" if "samples_per_s" in t else "-"
-        code = "-" if node.get("exit_code") is None else str(node["exit_code"])
-        lines.append(f"  {node['name']:<12} {code:>5}  {node.get('end_reason', ''):<14} "
+        code = "-" if node.exit_code is None else str(node.exit_code)
+        lines.append(f"  {node.name:<12} {code:>5}  {node.end_reason:<14} "
                      f"{step:>8} {wait:>8} {rate:>10}")
-    for s in summary.get("stragglers", []):
+    for s in summary.stragglers:
         lines.append("  straggler: " + Straggler(
             s["node"], s["rank"], s["step_s"], s["median_step_s"],
             tuple(s.get("windows") or (0, 0))).message())
-    lines += [f"  system: {f['message']}" for f in summary.get("system_flags") or []
+    lines += [f"  system: {f['message']}" for f in summary.system_flags
               if isinstance(f, dict) and f.get("message")]
-    hang = summary.get("hang")
+    hang = summary.hang
     if hang:
         lines.append(f"  hang found at {hang['detected_at']}: {hang['verdict']}")
         lines += [f"    suspect: rank {s['rank']} on {s['node']} {s['why']}"
                   for s in hang["suspects"]]
         lines.append(f"    every rank's stack: {hang['dumps']}/")
-    if summary.get("error"):
-        lines.append(f"  why: {summary['error']}")
-    if summary.get("recovered_in"):
-        lines.append(f"  a node failed: the run started again as {summary['recovered_in']} "
-                     f"(`runs show {summary['recovered_in']}`)")
-    for recovery in summary.get("recoveries") or []:
-        lines.append("  " + Recovery(**recovery).line())
+    if summary.error:
+        lines.append(f"  why: {summary.error}")
+    if summary.recovered_in:
+        lines.append(f"  a node failed: the run started again as {summary.recovered_in} "
+                     f"(`runs show {summary.recovered_in}`)")
+    lines += ["  " + recovery.line() for recovery in summary.recoveries]
     return lines

@@ -267,10 +267,10 @@ class Sweep:
             trial.state = TrialState.FAILED
             trial.why = _last_line(self.record.path / f"t{trial.number}.log")
         else:
-            trial.state = TrialState.of_run(summary.get("status"))
+            trial.state = TrialState.of_run(summary.status)
             trial.nodes = trial.nodes or _nodes_of(run)
             trial.why = "" if trial.state == TrialState.SUCCEEDED else \
-                str(summary.get("error") or "")
+                (summary.error or "")
             metrics = final_metrics(run, _nodes_of(run)) or {}
             self._read(trial)
             value = metrics.get(self.record.metric)

@@ -43,7 +43,7 @@ def settle(record: SweepRecord) -> SweepRecord:
                 t.state, t.why, changed = TrialState.FAILED, str(exc), True
                 continue
             if summary:
-                t.state, changed = TrialState.of_run(summary.get("status")), True
+                t.state, changed = TrialState.of_run(summary.status), True
         elif t.state == TrialState.PENDING and record.state == "running":
             t.state = TrialState.NOT_RUN
     if not changed:

@@ -40,6 +40,7 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 from ..errors import ClusterError
 from ..record.listing import listed
 from ..record.rundir import RUN_ID, RecordUnreadable, RunDir, list_runs
+from ..record.summary import Summary
 from ..report.page import TEMPLATES, render_run
 from ..sweep.record import SWEEP_JSON, SweepRecord, SweepUnreadable, TrialState, open_sweep
 from ..sweep.report import render_sweep
@@ -178,7 +179,7 @@ class UiServer:
 
     # What the pages show.
 
-    def summary(self, run: RunDir) -> dict | None:
+    def summary(self, run: RunDir) -> Summary | None:
         """The run's summary (None: it runs): a run without one is settled from its nodes'
         state (`settle`, over SSH) at most once every CACHE_S seconds."""
         from ..run.settle import settle

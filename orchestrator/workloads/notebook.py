@@ -154,7 +154,7 @@ def _connect(runs_dir: Path, run_id: str, local: socket.socket) -> int:
                            "see `runs` for the notebooks")
     summary = settle(run)   # one that ended while nobody followed it: from its node
     if summary is not None:
-        raise ClusterError(f"notebook {run_id} has ended ({summary.get('status')}); start "
+        raise ClusterError(f"notebook {run_id} has ended ({summary.status}); start "
                            "another with `notebook`")
     name = info["nodes"][0]
     command = NodeCommand.from_record(info["node_commands"][name])

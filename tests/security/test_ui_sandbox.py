@@ -33,6 +33,7 @@ RECORD = f"""
 import sys
 from pathlib import Path
 from orchestrator.record.rundir import RunDir
+from orchestrator.record.summary import Summary
 from orchestrator.run.status import write_summary
 run = RunDir(Path(sys.argv[1]), {RUN_ID!r})
 info = {{"run_id": run.run_id, "inventory": "/home/alice/inventory.yml", "nodes": ["node0"],
@@ -41,7 +42,7 @@ info = {{"run_id": run.run_id, "inventory": "/home/alice/inventory.yml", "nodes"
 run.create(info)
 with open(run.log("node0"), "a", encoding="utf-8") as log:
     log.write("node0/rank0 | epoch 1 step 0 loss 0.5\\n")
-write_summary(run, {{**info, "status": "succeeded", "duration_s": 12.0}})
+write_summary(run, Summary.from_json({{**info, "status": "succeeded", "duration_s": 12.0}}))
 """
 
 # `python -m orchestrator ui ARGS`: its verb alone (the whole CLI also loads the sandbox's

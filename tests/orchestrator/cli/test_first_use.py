@@ -25,7 +25,8 @@ from orchestrator.provision.wheelhouse import (
     target_python,
 )
 from orchestrator.record.rundir import RunDir, new_run_id
-from orchestrator.record.status import RunStatus, cut_short as summary_cut_short
+from orchestrator.record.status import cut_short as summary_cut_short
+from orchestrator.record.summary import RunStatus
 from orchestrator.run.sync import code_digest, left_out
 from orchestrator.workloads.doctor import DoctorRequest
 
@@ -206,7 +207,7 @@ def test_a_run_cut_short_has_a_whole_summary(tmp_path, capsys, status, launched,
     run_ = record(tmp_path, None)
     summary = summary_cut_short(run_.info(), status, 0.0, "why", launched)
     run_.write_summary(summary)
-    assert run_.summary() == summary and summary["nodes"][0]["end_reason"] == end
+    assert run_.summary() == summary and summary.nodes[0].end_reason == end
     code, out = run(["runs", "--runs-dir", str(tmp_path)], capsys)
     assert code == 0 and f"{run_.run_id}   {status}" in out
 

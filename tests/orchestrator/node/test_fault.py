@@ -9,17 +9,18 @@ import pytest
 
 from orchestrator.node import recover
 from orchestrator.node.protocol import PEER_TIMEOUT, End
+from orchestrator.record.summary import Summary
 from orchestrator.run.recovery import node_failure
 
 
 def controller_says(state: dict) -> str | None:
     """What the controller makes of node1's end as its summary records it."""
-    summary = {"run_id": "r", "status": "failed", "first_failed": "node1",
+    summary = {"run_id": "r", "status": "failed", "duration_s": 1.0, "first_failed": "node1",
                "end": "2026-11-26T03:00:10+00:00",
                "nodes": [{"name": "node0", "exit_code": -15, "end_reason": "stopped"},
                          {"name": "node1", "exit_code": state.get("code"),
                           "end_reason": state["reason"], "why": state.get("why", "")}]}
-    failure = node_failure(summary)
+    failure = node_failure(Summary.from_json(summary))
     return failure.why if failure else None
 
 

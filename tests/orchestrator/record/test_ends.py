@@ -13,6 +13,7 @@ from orchestrator.node.protocol import End
 from orchestrator.record.ends import NodeEnds, scan_log
 from orchestrator.record.rundir import RunDir
 from orchestrator.record.status import NodeEnd, judge
+from orchestrator.record.summary import Summary
 from orchestrator.run.command import NodeCommand
 from orchestrator.run.status import JobResult, NodeOutcome, conclude as _conclude, make_summary
 
@@ -128,7 +129,8 @@ def record(tmp_path: Path, logs: dict[str, str], codes: dict[str, int], first_fa
     result = JobResult(outcomes, first_failed, False, 0.0, 1.0)
     names = list(codes)
     commands = [command(i) for i in range(len(names))]
-    return run, result, make_summary({"run_id": "r1"}, commands, names, result, 0.0, run)
+    return run, result, make_summary({"run_id": "r1"}, commands, names, result, 0.0,
+                                     run).to_json()
 
 
 def test_a_finished_run_is_reported_finished_despite_a_teardown_abort(tmp_path, capsys):
@@ -143,7 +145,7 @@ def test_a_finished_run_is_reported_finished_despite_a_teardown_abort(tmp_path, 
     assert summary["after_finish"] == {
         "node1": ["rank 1 on node1 finished, then aborted in torch's teardown"]}
     assert json.loads(json.dumps(summary)) == summary
-    assert _conclude(run, result, summary) == 0
+    assert _conclude(run, result, Summary.from_json(summary)) == 0
     err = capsys.readouterr().err
     assert ("the training completed on every rank; rank 1 on node1 finished, then aborted "
             "in torch's teardown") in err
@@ -157,7 +159,7 @@ def test_a_run_whose_ranks_did_not_all_finish_still_fails(tmp_path):
     assert summary["status"] == "failed" and summary["training_completed"] is False
     assert summary["first_failed"] == "node1"
     with pytest.raises(LaunchError) as err:
-        _conclude(run, result, summary)
+        _conclude(run, result, Summary.from_json(summary))
     assert ("node1 exited with code 1 after its ranks finished (rank 1 on node1 finished, "
             "then aborted in torch's teardown), but not every rank of the run had finished its "
             "script") in str(err.value)
@@ -181,7 +183,7 @@ def test_a_scripts_own_exit_code_is_reported(tmp_path):
     assert summary["status"] == "failed" and summary["rank_exit_codes"] == {"node1": {"1": 3}}
     with pytest.raises(LaunchError, match=r"failed: node1 exited with code 1 \(rank 1 exited "
                                           r"with code 3\) first"):
-        _conclude(run, result, summary)
+        _conclude(run, result, Summary.from_json(summary))
 
 
 def test_a_node_whose_disk_was_full_says_where_in_the_error_and_the_record(tmp_path):
@@ -197,7 +199,7 @@ def test_a_node_whose_disk_was_full_says_where_in_the_error_and_the_record(tmp_p
     with pytest.raises(LaunchError, match=r"stopped\. It ran out of space \(its ranks said a "
                        r"disk was full\): on node1, /tmp \(temporary files\) has 12 KiB free "
                        r"of 64 MiB; free some there, or write elsewhere\."):
-        _conclude(run, result, summary)
+        _conclude(run, result, Summary.from_json(summary))
     # A rank cannot make the note: only the supervisor's line (torchrun's stream) counts.
     assert ends_of("node1/rank1 | [clustertrain] out of space: /x has 0 KiB\n").no_space is None
 
@@ -243,7 +245,8 @@ def failed_run(tmp_path: Path, logs: dict[str, str], ends: dict[str, tuple[int |
             line for line in text.splitlines() if "/rank" in line.split(" | ")[0])
     result = JobResult(outcomes, first_failed, False, 0.0, 3.0)
     commands = [command(i) for i in range(len(ends))]
-    return run, result, make_summary({"run_id": "r1"}, commands, list(ends), result, 0.0, run)
+    return run, result, make_summary({"run_id": "r1"}, commands, list(ends), result, 0.0,
+                                     run).to_json()
 
 
 def test_the_node_whose_worker_died_is_named_not_the_peer_that_failed_first(tmp_path):
@@ -256,7 +259,7 @@ def test_the_node_whose_worker_died_is_named_not_the_peer_that_failed_first(tmp_
         "node0": ("peer-failed", "node1"), "node1": ("stopped", None),
         "node2": ("stopped", None)}
     with pytest.raises(LaunchError) as err:
-        _conclude(run, result, summary)
+        _conclude(run, result, Summary.from_json(summary))
     assert ("failed: node1 exited with code 1 (rank 1 died of SIGKILL); node0 ended before "
             "it only because its ranks lost their peers on node1 first") in str(err.value)
     assert "node1/rank1 | epoch 1 step 20 loss 2.03" in str(err.value)

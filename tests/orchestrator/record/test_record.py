@@ -11,6 +11,7 @@ import pytest
 
 from orchestrator.cli import main
 from orchestrator.record.rundir import RunDir, latest_attempt, new_run_id
+from orchestrator.record.summary import Summary
 from orchestrator.run.status import write_summary
 
 
@@ -21,7 +22,7 @@ def make_run(root: Path, finished: bool) -> RunDir:
     run.log("node0").write_text("node0/rank0 | hello\n")
     run.log("node1").write_text("node1/rank1 | world\n")
     if finished:
-        run.write_summary({"status": "succeeded", "duration_s": 12.5})
+        run.write_summary(Summary.from_json({"status": "succeeded", "duration_s": 12.5}))
     return run
 
 
@@ -36,7 +37,7 @@ def test_runs_lists_status(tmp_path: Path, capsys) -> None:
 def test_runs_show_gives_each_nodes_end_step_time_stragglers_and_hang(tmp_path: Path,
                                                                       capsys) -> None:
     run = make_run(tmp_path, finished=False)
-    run.write_summary({
+    run.write_summary(Summary.from_json({
         "status": "hung", "duration_s": 61.0, "first_failed": None,
         "nodes": [{"name": "node0", "exit_code": -15, "end_reason": "stopped"},
                   {"name": "node1", "exit_code": None, "end_reason": "lost"}],
@@ -47,7 +48,7 @@ def test_runs_show_gives_each_nodes_end_step_time_stragglers_and_hang(tmp_path: 
         "hang": {"detected_at": "2026-11-23T05:00:00Z", "verdict": "rank 1 is outside",
                  "suspects": [{"node": "node1", "rank": 1, "frame": "f (a.py:3)",
                                "why": "is in f (a.py:3), outside any collective"}],
-                 "dumps": "/runs/x/hang"}})
+                 "dumps": "/runs/x/hang"}}))
     assert main(["runs", "show", run.run_id, "--runs-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == f"run {run.run_id}: hung after 61.0 s"
@@ -63,17 +64,19 @@ def test_runs_show_gives_each_nodes_end_step_time_stragglers_and_hang(tmp_path: 
 
 def test_runs_and_runs_show_tell_each_recovery(tmp_path: Path, capsys) -> None:
     first = make_run(tmp_path, finished=False)
-    first.write_summary({"status": "failed", "duration_s": 30.0, "first_failed": "node1",
-                         "recovered_in": f"{first.run_id}.r1"})
+    first.write_summary(Summary.from_json({"status": "failed", "duration_s": 30.0,
+                                           "first_failed": "node1",
+                                           "recovered_in": f"{first.run_id}.r1"}))
     last = RunDir(tmp_path, f"{first.run_id}.r1")
     last.create({"run_id": last.run_id, "nodes": ["node0", "node2"], "script": "ddp.py",
                  "script_args": [], "inventory": "inv.yml"})
-    last.write_summary({"status": "succeeded", "duration_s": 40.0, "recoveries": [{
+    last.write_summary(Summary.from_json({"status": "succeeded", "duration_s": 40.0,
+                                          "recoveries": [{
         "attempt": 1, "failed_run": first.run_id, "node": "node1", "why": "lost (x)",
         "failed_at": "T", "run_id": last.run_id, "nodes": ["node0", "node2"],
         "spare": "node2", "cordoned": True, "down_s": 13.3, "restart_s": 5.1,
         "resume_s": 6.8, "load_s": 0.02, "resumed_from": {"checkpoint": "c.pt", "epoch": 1,
-                                                          "step": 16}, "steps_lost": 1}]})
+                                                          "step": 16}, "steps_lost": 1}]}))
     assert main(["runs", "--runs-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert f"failed (node1), recovered in {last.run_id}" in out, out
@@ -92,16 +95,17 @@ def test_attach_and_stop_find_a_recovered_runs_latest_attempt(tmp_path: Path,
                                                                capsys) -> None:
     first = make_run(tmp_path, finished=False)
     assert latest_attempt(first) == first    # running: no summary yet
-    first.write_summary({"status": "failed", "duration_s": 1.0,
-                         "recovered_in": f"{first.run_id}.r1"})
+    first.write_summary(Summary.from_json({"status": "failed", "duration_s": 1.0,
+                                           "recovered_in": f"{first.run_id}.r1"}))
     assert latest_attempt(first) == first    # the next attempt's record is not there yet
     last = RunDir(tmp_path, f"{first.run_id}.r1")
     last.create({"run_id": last.run_id, "nodes": ["node0"], "inventory": "inv.yml",
                  "node_commands": {"node0": {}}})
     assert latest_attempt(first) == last
-    last.write_summary({"status": "failed", "duration_s": 1.0, "recovered_in": first.run_id})
+    last.write_summary(Summary.from_json({"status": "failed", "duration_s": 1.0,
+                                          "recovered_in": first.run_id}))
     assert latest_attempt(first) == last     # a loop (an edited record) ends the walk
-    last.write_summary({"status": "succeeded", "duration_s": 1.0})
+    last.write_summary(Summary.from_json({"status": "succeeded", "duration_s": 1.0}))
     assert main(["attach", first.run_id, "--runs-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert f"run {first.run_id} recovered from a failed node as {last.run_id}" in out, out
@@ -126,7 +130,7 @@ def test_logs_follow_until_summary(tmp_path: Path, capsys) -> None:
         with open(run.log("node0"), "a") as fh:
             fh.write("node0/rank0 | later line\n")
         time.sleep(0.6)
-        run.write_summary({"status": "failed", "duration_s": 3})
+        run.write_summary(Summary.from_json({"status": "failed", "duration_s": 3}))
 
     t = threading.Thread(target=later)
     t.start()
@@ -192,7 +196,8 @@ def test_a_runs_record_is_readable_by_its_owner_only_whatever_the_umask(
                     "script_args": [], "inventory": "inv.yml",
                     "spec": {"env": {"WANDB_API_KEY": "s3cret"}}})
         run.append_timeline([Point(t=1.0, nodes={"node0": NodePoint(0.1)})])
-        write_summary(run, {"status": "succeeded", "duration_s": 1.0})   # and its report
+        # and its report
+        write_summary(run, Summary.from_json({"status": "succeeded", "duration_s": 1.0}))
         run.write_json("doctor.json", {"suspects": []})
     finally:
         os.umask(old)
@@ -214,7 +219,8 @@ def test_a_record_written_wider_before_is_read_and_narrowed_when_written_again(
         path.chmod(0o755 if path.is_dir() else 0o644)
     run.timeline.write_text("")
     run.timeline.chmod(0o644)
-    assert run.info()["script"] == "ddp.py" and (run.summary() or {})["status"] == "succeeded"
+    assert run.info()["script"] == "ddp.py"
+    assert getattr(run.summary(), "status", None) == "succeeded"
     run.create({**run.info(), "queued": None}, queued=True)
     run.append_timeline([Point(t=1.0, nodes={"node0": NodePoint(0.1)})])
     modes = _modes(run)

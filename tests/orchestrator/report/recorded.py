@@ -13,6 +13,7 @@ from pathlib import Path
 from orchestrator.diagnosis.hang import RankId, analyze_stacks, read_pyspy_dump
 from orchestrator.diagnosis.progress import Progress
 from orchestrator.record.rundir import RunDir, iso
+from orchestrator.record.summary import Summary
 from orchestrator.run.status import write_summary
 from orchestrator.workloads.doctor import analyse as doctor_analyse
 
@@ -79,11 +80,11 @@ def write_run(root: Path, run_id: str, nodes: list[str], seconds: int, *,
     if doctor:
         result = json.loads((DOCTOR / doctor).read_text())
         run.write_json("doctor.json", doctor_analyse(run_id, result, nodes).to_json())
-    write_summary(run, {**run.info(), "status": status, "start": iso(start),
+    write_summary(run, Summary.from_json({**run.info(), "status": status, "start": iso(start),
                        "end": iso(start + seconds), "duration_s": float(seconds),
                        "nodes": [{"name": n, "node_rank": i, "nproc": 1,
                                   "exit_code": 0 if status == "succeeded" else 1,
                                   "end_reason": "exited" if status == "succeeded" else "hung"}
                                  for i, n in enumerate(nodes)],
-                       "first_failed": first_failed, **extra, **(summary or {})})
+                       "first_failed": first_failed, **extra, **(summary or {})}))
     return run

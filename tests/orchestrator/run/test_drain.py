@@ -4,33 +4,36 @@ Cordoning and draining themselves run on the sandbox
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from orchestrator.cluster.inventory import Cluster, NodeSpec
 from orchestrator.cluster.ssh import Result, SshTarget
 from orchestrator.node.cordon import CORDON
+from orchestrator.record.summary import Summary
 from orchestrator.run.drain import KeptOut, cordon_event, keep_out_lost, lost_nodes
 
 from ..local_node import Canned
 
-SUMMARY = {"run_id": "r1", "nodes": [
+SUMMARY = Summary.from_json({"run_id": "r1", "status": "failed", "duration_s": 1.0, "nodes": [
     {"name": "node0", "end_reason": "stopped", "why": "peer-lost node1"},
     {"name": "node1", "end_reason": "lost", "why": "heartbeat silent 15 s"},
-    {"name": "node2", "end_reason": "exited"}]}
+    {"name": "node2", "end_reason": "exited"}]})
 
 
 def test_only_the_lost_nodes_with_why() -> None:
     assert lost_nodes(SUMMARY) == {"node1": "heartbeat silent 15 s"}
-    assert lost_nodes({"nodes": [{"name": "n", "end_reason": "lost"}]}) == {
+    assert lost_nodes(Summary.from_json({"status": "failed", "duration_s": 1.0, "nodes": [
+        {"name": "n", "end_reason": "lost"}]})) == {
         "n": "no word from it"}
 
 
 def test_a_run_that_lost_no_node_keeps_nothing_out() -> None:
     said: list[str] = []
     cluster = Cluster(Path("hosts.yml"), (), variables={"cluster_scheduler": "slurm"})
-    summary = {**SUMMARY, "nodes": SUMMARY["nodes"][:1]}
+    summary = replace(SUMMARY, nodes=SUMMARY.nodes[:1])
     assert keep_out_lost(summary, cluster, {}, said.append) == KeptOut()
-    assert said == [] and KeptOut().record() == {}
+    assert said == [] and KeptOut() == KeptOut({}, {})
 
 
 def test_lost_nodes_with_no_other_node_to_ask_are_named_with_the_fix() -> None:

@@ -107,5 +107,5 @@ def test_a_queued_run_its_check_refuses_after_the_grant_is_recorded_as_failed(
                            run_id, dry_run=False)
     summary = RunDir(tmp_path, run_id).summary()
     assert summary is not None
-    assert summary["status"] == "failed"
-    assert summary["error"].endswith("node0 is in use by alice's run R, started outside Slurm")
+    assert summary.status == "failed"
+    assert (summary.error or "").endswith("node0 is in use by alice's run R, started outside Slurm")

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import LaunchError
+from orchestrator.record.summary import Recovery, Summary
 from orchestrator.run.recovery import (
     RECOVERY_ENV,
     Failure,
-    Recovery,
     SpareFacts,
     attempt_id,
     attempt_info,
@@ -25,12 +25,13 @@ from orchestrator.run.recovery import (
 )
 
 
-def summary(node1: dict, status: str = "failed", ranks: dict | None = None) -> dict:
-    return {"run_id": "r", "status": status, "first_failed": "node1",
-            "end": "2026-11-26T03:00:10+00:00",
-            "nodes": [{"name": "node0", "exit_code": -15, "end_reason": "stopped"},
-                      {"name": "node1", **node1}],
-            "rank_exit_codes": {"node1": ranks or {}}}
+def summary(node1: dict, status: str = "failed", ranks: dict | None = None) -> Summary:
+    return Summary.from_json({
+        "run_id": "r", "status": status, "duration_s": 1.0, "first_failed": "node1",
+        "end": "2026-11-26T03:00:10+00:00",
+        "nodes": [{"name": "node0", "exit_code": -15, "end_reason": "stopped"},
+                  {"name": "node1", **node1}],
+        "rank_exit_codes": {"node1": ranks or {}}})
 
 
 @pytest.mark.parametrize("node1, ranks, why", [
@@ -100,8 +101,8 @@ def test_a_recovery_is_timed_from_the_failure_to_the_first_step_again() -> None:
     log = ("node0/rank0 | resumed from /mnt/cluster/checkpoints/alice/j/ckpt-000001-0000000.pt "
            "in 0.42 s: epoch 1, step 0 (global step 40)\n")
     r.last_heard_at = "2026-11-26T03:00:08+00:00"
-    r.complete({"start": "2026-11-26T03:00:14+00:00",
-                "first_step_at": "2026-11-26T03:00:31.500+00:00"}, log, last_step=57)
+    r = r.completed("2026-11-26T03:00:14+00:00", "2026-11-26T03:00:31.500+00:00", log,
+                    last_step=57)
     assert (r.run_id, r.restart_s, r.resume_s, r.down_s, r.load_s, r.steps_lost) == (
         "r.r1", 4.0, 17.5, 21.5, 0.42, 17)
     assert r.silent_s == 23.5   # from the lost node's last heartbeat
@@ -167,5 +168,5 @@ def test_a_filled_in_template_is_the_line_the_controller_would_have_sent() -> No
     assert NodeCommand.from_record(recorded["node_commands"]["node2"]) == wanted
     assert recorded["nodes"] == ["node0", "node2"] and recorded["run_id"] == "R.r1"
     assert recorded["users"] == {"node0": "alice", "node2": "alice"}
-    told = Recovery(**recorded["recovery"])
+    told = Recovery.from_json(recorded["recovery"])
     assert (told.attempt, told.node, told.spare, told.failed_run) == (1, "node1", "node2", "R")

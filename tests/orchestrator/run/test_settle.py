@@ -22,7 +22,7 @@ def settled(states: dict[str, dict]) -> dict:
     """summarize() for a run that has ended: its summary (None would fail here)."""
     summary = summarize(INFO, states, NOW)
     assert summary is not None, "the run should have ended"
-    return summary
+    return summary.to_json()   # as summary.json has it
 
 
 def test_still_running_has_no_summary() -> None:
@@ -87,7 +87,8 @@ def test_the_summary_reads_the_same_in_json_and_in_messages() -> None:
     assert on_disk["status"] == "failed"
     assert [n["end_reason"] for n in on_disk["nodes"]] == ["stopped", "exited", "stopped"]
     # What `runs` and train's last line print: the value, never "RunStatus.FAILED".
-    assert f"{s['status']}" == "failed" and str(s["status"]) == "failed"
+    status = summarize(INFO, states, NOW).status  # type: ignore[union-attr]
+    assert f"{status}" == "failed" and str(status) == "failed"
 
 
 def test_a_lost_node_is_named_over_a_peer_whose_ranks_failed_after_it() -> None:
@@ -147,6 +148,7 @@ def test_a_last_attempts_lost_node_is_kept_in_its_summary_as_cordoned(tmp_path) 
     """The nodes' end of a detached run that may recover no more (node/recover.py decide:
     attempt None) cordoned the node it lost: the summary says so, as an attached run's."""
     from orchestrator.record.rundir import RunDir
+    from orchestrator.record.summary import Summary
     from orchestrator.run.settle import recorded
 
     info = {**INFO, "recovery_plan": {"run_id": "r1"}}
@@ -155,6 +157,7 @@ def test_a_last_attempts_lost_node_is_kept_in_its_summary_as_cordoned(tmp_path) 
                                                                           "node1")})
     decision = {"attempt": None, "failed_run": "r1", "node": "node1", "why": "lost (x)",
                 "cordoned": True, "drained": False}
-    kept = recorded(RunDir(tmp_path, "r1"), info, summary, decision)
+    kept = recorded(RunDir(tmp_path, "r1"), info, Summary.from_json(summary),
+                    decision).to_json()
     assert kept["cordoned"] == {"node1": "node1 lost mid-run r1 (lost (x))"}
     assert "drained" not in kept and "recovered_in" not in kept

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main
+from orchestrator.record.summary import Summary
 from orchestrator.run.spec import RunSpec
 from orchestrator.sweep.record import TrialRecord, TrialState, new_sweep, open_sweep
 from orchestrator.sweep.runner import default_parallel, nodes_per_trial, trial_spec
@@ -161,7 +162,7 @@ def test_a_sweep_whose_process_is_gone_is_settled_from_its_trials_runs(
         t.state, t.run_id = TrialState.RUNNING, f"{record.sweep_id}.t{n}"
     ended = RunDir(tmp_path, f"{record.sweep_id}.t1")
     ended.create({"run_id": ended.run_id, "nodes": ["hpc-a"]})
-    ended.write_summary({"status": "failed", "duration_s": 3.0})
+    ended.write_summary(Summary.from_json({"status": "failed", "duration_s": 3.0}))
     record.save()
     assert main(["sweep", "show", record.sweep_id, "--runs-dir", str(tmp_path)]) == 0
     settled = open_sweep(tmp_path, record.sweep_id)
@@ -175,7 +176,7 @@ def test_a_sweep_whose_process_is_gone_is_settled_from_its_trials_runs(
     # stops saying running and `resume` no longer waits for it.
     later = RunDir(tmp_path, f"{record.sweep_id}.t2")
     later.create({"run_id": later.run_id, "nodes": ["hpc-a"]})
-    later.write_summary({"status": "succeeded", "duration_s": 9.0})
+    later.write_summary(Summary.from_json({"status": "succeeded", "duration_s": 9.0}))
     assert main(["sweep", "show", record.sweep_id, "--runs-dir", str(tmp_path)]) == 0
     assert [t.state.value for t in open_sweep(tmp_path, record.sweep_id).trials] == [
         "failed", "succeeded", "not run", "not run"]

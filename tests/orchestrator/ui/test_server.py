@@ -21,6 +21,7 @@ import pytest
 
 from orchestrator.cli import main as cli_main
 from orchestrator.errors import ClusterError
+from orchestrator.record.summary import Summary
 from orchestrator.sweep.record import TrialState
 from orchestrator.ui.server import UiServer, ask_cluster
 
@@ -438,8 +439,8 @@ def test_the_web_view_and_sweep_show_agree_on_a_sweep_whose_process_was_killed(
         t.state, t.metric = TrialState.PENDING, None
     for t in record.trials[:2]:
         t.state = TrialState.RUNNING
-    RunDir(root, record.trials[0].run_id or "").write_summary({"status": "failed",
-                                                               "duration_s": 3.0})
+    RunDir(root, record.trials[0].run_id or "").write_summary(Summary.from_json({"status": "failed",
+                                                               "duration_s": 3.0}))
     (root / (record.trials[1].run_id or "") / "summary.json").unlink(missing_ok=True)
     record.save()
     for server in serve(root):

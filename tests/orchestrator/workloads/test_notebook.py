@@ -28,7 +28,8 @@ from orchestrator.errors import ClusterError, LaunchError
 from orchestrator.node.notebook import TokenKeeper, keep_token
 from orchestrator.node.protocol import NOTEBOOK_MODULE
 from orchestrator.record.rundir import RunDir
-from orchestrator.record.status import RunStatus, cut_short
+from orchestrator.record.status import cut_short
+from orchestrator.record.summary import RunStatus
 from orchestrator.run.command import NodeCommand
 from orchestrator.run.spec import Given
 from orchestrator.workloads.notebook import (
