@@ -22,7 +22,7 @@ from typing import IO, Any
 from .. import defaults
 from ..cluster.inventory import NodeSpec
 from ..diagnosis.diagnose import analyse, read_node_dumps
-from ..diagnosis.progress import Progress
+from ..diagnosis.progress import Progress, parse_beat
 from ..diagnosis.system import Sample, SystemWatch, parse_system
 from ..node.protocol import (
     COLLECTIVE_TIMEOUT,
@@ -588,6 +588,25 @@ class Job:
         outcome = self.outcomes[name]
         outcome.exit_code, outcome.reason, outcome.ended = code, reason, time.time()
         outcome.why = why
+
+
+def whole_log(node: str, output: bytes) -> list[str]:
+    """A node's whole OUTPUT of a run that has ended (its follow session's), as following
+    it keeps it in the run's log: prefixed lines, without the session's markers, the
+    node's system samples or the ranks' beats."""
+    splitter = LineSplitter(node)
+    lines = splitter.feed(output) + splitter.flush()
+    for marker in (EXIT_MARKER, HANG_MARKER, SYSTEM_MARKER):
+        lines, _ = take_marker(lines, marker)
+    return [line for line in lines if not _not_kept(line)]
+
+
+def _not_kept(line: str) -> bool:
+    """A rank's beat, or the node's word that it was told to stop (Job._emit)."""
+    head, sep, text = line.partition(" | ")
+    if head.endswith("/torchrun"):
+        return bool(sep) and text.startswith(STOP_MARKER)
+    return bool(sep) and "/rank" in head and parse_beat(text) is not None
 
 
 def take_marker(lines: list[str], marker: str) -> tuple[list[str], list[str]]:

@@ -10,20 +10,27 @@ record says "running" for a run that is gone.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..cluster.inventory import load_cluster
+from ..cluster import ssh
+from ..cluster.fanout import each
+from ..cluster.inventory import NodeSpec, load_cluster
 from ..diagnosis.diagnose import read_node_dumps
 from ..errors import ClusterError
-from ..record.rundir import RunDir, latest_attempt
+from ..record.rundir import RunDir, latest_attempt, write_private
 from ..record.status import summarize
-from .recovery import Recovery, attempt_info, node_failure
+from ..record.summary import Recovery, RunStatus, Summary
+from .command import NodeCommand
+from .follow import whole_log
+from .recovery import attempt_info, node_failure
 from .scheduler import NodeStates, scheduler_for, slurm_job_of
 from .status import write_summary
 
 # Who found a detached run hung, in its summary.
 DETACHED = "the nodes (detached run)"
+FETCH_TIMEOUT = 60.0   # seconds for a node's whole log of a run that has ended
 
 
 def node_states(info: dict[str, Any]) -> NodeStates:
@@ -37,7 +44,7 @@ def node_states(info: dict[str, Any]) -> NodeStates:
     return scheduler_for(slurm_job_of(info)).describe(nodes)
 
 
-def settle(run: RunDir) -> dict | None:
+def settle(run: RunDir) -> Summary | None:
     """The run's summary: the one on disk, else one settled from the nodes and written
     (None while the run is still running)."""
     summary = run.summary()
@@ -48,38 +55,77 @@ def settle(run: RunDir) -> dict | None:
         from .allocation import settle_queued
         return settle_queued(run, info)
     found = node_states(info)
+    if summarize(info, found.states, found.now) is None:
+        return None
+    fetch_logs(run, info)   # its ends are read from them too
     summary = summarize(info, found.states, found.now, run)
     if summary is not None:
         if found.hang:  # the nodes found the run hung (detached): read their dumps here
-            summary["hang"] = read_hang_dumps(found.hang, run)
+            summary = replace(summary, hang=read_hang_dumps(found.hang, run))
         summary = recorded(run, info, summary, found.next)
         write_summary(run, summary)
     return summary
 
 
-def recorded(run: RunDir, info: dict[str, Any], summary: dict[str, Any],
-             decision: dict | None) -> dict[str, Any]:
+def fetch_logs(run: RunDir, info: dict[str, Any]) -> dict[str, str]:
+    """Each node's whole log of RUN, ended with nobody following it (detached, or its
+    controller gone), into the run's record in place of the lines followed before: the
+    node's copy goes with its job directory (--keep-runs). Returns why for each node whose
+    log could not be read (its record keeps what was followed)."""
+    records = info.get("node_commands") or {}
+    cluster = load_cluster(info["inventory"]).select(hosts=",".join(info["nodes"]))
+
+    def one(spec: NodeSpec) -> None:
+        conn = ssh.connect(spec.name, spec.ssh, within=FETCH_TIMEOUT)
+        try:
+            done = conn.run(NodeCommand.from_record(records[spec.name]).follow(),
+                            timeout=FETCH_TIMEOUT)
+        finally:
+            conn.close()
+        if done.exit_code != 0:
+            raise ClusterError(f"{spec.name}: its log could not be read: "
+                               f"{(done.stderr or done.stdout).strip()[-200:]}")
+        lines = whole_log(spec.name, done.stdout.encode())
+        if len(lines) < _line_count(run.log(spec.name)):   # its job directory was pruned
+            raise ClusterError(f"{spec.name}: its copy of the log is gone (--keep-runs)")
+        write_private(run.log(spec.name), "".join(line + "\n" for line in lines))
+
+    results = each([s for s in cluster.nodes if records.get(s.name)], one, lambda s: s.name)
+    return {node: str(error) for node, error in results.failed.items()}
+
+
+def _line_count(path: Path) -> int:
+    try:
+        with open(path, "rb") as fh:
+            return sum(1 for _ in fh)
+    except OSError:
+        return 0
+
+
+def recorded(run: RunDir, info: dict[str, Any], summary: Summary,
+             decision: dict | None) -> Summary:
     """The summary of an attempt of a detached run that may recover, with what its nodes
     did: the recovery that started it (completed from its end), and the attempt they
     started after it failed (DECISION: recorded here as a run of its own, `recovered_in`)."""
     if not info.get("recovery_plan"):
         return summary
-    if info.get("recovery") and "recoveries" not in summary:
-        recovery = Recovery(**info["recovery"])
-        earlier = (summary_of(run.root, recovery.failed_run) or {}).get("recoveries") or []
+    if info.get("recovery") and not summary.recoveries:
+        recovery = Recovery.from_json(info["recovery"])
+        earlier = summary_of(run.root, recovery.failed_run)
         summary = with_recovery(run, info["recovery_plan"]["run_id"], recovery,
-                                [Recovery(**r) for r in earlier], summary)
+                                list(earlier.recoveries) if earlier else [], summary)
     if decision and not decision.get("attempt"):   # the last attempt: its lost node kept out
         why = f"{decision.get('node')} lost mid-run {decision.get('failed_run')} " \
               f"({decision.get('why')})"
-        summary = {**summary,
-                   **({"cordoned": {decision["node"]: why}} if decision.get("cordoned") else {}),
-                   **({"drained": {decision["node"]: why}} if decision.get("drained") else {})}
-    if decision and decision.get("attempt") and summary.get("status") != "succeeded":
+        summary = replace(
+            summary, cordoned={decision["node"]: why} if decision.get("cordoned") else
+            summary.cordoned, drained={decision["node"]: why} if decision.get("drained")
+            else summary.drained)
+    if decision and decision.get("attempt") and summary.status != RunStatus.SUCCEEDED:
         following = RunDir(run.root, str(decision["run_id"]))
         if not following.run_json.exists():
             following.create(attempt_info(info, decision))
-        summary = {**summary, "recovered_in": following.run_id}
+        summary = replace(summary, recovered_in=following.run_id)
     return summary
 
 
@@ -88,11 +134,11 @@ def next_attempt(run: RunDir, wait: float = 0.0) -> RunDir | None:
     detached run's nodes started, recorded now; None when none did. WAIT: seconds to wait
     for the nodes' decision on a run that failed by a node's fault (they name a lost node
     PEER_TIMEOUT after its last word)."""
-    summary = run.summary() or {}
-    if summary.get("recovered_in"):
-        return RunDir(run.root, summary["recovered_in"])
+    summary = run.summary()
+    if summary is not None and summary.recovered_in:
+        return RunDir(run.root, summary.recovered_in)
     info = run.info()
-    if not info.get("recovery_plan") or not summary or node_failure(summary) is None:
+    if not info.get("recovery_plan") or summary is None or node_failure(summary) is None:
         return None
     deadline = time.monotonic() + wait
     while True:
@@ -101,10 +147,10 @@ def next_attempt(run: RunDir, wait: float = 0.0) -> RunDir | None:
             break
         time.sleep(1.0)
     summary = recorded(run, info, summary, decision)
-    if not summary.get("recovered_in"):
+    if not summary.recovered_in:
         return None
     write_summary(run, summary)
-    return RunDir(run.root, summary["recovered_in"])
+    return RunDir(run.root, summary.recovered_in)
 
 
 def recovery_decision(info: dict[str, Any]) -> dict | None:
@@ -137,22 +183,22 @@ def current_attempt(run: RunDir) -> RunDir:
 
 
 def with_recovery(run: RunDir, first: str, recovery: Recovery, earlier: list[Recovery],
-                  summary: dict[str, Any]) -> dict[str, Any]:
+                  summary: Summary) -> Summary:
     """The summary of RUN, the attempt RECOVERY started (of the run FIRST, after the
     recoveries EARLIER), with that recovery completed from what its end tells (when it
     trained again, from which checkpoint) and every recovery so far."""
-    previous = summary_of(run.root, recovery.failed_run) or {}
+    previous = summary_of(run.root, recovery.failed_run)
     log = ""
     try:
         log = run.log(recovery.nodes[0]).read_text(encoding="utf-8", errors="replace")
     except OSError:
         pass
-    recovery.complete(summary, log, previous.get("last_step"))
-    return {**summary, "recovery_of": first,
-            "recoveries": [r.to_json() for r in [*earlier, recovery]]}
+    done = recovery.completed(summary.start, summary.first_step_at, log,
+                              previous.last_step if previous else None)
+    return replace(summary, recovery_of=first, recoveries=(*earlier, done))
 
 
-def summary_of(root: Path, run_id: str) -> dict[str, Any] | None:
+def summary_of(root: Path, run_id: str) -> Summary | None:
     """Run RUN_ID's summary in ROOT, None when it has none or it does not read."""
     try:
         return RunDir(root, run_id).summary()

@@ -14,10 +14,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from orchestrator.diagnosis.system import Sample
-from orchestrator.node.protocol import End
+from orchestrator.node.protocol import EXIT_MARKER, STOP_MARKER, SYSTEM_MARKER, End
+from orchestrator.node.steptime import beat_line
 from orchestrator.record.rundir import RunDir
 from orchestrator.report.page import read_timeline
-from orchestrator.run.follow import Following, Job
+from orchestrator.run.follow import Following, Job, whole_log
 from orchestrator.run.launch import Launch
 from orchestrator.run.scheduler import SshScheduler
 from orchestrator.run.status import JobResult, NodeOutcome
@@ -216,3 +217,14 @@ def test_the_supervisor_samples_its_node_while_the_job_prints_nothing(tmp_path: 
     assert sample.node == "n0" and sample.cpu_pct is not None and sample.job_rss
     assert [g.util_pct for g in sample.gpus] == [0.0, 0.0]
     assert sample.rx_bps is not None    # loopback: the address the run gave the node
+
+
+def test_a_nodes_whole_log_is_kept_as_following_it_keeps_it() -> None:
+    """What settling a run nobody followed writes for a node (run/settle.py fetch_logs):
+    its words, prefixed, a rank's line cut by torchrun's tailer whole again; not the
+    session's markers, the node's samples, the ranks' beats or the node's stop echo."""
+    output = (f"[rank1]:epoch 1 loss 0.5\n[rank1]:{beat_line(0.1, None, None, 3, 'node')}\n"
+              f"[rank1]:sum [rank1]:12\ntorchrun says\n{STOP_MARKER} SIGTERM\n"
+              f"{SYSTEM_MARKER} {{}}\n{EXIT_MARKER} 0 exited -\n").encode()
+    assert whole_log("node1", output) == ["node1/rank1 | epoch 1 loss 0.5",
+                                          "node1/rank1 | sum 12", "node1/torchrun | torchrun says"]

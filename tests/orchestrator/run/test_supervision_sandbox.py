@@ -167,6 +167,12 @@ def test_detached_run_with_a_failing_node_stops_everywhere(sandbox_cluster, tmp_
     assert {n["name"]: (n["end_reason"], n.get("why")) for n in summary["nodes"]} == {
         "node0": ("stopped", "peer-failed node1"), "node1": ("exited", None),
         "node2": ("stopped", "peer-failed node1")}
+    # Nobody followed it: its record has each node's whole log, fetched as it was settled.
+    logs = cli(sandbox_cluster, tmp_path, "logs", run_id).stdout
+    for rank, node in enumerate(NODES):
+        assert f"{node}/rank{rank} | rank {rank} on node {rank} joined" in logs, logs
+    assert "node1/rank1 | rank 1: simulated failure on node 1 (exit)" in logs, logs
+    assert "##clustertrain beat" not in logs and "@@clustertrain" not in logs  # not its words
 
 
 def test_train_piped_into_head_returns_and_stops_the_job(sandbox_cluster, tmp_path) -> None:
