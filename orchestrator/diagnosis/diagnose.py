@@ -68,15 +68,11 @@ class NodeDumps:
 
 def dump_node(target: Target, run_id: str, native: bool = False) -> NodeDumps:
     args = [JOBS_DIR, run_id, target.py_spy] + (["--native"] if native else [])
-    result = nodelib.call(target.conn, target.python, "dump", *args, timeout=NODE_TIMEOUT)
-    lines = result.stdout.strip().splitlines()
-    if result.exit_code != 0 or not lines:
-        said = result.stderr.strip().splitlines() or [f"exit {result.exit_code}"]
-        return NodeDumps(target.node, error=f"the dump failed: {said[-1]}")
     try:
-        ranks = json.loads(lines[-1])
-    except ValueError:
-        return NodeDumps(target.node, error=f"the dump printed no JSON: {lines[-1][:200]}")
+        ranks = nodelib.ask(target.conn, target.python, "dump", *args, node=target.node,
+                            timeout=NODE_TIMEOUT)["ranks"]
+    except (nodelib.NodeAnswerError, KeyError) as exc:
+        return NodeDumps(target.node, error=f"the dump failed: {exc}")
     if not ranks:
         return NodeDumps(target.node, error="no worker of this run runs there")
     return NodeDumps(target.node, ranks)

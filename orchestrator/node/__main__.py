@@ -159,7 +159,7 @@ def _dump_arguments(d: argparse.ArgumentParser) -> None:
 
 def _dump(args: argparse.Namespace) -> int:
     from .dump import dump_workers
-    return _print_json(dump_workers(_job(args), args.run, args.py_spy, args.native))
+    return _print_json({"ranks": dump_workers(_job(args), args.run, args.py_spy, args.native)})
 
 
 # -- preflight: probe, reach, unlisten, release ------------------------------------------

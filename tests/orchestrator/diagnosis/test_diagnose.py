@@ -67,7 +67,7 @@ def node_dump(job: Path, py_spy: str) -> list[dict]:
                           job.name, py_spy], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "HOME": str(job.parent.parent)})
     assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])["ranks"]
 
 
 def test_the_node_dumps_every_worker_of_the_run_and_no_other_process(fake_run: Path) -> None:

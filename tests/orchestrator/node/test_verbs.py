@@ -197,7 +197,9 @@ def test_verb_stop_ends_the_runs_processes(node: Node, running: Path, tmp_path: 
 @covers("dump")
 def test_verb_dump_reads_every_workers_stack(node: Node, running: Path) -> None:
     assert PY_SPY is not None, "py-spy is a test dependency (pyproject.toml): make test-venv"
-    entries = last_json(node.verb("dump", "jobs", running.name, PY_SPY))
+    answer = last_json(node.verb("dump", "jobs", running.name, PY_SPY))
+    assert isinstance(answer, dict), answer   # every verb answers an object
+    entries = answer["ranks"]
     assert isinstance(entries, list) and [e["rank"] for e in entries] == [0], entries
     assert "waiting_in_the_test" in entries[0]["dump"]
 
