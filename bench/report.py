@@ -28,7 +28,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from orchestrator.diagnosis.progress import Progress  # noqa: E402
+from orchestrator.record.progress import Progress  # noqa: E402
 from orchestrator.record.rundir import RunDir, iso  # noqa: E402
 from orchestrator.report.page import write_report  # noqa: E402
 

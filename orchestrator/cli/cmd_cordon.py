@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..cluster.drain import cordon_record, keep_out, uncordon
 from ..cluster.inventory import load_cluster
 from ..errors import ClusterError, InputError
-from ..run.drain import cordon_record, keep_out, uncordon
 from . import values
 
 WHO_LIFTS = ("Any user may cordon any node; only the cordon's author or an admin (a member "

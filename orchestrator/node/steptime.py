@@ -7,7 +7,7 @@ to the next; of that, the part spent waiting for its peers comes from DDP's own
 instrumentation, the reducer's timers (`_get_ddp_logging_data()`: the time its gradient
 all-reduce went on after its own backward had finished computing, which is what a rank
 spends waiting for the slowest one). The rest is the rank's own work: data, forward,
-backward, optimizer, which is what shows which node is slow (diagnosis/progress.py).
+backward, optimizer, which is what shows which node is slow (record/progress.py).
 Samples per step are the batch dimension of the forward's first tensor argument.
 
 About once a second (every step, for steps longer than that) the rank prints a beat, as a

@@ -9,7 +9,7 @@ carries the node's cluster address (/proc/net/dev, the interface by /proc/net/ro
 GPU's utilisation and memory when nvidia-smi is on PATH: the run's GPUs only, those
 CUDA_VISIBLE_DEVICES names when it does (a node Slurm shares: another user's GPU is not
 in this run's samples, its charts or its idle flags). The controller keeps the lines in
-the run's timeline (diagnosis/system.py), never on the terminal. One sample reads a few
+the run's timeline (record/system.py), never on the terminal. One sample reads a few
 /proc files and one short line per process of the node; nothing is read in between.
 
 The parsers are pure (text in, numbers out); `Sampler` holds the counters between two
@@ -40,7 +40,7 @@ SMI_QUERY = ["--query-gpu=index,utilization.gpu,memory.used,memory.total",
 SMI_TIMEOUT = 5.0    # seconds: a driver that does not answer costs one sample its GPUs
 MIB = 1024 * 1024
 GPU_IDLE_PCT = 1.0   # a GPU at or under this utilisation is idle (here, and the controller's
-                     # flag of a GPU idle for train's --gpu-idle seconds: diagnosis/system.py)
+                     # flag of a GPU idle for train's --gpu-idle seconds: record/system.py)
 
 
 # -- pure parsers ---------------------------------------------------------------------------
@@ -121,7 +121,7 @@ def interface_for(address: str, route: str) -> str | None:
 
 @dataclass(frozen=True)
 class Gpu:
-    """One GPU in a sample (the controller reads it back: diagnosis/system.py)."""
+    """One GPU in a sample (the controller reads it back: record/system.py)."""
     index: int
     util_pct: float
     mem_used: int     # bytes

@@ -241,7 +241,7 @@ class RunDir:
     @property
     def timeline(self) -> Path:
         """The run's step times, samples/s and loss per window of its beats, one JSON
-        object a line (diagnosis/progress.py `Point`), appended while it runs."""
+        object a line (record/progress.py `Point`), appended while it runs."""
         return self.path / "timeline.jsonl"
 
     @property

@@ -19,10 +19,10 @@ from typing import Any
 import jinja2
 
 from .. import defaults
-from ..diagnosis import system
-from ..diagnosis.progress import WINDOW_S, Point
 from ..node.protocol import SYSTEM_INTERVAL
+from ..record import system
 from ..record.logstream import is_record
+from ..record.progress import WINDOW_S, Point
 from ..record.rundir import RecordUnreadable, RunDir, write_private
 from ..record.status import LAST_LINES, row
 from ..record.summary import RunStatus, Summary

@@ -22,8 +22,6 @@ from typing import IO, Any
 from .. import defaults
 from ..cluster.inventory import NodeSpec
 from ..diagnosis.diagnose import analyse, read_node_dumps
-from ..diagnosis.progress import Progress, parse_beat
-from ..diagnosis.system import Sample, SystemWatch, parse_system
 from ..node.protocol import (
     COLLECTIVE_TIMEOUT,
     HANG_GATHER,
@@ -35,7 +33,9 @@ from ..node.protocol import (
 )
 from ..record.ends import PEER_GONE, rank_error
 from ..record.logstream import LineSplitter, is_record
+from ..record.progress import Progress, parse_beat
 from ..record.rundir import RunDir, iso, open_private
+from ..record.system import Sample, SystemWatch, parse_system
 from .command import EXIT_MARKER, NodeCommand
 from .scheduler import Scheduler
 from .spec import HangWatch, OnHang

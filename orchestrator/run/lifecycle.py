@@ -49,7 +49,6 @@ from ..record.status import cut_short
 from ..record.summary import Recovery, RunStatus, Summary
 from .allocation import Allocation, queue_for
 from .command import NodeCommand, state_dir
-from .drain import keep_out_lost
 from .follow import Job
 from .recovery import (
     RECOVERY_ENV,
@@ -58,6 +57,7 @@ from .recovery import (
     attempt_id,
     detached_plan,
     exhausted,
+    keep_out_lost,
     next_nodes,
     node_failure,
     spares_of,

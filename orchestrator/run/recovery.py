@@ -17,11 +17,14 @@ run that was stopped, interrupted or hung, nothing is retried.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from ..cluster import ssh
+from ..cluster.drain import KeptOut, keep_out
+from ..cluster.inventory import Cluster
 from ..errors import InputError, LaunchError
 from ..node.fault import node_fault, ranks_killed
 from ..node.protocol import TEMPLATE, End
@@ -60,6 +63,22 @@ def node_failure(summary: Summary) -> Failure | None:
     if why is None:
         return None
     return Failure(summary.run_id, name, why, reason == End.LOST, str(summary.end))
+
+
+def lost_nodes(summary: Summary) -> dict[str, str]:
+    """The nodes the run lost (no word from them: down, cut off), each with why."""
+    return {n.name: n.why or "no word from it" for n in summary.nodes if n.end_reason == "lost"}
+
+
+def keep_out_lost(summary: Summary, cluster: Cluster,
+                  clients: Mapping[str, ssh.Connection],
+                  say: Callable[[str], None] = print) -> KeptOut:
+    """Keep out each node the run lost, asked from a node it did not lose."""
+    lost = lost_nodes(summary)
+    asker = next(((n, c) for n, c in clients.items() if n not in lost and c.alive()), None)
+    return keep_out(cluster, {node: f"{node} lost mid-run {summary.run_id} ({why})"
+                              for node, why in lost.items()}, summary.run_id,
+                    asker, say)
 
 
 def next_nodes(names: Sequence[str], failed: str, spares: list[str],

@@ -11,10 +11,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..diagnosis.progress import Straggler
 from ..errors import LaunchError
 from ..node.protocol import STOP_REQUESTED, End
 from ..record.ends import how_it_ended
+from ..record.progress import Straggler
 from ..record.rundir import RunDir, iso
 from ..record.status import LAST_LINES, NodeEnd, decide, read_ends, write
 from ..record.summary import RunStatus, Summary
@@ -54,7 +54,7 @@ class JobResult:
     hang: dict[str, Any] | None = None   # the hang found (summary.json "hang")
     hung: bool = False                   # and the run was stopped for it
     progress: dict[str, Any] = field(default_factory=dict)  # step times, stragglers
-    system_flags: list[dict] = field(default_factory=list)  # diagnosis/system.py's Flags
+    system_flags: list[dict] = field(default_factory=list)  # record/system.py's Flags
 
     @property
     def ok(self) -> bool:

@@ -16,7 +16,7 @@ import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from ..diagnosis.progress import Point
+from ..record.progress import Point
 
 METHODS = ("median",)
 MIN_TRIALS = 3   # other trials that reached the step, before any trial is judged at it

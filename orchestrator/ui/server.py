@@ -70,9 +70,9 @@ def ask_cluster(inventory: str | Path) -> dict[str, Any]:
     """The nodes page's view of the cluster: its nodes, the cordoned ones (from the
     share's record) and, on Slurm, the queue. What cannot be asked is said as an error
     beside what could."""
+    from ..cluster.drain import cordons
     from ..cluster.inventory import load_cluster
     from ..cluster.slurm import render_queue, squeue
-    from ..run.drain import cordons
 
     cluster = load_cluster(inventory)
     view: dict[str, Any] = {"inventory": str(cluster.inventory), "nodes": cluster.names,

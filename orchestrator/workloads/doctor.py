@@ -26,12 +26,12 @@ from pathlib import Path
 from typing import TypeVar
 
 from .. import defaults
+from ..cluster.drain import clear_cordons, keep_out
 from ..cluster.inventory import Cluster
 from ..errors import ClusterError, LaunchError
 from ..node import doctor as node_doctor
 from ..record.rundir import RunDir, new_run_id
 from ..report.page import try_write_report
-from ..run.drain import clear_cordons, keep_out
 from ..run.lifecycle import choose_nodes, run_training
 from ..run.spec import RunSpec, check_measures
 

@@ -49,6 +49,7 @@ from typing import Any
 
 from .. import defaults
 from ..cluster import nodelib
+from ..cluster.drain import cordons
 from ..cluster.fanout import each
 from ..cluster.inventory import Cluster, NodeSpec, check_env_name, load_cluster
 from ..cluster.ssh import SshTarget, connect, forward
@@ -57,7 +58,6 @@ from ..node.notebook import ACCESS_FILE
 from ..node.protocol import NOTEBOOK_FILE, NOTEBOOK_MODULE
 from ..record.rundir import check_writable, new_run_id, open_run
 from ..run.command import NodeCommand
-from ..run.drain import cordons
 from ..run.lifecycle import run_training
 from ..run.settle import settle
 from ..run.spec import Given, RunSpec, option_label, queue_options

@@ -141,9 +141,9 @@ def test_every_rank_reads_the_chosen_checkpoint_once_and_resumes_at_the_same_ste
 
 def test_training_steps_beat_at_most_once_a_second_with_their_own_time(job, capsys,
                                                                        train_modules) -> None:
-    """The beat the orchestrator reads (orchestrator/diagnosis/progress.py): one line per second at
+    """The beat the orchestrator reads (orchestrator/record/progress.py): one line per second at
     most, with the median of this rank's own step times and the batch size."""
-    from orchestrator.diagnosis.progress import Beat, parse_beat
+    from orchestrator.record.progress import Beat, parse_beat
 
     beat = train_modules("trainer").StepBeat(clock=iter([0.0, 0.4, 0.8, 1.2, 1.5]).__next__)
     for own in (0.3, 0.1, 0.2):

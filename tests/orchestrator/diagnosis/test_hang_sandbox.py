@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.diagnosis.system import Sample
 from orchestrator.record.rundir import RunDir
+from orchestrator.record.system import Sample
 
 from ...cluster import ENV as PODMAN_ENV, REPO, ProvisionedCluster as Sandbox
 from ..node.test_sysmetrics import SMI_BIN

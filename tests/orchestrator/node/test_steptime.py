@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.diagnosis.progress import Progress, parse_beat
 from orchestrator.node import steptime
+from orchestrator.record.progress import Progress, parse_beat
 
 from ..local_node import unused_port
 from .test_worker import node_py

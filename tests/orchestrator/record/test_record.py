@@ -187,7 +187,7 @@ def test_a_runs_record_is_readable_by_its_owner_only_whatever_the_umask(
         tmp_path: Path, umask: int) -> None:
     """run.json holds the job's command and its --env values: on a shared machine the
     other users see none of the record, whatever the umask it was written under."""
-    from orchestrator.diagnosis.progress import NodePoint, Point
+    from orchestrator.record.progress import NodePoint, Point
 
     old = os.umask(umask)
     try:
@@ -212,7 +212,7 @@ def test_a_record_written_wider_before_is_read_and_narrowed_when_written_again(
         tmp_path: Path) -> None:
     """A runs directory of an older version (0755, 0644) reads as it did; what is
     written into it again (a queued run's record, its timeline) is its owner's only."""
-    from orchestrator.diagnosis.progress import NodePoint, Point
+    from orchestrator.record.progress import NodePoint, Point
 
     run = make_run(tmp_path, finished=True)
     for path in (run.path, *run.path.iterdir()):

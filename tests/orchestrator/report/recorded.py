@@ -11,7 +11,7 @@ import random
 from pathlib import Path
 
 from orchestrator.diagnosis.hang import RankId, analyze_stacks, read_pyspy_dump
-from orchestrator.diagnosis.progress import Progress
+from orchestrator.record.progress import Progress
 from orchestrator.record.rundir import RunDir, iso
 from orchestrator.record.summary import Summary
 from orchestrator.run.status import write_summary

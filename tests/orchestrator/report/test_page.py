@@ -12,10 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from orchestrator.diagnosis.progress import Point
-from orchestrator.diagnosis.system import Sample, flags_of
 from orchestrator.node.sysmetrics import Gpu
+from orchestrator.record.progress import Point
 from orchestrator.record.rundir import RunDir, iso
+from orchestrator.record.system import Sample, flags_of
 from orchestrator.report import svg
 from orchestrator.report.page import context, read_timeline, try_write_report
 

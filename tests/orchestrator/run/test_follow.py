@@ -13,10 +13,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from orchestrator.diagnosis.system import Sample
 from orchestrator.node.protocol import EXIT_MARKER, STOP_MARKER, SYSTEM_MARKER, End
 from orchestrator.node.steptime import beat_line
 from orchestrator.record.rundir import RunDir
+from orchestrator.record.system import Sample
 from orchestrator.report.page import read_timeline
 from orchestrator.run.follow import Following, Job, whole_log
 from orchestrator.run.launch import Launch

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from orchestrator.diagnosis.progress import Point
+from orchestrator.record.progress import Point
 from orchestrator.record.rundir import RunDir
 from orchestrator.run.spec import RunSpec
 from orchestrator.sweep.early import EarlyStop, curve, judge, loss_at

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.diagnosis.progress import Point
+from orchestrator.record.progress import Point
 from orchestrator.report import svg
 from orchestrator.sweep.record import SweepRecord, TrialState, new_sweep
 from orchestrator.sweep.report import REPORT, write_sweep_report

@@ -1,4 +1,4 @@
-"""The nodes' system samples as the controller keeps them (diagnosis/system.py): read from
+"""The nodes' system samples as the controller keeps them (record/system.py): read from
 a node's line, kept in the timeline beside the progress points without either being
 taken for the other, and the flags: a node close to running out of memory, a GPU idle for
 minutes."""
@@ -9,8 +9,9 @@ import json
 
 import pytest
 
-from orchestrator.diagnosis.progress import NodePoint, Point
-from orchestrator.diagnosis.system import (
+from orchestrator.node.sysmetrics import Gpu
+from orchestrator.record.progress import NodePoint, Point
+from orchestrator.record.system import (
     GIB,
     FlagKind,
     Sample,
@@ -18,7 +19,6 @@ from orchestrator.diagnosis.system import (
     flags_of,
     parse_system,
 )
-from orchestrator.node.sysmetrics import Gpu
 
 LINE = ('{"t":1000.5,"cpu_pct":37.5,"mem_total":%d,"mem_available":%d,"job_rss":%d,'
         '"net":{"iface":"eth0","rx_bps":1200000,"tx_bps":800000},'

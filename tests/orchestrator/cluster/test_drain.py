@@ -7,11 +7,12 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from orchestrator.cluster.drain import KeptOut, cordon_event
 from orchestrator.cluster.inventory import Cluster, NodeSpec
 from orchestrator.cluster.ssh import Result, SshTarget
 from orchestrator.node.cordon import CORDON
 from orchestrator.record.summary import Summary
-from orchestrator.run.drain import KeptOut, cordon_event, keep_out_lost, lost_nodes
+from orchestrator.run.recovery import keep_out_lost, lost_nodes
 
 from ..local_node import Canned
 

@@ -15,12 +15,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..cluster import nodelib, ssh
-from ..cluster.inventory import Cluster, NodeSpec
 from ..errors import ClusterError
 from ..node.cordon import CORDON, UNCORDON
 from ..node.protocol import DRAIN
-from ..record.summary import Summary
+from . import nodelib, ssh
+from .inventory import Cluster, NodeSpec
 
 
 @dataclass(frozen=True)
@@ -28,22 +27,6 @@ class KeptOut:
     """The nodes kept out, each with why: in the share's record, and in Slurm."""
     cordoned: dict[str, str] = field(default_factory=dict)
     drained: dict[str, str] = field(default_factory=dict)
-
-
-def lost_nodes(summary: Summary) -> dict[str, str]:
-    """The nodes the run lost (no word from them: down, cut off), each with why."""
-    return {n.name: n.why or "no word from it" for n in summary.nodes if n.end_reason == "lost"}
-
-
-def keep_out_lost(summary: Summary, cluster: Cluster,
-                  clients: Mapping[str, ssh.Connection],
-                  say: Callable[[str], None] = print) -> KeptOut:
-    """Keep out each node the run lost, asked from a node it did not lose."""
-    lost = lost_nodes(summary)
-    asker = next(((n, c) for n, c in clients.items() if n not in lost and c.alive()), None)
-    return keep_out(cluster, {node: f"{node} lost mid-run {summary.run_id} ({why})"
-                              for node, why in lost.items()}, summary.run_id,
-                    asker, say)
 
 
 def keep_out(cluster: Cluster, reasons: Mapping[str, str], run_id: str | None,

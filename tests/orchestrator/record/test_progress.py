@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from orchestrator.diagnosis.progress import (
+from orchestrator.record.progress import (
     MIN_STEPS,
     WINDOW_S,
     Beat,
