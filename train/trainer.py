@@ -70,7 +70,7 @@ class StopRequest:
 
 class StepBeat:
     """The beat line the orchestrator reads (`##clustertrain beat`, see
-    orchestrator/diagnosis/progress.py): this rank makes progress, and its own time per step (the
+    orchestrator/record/progress.py): this rank makes progress, and its own time per step (the
     batch's preparation and the forward pass, where it waits for no other rank), so that
     a slow node shows. At most one line per INTERVAL seconds: the median of its steps."""
 
