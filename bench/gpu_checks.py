@@ -502,7 +502,7 @@ def main() -> int:
         ("ncclInvalidUsage: Duplicate GPU detected", NCCL 2.28.9, seen on an H100)."""
         import torch
 
-        from orchestrator.diagnosis.diagnose import NodeDumps, analyse
+        from orchestrator.diagnosis.dumps import NodeDumps, analyse
 
         if torch.cuda.device_count() < 3:
             return {"skipped": f"needs 3 GPUs, this machine has "

@@ -48,7 +48,7 @@ from orchestrator.cluster.inventory import load_cluster  # noqa: E402
 from orchestrator.cluster.ssh import connect_all  # noqa: E402
 from orchestrator.record.rundir import RunDir, new_run_id, run_state_dir  # noqa: E402
 from orchestrator.run.command import NodeCommand  # noqa: E402
-from orchestrator.run.follow import Job  # noqa: E402
+from orchestrator.run.job import Job  # noqa: E402
 from orchestrator.run.launch import Launch  # noqa: E402
 from orchestrator.run.scheduler import SshScheduler  # noqa: E402
 from orchestrator.run.sync import sync_code  # noqa: E402

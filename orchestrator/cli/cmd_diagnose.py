@@ -1,5 +1,5 @@
 """`diagnose RUN`: dump and read every rank of a running run
-(orchestrator/run/diagnose.py, orchestrator/diagnosis/diagnose.py)."""
+(orchestrator/run/diagnose.py, orchestrator/diagnosis/dumps.py)."""
 
 from __future__ import annotations
 

@@ -12,8 +12,8 @@ from ..errors import ClusterError
 from ..record.listing import listed, what
 from ..record.rundir import RunDir, list_runs, open_run
 from ..report.page import write_report
+from ..run.conclude import show
 from ..run.settle import settle
-from ..run.status import show
 from . import values
 
 

@@ -9,7 +9,7 @@ node that `ansible-playbook` reaches is reached here the same way, bastions incl
 One master connection per node (ControlMaster, in a private socket directory) carries
 every later command: a session over it starts in milliseconds. The master sends
 ServerAlive probes; a node that stops answering them ends its master and every session
-over it, which is how a lost node is noticed (run/follow.py then takes a second look: a
+over it, which is how a lost node is noticed (run/job.py then takes a second look: a
 new connection, before the node is named lost).
 """
 

@@ -250,7 +250,7 @@ class RunDir:
 
     def write_summary(self, summary: Summary) -> None:
         """The run's summary.json, the one place it is written (its report is drawn by
-        whoever concludes the run: run/status.py `write_summary`)."""
+        whoever concludes the run: run/conclude.py `write_summary`)."""
         _write_json(self.summary_json, summary.to_json())
 
     @property

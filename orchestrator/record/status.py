@@ -1,6 +1,6 @@
 """A run's status: the one rule (`decide`) and the summary it makes (`write`; `cut_short`
 for a run left before its end), whoever concludes the run (`train` or `attach` following
-it to its end, run/status.py; `runs` settling it from what its nodes left on the share,
+it to its end, run/conclude.py; `runs` settling it from what its nodes left on the share,
 `summarize`), read from the record alone (pure but for the nodes' logs that `read_ends`
 reads). The summary's shape is record/summary.py's; RunDir.write_summary writes it.
 

@@ -33,8 +33,8 @@ from ..node.slurmjob import JOB_ENV
 from ..record.rundir import RunDir, iso, write_private
 from ..record.status import cut_short
 from ..record.summary import RunStatus, Summary
+from .conclude import write_summary
 from .spec import RunSpec
-from .status import write_summary
 
 RELEASE_WAIT = 15.0   # seconds for the node to cancel the job once train lets go
 

@@ -1,5 +1,5 @@
 """`diagnose RUN`: a running run's nodes, from its record, sampled at once and read
-(diagnosis/diagnose.py samples and reads; this is the run's side: its record, its owner,
+(diagnosis/dumps.py samples and reads; this is the run's side: its record, its owner,
 its nodes' connections and each node's torchrun)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..cluster import ssh
 from ..cluster.inventory import load_cluster
-from ..diagnosis.diagnose import Diagnosis, analyse, sample, targets_of
+from ..diagnosis.dumps import Diagnosis, analyse, sample, targets_of
 from ..errors import ClusterError
 from ..record.rundir import check_owner, open_run
 from .command import NodeCommand

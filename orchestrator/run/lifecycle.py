@@ -49,7 +49,8 @@ from ..record.status import cut_short
 from ..record.summary import Recovery, RunStatus, Summary
 from .allocation import Allocation, queue_for
 from .command import NodeCommand, state_dir
-from .follow import Job
+from .conclude import conclude, make_summary, write_summary
+from .job import Job
 from .recovery import (
     RECOVERY_ENV,
     Failure,
@@ -74,7 +75,6 @@ from .settle import (
     with_recovery,
 )
 from .spec import RunSpec
-from .status import conclude, make_summary, write_summary
 from .sync import SyncResult, left_out, sync_code
 
 # What an attached run serves while it is followed, given node 0's command, the node and

@@ -22,7 +22,7 @@ from typing import Generic, Protocol, TypeVar
 from ..cluster import nodelib, ssh
 from ..cluster.fanout import each
 from ..cluster.inventory import NodeSpec
-from ..diagnosis.diagnose import NodeDumps, collect, targets_of
+from ..diagnosis.dumps import NodeDumps, collect, targets_of
 from ..errors import PreflightError
 from ..node.protocol import JOBS_DIR
 from .command import NodeCommand

@@ -17,16 +17,16 @@ from typing import Any
 from ..cluster import ssh
 from ..cluster.fanout import each
 from ..cluster.inventory import NodeSpec, load_cluster
-from ..diagnosis.diagnose import read_node_dumps
+from ..diagnosis.dumps import read_node_dumps
 from ..errors import ClusterError
 from ..record.rundir import RunDir, latest_attempt, write_private
 from ..record.status import summarize
 from ..record.summary import Recovery, RunStatus, Summary
 from .command import NodeCommand
-from .follow import whole_log
+from .conclude import write_summary
+from .job import whole_log
 from .recovery import attempt_info, node_failure
 from .scheduler import NodeStates, scheduler_for, slurm_job_of
-from .status import write_summary
 
 # Who found a detached run hung, in its summary.
 DETACHED = "the nodes (detached run)"

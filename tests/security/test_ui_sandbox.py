@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 from orchestrator.record.rundir import RunDir
 from orchestrator.record.summary import Summary
-from orchestrator.run.status import write_summary
+from orchestrator.run.conclude import write_summary
 run = RunDir(Path(sys.argv[1]), {RUN_ID!r})
 info = {{"run_id": run.run_id, "inventory": "/home/alice/inventory.yml", "nodes": ["node0"],
         "users": {{"node0": "alice"}}, "script": "train.py", "script_args": ["--epochs", "3"],

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.diagnosis.diagnose import Diagnosis
+from orchestrator.diagnosis.dumps import Diagnosis
 from orchestrator.errors import LaunchError
 from orchestrator.provision.wheelhouse import (
     WheelhouseError,

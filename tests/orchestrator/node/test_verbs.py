@@ -2,7 +2,7 @@
 cluster/nodelib.py installs under the user's home (`python3 ~/.clustertrain/lib/<version>/
 node.py VERB`), with a home of the test's own. One test per verb; the behaviour behind
 each verb is tested at length beside this file (test_supervise, test_stop, test_probe_verbs,
-test_carry, test_worker; the dump in diagnosis/test_diagnose); the sandbox tests run the
+test_carry, test_worker; the dump in diagnosis/test_dumps); the sandbox tests run the
 same verbs over SSH."""
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from orchestrator.record.rundir import RunDir
 from orchestrator.record.status import NodeEnd, judge
 from orchestrator.record.summary import Summary
 from orchestrator.run.command import NodeCommand
-from orchestrator.run.status import JobResult, NodeOutcome, conclude as _conclude, make_summary
+from orchestrator.run.conclude import JobResult, NodeOutcome, conclude as _conclude, make_summary
 
 # What torchrun 2.13 printed (node log, prefixed by logstream) when rank 1 aborted after
 # the runner's marker: the report's format is torch's (multiprocessing/errors).

@@ -12,7 +12,7 @@ import pytest
 from orchestrator.cli import main
 from orchestrator.record.rundir import RunDir, latest_attempt, new_run_id
 from orchestrator.record.summary import Summary
-from orchestrator.run.status import write_summary
+from orchestrator.run.conclude import write_summary
 
 
 def make_run(root: Path, finished: bool) -> RunDir:

@@ -14,7 +14,7 @@ from orchestrator.diagnosis.hang import RankId, analyze_stacks, read_pyspy_dump
 from orchestrator.record.progress import Progress
 from orchestrator.record.rundir import RunDir, iso
 from orchestrator.record.summary import Summary
-from orchestrator.run.status import write_summary
+from orchestrator.run.conclude import write_summary
 from orchestrator.workloads.doctor import analyse as doctor_analyse
 
 HERE = Path(__file__).parents[1]

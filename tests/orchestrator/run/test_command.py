@@ -98,7 +98,7 @@ def test_a_command_survives_its_record() -> None:
 
 
 def test_the_exit_marker_is_taken_out_of_the_log() -> None:
-    from orchestrator.run.follow import take_exit_marker
+    from orchestrator.run.job import take_exit_marker
 
     lines = ["node0/rank0 | done", "node0/torchrun | @@clustertrain-exit 3 peer-failed node2"]
     assert take_exit_marker(lines, None) == (["node0/rank0 | done"], (3, "peer-failed", "node2"))

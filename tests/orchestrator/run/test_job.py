@@ -1,4 +1,4 @@
-"""Following a run to its end (run/follow.py's Job), for real on this machine: two nodes
+"""Following a run to its end (run/job.py's Job), for real on this machine: two nodes
 launched as in test_launch.py (the real supervisors, a stand-in for torchrun), their
 logs followed through the node package's `follow`, stops through its `stop`."""
 
@@ -18,10 +18,10 @@ from orchestrator.node.steptime import beat_line
 from orchestrator.record.rundir import RunDir
 from orchestrator.record.system import Sample
 from orchestrator.report.page import read_timeline
-from orchestrator.run.follow import Following, Job, whole_log
+from orchestrator.run.conclude import JobResult, NodeOutcome
+from orchestrator.run.job import Following, Job, whole_log
 from orchestrator.run.launch import Launch
 from orchestrator.run.scheduler import SshScheduler
-from orchestrator.run.status import JobResult, NodeOutcome
 
 from ..node.test_sysmetrics import SMI_BIN
 from .test_launch import nodes

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.diagnosis.diagnose import NodeDumps, analyse
+from orchestrator.diagnosis.dumps import NodeDumps, analyse
 from orchestrator.diagnosis.hang import RankId, parse_pyspy_dump
 from orchestrator.node import stop as node_stop
 

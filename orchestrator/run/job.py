@@ -21,7 +21,7 @@ from typing import IO, Any
 
 from .. import defaults
 from ..cluster.inventory import NodeSpec
-from ..diagnosis.diagnose import analyse, read_node_dumps
+from ..diagnosis.dumps import analyse, read_node_dumps
 from ..node.protocol import (
     COLLECTIVE_TIMEOUT,
     HANG_GATHER,
@@ -37,9 +37,9 @@ from ..record.progress import Progress, parse_beat
 from ..record.rundir import RunDir, iso, open_private
 from ..record.system import Sample, SystemWatch, parse_system
 from .command import EXIT_MARKER, NodeCommand
+from .conclude import JobResult, NodeOutcome
 from .scheduler import Scheduler
 from .spec import HangWatch, OnHang
-from .status import JobResult, NodeOutcome
 
 STEADY = 5.0             # a stream followed again that breaks sooner is not a blip
 HEARTBEAT = 1.0          # seconds between the lease renewals sent to every node

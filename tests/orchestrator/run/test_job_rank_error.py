@@ -1,4 +1,4 @@
-"""A failed run's last words are its failing rank's own exception (run/follow.py, read by
+"""A failed run's last words are its failing rank's own exception (run/job.py, read by
 record/ends.py's rank_error), after torchrun's: torchrun_failure.log is what a real
 `torchrun --nproc_per_node 1 --redirects 3 -m orchestrator.node.worker script.py` printed
 for a script that raised (the rank's stdout and stderr, then torchrun's console), prefixed
@@ -13,9 +13,9 @@ from pathlib import Path
 from orchestrator.node.protocol import End
 from orchestrator.record.ends import RankError, rank_error
 from orchestrator.record.rundir import RunDir
-from orchestrator.run.follow import Following, Job, NodeExited
+from orchestrator.run.conclude import NodeOutcome
+from orchestrator.run.job import Following, Job, NodeExited
 from orchestrator.run.scheduler import SshScheduler
-from orchestrator.run.status import NodeOutcome
 
 RECORDED = (Path(__file__).parent / "torchrun_failure.log").read_text().splitlines()
 EXCEPTION = "FileNotFoundError: no such dataset: /data/missing"
