@@ -22,7 +22,7 @@ from ..errors import ClusterError
 from ..record.rundir import RunDir, latest_attempt, write_private
 from ..record.status import summarize
 from ..record.summary import Recovery, RunStatus, Summary
-from .command import NodeCommand
+from .command import EXIT_MARKER, NodeCommand
 from .conclude import write_summary
 from .job import whole_log
 from .recovery import attempt_info, node_failure
@@ -82,7 +82,7 @@ def fetch_logs(run: RunDir, info: dict[str, Any]) -> dict[str, str]:
                             timeout=FETCH_TIMEOUT)
         finally:
             conn.close()
-        if done.exit_code != 0:
+        if EXIT_MARKER not in done.stdout:   # the follow's own end (its code: torchrun's)
             raise ClusterError(f"{spec.name}: its log could not be read: "
                                f"{(done.stderr or done.stdout).strip()[-200:]}")
         lines = whole_log(spec.name, done.stdout.encode())
