@@ -46,6 +46,7 @@ from sandbox_bench import (  # REPO on sys.path
 from orchestrator.cluster import nodelib  # noqa: E402
 from orchestrator.cluster.inventory import load_cluster  # noqa: E402
 from orchestrator.cluster.ssh import connect_all  # noqa: E402
+from orchestrator.node import requests as rq  # noqa: E402
 from orchestrator.record.rundir import RunDir, new_run_id, run_state_dir  # noqa: E402
 from orchestrator.run.command import NodeCommand  # noqa: E402
 from orchestrator.run.job import Job  # noqa: E402
@@ -70,7 +71,7 @@ def bench_launch(cluster, containers, workdir: Path, runs: Path) -> tuple[float,
     rundir.path.mkdir(parents=True)
     warm = connect_all(list(cluster.nodes))  # the node package is there (preflight puts it)
     for spec in cluster.nodes:
-        nodelib.call(warm[spec.name], spec.python, "--help")
+        nodelib.call(warm[spec.name], spec.python, rq.States("/nonexistent"))
         warm[spec.name].close()
     t0 = time.time()
     clients = connect_all(list(cluster.nodes))

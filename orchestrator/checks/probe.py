@@ -30,6 +30,7 @@ from typing import Any
 from .. import defaults
 from ..cluster import nodelib, ssh
 from ..cluster.inventory import NodeSpec
+from ..node import requests as rq
 from ..node.protocol import BOUND_WAIT
 
 CONNECT_TIMEOUT = 3.0    # seconds for a node to open a TCP connection to node 0's port
@@ -128,8 +129,8 @@ def release_port(node: NodeSpec, conn: ssh.Connection, run_id: str,
                  once_bound: int | None = None) -> None:
     """Drop the master-port claim a launch made on node 0 (it would lapse by itself); with
     ONCE_BOUND, once that port is bound (torchrun's store listens) or BOUND_WAIT passed."""
-    extra = ["--once-bound", str(once_bound)] if once_bound else []
-    nodelib.call(conn, node.python, "release", run_id, *extra, timeout=30 + BOUND_WAIT)
+    nodelib.call(conn, node.python, rq.Release(run_id, once_bound or None),
+                 timeout=30 + BOUND_WAIT)
 
 
 def probe(node: NodeSpec, conn: ssh.Connection, *, shared: dict[str, Any],
@@ -162,7 +163,8 @@ def probe(node: NodeSpec, conn: ssh.Connection, *, shared: dict[str, Any],
                              "expect": rendezvous.expect,
                              "address": master_address, "timeout": CONNECT_TIMEOUT,
                              "seconds": LISTEN_SECONDS + LISTEN_PER_NODE * rendezvous.expect}
-    result = nodelib.call(conn, node.python, "probe", timeout=150, stdin=json.dumps(request))
+    result = nodelib.call(conn, node.python, rq.Probe(), timeout=150,
+                          stdin=json.dumps(request))
     received = time.time()
     try:
         data = nodelib.answer_of(result, node.name, "probe")
@@ -181,7 +183,7 @@ def reach(node: NodeSpec, conn: ssh.Connection, *, addr: str, port: int,
                "timeout": CONNECT_TIMEOUT,
                "token": rendezvous.token(shared_path)}
     try:
-        return nodelib.ask(conn, node.python, "reach", node=node.name,
+        return nodelib.ask(conn, node.python, rq.Reach(), node=node.name,
                            timeout=CONNECT_TIMEOUT * 3 + 30, stdin=json.dumps(request))
     except nodelib.NodeAnswerError as exc:
         return {"error": exc.said}
@@ -193,7 +195,7 @@ def stop_listener(node: NodeSpec, conn: ssh.Connection, port: int,
     key (`reach` with "stop"); who connected to it without the key (node/probe.py serve)."""
     request = {"stop": True, "port": port, "nonce": rendezvous.nonce, "key": rendezvous.key}
     try:
-        said = nodelib.ask(conn, node.python, "reach", node=node.name, timeout=30,
+        said = nodelib.ask(conn, node.python, rq.Reach(), node=node.name, timeout=30,
                            stdin=json.dumps(request))
     except nodelib.NodeAnswerError:
         return []   # an older listener's, or none: it ends by itself

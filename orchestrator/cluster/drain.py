@@ -18,6 +18,7 @@ from typing import Any
 from ..errors import ClusterError
 from ..node.cordon import CORDON, UNCORDON
 from ..node.protocol import DRAIN
+from ..node.requests import Cordon
 from . import nodelib, ssh
 from .inventory import Cluster, NodeSpec
 
@@ -78,7 +79,7 @@ def cordon_event(cluster: Cluster, spec: NodeSpec, conn: nodelib.Runs, node: str
     the node verb does (an uncordon: node/cordon.py's lift); {"event": ...}, or
     {"refused": why} or {"error": why not}."""
     try:
-        return nodelib.ask(conn, spec.python, "cordon", node=spec.name, timeout=30,
+        return nodelib.ask(conn, spec.python, Cordon(), node=spec.name, timeout=30,
                            stdin=json.dumps({"share": cluster.shared_path, "node": node,
                                              "action": action, "why": why, "run": run_id,
                                              "admin_group": cluster.admin_group}))
@@ -166,7 +167,7 @@ def cordon_record(cluster: Cluster) -> dict[str, Any]:
     first = cluster.nodes[0]
     conn = ssh.connect(first.name, first.ssh)
     try:
-        return nodelib.ask(conn, first.python, "cordon", node=first.name, timeout=30,
+        return nodelib.ask(conn, first.python, Cordon(), node=first.name, timeout=30,
                            stdin=json.dumps({"share": cluster.shared_path,
                                              "admin_group": cluster.admin_group}))
     except nodelib.NodeAnswerError as exc:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..node.requests import Health
 from . import nodelib, ssh
 from .fanout import each
 from .inventory import Cluster, NodeSpec
@@ -59,11 +60,11 @@ class NodesReport:
                           for n in self.nodes]}
 
 
-def _ask(node: NodeSpec, *args: str, timeout: float) -> dict[str, Any]:
-    """`node.py health ARGS` on NODE, its answer (NodeAnswerError: a RuntimeError)."""
+def _ask(node: NodeSpec, request: Health, timeout: float) -> dict[str, Any]:
+    """`node.py health` on NODE, its answer (NodeAnswerError: a RuntimeError)."""
     conn = ssh.connect(node.name, node.ssh)
     try:
-        return nodelib.ask(conn, node.python, "health", *args, node=node.name, timeout=timeout)
+        return nodelib.ask(conn, node.python, request, node=node.name, timeout=timeout)
     finally:
         conn.close()
 
@@ -71,7 +72,8 @@ def _ask(node: NodeSpec, *args: str, timeout: float) -> dict[str, Any]:
 def gather(cluster: Cluster, since: float) -> NodesReport:
     """Every node's verdict at once, then the share's part from the first node that
     answered and whose share answers; the repeat offenders first."""
-    local = each(cluster.nodes, lambda n: _ask(n, timeout=LOCAL_TIMEOUT), lambda n: n.name)
+    local = each(cluster.nodes, lambda n: _ask(n, Health(), timeout=LOCAL_TIMEOUT),
+                 lambda n: n.name)
     nodes = {n.name: NodeHealth(n.name, error=str(r.error) if r.error else None,
                                 verdict=(r.value or {}).get("state"))
              for n, r in zip(cluster.nodes, local.values(), strict=True)}
@@ -82,8 +84,9 @@ def gather(cluster: Cluster, since: float) -> NodesReport:
                              for f in (node.verdict or {}).get("failing") or []):
             continue
         try:
-            shared = _ask(spec, "--share", cluster.shared_path, "--since", repr(since),
-                          "--admin-group", cluster.admin_group, timeout=SHARE_TIMEOUT)
+            shared = _ask(spec, Health(share=cluster.shared_path, since=since,
+                                       admin_group=cluster.admin_group),
+                          timeout=SHARE_TIMEOUT)
         except nodelib.NodeAnswerError as exc:   # it names the node
             report.share_error = str(exc)
             continue

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..node import ROLE_MODULES, protocol, role_module_files
+from ..node.requests import Request
 
 PACKAGE = Path(__file__).resolve().parents[1]     # orchestrator/
 ENTRY = "node.py"
@@ -123,12 +124,13 @@ def entry(home: str) -> str:
     return f"{lib_dir(home)}/{ENTRY}"
 
 
-def command(python: str, verb: str, *args: str, sudo: bool = False) -> str:
-    """A shell command that runs VERB with the node's PYTHON (as root through `sudo -n`
-    with SUDO: an admin's call), or exits MISSING when the node lacks this version."""
+def command(python: str, request: Request, sudo: bool = False) -> str:
+    """A shell command that runs REQUEST's verb with the node's PYTHON (as root through
+    `sudo -n` with SUDO: an admin's call), or exits MISSING when the node lacks this
+    version."""
     script = (f'e={lib_dir()}/{ENTRY}; [ -f "$e" ] || exit {MISSING}; '
               f'exec {"sudo -n " if sudo else ""}{shlex.quote(python)} "$e" '
-              f'{shlex.join([verb, *args])}')
+              f'{shlex.join([request.VERB, *request.argv()])}')
     return f"sh -c {shlex.quote(script)}"
 
 
@@ -159,15 +161,14 @@ def install(conn: Runs, python: str | None = None) -> None:
                            f"~/{protocol.NODE_STATE_DIR}/{protocol.LIB_SUBDIR}: {said[-1]}")
 
 
-def call(conn: Runs, python: str, verb: str, *args: str, timeout: float = 60.0,
+def call(conn: Runs, python: str, request: Request, timeout: float = 60.0,
          stdin: str | None = None, sudo: bool = False):  # noqa: ANN201 - the connection's Result
-    """Run VERB on the node with its PYTHON (as root with SUDO); the package is copied
+    """Run REQUEST on the node with its PYTHON (as root with SUDO); the package is copied
     first if it lacks it."""
-    result = conn.run(command(python, verb, *args, sudo=sudo), timeout=timeout, stdin=stdin)
+    result = conn.run(command(python, request, sudo=sudo), timeout=timeout, stdin=stdin)
     if result.exit_code == MISSING:
         install(conn, python)
-        result = conn.run(command(python, verb, *args, sudo=sudo), timeout=timeout,
-                          stdin=stdin)
+        result = conn.run(command(python, request, sudo=sudo), timeout=timeout, stdin=stdin)
     return result
 
 
@@ -197,9 +198,9 @@ def answer_of(result: Output, node: str, verb: str) -> dict[str, Any]:
     return answer
 
 
-def ask(conn: Runs, python: str, verb: str, *args: str, node: str, timeout: float = 60.0,
+def ask(conn: Runs, python: str, request: Request, *, node: str, timeout: float = 60.0,
         stdin: str | None = None, sudo: bool = False) -> dict[str, Any]:
-    """VERB's answer on NODE (CONN to it) as `call` runs it; NodeAnswerError when the verb
-    failed or gave none (the connection's own errors pass through)."""
-    return answer_of(call(conn, python, verb, *args, timeout=timeout, stdin=stdin, sudo=sudo),
-                     node, verb)
+    """REQUEST's answer on NODE (CONN to it) as `call` runs it; NodeAnswerError when the
+    verb failed or gave none (the connection's own errors pass through)."""
+    return answer_of(call(conn, python, request, timeout=timeout, stdin=stdin, sudo=sudo),
+                     node, request.VERB)

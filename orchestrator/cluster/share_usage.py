@@ -8,20 +8,21 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ClusterError
+from ..node.requests import Du, Usage
 from . import nodelib, ssh
 from .inventory import Cluster
 
 WALK_TIMEOUT = 1800.0   # seconds: a share of millions of files takes minutes to walk
 
 
-def read_share(cluster: Cluster, verb: str, *args: str, everyone: bool = False) -> Any:
-    """node.py VERB SHARE ARGS on the first node, its JSON; ClusterError naming the node
+def read_share(cluster: Cluster, request: Du | Usage, everyone: bool = False) -> Any:
+    """REQUEST (of the share) on the first node, its JSON; ClusterError naming the node
     and its words if it cannot be read (for EVERYONE without sudo: the fix)."""
-    first = cluster.nodes[0]
+    first, verb = cluster.nodes[0], request.VERB
     conn = ssh.connect(first.name, first.ssh)
     try:
-        return nodelib.ask(conn, first.python, verb, cluster.shared_path, *args,
-                           node=first.name, timeout=WALK_TIMEOUT, sudo=everyone)
+        return nodelib.ask(conn, first.python, request, node=first.name,
+                           timeout=WALK_TIMEOUT, sudo=everyone)
     except nodelib.NodeAnswerError as exc:
         if everyone and exc.exit_code != 0 and "sudo" in exc.said:
             raise ClusterError(f"{verb} --all reads every user's directories as root, "
@@ -36,13 +37,13 @@ def read_share(cluster: Cluster, verb: str, *args: str, everyone: bool = False) 
 
 def share_usage(cluster: Cluster, everyone: bool = False) -> dict[str, Any]:
     """The share's bytes by owner and kind (node/du.py has the fields)."""
-    found: dict[str, Any] = read_share(cluster, "du", everyone=everyone)
+    found: dict[str, Any] = read_share(cluster, Du(cluster.shared_path), everyone=everyone)
     return found
 
 
 def run_usage(cluster: Cluster, since: float, everyone: bool = False) -> dict[str, Any]:
     """Node- and GPU-hours per user and run since SINCE (node/usage.py has the fields)."""
-    slurm = ["--sacct"] if cluster.scheduler == "slurm" else []   # and Slurm's own word
-    found: dict[str, Any] = read_share(cluster, "usage", "--since", repr(since), *slurm,
-                                       everyone=everyone)
+    request = Usage(cluster.shared_path, since,
+                    sacct=cluster.scheduler == "slurm")   # and Slurm's own word
+    found: dict[str, Any] = read_share(cluster, request, everyone=everyone)
     return found

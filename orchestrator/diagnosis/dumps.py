@@ -32,6 +32,7 @@ from ..cluster.inventory import NodeSpec
 from ..errors import DiagnoseError
 from ..node.dump import py_spy_for
 from ..node.protocol import JOBS_DIR
+from ..node.requests import Dump
 from ..record.rundir import iso, private_dir, write_private
 from .hang import (
     FlightRecord,
@@ -67,10 +68,10 @@ class NodeDumps:
 
 
 def dump_node(target: Target, run_id: str, native: bool = False) -> NodeDumps:
-    args = [JOBS_DIR, run_id, target.py_spy] + (["--native"] if native else [])
     try:
-        ranks = nodelib.ask(target.conn, target.python, "dump", *args, node=target.node,
-                            timeout=NODE_TIMEOUT)["ranks"]
+        ranks = nodelib.ask(target.conn, target.python,
+                            Dump(JOBS_DIR, run_id, target.py_spy, native),
+                            node=target.node, timeout=NODE_TIMEOUT)["ranks"]
     except (nodelib.NodeAnswerError, KeyError) as exc:
         return NodeDumps(target.node, error=f"the dump failed: {exc}")
     if not ranks:

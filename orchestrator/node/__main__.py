@@ -33,21 +33,18 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from .protocol import GO, GRACE, KEEP_RUNS, LEASE_TIMEOUT, READY
+from . import requests as rq
 
 
 @dataclass(frozen=True)
 class Verb:
-    """A node program: its arguments (added to its subcommand's parser) and what it does
-    (its exit status). Each imports its module when it runs, not before: a program's start
-    loads only what it needs."""
-    arguments: Callable[[argparse.ArgumentParser], None]
-    handle: Callable[[argparse.Namespace], int]
-
-
-def _no_arguments(p: argparse.ArgumentParser) -> None:
-    pass
+    """A node program: its request (its arguments, declared once: requests.py) and what it
+    does with it (its exit status). Each imports its module when it runs, not before: a
+    program's start loads only what it needs."""
+    request: type[rq.Request]
+    handle: Callable[[Any], int]
 
 
 def _print_json(value: object) -> int:
@@ -55,291 +52,155 @@ def _print_json(value: object) -> int:
     return 0
 
 
-def _job(args: argparse.Namespace) -> str:
+def _job(jobs: str, run: str) -> str:
     """The job directory of `stop` and `dump` (JOBS is relative to the user's home)."""
-    return os.path.join(os.path.expanduser("~"), args.jobs, args.run)
+    return os.path.join(os.path.expanduser("~"), jobs, run)
 
 
 # -- supervise, standby, recovery-plan ---------------------------------------------------
-def _supervise_arguments(r: argparse.ArgumentParser) -> None:
-    for name in ("--job", "--state-dir", "--run", "--node", "--nodes"):
-        r.add_argument(name, required=True)
-    r.add_argument("--addresses", help="each node's cluster address, in --nodes' order "
-                   "(the ring's beats go there; default: the nodes' names)")
-    r.add_argument("--grace", type=float, default=GRACE)
-    r.add_argument("--lease-timeout", type=float, default=LEASE_TIMEOUT)
-    r.add_argument("--attached", action="store_true")
-    r.add_argument("--hang-timeout", type=float, default=0.0,
-                   help="seconds without progress on every node after which the run is "
-                   "hung (0: never)")
-    r.add_argument("--on-hang", choices=("stop", "wait"), default="stop")
-    r.add_argument("--keep", type=int, default=KEEP_RUNS,
-                   help="prune all but the KEEP newest runs' snapshots and job dirs")
-    r.add_argument("--cwd", help="torchrun's working directory (the run's code snapshot)")
-    r.add_argument("--wait-go", action="store_true",
-                   help=f"say {READY}, start on {GO!r} (on stdin: it brings the ring's "
-                   "key), then detach")
-    r.add_argument("--in-step", action="store_true",
-                   help="run as a step of the run's Slurm job (srun): after GO, go on in "
-                   "the foreground instead of detaching; SIGTERM (Slurm ends the job) "
-                   "ends the run here")
-    r.add_argument("--key-file", help="without --wait-go: the run's ring key (hex)")
-    r.add_argument("--ring-ports", help="LOW-HIGH: the ring's UDP port is the first "
-                   "free one of these (the cluster's ring ports)")
-    r.add_argument("--recovery", action="store_true",
-                   help="a detached run that may recover: a peer's fault starts the next "
-                   "attempt (recover.py; the plan is in STATE/recovery/)")
-    r.add_argument("argv", nargs=argparse.REMAINDER)
-
-
-def _supervise(args: argparse.Namespace) -> int:
+def _supervise(r: rq.Supervise) -> int:
     from . import supervise
-    if args.argv and args.argv[0] == "--":
-        args.argv = args.argv[1:]
-    return supervise.run(args)
+    return supervise.run(r)
 
 
-def _standby_arguments(sb: argparse.ArgumentParser) -> None:
-    sb.add_argument("--plan", required=True, help="the run's recovery plan on the share")
-    sb.add_argument("--node", required=True, help="this spare's inventory name")
-    sb.add_argument("--torchrun", required=True, help="this node's torchrun")
-    sb.add_argument("--log", required=True, help="the standby's own words")
-    sb.add_argument("--detach", action="store_true", help="go on in a session of its own")
-
-
-def _standby(args: argparse.Namespace) -> int:
+def _standby(r: rq.Standby) -> int:
     from .recover import standby
-    return standby(args)
+    return standby(r)
 
 
-def _recovery_plan_arguments(pl: argparse.ArgumentParser) -> None:
-    pl.add_argument("path", help="where the plan (JSON on stdin) goes")
-
-
-def _recovery_plan(args: argparse.Namespace) -> int:
+def _recovery_plan(r: rq.RecoveryPlan) -> int:
     from .util import write_json
-    os.makedirs(os.path.dirname(args.path), exist_ok=True)
-    write_json(args.path, json.load(sys.stdin))
+    os.makedirs(os.path.dirname(r.path), exist_ok=True)
+    write_json(r.path, json.load(sys.stdin))
     return 0
 
 
 # -- follow, stop, dump -------------------------------------------------------------------
-def _follow_arguments(f: argparse.ArgumentParser) -> None:
-    f.add_argument("--job", required=True)
-    start = f.add_mutually_exclusive_group()
-    start.add_argument("--tail", type=int)
-    start.add_argument("--from-line", type=int, default=0)
-    f.add_argument("--lease", action="store_true")
-
-
-def _follow(args: argparse.Namespace) -> int:
+def _follow(r: rq.Follow) -> int:
     from . import follow
-    code = follow.follow(args)
+    code = follow.follow(r)
     sys.stdout.flush()
     os._exit(code)  # the lease thread may be blocked reading stdin: do not wait for it
 
 
-def _stop_arguments(s: argparse.ArgumentParser) -> None:
-    s.add_argument("jobs")      # the jobs directory, relative to the user's home
-    s.add_argument("run")
-    s.add_argument("grace", type=float)
-
-
-def _stop(args: argparse.Namespace) -> int:
+def _stop(r: rq.Stop) -> int:
     from .stop import stop_tree
-    return _print_json(stop_tree(_job(args), args.run, args.grace))
+    return _print_json(stop_tree(_job(r.jobs, r.run), r.run, r.grace))
 
 
-def _dump_arguments(d: argparse.ArgumentParser) -> None:
-    d.add_argument("jobs")      # the jobs directory, relative to the user's home
-    d.add_argument("run")
-    d.add_argument("py_spy")
-    d.add_argument("--native", action="store_true")
-
-
-def _dump(args: argparse.Namespace) -> int:
+def _dump(r: rq.Dump) -> int:
     from .dump import dump_workers
-    return _print_json({"ranks": dump_workers(_job(args), args.run, args.py_spy, args.native)})
+    return _print_json({"ranks": dump_workers(_job(r.jobs, r.run), r.run, r.py_spy, r.native)})
 
 
 # -- preflight: probe, reach, unlisten, release ------------------------------------------
-def _probe(args: argparse.Namespace) -> int:
+def _probe(r: rq.Probe) -> int:
     from .probe import probe
     return _print_json(probe(json.load(sys.stdin)))
 
 
-def _reach(args: argparse.Namespace) -> int:
+def _reach(r: rq.Reach) -> int:
     from .probe import reach
     return _print_json(reach(json.load(sys.stdin)))
 
 
-def _unlisten_arguments(u: argparse.ArgumentParser) -> None:
-    u.add_argument("port", type=int)
-    u.add_argument("nonce")
-
-
-def _unlisten(args: argparse.Namespace) -> int:
+def _unlisten(r: rq.Unlisten) -> int:
     from .probe import stop_listener
-    stop_listener(args.port, args.nonce)
+    stop_listener(r.port, r.nonce)
     return 0
 
 
-def _release_arguments(rel: argparse.ArgumentParser) -> None:
-    rel.add_argument("run")
-    rel.add_argument("--once-bound", type=int, metavar="PORT",
-                     help="first wait until PORT is bound (at most BOUND_WAIT seconds)")
-
-
-def _release(args: argparse.Namespace) -> int:
+def _release(r: rq.Release) -> int:
     from .probe import release
-    release(args.run, once_bound=args.once_bound)
+    release(r.run, once_bound=r.once_bound)
     return 0
 
 
 # -- the node's own: busy, envs, allocate, states, cordon, du, usage, torch, carry -----------------
-def _busy_arguments(b: argparse.ArgumentParser) -> None:
-    b.add_argument("--exclude", metavar="RUN", help="leave this run out (the one launched)")
-
-
-def _busy(args: argparse.Namespace) -> int:
+def _busy(r: rq.Busy) -> int:
     from .busy import scan
-    return _print_json(scan(exclude=args.exclude).to_json())
+    return _print_json(scan(exclude=r.exclude).to_json())
 
 
-def _envs_arguments(ev: argparse.ArgumentParser) -> None:
-    ev.add_argument("--name", help="only this environment's states")
-    ev.add_argument("--rm", action="store_true", help="remove them (none while in use)")
-    ev.add_argument("--key", help="with --rm: only this state")
-    ev.add_argument("--prune", type=int, metavar="KEEP",
-                    help="remove the states of --name beyond the KEEP newest (unused ones)")
-
-
-def _envs(args: argparse.Namespace) -> int:
+def _envs(r: rq.Envs) -> int:
     from . import envs
-    if args.name and args.prune is not None:
-        return _print_json(envs.prune(args.name, args.prune))
-    return _print_json(envs.remove(args.name, args.key) if args.rm and args.name
-                       else envs.list_envs(args.name))
+    if r.name and r.prune is not None:
+        return _print_json(envs.prune(r.name, r.prune))
+    return _print_json(envs.remove(r.name, r.key) if r.rm and r.name
+                       else envs.list_envs(r.name))
 
 
-def _allocate_arguments(al: argparse.ArgumentParser) -> None:
-    al.add_argument("--name", required=True, help="the Slurm job's name")
-    al.add_argument("--gpus-per-node", default="all", help="G, or all (the default)")
-    al.add_argument("salloc", nargs=argparse.REMAINDER, help="-- salloc's options")
-
-
-def _allocate(args: argparse.Namespace) -> int:
+def _allocate(r: rq.Allocate) -> int:
     from .allocate import main as allocate
-    return allocate(args.name, args.gpus_per_node,
-                    args.salloc[1:] if args.salloc[:1] == ["--"] else args.salloc)
+    return allocate(r.name, r.gpus_per_node, list(r.rest))
 
 
-def _states_arguments(st: argparse.ArgumentParser) -> None:
-    st.add_argument("state_dir")
-
-
-def _states(args: argparse.Namespace) -> int:
+def _states(r: rq.States) -> int:
     from .states import read_states
-    return _print_json(read_states(args.state_dir))
+    return _print_json(read_states(r.state_dir))
 
 
-def _cordon(args: argparse.Namespace) -> int:
+def _cordon(r: rq.Cordon) -> int:
     from .cordon import main as cordon
     return _print_json(cordon(json.load(sys.stdin)))
 
 
-def _health_arguments(h: argparse.ArgumentParser) -> None:
-    h.add_argument("--share", help="read every node's history and cordons there too")
-    h.add_argument("--since", type=float, default=0.0, help="seconds since the epoch")
-    h.add_argument("--admin-group", default=None)
-
-
-def _health(args: argparse.Namespace) -> int:
+def _health(r: rq.Health) -> int:
     from .health import nodes_view, read_state
     out: dict[str, object] = {"state": read_state()}
-    if args.share:
-        out.update(nodes_view(args.share, args.since, args.admin_group))
+    if r.share:
+        out.update(nodes_view(r.share, r.since, r.admin_group))
     return _print_json(out)
 
 
-def _du_arguments(d: argparse.ArgumentParser) -> None:
-    d.add_argument("share")
-
-
-def _du(args: argparse.Namespace) -> int:
+def _du(r: rq.Du) -> int:
     from .du import usage
-    return _print_json(usage(args.share))
+    return _print_json(usage(r.share))
 
 
-def _usage_arguments(u: argparse.ArgumentParser) -> None:
-    u.add_argument("share")
-    u.add_argument("--since", type=float, default=0.0, help="seconds since the epoch")
-    u.add_argument("--sacct", action="store_true", help="Slurm's accounting too (sacct.py)")
-
-
-def _usage(args: argparse.Namespace) -> int:
+def _usage(r: rq.Usage) -> int:
     import time
 
     from .usage import usage
-    found = usage(args.share, args.since)
-    if args.sacct:
+    found = usage(r.share, r.since)
+    if r.sacct:
         from .sacct import slurm_usage
-        found["slurm"] = slurm_usage(args.since, time.time())
+        found["slurm"] = slurm_usage(r.since, time.time())
     return _print_json(found)
 
 
-def _torch(args: argparse.Namespace) -> int:
+def _torch(r: rq.Torch) -> int:
     from .fingerprint import checks
     return _print_json(checks())
 
 
-def _carry_arguments(c: argparse.ArgumentParser) -> None:
-    c.add_argument("code_root")   # ~/.clustertrain/code
-    c.add_argument("run")
-    c.add_argument("key")         # the work directory's (its digest)
-
-
-def _carry(args: argparse.Namespace) -> int:
+def _carry(r: rq.Carry) -> int:
     from .carry import main as carry
-    return carry(args.code_root, args.run, args.key)
+    return carry(r.code_root, r.run, r.key)
 
 
 # Every verb but `worker` (its script's own arguments follow: main hands them on unparsed).
-VERBS: dict[str, Verb] = {
-    "supervise": Verb(_supervise_arguments, _supervise),
-    "standby": Verb(_standby_arguments, _standby),
-    "recovery-plan": Verb(_recovery_plan_arguments, _recovery_plan),
-    "follow": Verb(_follow_arguments, _follow),
-    "stop": Verb(_stop_arguments, _stop),
-    "dump": Verb(_dump_arguments, _dump),
-    "probe": Verb(_no_arguments, _probe),
-    "reach": Verb(_no_arguments, _reach),
-    "unlisten": Verb(_unlisten_arguments, _unlisten),
-    "release": Verb(_release_arguments, _release),
-    "busy": Verb(_busy_arguments, _busy),
-    "envs": Verb(_envs_arguments, _envs),
-    "allocate": Verb(_allocate_arguments, _allocate),
-    "states": Verb(_states_arguments, _states),
-    "cordon": Verb(_no_arguments, _cordon),
-    "du": Verb(_du_arguments, _du),
-    "health": Verb(_health_arguments, _health),
-    "usage": Verb(_usage_arguments, _usage),
-    "torch": Verb(_no_arguments, _torch),
-    "carry": Verb(_carry_arguments, _carry),
-}
+VERBS: dict[str, Verb] = {v.request.VERB: v for v in (
+    Verb(rq.Supervise, _supervise), Verb(rq.Standby, _standby),
+    Verb(rq.RecoveryPlan, _recovery_plan), Verb(rq.Follow, _follow), Verb(rq.Stop, _stop),
+    Verb(rq.Dump, _dump), Verb(rq.Probe, _probe), Verb(rq.Reach, _reach),
+    Verb(rq.Unlisten, _unlisten), Verb(rq.Release, _release), Verb(rq.Busy, _busy),
+    Verb(rq.Envs, _envs), Verb(rq.Allocate, _allocate), Verb(rq.States, _states),
+    Verb(rq.Cordon, _cordon), Verb(rq.Du, _du), Verb(rq.Health, _health),
+    Verb(rq.Usage, _usage), Verb(rq.Torch, _torch), Verb(rq.Carry, _carry))}
 
 
 def _parser(verb: str | None = None) -> argparse.ArgumentParser:
     """The node programs' arguments; with VERB, that verb's alone (all of them if it is
     none): each program's start (the launch's, on every node at once) builds one
-    subcommand's parser, not seventeen, whose messages' translations are looked up on disk."""
+    subcommand's parser, not twenty, whose messages' translations are looked up on disk."""
     if verb is not None and verb not in VERBS:
         verb = None   # no such verb: argparse names the ones there are
     p = argparse.ArgumentParser(prog="node.py", allow_abbrev=False)
     sub = p.add_subparsers(dest="verb", required=True)
     for name, spec in VERBS.items():
         if verb is None or verb == name:
-            spec.arguments(sub.add_parser(name, allow_abbrev=False))
+            spec.request.add_arguments(sub.add_parser(name, allow_abbrev=False))
     return p
 
 
@@ -350,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
         worker.main(argv[1:])
         return 0  # not reached: the worker leaves with os._exit
     args = _parser(argv[0] if argv else None).parse_args(argv)
-    return VERBS[args.verb].handle(args)
+    spec = VERBS[args.verb]
+    return spec.handle(spec.request.from_args(args))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ no process of the run behind.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import threading
@@ -32,12 +31,13 @@ from .protocol import (
     SUPERVISOR_PID,
     End,
 )
+from .requests import Follow
 from .util import last_lines, read_json, read_pid
 
 SUPERVISOR_EXIT_WAIT = 15.0   # seconds: its last state onto the share, the ring's last word
 
 
-def follow(args: argparse.Namespace) -> int:
+def follow(args: Follow) -> int:
     job = args.job
     if args.lease:
         threading.Thread(target=_hold_lease, args=(job,), daemon=True).start()

@@ -23,7 +23,6 @@ attached to start the next attempt, so the nodes do, as the controller would hav
 
 from __future__ import annotations
 
-import argparse
 import os
 import pwd
 import re
@@ -49,6 +48,7 @@ from .protocol import (
     End,
     GoWord,
 )
+from .requests import Standby
 from .util import detach, read_json, write_json
 
 SAFE = re.compile(r"[\w@%+=:,./-]+")   # a value that needs no quoting in the shell line
@@ -281,7 +281,7 @@ def after_end(state_dir: str, run_id: str, me: str, nodes: list[str], reason: En
         launch(plan, decision, me, sys.executable, torchrun)
 
 
-def standby(args: argparse.Namespace) -> int:
+def standby(args: Standby) -> int:
     """A spare's standby (`node.py standby`): follow the run's attempts on the share; start
     this node's part when a decision names it; leave STANDBY_IDLE after the latest
     attempt's last end with no decision (the run is over), or once the plan is gone."""

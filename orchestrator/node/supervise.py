@@ -23,7 +23,6 @@ when the run must end.
 
 from __future__ import annotations
 
-import argparse
 import getpass
 import os
 import shutil
@@ -35,6 +34,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from . import slurmjob, sysmetrics
 from .carry import kept
@@ -69,6 +69,7 @@ from .protocol import (
     GoWord,
     parse_ports,
 )
+from .requests import Supervise
 from .ring import Counters, Ring, read_state, resolve, ring_socket
 from .space import out_of_space
 from .statefile import StateFile
@@ -186,13 +187,13 @@ def prune(state: str, keep: int, current: str) -> list[str]:
     return removed
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: Supervise) -> int:
     """Supervise the run (see _supervise); whatever goes wrong, the run ends with an exit
     status: a supervisor that died silently would leave its followers waiting forever.
     With --wait-go, first the launch's handshake (await_go), which brings the run's ring
     key; without, the key is read from --key-file (a supervisor started by hand)."""
-    names = args.nodes.split(",")
-    addresses = resolve(names, (args.addresses or "").split(","))
+    names = list(args.nodes)
+    addresses = resolve(names, list(args.addresses))
     # Before READY: its port goes to the peers with GO.
     sock = ring_socket(addresses, parse_ports(args.ring_ports) if args.ring_ports else None)
     if args.wait_go:
@@ -264,7 +265,7 @@ def _started(job: str, pid: int) -> None:
     print(f"{STARTED} {pid}", flush=True)
 
 
-def _failed(args: argparse.Namespace, why: str, ring: Ring) -> None:
+def _failed(args: Supervise, why: str, ring: Ring) -> None:
     traceback.print_exc()  # into supervisor.log
     job = args.job
     if os.path.exists(os.path.join(job, PGID_FILE)):  # torchrun must not outlive us
@@ -322,7 +323,7 @@ def _first(*checks: Callable[[], Ending | None]) -> Ending | None:
     return None
 
 
-def _supervise(args: argparse.Namespace, ring: Ring, secret_env: dict[str, str],
+def _supervise(args: Supervise, ring: Ring, secret_env: dict[str, str],
                terminated: threading.Event) -> int:
     """Start torchrun, watch it tick by tick until it ends (Supervisor.watch), and record
     how this node's part ended (Supervisor.conclude)."""
@@ -347,7 +348,7 @@ def _supervise(args: argparse.Namespace, ring: Ring, secret_env: dict[str, str],
     return 0
 
 
-def _stopped_before_start(args: argparse.Namespace) -> None:
+def _stopped_before_start(args: Supervise) -> None:
     """Stopped before torchrun started: the node's state and exit say so."""
     final = {"node": args.node, "user": getpass.getuser(), "state": "ended",
              "code": 0, "reason": End.STOPPED.value, "why": "", "ended": time.time(),
@@ -356,7 +357,7 @@ def _stopped_before_start(args: argparse.Namespace) -> None:
     write_json(os.path.join(args.job, EXIT_FILE), final)
 
 
-def _start(args: argparse.Namespace, secret_env: dict[str, str]) -> subprocess.Popen:
+def _start(args: Supervise, secret_env: dict[str, str]) -> subprocess.Popen:
     """torchrun in a session of its own, its output in JOB/output.log, its process group
     in JOB/pgid; old runs' files are pruned while it starts, not before."""
     job = args.job
@@ -364,14 +365,14 @@ def _start(args: argparse.Namespace, secret_env: dict[str, str]) -> subprocess.P
     with open(os.path.join(job, OUTPUT_LOG), "ab") as out:
         # The job's secret variables reach torchrun and its workers in their environment
         # (which only this user and root can read), never on a command line.
-        proc = subprocess.Popen(args.argv, stdin=subprocess.DEVNULL, stdout=out,
+        proc = subprocess.Popen(list(args.rest), stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True,
                                 env={**os.environ, **secret_env} if secret_env else None)
     with open(os.path.join(job, PGID_FILE), "w") as fh:
         fh.write(f"{proc.pid}\n")
-    if args.keep:
+    if args.keep_runs:
         threading.Thread(target=prune, args=(os.path.dirname(os.path.dirname(job)),
-                                              args.keep, args.run), daemon=True).start()
+                                              args.keep_runs, args.run), daemon=True).start()
     return proc
 
 
@@ -379,7 +380,7 @@ class Supervisor:
     """One node's watch over its running torchrun: a decision each tick (BEAT) on whether
     the run must end here, the reason torchrun ended once it has, and the record of it."""
 
-    def __init__(self, args: argparse.Namespace, ring: Ring, proc: subprocess.Popen,
+    def __init__(self, args: Supervise, ring: Ring, proc: subprocess.Popen,
                  terminated: threading.Event | None = None) -> None:
         self.args, self.job, self.ring, self.proc = args, args.job, ring, proc
         self.terminated = terminated or threading.Event()   # SIGTERM came (a Slurm step)
@@ -388,10 +389,11 @@ class Supervisor:
         self.slurm_watch = slurmjob.Watch(self.slurm) if self.slurm else None
         self.left_to_controller: float | None = None  # since when (see TIMEOUT_DUMP_WAIT)
         self.hang = Hang(args, self.peers, self._say_hang)
-        self.state = {"node": args.node, "user": getpass.getuser(), "state": "running",
-                      "pid": proc.pid, "started": time.time(), "ring_port": ring.port,
-                      "gpus": gpus_used(args.argv),   # for `usage`'s GPU-hours
-                      "gpu_idle_s": 0.0}   # ... and its idle ones (_count_idle)
+        self.state: dict[str, Any] = {
+            "node": args.node, "user": getpass.getuser(), "state": "running",
+            "pid": proc.pid, "started": time.time(), "ring_port": ring.port,
+            "gpus": gpus_used(list(args.rest)),   # for `usage`'s GPU-hours
+            "gpu_idle_s": 0.0}   # ... and its idle ones (_count_idle)
         self.statefile = StateFile(os.path.join(args.state_dir, f"{args.node}.json"),
                                    ring.counters)
         self.statefile.put(self.state)
@@ -564,7 +566,7 @@ class Supervisor:
             from .recover import after_end  # a detached run that may recover: its next try
             after_end(self.args.state_dir, self.args.run, self.args.node, names, reason, why,
                       self.ring.peers_status().get(why) or {}, final["heard"].get(why),
-                      self.args.argv[0])
+                      self.args.rest[0])
 
 
 class Hang:
@@ -574,7 +576,7 @@ class Hang:
     others' ranks before they are dumped. A peer's word starts this node's dump; progress
     again (--on-hang wait) ends the hang, and a later one is new."""
 
-    def __init__(self, args: argparse.Namespace, peers: Peers,
+    def __init__(self, args: Supervise, peers: Peers,
                  say: Callable[[str | None], None]) -> None:
         self.args, self.peers, self.say = args, peers, say
         self.stopping = args.on_hang == "stop"
@@ -674,7 +676,7 @@ def _quiet_for(job: str, own: sysmetrics.OutputLines | None = None) -> float:
         return 0.0
 
 
-def _dump_hang(args: argparse.Namespace, quiet: float) -> None:
+def _dump_hang(args: Supervise, quiet: float) -> None:
     """Every worker's stack and flight recorder of this node, HANG_SAMPLES times a second
     apart (a rank that holds still in all of them is the one to name), for the run's
     record: on the share, STATE/hang/<node>.json, where the controller (attached) or
@@ -688,7 +690,7 @@ def _dump_hang(args: argparse.Namespace, quiet: float) -> None:
         for i in range(HANG_SAMPLES):
             if i:
                 time.sleep(HANG_INTERVAL)
-            samples.append(dump_workers(args.job, args.run, py_spy_for(args.argv[0]), False))
+            samples.append(dump_workers(args.job, args.run, py_spy_for(args.rest[0]), False))
         write_json(os.path.join(into, f"{args.node}.json"),
                    {"node": args.node, "detected_at": time.time(), "quiet_s": round(quiet, 1),
                     "ranks": samples[0], "samples": samples})

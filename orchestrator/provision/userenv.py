@@ -20,6 +20,7 @@ from ..cluster.playbook import run_playbook
 from ..defaults import KEEP_ENVS
 from ..errors import ClusterError, InputError
 from ..node import fingerprint
+from ..node.requests import Envs
 from ..node.util import ago
 from ..resources import project
 from .envfile import read_environment
@@ -162,7 +163,7 @@ def create(cluster: Cluster, env_file: EnvFile, name: str, wheelhouse: str | Non
                        f"{', '.join(n for n in cluster.names if n not in reports) or 'a node'}: "
                        + "; ".join(failed))
     created.check_identical()
-    pruned = _on_nodes(cluster, "--name", name, "--prune", str(keep))
+    pruned = _on_nodes(cluster, Envs(name=name, prune=keep))
     created.pruned = {n: r["removed"] for n, r in pruned.items() if r["removed"]}
     for node, dirs in created.pruned.items():
         say(f"  {node}: removed the older {', '.join(Path(d).name for d in dirs)} (unused; "
@@ -197,13 +198,13 @@ def _check_wheelhouse(cluster: Cluster, wheelhouse: str, name: str) -> None:
 
 
 # -- env list, env rm: through the node package --------------------------------------------
-def _on_nodes(cluster: Cluster, *argv: str) -> dict[str, dict[str, Any]]:
-    """`node.py envs ARGV` on every node at once: {node: its JSON}; ClusterError naming
-    the first node that failed."""
+def _on_nodes(cluster: Cluster, request: Envs) -> dict[str, dict[str, Any]]:
+    """`node.py envs` (REQUEST) on every node at once: {node: its JSON}; ClusterError
+    naming the first node that failed."""
     def one(node: Any) -> dict[str, Any]:
         conn = ssh.connect(node.name, node.ssh)
         try:
-            return nodelib.ask(conn, node.python, "envs", *argv, node=node.name, timeout=120)
+            return nodelib.ask(conn, node.python, request, node=node.name, timeout=120)
         except nodelib.NodeAnswerError as exc:
             raise ClusterError(f"{node.name}: envs failed: {exc.said}") from None
         finally:
@@ -234,7 +235,7 @@ class EnvState:
 
 def list_envs(cluster: Cluster, name: str | None = None) -> list[EnvState]:
     """Every environment of the user's on the nodes, by name and key."""
-    return merge(_on_nodes(cluster, *(["--name", name] if name else [])))
+    return merge(_on_nodes(cluster, Envs(name=name or None)))
 
 
 def merge(listed_by_node: dict[str, dict[str, Any]]) -> list[EnvState]:
@@ -300,7 +301,7 @@ def remove(cluster: Cluster, name: str, key: str | None = None) -> dict[str, lis
         raise EnvError(f"env rm {name}: in use by a live run: {'; '.join(busy)}; stop the "
                        "run first (python -m orchestrator stop RUN), or wait for its end. "
                        "Nothing was removed")
-    done = _on_nodes(cluster, "--name", name, "--rm", *(["--key", key] if key else []))
+    done = _on_nodes(cluster, Envs(name=name, rm=True, key=key or None))
     late = {n: r["in_use"] for n, r in done.items() if r["in_use"]}
     if late:
         raise EnvError(f"env rm {name}: a run started using it meanwhile on "

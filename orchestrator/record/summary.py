@@ -18,6 +18,7 @@ it means.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
@@ -285,6 +286,5 @@ def _between(start: float | None, end: float | None) -> float | None:
 
 
 def _shown(value: Any) -> str:
-    import json
     text = json.dumps(value, default=str)
     return text if len(text) <= 60 else text[:57] + "..."

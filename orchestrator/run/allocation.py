@@ -27,6 +27,7 @@ from ..cluster import nodelib, ssh
 from ..cluster.inventory import Cluster
 from ..cluster.slurm import limit_words, waiting_line
 from ..errors import ClusterError, LaunchError, QueueLimitError
+from ..node import requests as rq
 from ..node.allocate import KEEP
 from ..node.protocol import STOP_REQUESTED
 from ..node.slurmjob import JOB_ENV
@@ -48,10 +49,14 @@ class AllocationRequest:
     time: str | None = None
     qos: str | None = None
 
+    def node_request(self, name: str) -> rq.Allocate:
+        """The node verb `allocate` that holds this allocation as the Slurm job NAME."""
+        return rq.Allocate(name=name, gpus_per_node="all" if self.gpus_per_node is None
+                           else str(self.gpus_per_node), rest=tuple(self.salloc_args()))
+
     def salloc_args(self) -> list[str]:
-        args = ["--gpus-per-node", "all" if self.gpus_per_node is None
-                else str(self.gpus_per_node), "--"]
-        args += ["-N", str(len(self.hosts) if self.hosts else self.nodes or 1)]
+        """salloc's options of the allocation (the GPUs are the node verb's: gres)."""
+        args = ["-N", str(len(self.hosts) if self.hosts else self.nodes or 1)]
         if self.hosts:
             args += ["-w", ",".join(self.hosts)]
         for flag, value in (("--partition", self.partition), ("--time", self.time),
@@ -131,8 +136,7 @@ def allocate(cluster: Cluster, request: AllocationRequest, run_id: str,
     proc: subprocess.Popen | None = None
     started = time.monotonic()
     try:
-        proc, lines = _allocate_on(conn, first.python,
-                                   ["--name", job_name(run_id), *request.salloc_args()])
+        proc, lines = _allocate_on(conn, first.python, request.node_request(job_name(run_id)))
         said = ""
         for raw in lines:
             line = raw.decode(errors="replace").strip()
@@ -168,14 +172,14 @@ def allocate(cluster: Cluster, request: AllocationRequest, run_id: str,
         raise
 
 
-def _allocate_on(conn: nodelib.Starts, python: str, args: list[str]
+def _allocate_on(conn: nodelib.Starts, python: str, request: rq.Allocate
                  ) -> tuple[subprocess.Popen, Iterator[bytes]]:
     """The node verb `allocate` started on CONN's node, and its output's lines. The node
     package is copied first only when the node says it lacks it (the verb's first answer:
     no round trip of its own before every allocation)."""
     copied = False
     while True:
-        proc = conn.popen(nodelib.command(python, "allocate", *args), stdin=True)
+        proc = conn.popen(nodelib.command(python, request), stdin=True)
         assert proc.stdout is not None
         first = proc.stdout.readline()
         if first or copied or proc.wait() != nodelib.MISSING:

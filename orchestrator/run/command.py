@@ -21,6 +21,7 @@ from ..node.protocol import (
     NODE_STATE_DIR,
     TIMEOUT_DUMP_PREFIX,
 )
+from ..node.requests import Follow, Supervise
 
 FR_BUFFER_SIZE = "2000"  # flight-recorder entries a rank keeps (torch's default)
 # torchrun prefixes every worker line with its global rank; logstream parses it.
@@ -311,18 +312,14 @@ class NodeCommand:
         env_file = shlex.quote(self.cluster_env)
         # -S: the node package is standard library only, and site's work (the
         # environment's .pth files, on the share) is a tenth of each supervisor's start.
-        argv = [self.python, "-S", nodelib.entry(self.home), "supervise", "--wait-go",
-                *(["--in-step"] if slurm_job else []),
-                "--cwd", self.cwd, "--job", self.job_dir,
-                "--state-dir", self.run_state, "--run", self.run_id, "--node", self.node,
-                "--nodes", ",".join(self.nodes),
-                *(["--addresses", ",".join(self.addresses)] if self.addresses else []),
-                "--grace", str(self.grace),
-                "--lease-timeout", str(self.lease_timeout), "--keep", str(self.keep_runs),
-                *(["--attached"] if self.attached else []),
-                "--hang-timeout", f"{self.hang_timeout:g}", "--on-hang", self.on_hang,
-                *(["--recovery"] if self.recovery else []),
-                "--ring-ports", self.ring_ports, "--", *self.torchrun_argv()]
+        request = Supervise(
+            job=self.job_dir, state_dir=self.run_state, run=self.run_id, node=self.node,
+            nodes=self.nodes, addresses=self.addresses, cwd=self.cwd, grace=self.grace,
+            lease_timeout=self.lease_timeout, attached=self.attached,
+            hang_timeout=self.hang_timeout, on_hang=self.on_hang, keep_runs=self.keep_runs,
+            wait_go=True, in_step=bool(slurm_job), ring_ports=self.ring_ports,
+            recovery=self.recovery, rest=tuple(self.torchrun_argv()))
+        argv = [self.python, "-S", nodelib.entry(self.home), request.VERB, *request.argv()]
         step = f"{STEP_SHELL}; exec {shlex.join(srun_argv(slurm_job, self.node))} " \
             if slurm_job else "exec "
         # A job directory that cannot be made fails the launch here, with mkdir's words.
@@ -334,11 +331,7 @@ class NodeCommand:
         """The command line that prints this node's output as it grows (its last TAIL
         lines first, or from line FROM_LINE + 1) and ends with EXIT_MARKER; with LEASE,
         its standard input carries the controller's heartbeat."""
-        argv = [self.python, nodelib.entry(self.home), "follow", "--job", self.job_dir]
-        if lease:
-            argv.append("--lease")
-        if tail is not None:
-            argv += ["--tail", str(tail)]
-        elif from_line:
-            argv += ["--from-line", str(from_line)]
-        return shlex.join(argv)
+        request = Follow(job=self.job_dir, tail=tail, from_line=0 if tail is not None
+                         else from_line, lease=lease)
+        return shlex.join([self.python, nodelib.entry(self.home), request.VERB,
+                           *request.argv()])

@@ -33,6 +33,7 @@ from ..cluster import nodelib, ssh
 from ..cluster.inventory import Cluster, NodeSpec, load_cluster
 from ..cluster.ssh import connect_all
 from ..errors import ClusterError, InputError, LaunchError
+from ..node import requests as rq
 from ..node.protocol import GO, JOBS_SUBDIR, PEER_TIMEOUT, STARTED
 from ..node.recover import DECISION_WAIT, plan_path
 from ..record.rundir import (
@@ -526,10 +527,9 @@ def _start_standby(spares: Session, node: NodeSpec, facts: SpareFacts, first: No
                    run_id: str) -> None:
     """A spare's standby, detached on it: it waits for a decision that names it."""
     job = f"{state_dir(facts.home)}/{JOBS_SUBDIR}/{run_id}"
-    result = nodelib.call(spares.clients[node.name], node.python, "standby", "--plan",
-                          plan_path(first.run_state), "--node", node.name, "--torchrun",
-                          facts.torchrun, "--log", f"{job}/standby.log", "--detach",
-                          timeout=60)
+    result = nodelib.call(spares.clients[node.name], node.python, rq.Standby(
+        plan=plan_path(first.run_state), node=node.name, torchrun=facts.torchrun,
+        log=f"{job}/standby.log", detach=True), timeout=60)
     if STARTED not in result.stdout:
         raise LaunchError(f"{node.name}: its standby did not start as a spare: "
                           f"{(result.stderr or result.stdout).strip()[-300:]}")
@@ -537,9 +537,9 @@ def _start_standby(spares: Session, node: NodeSpec, facts: SpareFacts, first: No
 
 def _write_plan(session: Session, first: NodeCommand, recovery_plan: dict[str, Any]) -> None:
     node = session.cluster.nodes[0]
-    result = nodelib.call(session.clients[node.name], node.python, "recovery-plan",
-                          plan_path(first.run_state), stdin=json.dumps(recovery_plan),
-                          timeout=60)
+    result = nodelib.call(session.clients[node.name], node.python,
+                          rq.RecoveryPlan(plan_path(first.run_state)),
+                          stdin=json.dumps(recovery_plan), timeout=60)
     if result.exit_code != 0:
         raise LaunchError(f"{node.name}: the recovery plan could not be written to "
                           f"{plan_path(first.run_state)}: {result.stderr.strip()[-300:]}")

@@ -24,6 +24,7 @@ from ..cluster.fanout import each
 from ..cluster.inventory import NodeSpec
 from ..diagnosis.dumps import NodeDumps, collect, targets_of
 from ..errors import PreflightError
+from ..node import requests as rq
 from ..node.protocol import JOBS_DIR
 from .command import NodeCommand
 from .launch import Launch
@@ -136,8 +137,8 @@ class SshScheduler:
                 errors.append(str(exc))
                 continue
             try:
-                data = nodelib.ask(conn, spec.python, "states", state_dir, node=spec.name,
-                                   timeout=30)
+                data = nodelib.ask(conn, spec.python, rq.States(state_dir),
+                                   node=spec.name, timeout=30)
             except nodelib.NodeAnswerError as exc:
                 errors.append(f"{spec.name}: {exc.said}")
                 continue
@@ -220,7 +221,7 @@ def stop_job(conn: ssh.Connection, python: str, run_id: str, grace: float, *,
     """Stop run RUN_ID's processes on NODE, behind CONN: the node package's stop
     (node/stop.py), the one implementation of "stop this run's process tree" for the
     supervisor, train and `stop`; NodeAnswerError (a RuntimeError) when it failed."""
-    data = nodelib.ask(conn, python, "stop", JOBS_DIR, run_id, str(grace), node=node,
+    data = nodelib.ask(conn, python, rq.Stop(JOBS_DIR, run_id, grace), node=node,
                        timeout=grace + 30)
     return StopResult(node, data["found"], bool(data.get("initial")),
                       data.get("killed", []), data.get("left", []), data.get("user", ""),

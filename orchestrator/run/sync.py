@@ -34,6 +34,7 @@ from ..cluster.inventory import Cluster
 from ..cluster.playbook import run_playbook
 from ..cluster.ssh import DROPPED, Connection, Result, alone
 from ..errors import LaunchError
+from ..node import requests as rq
 from ..node.protocol import CODE_SUBDIR, NODE_STATE_DIR
 
 # What the snapshot leaves out, for rsync (the sync) and for code_digest alike.
@@ -277,8 +278,8 @@ def carry(cluster: Cluster, workdir: Path, run_id: str, clients: dict[str, Conne
     """On each node of NAMES, what the last run from WORKDIR wrote into its working
     directory, into RUN_ID's snapshot (node/carry.py); what was carried, per node."""
     def one(name: str) -> dict:
-        return _carried(name, nodelib.call(clients[name], cluster.node(name).python, "carry",
-                                           CARRY_ROOT, run_id, work_key(workdir),
+        return _carried(name, nodelib.call(clients[name], cluster.node(name).python,
+                                           rq.Carry(CARRY_ROOT, run_id, work_key(workdir)),
                                            timeout=300))
 
     return each(names, one, str).values_or_raise()
@@ -295,7 +296,7 @@ def reuse_and_carry(cluster: Cluster, workdir: Path, run_id: str, digest: str,
     def one(name: str) -> dict | None:
         python = cluster.node(name).python
         both = _sh(f"{reuse_command(run_id, digest)} || exit {NOT_REUSED}; "
-                   + nodelib.command(python, "carry", CARRY_ROOT, run_id, key))
+                   + nodelib.command(python, rq.Carry(CARRY_ROOT, run_id, key)))
         try:
             result = clients[name].run(both, timeout=300)
         except (OSError, TimeoutError):
@@ -303,7 +304,7 @@ def reuse_and_carry(cluster: Cluster, workdir: Path, run_id: str, digest: str,
         if result.exit_code == NOT_REUSED:
             return None
         if result.exit_code == nodelib.MISSING:   # linked; the node lacks this version
-            result = nodelib.call(clients[name], python, "carry", CARRY_ROOT, run_id, key,
+            result = nodelib.call(clients[name], python, rq.Carry(CARRY_ROOT, run_id, key),
                                   timeout=300)
         return _carried(name, result)
 

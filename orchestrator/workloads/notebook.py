@@ -54,6 +54,7 @@ from ..cluster.fanout import each
 from ..cluster.inventory import Cluster, NodeSpec, check_env_name, load_cluster
 from ..cluster.ssh import SshTarget, connect, forward
 from ..errors import ClusterError, InputError, LaunchError
+from ..node import requests as rq
 from ..node.notebook import ACCESS_FILE
 from ..node.protocol import NOTEBOOK_FILE, NOTEBOOK_MODULE
 from ..record.rundir import check_writable, new_run_id, open_run
@@ -197,7 +198,7 @@ def busy_count(node: NodeSpec) -> int:
     """How many live runs and GPU processes (any user's) NODE has now (`node.py busy`)."""
     conn = connect(node.name, node.ssh, within=30)
     try:
-        said = nodelib.call(conn, node.python, "busy", timeout=60)
+        said = nodelib.call(conn, node.python, rq.Busy(), timeout=60)
     finally:
         conn.close()
     data = json.loads(said.stdout)

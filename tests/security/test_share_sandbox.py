@@ -19,6 +19,7 @@ import yaml
 
 from orchestrator.cluster import nodelib
 from orchestrator.defaults import RENDEZVOUS_SPAN as PORT_RANGE
+from orchestrator.node import requests as rq
 from orchestrator.node.protocol import PORT_CLAIMS_DIR
 from orchestrator.sandbox.spec import EXPORT_PATH, SHARED_PATH
 
@@ -42,7 +43,7 @@ def node_probe(cluster: ProvisionedCluster, user: str) -> dict:
     request: dict[str, object] = {"shared": {"path": SHARED_PATH, "fstypes": None},
                                   "addresses": [], "port": None, "run": None,
                                   "state_dir": None, "node": "node0"}
-    done = run(nodelib.command(PYTHON, "probe"), json.dumps(request))
+    done = run(nodelib.command(PYTHON, rq.Probe()), json.dumps(request))
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -17,7 +17,7 @@ import pytest
 
 from orchestrator.cluster import nodelib
 from orchestrator.cluster.ssh import Result
-from orchestrator.node import role_module_files
+from orchestrator.node import requests as rq, role_module_files
 from orchestrator.run.command import NodeCommand
 
 from ..local_node import Canned, LocalNode
@@ -90,8 +90,8 @@ def command(**kw) -> NodeCommand:
 
 @pytest.mark.parametrize("line", [
     command().shell(), command().follow(lease=True),
-    nodelib.command("/usr/bin/python3", "stop", ".clustertrain/jobs", "r1", "5"),
-    nodelib.command("/usr/bin/python3", "probe"), nodelib.install_command()],
+    nodelib.command("/usr/bin/python3", rq.Stop(".clustertrain/jobs", "r1", 5.0)),
+    nodelib.command("/usr/bin/python3", rq.Probe()), nodelib.install_command()],
     ids=["launch", "follow", "stop", "probe", "install"])
 def test_no_program_travels_on_a_command_line(line: str) -> None:
     assert " -c " not in line.replace("sh -c ", "") and "exec(" not in line
@@ -104,7 +104,7 @@ def test_the_node_package_is_copied_once_per_version(tmp_path: Path) -> None:
     node = LocalNode(tmp_path)
     state = tmp_path / "share"
     state.mkdir()
-    first = nodelib.call(node, sys.executable, "states", str(state))
+    first = nodelib.call(node, sys.executable, rq.States(str(state)))
     assert first.exit_code == 0 and '"states": {}' in first.stdout, first.stderr
     assert len(node.runs) == 3 and node.runs[1] == nodelib.install_command(sys.executable)
     lib = Path(nodelib.lib_dir(str(tmp_path)))
@@ -115,9 +115,9 @@ def test_the_node_package_is_copied_once_per_version(tmp_path: Path) -> None:
     assert (lib / "node.py").is_file() and (lib / "orchestrator/node/supervise.py").is_file()
     assert oct((tmp_path / ".clustertrain").stat().st_mode & 0o777) == "0o700"
     node.runs.clear()
-    again = nodelib.call(node, sys.executable, "states", str(state))
-    assert again.exit_code == 0 and node.runs == [nodelib.command(sys.executable, "states",
-                                                                  str(state))]
+    again = nodelib.call(node, sys.executable, rq.States(str(state)))
+    assert again.exit_code == 0 and node.runs == [nodelib.command(sys.executable,
+                                                                  rq.States(str(state)))]
     assert {p: p.stat().st_mtime_ns for p in lib.rglob("*.py") if p in before} == before
     assert [p.name for p in lib.parent.iterdir()] == [lib.name]   # one version, no leftovers
 
@@ -175,10 +175,10 @@ def test_a_verbs_request_and_answer_round_trip_through_the_node_program(tmp_path
     share = tmp_path / "share"
     (share / "cordons").mkdir(parents=True)
     node = LocalNode(tmp_path / "home")
-    said = nodelib.ask(node, sys.executable, "cordon", node="n0", stdin=json.dumps(
+    said = nodelib.ask(node, sys.executable, rq.Cordon(), node="n0", stdin=json.dumps(
         {"share": str(share), "node": "n1", "action": "cordon", "why": "bad GPU"}))
     assert said["event"]["node"] == "n1" and said["event"]["why"] == "bad GPU"
-    listed = nodelib.ask(node, sys.executable, "cordon", node="n0",
+    listed = nodelib.ask(node, sys.executable, rq.Cordon(), node="n0",
                          stdin=json.dumps({"share": str(share)}))
     assert list(listed["cordoned"]) == ["n1"]
 
@@ -200,7 +200,7 @@ def test_a_verbs_request_and_answer_round_trip_through_the_node_program(tmp_path
 def test_an_answer_that_is_not_one_is_a_typed_error_naming_node_verb_and_what_it_said(
         result: Result, said: str) -> None:
     with pytest.raises(nodelib.NodeAnswerError) as caught:
-        nodelib.ask(Canned(result), "/usr/bin/python3", "states", "/s", node="node7")
+        nodelib.ask(Canned(result), "/usr/bin/python3", rq.States("/s"), node="node7")
     error = caught.value
     assert isinstance(error, RuntimeError)   # what callers caught before
     assert (error.node, error.verb, error.said, error.exit_code) == (

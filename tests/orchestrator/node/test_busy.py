@@ -138,7 +138,7 @@ def test_a_live_supervisor_is_a_run_and_its_end_is_not(tmp_path: Path) -> None:
     sup = subprocess.Popen(
         [sys.executable, str(entry), "supervise", "--job", str(job), "--state-dir",
          str(shared), "--run", run, "--node", "n0", "--nodes", "n0", "--grace", "1",
-         "--keep", "0", "--", sys.executable, "-c", "import time; time.sleep(300)"],
+         "--keep-runs", "0", "--", sys.executable, "-c", "import time; time.sleep(300)"],
         env={**os.environ, "CLUSTERTRAIN_RUN_ID": run}, start_new_session=True)
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
     try:
@@ -191,7 +191,7 @@ def test_another_users_run_is_found_with_its_owner() -> None:
         sup = subprocess.Popen(
             ["/usr/bin/python3", str(entry), "supervise", "--job", str(home / "job"),
              "--state-dir", str(home / "shared"), "--run", run, "--node", "n0", "--nodes",
-             "n0", "--keep", "0", "--", "/bin/sleep", "300"],
+             "n0", "--keep-runs", "0", "--", "/bin/sleep", "300"],
             user="nobody", cwd=home, env={"PATH": "/usr/bin:/bin", "HOME": str(home)},
             start_new_session=True)
         pgid = None

@@ -25,11 +25,11 @@ def test_the_ask_of_trains_salloc_options() -> None:
     """What run/allocation.py asks salloc for is what the check reads back."""
     request = AllocationRequest(nodes=3, gpus_per_node=2, partition="gpu", time="1-12:00",
                                 qos="high")
-    args = request.salloc_args()
-    assert Ask.from_salloc(args[args.index("--") + 1:], ["--gres=gpu:2"]) == Ask(
+    assert request.node_request("x").gpus_per_node == "2"
+    assert Ask.from_salloc(request.salloc_args(), ["--gres=gpu:2"]) == Ask(
         3, 2, "gpu", 36 * 3600, "high")
     hosts = AllocationRequest(hosts=("node0", "node2")).salloc_args()
-    assert Ask.from_salloc(hosts[3:], []) == Ask(2, 0)
+    assert Ask.from_salloc(hosts, []) == Ask(2, 0)
 
 
 def test_slurm_times() -> None:

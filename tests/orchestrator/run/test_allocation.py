@@ -13,13 +13,14 @@ import pytest
 from orchestrator.run.allocation import Allocation, AllocationRequest, hangup_interrupts
 
 
-def test_the_request_as_salloc_options() -> None:
-    assert AllocationRequest(nodes=2).salloc_args() == [
-        "--gpus-per-node", "all", "--", "-N", "2"]
-    assert AllocationRequest(hosts=("node0", "node2"), gpus_per_node=1, partition="gpu",
-                             time="2:00:00", qos="high").salloc_args() == [
-        "--gpus-per-node", "1", "--", "-N", "2", "-w", "node0,node2", "--partition=gpu",
-        "--time=2:00:00", "--qos=high"]
+def test_the_request_as_the_node_verbs_and_salloc_options() -> None:
+    assert AllocationRequest(nodes=2).node_request("j").argv() == [
+        "--name", "j", "--", "-N", "2"]   # every GPU: the verb's default
+    asked = AllocationRequest(hosts=("node0", "node2"), gpus_per_node=1, partition="gpu",
+                              time="2:00:00", qos="high")
+    assert asked.node_request("j").argv() == [
+        "--name", "j", "--gpus-per-node", "1", "--", "-N", "2", "-w", "node0,node2",
+        "--partition=gpu", "--time=2:00:00", "--qos=high"]
 
 
 def test_each_node_sees_only_its_gpus() -> None:
@@ -92,14 +93,15 @@ def test_the_allocate_verb_copies_the_node_package_only_when_the_node_lacks_it(
     import sys
 
     from orchestrator.cluster import nodelib
+    from orchestrator.node import requests as rq
     from orchestrator.run.allocation import _allocate_on
     from tests.orchestrator.local_node import LocalNode
 
     node = LocalNode(tmp_path)
-    args = ["--name", "clustertrain-x", "--gpus-per-node", "1", "--", "-N", "1"]
+    request = rq.Allocate(name="clustertrain-x", gpus_per_node="1", rest=("-N", "1"))
     for runs in (3, 1):
         node.runs.clear()
-        proc, lines = _allocate_on(node, sys.executable, args)
+        proc, lines = _allocate_on(node, sys.executable, request)
         events = [json.loads(line) for line in lines]
         assert proc.wait() == 127 and events[0]["event"] == "refused", events
         assert "no Slurm client (salloc)" in events[0]["said"][0]
