@@ -218,21 +218,30 @@ def read_ends(names: list[str], run: RunDir) -> dict[str, NodeEnds]:
     return ends
 
 
-def summarize(info: dict[str, Any], states: dict[str, dict], now: float,
-              run: RunDir | None = None) -> Summary | None:
-    """The summary of a run from its nodes' states on the share (no controller followed
-    it to its end), or None while it still runs. A node that never wrote its state, or
-    that a peer named lost (silent on the network), or whose state file went stale (not
-    rewritten for STATE_STALE by the clock of the node that read it: every node of the run
-    is gone, none is left to name it) is lost: its end is its state's last writing."""
-    names = info["nodes"]
+def ends_of(names: list[str], states: dict[str, dict], now: float
+            ) -> tuple[dict[str, dict], list[str]] | None:
+    """The nodes of NAMES that ended (their states) and those lost, or None while one still
+    runs. A node that never wrote its state, or that a peer named lost (silent on the
+    network), or whose state file went stale (not rewritten for STATE_STALE by the clock of
+    the node that read it: every node of the run is gone, none is left to name it) is lost."""
     ended = {n: s for n, s in states.items() if s.get("state") == "ended"}
     blamed = {s.get("why") for s in ended.values() if read_end(s.get("reason")) == End.PEER_LOST}
     lost = [n for n in names if n not in ended and (
         n in blamed or n not in states
         or now - float(states[n].get("time", 0)) > STATE_STALE)]
-    if len(ended) + len(lost) < len(names):
+    return None if len(ended) + len(lost) < len(names) else (ended, lost)
+
+
+def summarize(info: dict[str, Any], states: dict[str, dict], now: float,
+              run: RunDir | None = None) -> Summary | None:
+    """The summary of a run from its nodes' states on the share (no controller followed
+    it to its end), or None while it still runs (ends_of); a lost node's end is its
+    state's last writing."""
+    names = info["nodes"]
+    over = ends_of(names, states, now)
+    if over is None:
         return None
+    ended = over[0]
     commands = info.get("node_commands") or {}
 
     def node(name: str) -> NodeEnd:

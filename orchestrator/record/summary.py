@@ -254,12 +254,9 @@ class Summary:
                                 if isinstance(n, Mapping))
         values["recoveries"] = tuple(Recovery.from_json(r) for r in data.get("recoveries")
                                      or [])
-        # What every optional field is when the record has it as null.
+        # A null where the field has no null of its own (a list, a mapping): its empty one.
         for f in fields(cls):
-            if f.name in values and values[f.name] is None and f.name not in (
-                    "start", "end", "first_failed", "training_completed", "error", "hang",
-                    "first_step_at", "last_step", "sync_s", "settled_from", "recovery_of",
-                    "recovered_in"):
+            if f.name in values and values[f.name] is None and f.default is not None:
                 del values[f.name]
         info = {k: v for k, v in data.items() if k not in named}
         return cls(**values, info=info, version=int(version))

@@ -20,7 +20,7 @@ from ..cluster.inventory import NodeSpec, load_cluster
 from ..diagnosis.dumps import read_node_dumps
 from ..errors import ClusterError
 from ..record.rundir import RunDir, latest_attempt, write_private
-from ..record.status import summarize
+from ..record.status import ends_of, summarize
 from ..record.summary import Recovery, RunStatus, Summary
 from .command import EXIT_MARKER, NodeCommand
 from .conclude import write_summary
@@ -55,9 +55,9 @@ def settle(run: RunDir) -> Summary | None:
         from .allocation import settle_queued
         return settle_queued(run, info)
     found = node_states(info)
-    if summarize(info, found.states, found.now) is None:
-        return None
-    fetch_logs(run, info)   # its ends are read from them too
+    if ends_of(info["nodes"], found.states, found.now) is None:
+        return None   # still running
+    fetch_logs(run, info)   # the rule reads how its ranks ended from them too
     summary = summarize(info, found.states, found.now, run)
     if summary is not None:
         if found.hang:  # the nodes found the run hung (detached): read their dumps here
@@ -67,11 +67,11 @@ def settle(run: RunDir) -> Summary | None:
     return summary
 
 
-def fetch_logs(run: RunDir, info: dict[str, Any]) -> dict[str, str]:
+def fetch_logs(run: RunDir, info: dict[str, Any]) -> None:
     """Each node's whole log of RUN, ended with nobody following it (detached, or its
     controller gone), into the run's record in place of the lines followed before: the
-    node's copy goes with its job directory (--keep-runs). Returns why for each node whose
-    log could not be read (its record keeps what was followed)."""
+    node's copy goes with its job directory (--keep-runs). A node whose log cannot be read
+    leaves the lines followed."""
     records = info.get("node_commands") or {}
     cluster = load_cluster(info["inventory"]).select(hosts=",".join(info["nodes"]))
 
@@ -90,8 +90,7 @@ def fetch_logs(run: RunDir, info: dict[str, Any]) -> dict[str, str]:
             raise ClusterError(f"{spec.name}: its copy of the log is gone (--keep-runs)")
         write_private(run.log(spec.name), "".join(line + "\n" for line in lines))
 
-    results = each([s for s in cluster.nodes if records.get(s.name)], one, lambda s: s.name)
-    return {node: str(error) for node, error in results.failed.items()}
+    each([s for s in cluster.nodes if records.get(s.name)], one, lambda s: s.name)
 
 
 def _line_count(path: Path) -> int:
