@@ -27,7 +27,7 @@ from sandbox_bench import ENV, REPO, bench_sandbox, node_exec, sandbox_down  # R
 
 from orchestrator.node import doctor as doctor_job  # noqa: E402
 from orchestrator.record.rundir import RunDir  # noqa: E402
-from orchestrator.workloads.doctor import read_result  # noqa: E402
+from orchestrator.workloads.doctor_run import read_result  # noqa: E402
 
 
 def doctor(inventory: str, nodes: int, runs: Path) -> tuple[float, dict, dict]:

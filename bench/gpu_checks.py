@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT))
 
 from orchestrator.cluster import nodelib  # noqa: E402
 from orchestrator.diagnosis import hang  # noqa: E402
-from orchestrator.node import busy, dump as node_dump, protocol, stop as node_stop  # noqa: E402
+from orchestrator.node import busy, dump as node_dump, protocol, terminate as node_stop  # noqa: E402
 from orchestrator.run import command  # noqa: E402
 
 FINGERPRINT = ROOT / "roles" / "python_env" / "files" / "fingerprint.py"
@@ -428,7 +428,7 @@ def main() -> int:
         per GPU, and nvidia-smi's health fields as doctor reads them (the raw lines are
         kept: they become the unit tests' recorded nvidia-smi output)."""
         from orchestrator.node import doctor as doctor_job
-        from orchestrator.workloads import doctor
+        from orchestrator.workloads import doctor_run as doctor
 
         out = subprocess.run(
             [str(Path(sys.executable).parent / "torchrun"), "--standalone",

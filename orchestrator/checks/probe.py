@@ -1,5 +1,5 @@
 """What preflight asks each node, and what it learns: the node side is
-orchestrator/node/probe.py (`node.py probe|reach|unlisten|release`, run by the node's
+orchestrator/node/preflight.py (`node.py probe|reach|unlisten|release`, run by the node's
 system python from the node package, which the first call copies to a node that lacks
 this version); it answers in JSON.
 
@@ -55,7 +55,7 @@ class NodeFacts:
     user: str | None = None          # who the job runs as on this node
     uid: int | None = None
     home: str | None = None
-    machine: dict[str, str] | None = None   # node/probe.py machine(): what tells machines apart
+    machine: dict[str, str] | None = None   # node/preflight.py machine(): what tells machines apart
     fingerprint: dict[str, Any] | None = None   # the environment as it is now
     fingerprint_error: str | None = None
     provisioned: dict[str, Any] | None = None   # fingerprint.json, written at provisioning
@@ -72,7 +72,7 @@ class NodeFacts:
     health: dict[str, Any] | None = None        # node/health.py: its health check's failing verdict
     health_warnings: list[str] = field(default_factory=list)   # what it said, not cordoned for
     shared: dict[str, Any] = field(default_factory=dict)
-    space: list[dict[str, Any]] = field(default_factory=list)  # node/probe.py space()
+    space: list[dict[str, Any]] = field(default_factory=list)  # node/preflight.py space()
     share_users: dict[str, Any] | None = None  # node/health.py read_users(): who fills it
     port_free: bool | None = None
     free_port: int | None = None
@@ -96,7 +96,7 @@ class Rendezvous:
     """What node 0's listener expects: a nonce it greets with (public), how many
     connections, the token file it wrote on the share (read by the others, and by anyone
     who reads the share), and the run's key, which every node proves it holds to be counted
-    or to stop the listener (node/probe.py serve): it travels only in the requests' standard
+    or to stop the listener (node/preflight.py serve): it travels only in the requests' standard
     input, never on a command line or the share, so no other user's process can."""
 
     nonce: str
@@ -151,7 +151,7 @@ def probe(node: NodeSpec, conn: ssh.Connection, *, shared: dict[str, Any],
                                "strict": strict_port,
                                "state_dir": node.env_state_dir,
                                "user_env": node.python_env, "node": node.name}
-    if ahead is not None:   # round 2's check, at the end of round 1 (node/probe.py reach_ahead)
+    if ahead is not None:   # round 2's check, at the end of round 1 (node/preflight.py reach_ahead)
         request["reach"] = {"address": master_address, "port": ahead.port,
                             "nonce": ahead.rendezvous.nonce, "key": ahead.rendezvous.key,
                             "timeout": CONNECT_TIMEOUT,
@@ -192,7 +192,7 @@ def reach(node: NodeSpec, conn: ssh.Connection, *, addr: str, port: int,
 def stop_listener(node: NodeSpec, conn: ssh.Connection, port: int,
                   rendezvous: Rendezvous) -> list[dict[str, str]]:
     """End node 0's listener now (when not every node connected to it), proving the run's
-    key (`reach` with "stop"); who connected to it without the key (node/probe.py serve)."""
+    key (`reach` with "stop"); who connected to it without the key (node/preflight.py serve)."""
     request = {"stop": True, "port": port, "nonce": rendezvous.nonce, "key": rendezvous.key}
     try:
         said = nodelib.ask(conn, node.python, rq.Reach(), node=node.name, timeout=30,

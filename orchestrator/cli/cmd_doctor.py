@@ -1,5 +1,5 @@
 """`doctor`: measure every link and node and name the bad ones
-(orchestrator/workloads/doctor.py)."""
+(orchestrator/workloads/doctor_run.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from ..cluster.inventory import Cluster
-from ..workloads.doctor import DoctorReport, DoctorRequest, render, run_doctor, thresholds
+from ..workloads.doctor_run import DoctorReport, DoctorRequest, render, run_doctor, thresholds
 from . import values
 from .cmd_preflight import add_python_env_arg, add_selection_args, selected
 

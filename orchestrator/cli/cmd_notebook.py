@@ -1,4 +1,4 @@
-"""`notebook`: JupyterLab on a node, reached through SSH (orchestrator/workloads/notebook.py);
+"""`notebook`: JupyterLab on a node, reached through SSH (orchestrator/workloads/notebook_run.py);
 `notebook connect RUN` opens the way to a detached one again, `notebook stop RUN` ends it."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 from .. import defaults
 from ..errors import InputError
 from ..run.spec import Given
-from ..workloads.notebook import DEFAULT_IDLE, connect_notebook, notebook_spec, run_notebook
+from ..workloads.notebook_run import DEFAULT_IDLE, connect_notebook, notebook_spec, run_notebook
 from . import cmd_stop, values
 
 # The options of `notebook` (start) that make its run: destination -> the spec's key.

@@ -17,11 +17,11 @@ from ..errors import ClusterError, InputError
 from ..record.rundir import open_private, write_private
 from ..run.spec import Given, RunSpec, from_sources, read_job_file
 from ..run.stop import stop_run
+from ..sweep.liveness import alive, settle
 from ..sweep.record import STOP, SweepRecord, TrialState, new_sweep, open_sweep
 from ..sweep.report import REPORT
 from ..sweep.runner import Sweep, check_nodes, default_parallel
-from ..sweep.settle import alive, settle
-from ..sweep.spec import read_sweep_file
+from ..sweep.sweepfile import read_sweep_file
 from ..sweep.table import table
 from . import values
 

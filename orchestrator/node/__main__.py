@@ -84,7 +84,7 @@ def _follow(r: rq.Follow) -> int:
 
 
 def _stop(r: rq.Stop) -> int:
-    from .stop import stop_tree
+    from .terminate import stop_tree
     return _print_json(stop_tree(_job(r.jobs, r.run), r.run, r.grace))
 
 
@@ -95,23 +95,23 @@ def _dump(r: rq.Dump) -> int:
 
 # -- preflight: probe, reach, unlisten, release ------------------------------------------
 def _probe(r: rq.Probe) -> int:
-    from .probe import probe
+    from .preflight import probe
     return _print_json(probe(json.load(sys.stdin)))
 
 
 def _reach(r: rq.Reach) -> int:
-    from .probe import reach
+    from .preflight import reach
     return _print_json(reach(json.load(sys.stdin)))
 
 
 def _unlisten(r: rq.Unlisten) -> int:
-    from .probe import stop_listener
+    from .preflight import stop_listener
     stop_listener(r.port, r.nonce)
     return 0
 
 
 def _release(r: rq.Release) -> int:
-    from .probe import release
+    from .preflight import release
     release(r.run, once_bound=r.once_bound)
     return 0
 

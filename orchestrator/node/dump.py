@@ -14,7 +14,7 @@ import time
 import zlib
 
 from .protocol import FR_SUBDIR, PGID_FILE, RUN_ID_ENV
-from .stop import Tree
+from .terminate import Tree
 from .util import environ, process_table, read_pid
 
 DUMP_TIMEOUT = 30.0  # seconds for one py-spy dump (a busy node, native frames)

@@ -1,5 +1,5 @@
 """JupyterLab for `clustertrain notebook`, as torchrun starts it on the node:
-`node.py worker -m orchestrator.node.notebook [--idle S]` (workloads/notebook.py makes the run).
+`node.py worker -m orchestrator.node.notebook [--idle S]` (workloads/notebook_run.py makes the run).
 
 The port and the first token are chosen here, on the node, where the server binds: a port
 free on the loopback interface, a token from `secrets`. Both go to the job's own directory

@@ -1,6 +1,6 @@
 """Free space where runs write, and a run that died of its lack.
 
-`space` measures each place (preflight's check, node/probe.py). `out_of_space` is the
+`space` measures each place (preflight's check, node/preflight.py). `out_of_space` is the
 supervisor's word on a torchrun that failed: when its ranks' last output says the disk
 was full (ENOSPC or EDQUOT in Python's words, or torch.save's "unexpected pos", which is
 how a full disk shows through its writer), it names the fullest of the places the job

@@ -73,7 +73,7 @@ from .requests import Supervise
 from .ring import Counters, Ring, read_state, resolve, ring_socket
 from .space import out_of_space
 from .statefile import StateFile
-from .stop import stop_tree
+from .terminate import stop_tree
 from .usage import gpus_used
 from .util import detach, read_json, read_pid, redirect, tail_text, write_json
 

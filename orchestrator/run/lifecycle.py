@@ -79,7 +79,7 @@ from .spec import RunSpec
 from .sync import SyncResult, left_out, sync_code
 
 # What an attached run serves while it is followed, given node 0's command, the node and
-# its connection (workloads/notebook.py's tunnel).
+# its connection (workloads/notebook_run.py's tunnel).
 Serving = Callable[[NodeCommand, NodeSpec, Any], AbstractContextManager[Any]]
 
 

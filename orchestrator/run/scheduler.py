@@ -219,7 +219,7 @@ def slurm_job_of(info: dict) -> str | None:
 def stop_job(conn: ssh.Connection, python: str, run_id: str, grace: float, *,
              node: str) -> StopResult:
     """Stop run RUN_ID's processes on NODE, behind CONN: the node package's stop
-    (node/stop.py), the one implementation of "stop this run's process tree" for the
+    (node/terminate.py), the one implementation of "stop this run's process tree" for the
     supervisor, train and `stop`; NodeAnswerError (a RuntimeError) when it failed."""
     data = nodelib.ask(conn, python, rq.Stop(JOBS_DIR, run_id, grace), node=node,
                        timeout=grace + 30)

@@ -1,7 +1,7 @@
 """`stop RUN`: stop a running run on all its nodes, from any terminal.
 
 Only that run's processes are signalled (its recorded process group and their
-descendants, once checked to still carry the run's id: node/stop.py, the one stop); other
+descendants, once checked to still carry the run's id: node/terminate.py, the one stop); other
 runs on the same nodes keep running. A run is stopped by the user it runs as: another
 user's stop is refused before any node is touched (and the nodes would refuse it too: the
 job's record is in its user's private directory, and its processes are that user's).

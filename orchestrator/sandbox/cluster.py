@@ -21,9 +21,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from ..errors import SandboxError
 from . import share
 from .image import ensure_image
-from .limits import check_host
-from .podman import podman, podman_json
-from .spec import (
+from .layout import (
     ADMIN_USER,
     BASTION_TABLE,
     EXPORT_PATH,
@@ -40,6 +38,8 @@ from .spec import (
     state_root,
     validate_name,
 )
+from .limits import check_host
+from .podman import podman, podman_json
 
 BOOT_TIMEOUT = 60.0
 

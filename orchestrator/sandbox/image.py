@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import SandboxError
+from .layout import BASTION_TABLE, USERS
 from .podman import podman, podman_env, require_podman
-from .spec import BASTION_TABLE, USERS
 
 IMAGE_REPO = "localhost/clustertrain-node"
 SUITE = "bookworm"

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from ..errors import SandboxError
-from .spec import SandboxSpec
+from .layout import SandboxSpec
 
 UNIONFS = "unionfs"
 MOUNT_TIMEOUT = 10.0

@@ -18,7 +18,7 @@ from typing import Any
 from ..errors import InputError
 from ..record.rundir import RUN_ID, RecordUnreadable, new_run_id, write_private
 from .early import EarlyStop
-from .spec import SweepSpec, Trial
+from .sweepfile import SweepSpec, Trial
 
 SWEEP_JSON = "sweep.json"
 STOP = "stop-requested"   # beside sweep.json: `sweep stop` asked the sweep to end

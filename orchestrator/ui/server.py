@@ -42,9 +42,9 @@ from ..record.listing import listed
 from ..record.rundir import RUN_ID, RecordUnreadable, RunDir, list_runs
 from ..record.summary import Summary
 from ..report.page import TEMPLATES, render_run
+from ..sweep.liveness import settle
 from ..sweep.record import SWEEP_JSON, SweepRecord, SweepUnreadable, TrialState, open_sweep
 from ..sweep.report import render_sweep
-from ..sweep.settle import settle
 
 DEFAULT_PORT = 8470
 REFRESH_S = 5       # a page that changes (the runs, a live run, the nodes) reloads so often
@@ -221,7 +221,7 @@ class UiServer:
 
     def sweep(self, sweep_id: str) -> SweepRecord | None:
         """The sweep SWEEP_ID names (a run id's shape), if its record lies inside the runs
-        directory once every symlink is followed, settled (sweep/settle.py) as every verb
+        directory once every symlink is followed, settled (sweep/liveness.py) as every verb
         reads it; SweepUnreadable when it does not read."""
         if not RUN_ID.fullmatch(sweep_id):
             return None

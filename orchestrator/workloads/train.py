@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..run.lifecycle import choose_nodes, run_training
 from ..run.spec import RunSpec
-from .doctor import doctor_first
+from .doctor_run import doctor_first
 
 
 def train(spec: RunSpec, dry_run: bool = False) -> int:

@@ -223,7 +223,7 @@ def test_no_role_or_playbook_writes_a_shared_default_again() -> None:
 
 def test_the_orchestrator_and_the_sandbox_read_the_contracts_values() -> None:
     from orchestrator import defaults
-    from orchestrator.sandbox import spec
+    from orchestrator.sandbox import layout as spec
 
     values = {name: _role_default("contract", name) for name in SHARED}
     assert defaults.SHARED_PATH == spec.SHARED_PATH == values["cluster_shared_path"]

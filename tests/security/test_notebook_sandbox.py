@@ -5,7 +5,7 @@ between and receive alice's token; (b) after alice's `notebook connect` ended, b
 listen on the port her printed URL names, receive the token when she opened the URL again,
 and with it reach her server on the node's loopback (and write to her home as her).
 Now the command holds its port from its start to its end, and the token it prints is
-voided on the node (with every login cookie) when it ends: orchestrator/workloads/notebook.py
+voided on the node (with every login cookie) when it ends: orchestrator/workloads/notebook_run.py
 (hold_local_port, Relay, Access) and orchestrator/node/notebook.py (keep_token)."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ on the share in a new user's name before her first run is refused by her preflig
 naming him; his junk in node 0's master-port claims leaves alice a port; and the NFS
 server (nfs-ganesha on the nfs_server host) refuses his requests, which come from an
 unprivileged source port, whatever uid they state, while root on a member is served.
-The rules: orchestrator/node/probe.py (not_own, live_claims) and the nfs_server role."""
+The rules: orchestrator/node/preflight.py (not_own, live_claims) and the nfs_server role."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from orchestrator.cluster import nodelib
 from orchestrator.defaults import RENDEZVOUS_SPAN as PORT_RANGE
 from orchestrator.node import requests as rq
 from orchestrator.node.protocol import PORT_CLAIMS_DIR
-from orchestrator.sandbox.spec import EXPORT_PATH, SHARED_PATH
+from orchestrator.sandbox.layout import EXPORT_PATH, SHARED_PATH
 
 from ..cluster import ENV, ProvisionedCluster, orchestrator
 from .conftest import as_user

@@ -180,7 +180,7 @@ def test_shared_path_causes_are_named_with_the_node_and_a_fix() -> None:
 
 
 def test_a_squatted_place_on_the_share_is_refused_with_the_nodes_own_fix() -> None:
-    """The node names the place, its owner and what to do (node/probe.py not_own):
+    """The node names the place, its owner and what to do (node/preflight.py not_own):
     preflight says it as it is, and the port claims that could not be made are a warning."""
     mine = "/mnt/cluster/checkpoints/carol"
     r = report(facts("node0", {}, port_warning="launches cannot claim their master port "

@@ -28,7 +28,7 @@ from orchestrator.record.rundir import RunDir, new_run_id
 from orchestrator.record.status import cut_short as summary_cut_short
 from orchestrator.record.summary import RunStatus
 from orchestrator.run.sync import code_digest, left_out
-from orchestrator.workloads.doctor import DoctorRequest
+from orchestrator.workloads.doctor_run import DoctorRequest
 
 from ...clirun import run_cli as run
 

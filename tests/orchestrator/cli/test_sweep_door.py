@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.sweep.record import SWEEP_JSON, new_sweep
-from orchestrator.sweep.spec import Parameter, SweepSpec
+from orchestrator.sweep.sweepfile import Parameter, SweepSpec
 
 from ...clirun import run_cli as run
 

@@ -17,7 +17,7 @@ import pytest
 
 from orchestrator.diagnosis.dumps import NodeDumps, analyse
 from orchestrator.diagnosis.hang import RankId, parse_pyspy_dump
-from orchestrator.node import stop as node_stop
+from orchestrator.node import terminate as node_stop
 
 DUMPS = Path(__file__).parents[1] / "hang_dumps"
 PY_SPY = shutil.which("py-spy", path=os.path.dirname(sys.executable))

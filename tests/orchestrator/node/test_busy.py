@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.node import busy
-from orchestrator.node.stop import stop_tree
+from orchestrator.node.terminate import stop_tree
 
 from ..local_node import installed
 

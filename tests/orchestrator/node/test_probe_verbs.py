@@ -72,7 +72,7 @@ def test_two_launches_at_once_claim_different_ports() -> None:
     import os
     import secrets
 
-    from orchestrator.node.probe import LEASE_DIR
+    from orchestrator.node.preflight import LEASE_DIR
 
     base = unused_port()
     a, b = f"run-a-{secrets.token_hex(3)}", f"run-b-{secrets.token_hex(3)}"
@@ -99,7 +99,7 @@ def test_two_launches_at_once_claim_different_ports() -> None:
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from orchestrator.node.probe import port_free  # noqa: E402
+from orchestrator.node.preflight import port_free  # noqa: E402
 
 
 def probe_request(tmp_path: Path, **kw) -> dict:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.node import dump, protocol, slurmjob, stop as node_stop, supervise, util
+from orchestrator.node import dump, protocol, slurmjob, supervise, terminate as node_stop, util
 from orchestrator.node.ring import Counters, Ring
 
 # The node package's verbs, as a node runs them (`node.py VERB`).

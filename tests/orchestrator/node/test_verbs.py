@@ -36,7 +36,7 @@ from orchestrator.node.protocol import (
     STARTED,
     End,
 )
-from orchestrator.node.stop import Tree
+from orchestrator.node.terminate import Tree
 
 from ..local_node import installed, unused_port
 

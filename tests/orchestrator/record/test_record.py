@@ -151,7 +151,7 @@ def test_runs_gives_a_doctor_runs_verdict_not_its_command_line(tmp_path: Path,
                                                                 capsys) -> None:
     import json
 
-    from orchestrator.workloads.doctor import DOCTOR_MODULE
+    from orchestrator.workloads.doctor_run import DOCTOR_MODULE
 
     def doctor_run(suspects: list[dict] | None) -> RunDir:
         run = make_run(tmp_path, finished=True)

@@ -15,7 +15,7 @@ from orchestrator.record.progress import Progress
 from orchestrator.record.rundir import RunDir, iso
 from orchestrator.record.summary import Summary
 from orchestrator.run.conclude import write_summary
-from orchestrator.workloads.doctor import analyse as doctor_analyse
+from orchestrator.workloads.doctor_run import analyse as doctor_analyse
 
 HERE = Path(__file__).parents[1]
 DUMPS = HERE / "hang_dumps"

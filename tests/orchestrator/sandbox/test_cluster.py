@@ -16,8 +16,8 @@ import pytest
 from orchestrator.errors import SandboxError
 from orchestrator.sandbox import cluster
 from orchestrator.sandbox.image import ensure_image
+from orchestrator.sandbox.layout import LABEL, state_root
 from orchestrator.sandbox.podman import podman, podman_json
-from orchestrator.sandbox.spec import LABEL, state_root
 
 # Sandboxes of their own: `make test` runs these beside the shared cluster's tests.
 pytestmark = [pytest.mark.sandbox, pytest.mark.own_sandbox]

@@ -15,7 +15,7 @@ from orchestrator.run.spec import RunSpec
 from orchestrator.sweep.early import EarlyStop, curve, judge, loss_at
 from orchestrator.sweep.record import TrialState, new_sweep
 from orchestrator.sweep.runner import Running, Sweep
-from orchestrator.sweep.spec import Parameter, SweepSpec
+from orchestrator.sweep.sweepfile import Parameter, SweepSpec
 
 RULE = EarlyStop(after=100, min_trials=3)
 

@@ -11,7 +11,7 @@ import pytest
 
 from orchestrator.record.rundir import RecordUnreadable
 from orchestrator.sweep.record import SWEEP_JSON, SweepUnreadable, new_sweep, open_sweep
-from orchestrator.sweep.spec import Parameter, SweepSpec
+from orchestrator.sweep.sweepfile import Parameter, SweepSpec
 
 SWEEP = SweepSpec("grid", (Parameter("--lr", ("0.1", "0.01")),), "loss")
 

@@ -10,7 +10,7 @@ from orchestrator.record.progress import Point
 from orchestrator.report import svg
 from orchestrator.sweep.record import SweepRecord, TrialState, new_sweep
 from orchestrator.sweep.report import REPORT, write_sweep_report
-from orchestrator.sweep.spec import Parameter, SweepSpec
+from orchestrator.sweep.sweepfile import Parameter, SweepSpec
 from orchestrator.sweep.table import table
 
 from ..report.browser import count_color, elements, screenshot

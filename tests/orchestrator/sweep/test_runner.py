@@ -14,7 +14,7 @@ from orchestrator.record.summary import Summary
 from orchestrator.run.spec import RunSpec
 from orchestrator.sweep.record import TrialRecord, TrialState, new_sweep, open_sweep
 from orchestrator.sweep.runner import default_parallel, nodes_per_trial, trial_spec
-from orchestrator.sweep.spec import Parameter, SweepSpec
+from orchestrator.sweep.sweepfile import Parameter, SweepSpec
 from orchestrator.sweep.table import change_line, table
 
 INVENTORY = """\

@@ -13,7 +13,7 @@ from ansible.vars.manager import VariableManager
 
 from orchestrator.errors import SandboxError
 from orchestrator.sandbox.image import ImageRecipe, host_mirror
-from orchestrator.sandbox.spec import (
+from orchestrator.sandbox.layout import (
     SandboxSpec,
     describe,
     render_inventory,

@@ -1,4 +1,4 @@
-"""The node side of preflight (orchestrator/node/probe.py) as a module, its functions run
+"""The node side of preflight (orchestrator/node/preflight.py) as a module, its functions run
 for real on this machine: leases in a directory of the test's own, real sockets on
 localhost, this machine's mount table. test_probe_verbs.py runs the verbs whole."""
 
@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from orchestrator.defaults import RENDEZVOUS_SPAN
-from orchestrator.node import probe as node
+from orchestrator.node import preflight as node
 
 KEY = "k" * 64   # the run's key (checks/probe.py Rendezvous)
 

@@ -1,4 +1,4 @@
-"""A sweep file (orchestrator/sweep/spec.py): a job file with a `sweep:` section, read
+"""A sweep file (orchestrator/sweep/sweepfile.py): a job file with a `sweep:` section, read
 whole and refused naming the line before anything runs; the trials it stands for."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from orchestrator.errors import InputError
 from orchestrator.run.spec import from_sources
 from orchestrator.sweep.early import EarlyStop
-from orchestrator.sweep.spec import MAX_TRIALS, read_sweep_file
+from orchestrator.sweep.sweepfile import MAX_TRIALS, read_sweep_file
 
 JOB = """\
 nodes: 1

@@ -32,7 +32,7 @@ from orchestrator.record.status import cut_short
 from orchestrator.record.summary import RunStatus
 from orchestrator.run.command import NodeCommand
 from orchestrator.run.spec import Given
-from orchestrator.workloads.notebook import (
+from orchestrator.workloads.notebook_run import (
     DEFAULT_IDLE,
     PortTaken,
     Relay,

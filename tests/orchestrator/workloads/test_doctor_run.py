@@ -1,5 +1,5 @@
-"""doctor's analysis and report (orchestrator/workloads/doctor.py) on measurements: made up here to
-place one fault at a time, and recorded on the sandbox by bench/doctor.py
+"""doctor's analysis and report (orchestrator/workloads/doctor_run.py) on measurements:
+made up here to place one fault at a time, and recorded on the sandbox by bench/doctor.py
 (doctor_results/: healthy runs, and runs with one node's egress throttled by tc)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import LaunchError
-from orchestrator.workloads import doctor
+from orchestrator.workloads import doctor_run as doctor
 
 RECORDED = Path(__file__).parents[1] / "doctor_results"
 NAMES = [f"node{i}" for i in range(8)]
