@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -95,10 +96,22 @@ def site(tmp_path: Path) -> dict[str, Path]:
             "tmp": tmp_path}
 
 
-def env_create(site: dict[str, Path],
-               hosts: str = "localhost,") -> subprocess.CompletedProcess[str]:
+# Loaded by every Python the play starts (its modules too): a link made at the name of the
+# environment waits 2 s first, so that nodes linking it at once meet there every time.
+SLOW_LINK = """import os, time
+_symlink = os.symlink
+def _slow(src, dst, *args, **kwargs):
+    if os.fsdecode(dst).endswith("/.clustertrain/envs/tools"):
+        time.sleep(2)
+    return _symlink(src, dst, *args, **kwargs)
+os.symlink = _slow
+"""
+
+
+def env_create(site: dict[str, Path], hosts: str = "localhost,",
+               slow_link: bool = False) -> subprocess.CompletedProcess[str]:
     """playbooks/user_env.yml as `env create -f tools.yml --wheelhouse W` runs it, on HOSTS
-    (each one this machine, through a local connection)."""
+    (each one this machine, through a local connection); SLOW_LINK: with SLOW_LINK loaded."""
     tmp = site["tmp"]
     variables = {"user_env_hosts": "all", "user_env_file": str(site["spec"]),
                  "user_env_name": "tools", "user_env_wheelhouse": str(site["wheels"]),
@@ -108,6 +121,11 @@ def env_create(site: dict[str, Path],
                ANSIBLE_CACHE_PLUGIN="memory", ANSIBLE_NOCOLOR="1",
                ANSIBLE_LOCAL_TEMP=str(tmp / "ansible-tmp"),
                ANSIBLE_REMOTE_TEMP=str(tmp / "ansible-tmp"))
+    if slow_link:
+        (tmp / "slow-link").mkdir(exist_ok=True)
+        (tmp / "slow-link" / "sitecustomize.py").write_text(SLOW_LINK)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(tmp / "slow-link"), os.environ.get("PYTHONPATH")) if p)
     argv = [str(Path(sys.executable).with_name("ansible-playbook")), "-i", hosts,
             "-c", "local", "-e", f"ansible_python_interpreter={sys.executable}",
             "-e", json.dumps(variables), str(REPO / "playbooks" / "user_env.yml")]
@@ -176,12 +194,15 @@ def test_a_users_conda_environment_is_made_once_and_put_back_when_it_drifts(
 
 def test_nodes_that_share_a_home_make_the_environment_once(site: dict[str, Path]) -> None:
     """Two nodes with one home between them (NFS homes; here two inventory names of this
-    machine): the first by name makes the environment, the other uses it, conda runs once."""
-    both = env_create(site, hosts="nodeA,nodeB,")
+    machine): the first by name makes the environment, the other uses it, conda runs once.
+    The two nodes' tasks run at the same moment: with the link to the environment made
+    slowly (SLOW_LINK), both would find it missing and the second fail to make it."""
+    both = env_create(site, hosts="nodeA,nodeB,", slow_link=True)
     assert both.returncode == 0, both.stdout[-4000:] + both.stderr[-2000:]
     assert [c[:2] for c in calls(site)] == [["env", "create"]], calls(site)
     recap = both.stdout[both.stdout.rindex("PLAY RECAP"):]
-    assert "nodeA" in recap and "nodeB" in recap and "failed=0" in recap, recap
+    assert re.search(r"nodeA +: .* failed=0 ", recap) and re.search(r"nodeB +: .* failed=0 ",
+                                                                    recap), recap
     assert '"shared_with": "nodeA"' in both.stdout, both.stdout[-4000:]
     assert not list((site["home"] / ENVS_DIR).glob(".mark-*"))   # the marks are cleared
 
