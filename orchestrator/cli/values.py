@@ -14,8 +14,10 @@ from datetime import date, datetime
 from pathlib import Path
 
 from .. import defaults
+from ..config.options import Declared, declared
 from ..errors import ClusterError
 from ..record.rundir import check_run_id
+from ..run.spec import RunSpec
 
 DATE_FORMS = "YYYY-MM-DD or YYYY-MM-DDTHH:MM (local time)"
 LEAST_MASTER_PORT = 1024   # a master port, as train's --master-port (run/spec.py)
@@ -39,21 +41,28 @@ def path(what: str) -> Callable[[str], Path]:
 
 
 inventory = text("an Ansible inventory file (the one site.yml uses)")
-INVENTORY_HELP = f"Ansible inventory, the one site.yml uses (default: {defaults.INVENTORY})"
-RUNS_DIR_HELP = f"where run records go (default: {defaults.RUNS_DIR})"
+
+
+def shared(name: str) -> Declared:
+    """Train's option NAME (run/spec.py's RunSpec), where its flags, help and default are
+    declared: the other verbs that take it take it as declared there."""
+    return next(d for d in declared(RunSpec) if d.name == name)
 
 
 def add_inventory(p: argparse.ArgumentParser, default: str | None = str(defaults.INVENTORY),
-                  help: str = INVENTORY_HELP) -> None:
-    """-i/--inventory, as every verb takes it (but train, whose options are run/spec.py's
-    RunSpec): DEFAULT None where the verb finds one of its own (a run's, a job's)."""
-    p.add_argument("-i", "--inventory", type=inventory, default=default, help=help)
+                  help: str | None = None) -> None:
+    """-i/--inventory, as train declares it: DEFAULT None where the verb finds one of its
+    own (a run's, a job's), with a HELP that says so."""
+    d = shared("inventory")
+    p.add_argument(*sorted(d.option.flags, key=len), type=inventory, default=default,
+                   help=help or d.option.help)
 
 
 def add_runs_dir(p: argparse.ArgumentParser, default: str | None = str(defaults.RUNS_DIR),
-                 help: str = RUNS_DIR_HELP) -> None:
-    """--runs-dir, as every verb takes it (but train: run/spec.py's RunSpec)."""
-    p.add_argument("--runs-dir", type=runs_dir, default=default, help=help)
+                 help: str | None = None) -> None:
+    """--runs-dir, as train declares it."""
+    d = shared("runs_dir")
+    p.add_argument(d.option.label, type=runs_dir, default=default, help=help or d.option.help)
 
 
 def runs_dir(value: str) -> str:
