@@ -503,6 +503,7 @@ def main() -> int:
         import torch
 
         from orchestrator.diagnosis.dumps import NodeDumps, analyse
+        from orchestrator.node.answers import DumpAnswer
 
         if torch.cuda.device_count() < 3:
             return {"skipped": f"needs 3 GPUs, this machine has "
@@ -515,7 +516,8 @@ def main() -> int:
         finally:
             node_stop.stop_tree(str(job), "gpu-mismatch", 5.0)
             proc.wait(timeout=60)
-        diagnosis = analyse([[NodeDumps("gpu0", dumps)]], args.out / "mismatch")
+        ranks = DumpAnswer.from_json({"ranks": dumps}).ranks
+        diagnosis = analyse([[NodeDumps("gpu0", ranks)]], args.out / "mismatch")
         return {"report": diagnosis.report(), "analysis": diagnosis.to_json(),
                 "log_tail": (job / "output.log").read_text(errors="replace")[-2000:]}
 

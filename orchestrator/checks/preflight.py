@@ -27,7 +27,7 @@ from ..cluster.fanout import each
 from ..cluster.inventory import Cluster, NodeSpec
 from ..errors import PreflightError
 from ..node import fingerprint, health
-from ..node.busy import Busy, GpuProcess, LiveRun
+from ..node.answers import Check, GpuProcess, LiveRun, ReachAnswer
 from ..node.space import size
 from ..node.util import ago
 from .probe import Ahead, NodeFacts, Rendezvous, probe, reach, stop_listener
@@ -173,16 +173,16 @@ def _second_round(report: Report, rendezvous: Rendezvous) -> None:
     addr = report.master_addr
     if addr:
         # Those that did it at the end of round 1, at node 0's port and address, are done.
-        again = [f for f in others if not (f.reach and f.reach.get("port") == listener["port"]
-                                           and f.reach.get("addr") == addr)]
+        again = [f for f in others if not (f.reach and f.reach.port == listener["port"]
+                                           and f.reach.addr == addr)]
         answers = each(again, lambda f: reach(f.node, report.clients[f.node.name], addr=addr,
                                               port=listener["port"], rendezvous=rendezvous,
                                               shared_path=report.cluster.shared_path),
                        lambda f: f.node.name)
         for f in again:  # an error is reported and the job refused
             r = answers[f.node.name]
-            f.reach = r.value if r.error is None else {"error": str(r.error)}
-    reached = sum(bool((f.reach or {}).get("connect", {}).get("ok")) for f in others)
+            f.reach = r.value if r.error is None else ReachAnswer(error=str(r.error))
+    reached = sum(_connected(f) for f in others)
     strangers: list[dict[str, str]] = []
     if not (listener.get("self") or {}).get("ok") or reached < len(report.facts) - 1:
         try:
@@ -211,7 +211,7 @@ def _judge_reach(report: Report, port: int,
     node that could not connect while strangers were there (who connected to node 0's
     listener without the run's key, as the nodes that got through or the listener's stop,
     STOPPED, tell) is said to have met them, not a firewall."""
-    strangers = [s for f in report.facts[1:] for s in (f.reach or {}).get("strangers") or []]
+    strangers = [s for f in report.facts[1:] if f.reach for s in f.reach.strangers]
     strangers += stopped or []
     met = _strangers(report, port, strangers)
     failed = False
@@ -227,28 +227,28 @@ def _judge_reach(report: Report, port: int,
         if f.reach is None:
             continue
         name = f.node.name
-        if f.reach.get("error"):
+        if f.reach.error:
             report.problems.append(f"{name}: could not check the master port and the share "
-                                   f"against {n0}: {f.reach['error']}")
+                                   f"against {n0}: {f.reach.error}")
             continue
-        token = f.reach.get("token") or {}
-        if node0.shared.get("ok") and f.shared.get("ok") and not token.get("ok"):
+        token = f.reach.token or Check(False)
+        if node0.shared.get("ok") and f.shared.get("ok") and not token.ok:
             report.problems.append(
                 f"{name}: {path} is not the same filesystem as on {n0}: a file {n0} wrote to "
-                f"{path}/checkpoints/ is not there ({token.get('error')}); mount the "
+                f"{path}/checkpoints/ is not there ({token.error}); mount the "
                 f"cluster's share at {path} on {name}")
-        connect = f.reach.get("connect") or {}
-        failed = failed or not connect.get("ok")
-        if not connect.get("ok") and met:
+        connect = f.reach.connect or Check(False)
+        failed = failed or not connect.ok
+        if not connect.ok and met:
             first = strangers[0].get("addr")
             report.problems.append(
                 f"{name} cannot connect to {n0}'s master port {port} at "
                 f"{report.master_addr}: {met} Run again; if it recurs, ask an admin who "
                 f"connects to {n0}:{port} from {first}")
-        elif not connect.get("ok"):
+        elif not connect.ok:
             report.problems.append(
                 f"{name} cannot connect to {n0}'s master port {port} at "
-                f"{report.master_addr}: {connect.get('error')}; open TCP port {port} on "
+                f"{report.master_addr}: {connect.error}; open TCP port {port} on "
                 f"{n0} to the other nodes (the firewall role opens the cluster to itself: "
                 f"check for other rules, e.g. `nft list ruleset` on {n0}), or fix "
                 f"{n0}'s cluster_address if it is not {n0}'s")
@@ -528,7 +528,7 @@ def _judge_busy(report: Report, f: NodeFacts) -> None:
     started outside Slurm, hold GPUs Slurm counts free, and are."""
     if f.busy is None:
         return
-    name, busy = f.node.name, Busy.from_json(f.busy)
+    name, busy = f.node.name, f.busy
     if busy.error:
         report.warnings.append(f"{name}: cannot tell whether its GPUs are in use: "
                                f"{busy.error}")
@@ -713,7 +713,12 @@ def _reached(f: NodeFacts) -> str:
     """Whether this node reached node 0's master port (round 2)."""
     if not f.reach:
         return "-"
-    return "ok" if (f.reach.get("connect") or {}).get("ok") else "FAIL"
+    return "ok" if _connected(f) else "FAIL"
+
+
+def _connected(f: NodeFacts) -> bool:
+    """Whether this node connected to node 0's listener (round 2)."""
+    return bool(f.reach and f.reach.connect and f.reach.connect.ok)
 
 
 def print_report(report: Report, out=None, comment: bool = False) -> None:

@@ -24,13 +24,14 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .. import defaults
 from ..cluster import nodelib, ssh
 from ..cluster.inventory import NodeSpec
 from ..node import requests as rq
+from ..node.answers import ProbeAnswer, ReachAnswer
 from ..node.protocol import BOUND_WAIT
 
 CONNECT_TIMEOUT = 3.0    # seconds for a node to open a TCP connection to node 0's port
@@ -47,42 +48,22 @@ LISTEN_PER_NODE = 2.0
 
 
 @dataclass
-class NodeFacts:
-    """What preflight learned about one node (error set when SSH itself failed)."""
+class NodeFacts(ProbeAnswer):
+    """What preflight learned about one node: its probe's answer (node/answers.py
+    ProbeAnswer: the facts are declared there, once), the node it came from, and ERROR
+    when SSH or the probe itself failed (then no fact is known)."""
 
     node: NodeSpec
     error: str | None = None
-    user: str | None = None          # who the job runs as on this node
-    uid: int | None = None
-    home: str | None = None
-    machine: dict[str, str] | None = None   # node/preflight.py machine(): what tells machines apart
-    fingerprint: dict[str, Any] | None = None   # the environment as it is now
-    fingerprint_error: str | None = None
-    provisioned: dict[str, Any] | None = None   # fingerprint.json, written at provisioning
-    provisioned_error: str | None = None
-    python_env: dict[str, Any] | None = None
-    python_env_error: str | None = None
-    env_dir: str | None = None       # a user's own environment: its NAME-KEY directory
-    cluster_env: dict[str, str] = field(default_factory=dict)
-    torch: dict[str, Any] = field(default_factory=dict)
-    gpu_count: int | None = None     # GPUs the driver shows (no torch), None: not read
-    gpu_source: str | None = None
-    busy: dict[str, Any] | None = None          # node/busy.py: other runs, GPU processes
-    cordon: dict[str, Any] | None = None        # node/cordon.py: this node's cordon, if any
-    health: dict[str, Any] | None = None        # node/health.py: its health check's failing verdict
-    health_warnings: list[str] = field(default_factory=list)   # what it said, not cordoned for
-    shared: dict[str, Any] = field(default_factory=dict)
-    space: list[dict[str, Any]] = field(default_factory=list)  # node/preflight.py space()
-    share_users: dict[str, Any] | None = None  # node/health.py read_users(): who fills it
-    port_free: bool | None = None
-    free_port: int | None = None
-    port_error: str | None = None
-    port_warning: str | None = None  # the port was found free but could not be claimed
-    listener: dict[str, Any] | None = None      # node 0: the master-port listener
-    reach: dict[str, Any] | None = None         # round 2: token seen, master port reached
-    resolve: dict[str, str | None] = field(default_factory=dict)  # cluster address -> IP
     clock_offset: float | None = None  # node clock minus controller clock, seconds
-    seconds: float | None = None       # how long the probe ran on the node
+
+    @classmethod
+    def of(cls, node: NodeSpec, answer: ProbeAnswer, received: float) -> NodeFacts:
+        """NODE's facts from its probe's ANSWER, RECEIVED at that time on this machine."""
+        facts = cls(node, **{f.name: getattr(answer, f.name) for f in fields(answer)})
+        if answer.time is not None:
+            facts.clock_offset = answer.time - received
+        return facts
 
     @property
     def gpus(self) -> int:
@@ -167,18 +148,17 @@ def probe(node: NodeSpec, conn: ssh.Connection, *, shared: dict[str, Any],
                           stdin=json.dumps(request))
     received = time.time()
     try:
-        data = nodelib.answer_of(result, node.name, "probe")
+        answer = nodelib.answer_to(result, node.name, rq.Probe())
     except nodelib.NodeAnswerError as exc:
         return NodeFacts(node, error=f"probe failed with {node.python}: {exc.said}")
-    facts = NodeFacts(node, **{k: v for k, v in data.items() if k != "time"})
-    facts.clock_offset = data["time"] - received
-    return facts
+    return NodeFacts.of(node, answer, received)
 
 
 def reach(node: NodeSpec, conn: ssh.Connection, *, addr: str, port: int,
-          rendezvous: Rendezvous, shared_path: str) -> dict[str, Any]:
+          rendezvous: Rendezvous, shared_path: str) -> ReachAnswer:
     """Round 2 on a node other than node 0: does it see node 0's token on the shared path,
-    and does node 0's listener on the master port answer it?"""
+    and does node 0's listener on the master port answer it? (ERROR: the node could not
+    say.)"""
     request = {"addr": addr, "port": port, "nonce": rendezvous.nonce, "key": rendezvous.key,
                "timeout": CONNECT_TIMEOUT,
                "token": rendezvous.token(shared_path)}
@@ -186,7 +166,7 @@ def reach(node: NodeSpec, conn: ssh.Connection, *, addr: str, port: int,
         return nodelib.ask(conn, node.python, rq.Reach(), node=node.name,
                            timeout=CONNECT_TIMEOUT * 3 + 30, stdin=json.dumps(request))
     except nodelib.NodeAnswerError as exc:
-        return {"error": exc.said}
+        return ReachAnswer(error=exc.said)
 
 
 def stop_listener(node: NodeSpec, conn: ssh.Connection, port: int,
@@ -199,4 +179,4 @@ def stop_listener(node: NodeSpec, conn: ssh.Connection, port: int,
                            stdin=json.dumps(request))
     except nodelib.NodeAnswerError:
         return []   # an older listener's, or none: it ends by itself
-    return list(said.get("strangers") or [])
+    return said.strangers

@@ -53,7 +53,7 @@ def _cordon(args: argparse.Namespace) -> int:
     cluster = load_cluster(args.inventory)
     if args.node is None:
         listed = cordon_record(cluster)
-        found = listed["cordoned"]
+        found = listed.cordoned
         if not found:
             print("no node is cordoned")
         for node, event in sorted(found.items()):
@@ -61,7 +61,7 @@ def _cordon(args: argparse.Namespace) -> int:
             print(f"{node:<12} since {event.get('since')} by {event.get('by')}: "
                   f"{event.get('why') or '-'}"
                   + (f" (also held by {', '.join(others)})" if others else ""))
-        for file in listed.get("ignored") or []:
+        for file in listed.ignored:
             print(f"ignored: {file.get('file')} by {file.get('by')}: {file.get('why')}",
                   file=sys.stderr)
         return 0

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
 
 from ..cluster.inventory import load_cluster
 from ..cluster.share_usage import share_usage
+from ..node.answers import DuAnswer
 from ..node.du import KINDS
 from ..node.space import size
 from . import values
@@ -31,27 +31,27 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _du(args: argparse.Namespace) -> int:
     found = share_usage(load_cluster(args.inventory), args.everyone)
     if args.json:
-        print(json.dumps(found, indent=2))
+        print(json.dumps(found.to_json(), indent=2))
         return 0
     for line in table(found):
         print(line)
     return 0
 
 
-def table(found: dict[str, Any]) -> list[str]:
+def table(found: DuAnswer) -> list[str]:
     """The figures as a person reads them: the share's room, a row per user (the biggest
     first), then what was not read."""
     lines = []
-    if found.get("total"):
-        lines.append(f"the share {found['share']}: {size(found['free'])} free of "
-                     f"{size(found['total'])}")
-    users = sorted(found["users"].items(), key=lambda u: -sum(u[1].values()))
+    if found.total:
+        lines.append(f"the share {found.share}: {size(found.free or 0)} free of "
+                     f"{size(found.total)}")
+    users = sorted(found.users.items(), key=lambda u: -sum(u[1].values()))
     lines.append(f"{'USER':<12}" + "".join(f"{k.upper():>13}" for k in KINDS)
                  + f"{'TOTAL':>13}")
     for user, kinds in users:
         lines.append(f"{user:<12}" + "".join(f"{size(kinds.get(k, 0)):>13}" for k in KINDS)
                      + f"{size(sum(kinds.values())):>13}")
-    for u in found.get("unread") or []:
-        lines.append(f"not read: {u['path']} (owned by {u['owner']}): {u['why']}; an admin "
+    for u in found.unread:
+        lines.append(f"not read: {u.path} (owned by {u.owner}): {u.why}; an admin "
                      "sees it with du --all")
     return lines

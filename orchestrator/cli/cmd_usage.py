@@ -8,11 +8,11 @@ import argparse
 import json
 import time
 from datetime import datetime
-from typing import Any
 
 from ..cluster.inventory import load_cluster
 from ..cluster.share_usage import run_usage
 from ..errors import InputError
+from ..node.answers import UsageAnswer
 from ..node.sysmetrics import GPU_IDLE_PCT
 from . import values
 
@@ -55,7 +55,7 @@ def _usage(args: argparse.Namespace) -> int:
     since = since_of(args.since, time.time())
     found = run_usage(load_cluster(args.inventory), since, args.everyone)
     if args.json:
-        print(json.dumps(found, indent=2))
+        print(json.dumps(found.to_json(), indent=2))
         return 0
     for line in table(found, args.runs):
         print(line)
@@ -66,48 +66,48 @@ def _when(t: float | None) -> str:
     return "running" if t is None else datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M")
 
 
-def table(found: dict[str, Any], runs: bool = False) -> list[str]:
+def table(found: UsageAnswer, runs: bool = False) -> list[str]:
     """A row per user (the most GPU-hours, then node-hours, first), with --runs a row per
     run; then the runs whose GPUs sat idle for an hour or more, and the records that could
     not be read."""
-    lines = [f"since {_when(found['since'])}",
+    lines = [f"since {_when(found.since)}",
              f"{'USER':<12}{'RUNS':>6}{'NODE-HOURS':>12}{'GPU-HOURS':>11}{'IDLE':>8}"]
-    users = sorted(found["users"].items(),
-                   key=lambda u: (-u[1]["gpu_hours"], -u[1]["node_hours"], u[0]))
+    users = sorted(found.users.items(),
+                   key=lambda u: (-u[1].gpu_hours, -u[1].node_hours, u[0]))
     for user, t in users:
-        lines.append(f"{user:<12}{t['runs']:>6}{t['node_hours']:>12.2f}{t['gpu_hours']:>11.2f}"
-                     f"{t['idle_gpu_hours']:>8.2f}")
+        lines.append(f"{user:<12}{t.runs:>6}{t.node_hours:>12.2f}{t.gpu_hours:>11.2f}"
+                     f"{t.idle_gpu_hours:>8.2f}")
     if not users:
         lines.append("(no run in that time)")
-    if runs and found["runs"]:
+    if runs and found.runs:
         lines.append(f"{'RUN':<28}{'USER':<10}{'NODES':>6}{'NODE-HOURS':>12}{'GPU-HOURS':>11}"
                      f"{'IDLE':>8}  START             END")
-        for r in sorted(found["runs"], key=lambda r: r["start"]):
-            lines.append(f"{r['run']:<28}{r['user']:<10}{len(r['nodes']):>6}"
-                         f"{r['node_hours']:>12.2f}{r['gpu_hours']:>11.2f}"
-                         f"{r['idle_gpu_hours']:>8.2f}  "
-                         f"{_when(r['start']):<17} {_when(r['end'])}")
-    for r in sorted(found.get("idle") or [], key=lambda r: -r["idle_gpu_hours"]):
-        lines.append(f"idle: {r['run']} ({r['user']}, {', '.join(r['nodes'])}) held "
-                     f"{r['idle_gpu_hours']:.2f} of its {r['gpu_hours']:.2f} GPU-hours with "
+        for r in sorted(found.runs, key=lambda r: r.start):
+            lines.append(f"{r.run:<28}{r.user:<10}{len(r.nodes):>6}"
+                         f"{r.node_hours:>12.2f}{r.gpu_hours:>11.2f}"
+                         f"{r.idle_gpu_hours:>8.2f}  "
+                         f"{_when(r.start):<17} {_when(r.end)}")
+    for r in sorted(found.idle, key=lambda r: -r.idle_gpu_hours):
+        lines.append(f"idle: {r.run} ({r.user}, {', '.join(r.nodes)}) held "
+                     f"{r.idle_gpu_hours:.2f} of its {r.gpu_hours:.2f} GPU-hours with "
                      f"its GPUs doing nothing (at or under {GPU_IDLE_PCT:g} % used)"
-                     + ("; still running" if r["end"] is None else ""))
-    slurm = found.get("slurm")
+                     + ("; still running" if r.end is None else ""))
+    slurm = found.slurm
     if slurm is not None:
         lines.append("Slurm's accounting (sacct), the same window: every allocation, whatever "
                      "started it")
-        if slurm.get("error"):
-            lines.append(f"  not read: {slurm['error']}")
+        if slurm.error:
+            lines.append(f"  not read: {slurm.error}")
         else:
             lines.append(f"  {'USER':<12}{'JOBS':>6}{'NODE-HOURS':>12}{'GPU-HOURS':>11}")
-            for user, t in sorted(slurm["users"].items(), key=lambda u: -u[1]["gpu_hours"]):
-                lines.append(f"  {user:<12}{t['jobs']:>6}{t['node_hours']:>12.2f}"
-                             f"{t['gpu_hours']:>11.2f}")
-            if not slurm["users"]:
+            for user, s in sorted(slurm.users.items(), key=lambda u: -u[1].gpu_hours):
+                lines.append(f"  {user:<12}{s.jobs:>6}{s.node_hours:>12.2f}"
+                             f"{s.gpu_hours:>11.2f}")
+            if not slurm.users:
                 lines.append("  (no job in that time)")
-    for u in found.get("unread") or []:
-        lines.append(f"not read: {u['path']} (owned by {u['owner']}): {u['why']}; an admin "
+    for u in found.unread:
+        lines.append(f"not read: {u.path} (owned by {u.owner}): {u.why}; an admin "
                      "sees it with usage --all")
-    for u in found.get("refused") or []:   # a record in a user's place by someone else
-        lines.append(f"not counted: {u['path']} (owned by {u['owner']}): {u['why']}")
+    for u in found.refused:   # a record in a user's place by someone else
+        lines.append(f"not counted: {u.path} (owned by {u.owner}): {u.why}")
     return lines

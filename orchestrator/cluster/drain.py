@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ClusterError
+from ..node.answers import CordonAnswer
 from ..node.cordon import CORDON, UNCORDON
 from ..node.protocol import DRAIN
 from ..node.requests import Cordon
@@ -58,8 +59,8 @@ def keep_out(cluster: Cluster, reasons: Mapping[str, str], run_id: str | None,
         cordoned = {}
         for node, why in reasons.items():
             said = cordon_event(cluster, spec, conn, node, CORDON, why, run_id)
-            if "error" in said:
-                say(f"{pre}could not cordon {node}: {said['error']}")
+            if said.error:
+                say(f"{pre}could not cordon {node}: {said.error}")
             else:
                 cordoned[node] = why
         drained = _drain(cluster, reasons, pre, conn, say)
@@ -74,17 +75,17 @@ def keep_out(cluster: Cluster, reasons: Mapping[str, str], run_id: str | None,
 
 
 def cordon_event(cluster: Cluster, spec: NodeSpec, conn: nodelib.Runs, node: str,
-                 action: str, why: str, run_id: str | None) -> dict[str, Any]:
+                 action: str, why: str, run_id: str | None) -> CordonAnswer:
     """Add NODE's ACTION (CORDON, UNCORDON) to the share's record through SPEC's node, as
-    the node verb does (an uncordon: node/cordon.py's lift); {"event": ...}, or
-    {"refused": why} or {"error": why not}."""
+    the node verb does (an uncordon: node/cordon.py's lift): its event, or why it was
+    refused, or why not (ERROR: also when the node gave no answer)."""
     try:
         return nodelib.ask(conn, spec.python, Cordon(), node=spec.name, timeout=30,
                            stdin=json.dumps({"share": cluster.shared_path, "node": node,
                                              "action": action, "why": why, "run": run_id,
                                              "admin_group": cluster.admin_group}))
     except nodelib.NodeAnswerError as exc:
-        return {"error": exc.said}
+        return CordonAnswer(error=exc.said)
 
 
 def _drain(cluster: Cluster, reasons: Mapping[str, str], pre: str, asker: ssh.Connection,
@@ -120,9 +121,9 @@ def uncordon(cluster: Cluster, node: str, why: str = "") -> str:
     try:
         said = cordon_event(cluster, first, conn, node, UNCORDON,
                             why or "returned to service", None)
-        if "event" not in said:
-            raise ClusterError(f"uncordon {node}: {said.get('refused') or said.get('error')}")
-        held = said.get("held") or []
+        if said.refused or said.error:
+            raise ClusterError(f"uncordon {node}: {said.refused or said.error}")
+        held = said.held
         if held:
             authors = " and ".join(dict.fromkeys(c["by"] for c in held))
             raise ClusterError(
@@ -157,13 +158,12 @@ def _sinfo(conn: ssh.Connection, node: str) -> str:
 
 def cordons(cluster: Cluster) -> dict[str, dict[str, Any]]:
     """Every node of the share's record cordoned now: {node: its cordon}."""
-    cordoned: dict[str, dict[str, Any]] = cordon_record(cluster)["cordoned"]
-    return cordoned
+    return cordon_record(cluster).cordoned
 
 
-def cordon_record(cluster: Cluster) -> dict[str, Any]:
-    """The share's record as the node verb lists it: {"cordoned": {node: its cordon},
-    "ignored": [{"file", "by", "why"}: files that decide nothing]}."""
+def cordon_record(cluster: Cluster) -> CordonAnswer:
+    """The share's record as the node verb lists it: every node cordoned now, with its
+    cordon, and the files that decide nothing (IGNORED)."""
     first = cluster.nodes[0]
     conn = ssh.connect(first.name, first.ssh)
     try:

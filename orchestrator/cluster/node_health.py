@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..node.answers import HealthAnswer
 from ..node.requests import Health
 from . import nodelib, ssh
 from .fanout import each
@@ -60,7 +61,7 @@ class NodesReport:
                           for n in self.nodes]}
 
 
-def _ask(node: NodeSpec, request: Health, timeout: float) -> dict[str, Any]:
+def _ask(node: NodeSpec, request: Health, timeout: float) -> HealthAnswer:
     """`node.py health` on NODE, its answer (NodeAnswerError: a RuntimeError)."""
     conn = ssh.connect(node.name, node.ssh)
     try:
@@ -75,7 +76,7 @@ def gather(cluster: Cluster, since: float) -> NodesReport:
     local = each(cluster.nodes, lambda n: _ask(n, Health(), timeout=LOCAL_TIMEOUT),
                  lambda n: n.name)
     nodes = {n.name: NodeHealth(n.name, error=str(r.error) if r.error else None,
-                                verdict=(r.value or {}).get("state"))
+                                verdict=r.value.state if r.value else None)
              for n, r in zip(cluster.nodes, local.values(), strict=True)}
     report = NodesReport(list(nodes.values()), since, "no node answered")
     for spec in cluster.nodes:
@@ -95,9 +96,9 @@ def gather(cluster: Cluster, since: float) -> NodesReport:
             continue
         report.share_error = None
         for name, n in nodes.items():
-            n.cordon = shared["cordoned"].get(name)
-            n.runs_failed = shared["runs_failed"].get(name, [])
-            n.events = shared["history"].get(name, [])
+            n.cordon = shared.cordoned.get(name)
+            n.runs_failed = shared.runs_failed.get(name, [])
+            n.events = shared.history.get(name, [])
         break
     report.nodes = ranked(report.nodes)
     return report

@@ -7,8 +7,10 @@ a call runs the node's copy, and only a node that lacks it (exit code MISSING) g
 files, once, through the same connection, then the call again. No program travels as a
 string or on a command line; Python keeps its bytecode cache beside the files.
 
-A verb answers with one JSON object, the last line of its output: `ask` returns it, or
-raises NodeAnswerError naming the node, the verb and what the node said instead.
+A verb answers with one JSON object, the last line of its output, declared by its request's
+ANSWER (node/answers.py): `ask` returns it as that dataclass, or raises NodeAnswerError
+naming the node, the verb and what the node said instead (or the field of its answer that
+is missing or of the wrong kind).
 """
 
 from __future__ import annotations
@@ -24,10 +26,13 @@ import subprocess
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from ..node import ROLE_MODULES, protocol, role_module_files
+from ..node.answers import AnswerError
 from ..node.requests import Request
+
+A = TypeVar("A")
 
 PACKAGE = Path(__file__).resolve().parents[1]     # orchestrator/
 ENTRY = "node.py"
@@ -64,15 +69,18 @@ class Output(Protocol):
 
 class NodeAnswerError(RuntimeError):
     """A node verb gave no answer to read: it failed (SAID: the last line of its stderr, or
-    "exit N"), or the last line of its output is no JSON object. A RuntimeError, as what
+    "exit N"), the last line of its output is no JSON object, or that object is not the
+    verb's answer (FIELD: the one missing or of the wrong kind). A RuntimeError, as what
     the callers caught before it had a type of its own."""
 
-    def __init__(self, node: str, verb: str, said: str, exit_code: int) -> None:
+    def __init__(self, node: str, verb: str, said: str, exit_code: int,
+                 field: str | None = None) -> None:
         super().__init__(f"{node}: `node.py {verb}` failed: {said}")
         self.node = node
         self.verb = verb
         self.said = said
         self.exit_code = exit_code
+        self.field = field
 
 
 @dataclass(frozen=True)
@@ -172,9 +180,10 @@ def call(conn: Runs, python: str, request: Request, timeout: float = 60.0,
     return result
 
 
-def answer_of(result: Output, node: str, verb: str) -> dict[str, Any]:
-    """The answer in RESULT, VERB's run on NODE: the JSON object on its output's last line
-    (NodeAnswerError when it failed or gave none)."""
+def _answer_json(result: Output, node: str, verb: str) -> dict[str, Any]:
+    """The answer in RESULT, VERB's run on NODE: the JSON object on its output's last line,
+    as JSON holds it (NodeAnswerError when it failed or gave none); `answer_to` reads it
+    as its request declares it."""
     def no_answer(said: str) -> NodeAnswerError:
         return NodeAnswerError(node, verb, said, result.exit_code)
 
@@ -198,9 +207,20 @@ def answer_of(result: Output, node: str, verb: str) -> dict[str, Any]:
     return answer
 
 
-def ask(conn: Runs, python: str, request: Request, *, node: str, timeout: float = 60.0,
-        stdin: str | None = None, sudo: bool = False) -> dict[str, Any]:
+def answer_to(result: Output, node: str, request: Request[A]) -> A:
+    """REQUEST's answer in RESULT, its run on NODE, as its ANSWER declares it
+    (NodeAnswerError when it failed, gave none, or its answer is not of that shape)."""
+    data = _answer_json(result, node, request.VERB)
+    try:
+        return request.read_answer(data)
+    except AnswerError as exc:
+        raise NodeAnswerError(node, request.VERB, f"its answer's {exc}", result.exit_code,
+                              exc.field) from None
+
+
+def ask(conn: Runs, python: str, request: Request[A], *, node: str, timeout: float = 60.0,
+        stdin: str | None = None, sudo: bool = False) -> A:
     """REQUEST's answer on NODE (CONN to it) as `call` runs it; NodeAnswerError when the
-    verb failed or gave none (the connection's own errors pass through)."""
-    return answer_of(call(conn, python, request, timeout=timeout, stdin=stdin, sudo=sudo),
-                     node, request.VERB)
+    verb failed, gave none, or not its answer (the connection's own errors pass through)."""
+    return answer_to(call(conn, python, request, timeout=timeout, stdin=stdin, sudo=sudo),
+                     node, request)

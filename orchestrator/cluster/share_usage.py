@@ -5,19 +5,21 @@ user's directories)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypeVar
 
 from ..errors import ClusterError
-from ..node.requests import Du, Usage
+from ..node.answers import DuAnswer, UsageAnswer
+from ..node.requests import Du, Request, Usage
 from . import nodelib, ssh
 from .inventory import Cluster
 
 WALK_TIMEOUT = 1800.0   # seconds: a share of millions of files takes minutes to walk
+A = TypeVar("A")
 
 
-def read_share(cluster: Cluster, request: Du | Usage, everyone: bool = False) -> Any:
-    """REQUEST (of the share) on the first node, its JSON; ClusterError naming the node
-    and its words if it cannot be read (for EVERYONE without sudo: the fix)."""
+def read_share(cluster: Cluster, request: Request[A], everyone: bool = False) -> A:
+    """REQUEST (of the share: du, usage) on the first node, its answer; ClusterError naming
+    the node and its words if it cannot be read (for EVERYONE without sudo: the fix)."""
     first, verb = cluster.nodes[0], request.VERB
     conn = ssh.connect(first.name, first.ssh)
     try:
@@ -35,15 +37,13 @@ def read_share(cluster: Cluster, request: Du | Usage, everyone: bool = False) ->
         conn.close()
 
 
-def share_usage(cluster: Cluster, everyone: bool = False) -> dict[str, Any]:
-    """The share's bytes by owner and kind (node/du.py has the fields)."""
-    found: dict[str, Any] = read_share(cluster, Du(cluster.shared_path), everyone=everyone)
-    return found
+def share_usage(cluster: Cluster, everyone: bool = False) -> DuAnswer:
+    """The share's bytes by owner and kind (node/du.py counts them)."""
+    return read_share(cluster, Du(cluster.shared_path), everyone=everyone)
 
 
-def run_usage(cluster: Cluster, since: float, everyone: bool = False) -> dict[str, Any]:
-    """Node- and GPU-hours per user and run since SINCE (node/usage.py has the fields)."""
+def run_usage(cluster: Cluster, since: float, everyone: bool = False) -> UsageAnswer:
+    """Node- and GPU-hours per user and run since SINCE (node/usage.py counts them)."""
     request = Usage(cluster.shared_path, since,
                     sacct=cluster.scheduler == "slurm")   # and Slurm's own word
-    found: dict[str, Any] = read_share(cluster, request, everyone=everyone)
-    return found
+    return read_share(cluster, request, everyone=everyone)

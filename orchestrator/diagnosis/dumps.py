@@ -30,6 +30,7 @@ from ..cluster import nodelib, ssh
 from ..cluster.fanout import each
 from ..cluster.inventory import NodeSpec
 from ..errors import DiagnoseError
+from ..node.answers import DumpAnswer, RankDump
 from ..node.dump import py_spy_for
 from ..node.protocol import JOBS_DIR
 from ..node.requests import Dump
@@ -63,16 +64,16 @@ class Target:
 @dataclass
 class NodeDumps:
     node: str
-    ranks: list[dict] = field(default_factory=list)  # {rank, pid, dump | error, fr | fr_error}
-    error: str | None = None                          # the node could not be dumped
+    ranks: list[RankDump] = field(default_factory=list)  # each worker's, as `dump` answers
+    error: str | None = None                              # the node could not be dumped
 
 
 def dump_node(target: Target, run_id: str, native: bool = False) -> NodeDumps:
     try:
         ranks = nodelib.ask(target.conn, target.python,
                             Dump(JOBS_DIR, run_id, target.py_spy, native),
-                            node=target.node, timeout=NODE_TIMEOUT)["ranks"]
-    except (nodelib.NodeAnswerError, KeyError) as exc:
+                            node=target.node, timeout=NODE_TIMEOUT).ranks
+    except nodelib.NodeAnswerError as exc:
         return NodeDumps(target.node, error=f"the dump failed: {exc}")
     if not ranks:
         return NodeDumps(target.node, error="no worker of this run runs there")
@@ -162,27 +163,27 @@ def _read_round(dumps: list[NodeDumps], into: Path, suffix: str,
             missing.append(f"{node.node}: {node.error}")
             continue
         for entry in node.ranks:
-            rank = RankId(node.node, int(entry["rank"]), int(entry["pid"]))
+            rank = RankId(node.node, entry.rank, entry.pid)
             name = f"{node.node}-rank{rank.rank}{suffix}"
-            if "dump" in entry:
-                write_private(into / f"{name}.json", entry["dump"])
+            if entry.dump is not None:
+                write_private(into / f"{name}.json", entry.dump)
                 try:
-                    found.stacks.append(parse_pyspy_dump(entry["dump"], rank))
+                    found.stacks.append(parse_pyspy_dump(entry.dump, rank))
                 except DiagnoseError as exc:
                     missing.append(str(exc))
             else:
                 missing.append(f"rank {rank.rank} on {node.node} (pid {rank.pid}): "
-                               f"py-spy: {entry.get('error', 'no output')}")
-            if "fr" in entry:
-                data = zlib.decompress(base64.b64decode(entry["fr"]))
+                               f"py-spy: {entry.error or 'no output'}")
+            if entry.fr is not None:
+                data = zlib.decompress(base64.b64decode(entry.fr))
                 write_private(into / f"{name}.fr.pkl", data)
                 try:
                     found.records.append(parse_flight_record(data, rank))
                 except DiagnoseError as exc:
                     missing.append(str(exc))
-            elif entry.get("fr_error"):
+            elif entry.fr_error:
                 missing.append(f"rank {rank.rank} on {node.node}: flight recorder: "
-                               f"{entry['fr_error']}")
+                               f"{entry.fr_error}")
     return found
 
 
@@ -253,15 +254,18 @@ def targets_of(nodes: Iterable[tuple[NodeSpec, str]],
 def read_node_dumps(dumps: dict[str, dict], into: Path, found_by: str) -> dict[str, Any]:
     """What the nodes dumped when they found a run hung (node/supervise.py: per node,
     STATE/hang/<node>.json, its samples of every rank), read as `diagnose` reads its own:
-    into INTO, with the suspects named. The run's record of the hang."""
-    def samples(d: dict) -> list[list[dict]]:
-        return d.get("samples") or [d.get("ranks") or []]
+    into INTO, with the suspects named. The run's record of the hang. Each sample is the
+    node's `dump` of its workers (DumpAnswer's ranks)."""
+    def samples(d: dict) -> list[list[RankDump]]:
+        return [DumpAnswer.from_json({"ranks": ranks}).ranks
+                for ranks in d.get("samples") or [d.get("ranks") or []]]
 
-    count = max((len(samples(d)) for d in dumps.values()), default=1)
+    by_node = {n: samples(d) for n, d in sorted(dumps.items())}
+    count = max((len(ranks) for ranks in by_node.values()), default=1)
     rounds = [[NodeDumps(name, ranks[i] if i < len(ranks) else [],
                          None if i < len(ranks) and ranks[i] else
                          "no worker of this run ran there")
-               for name, ranks in ((n, samples(d)) for n, d in sorted(dumps.items()))]
+               for name, ranks in by_node.items()]
               for i in range(count)]
     diagnosis = analyse(rounds, into)
     first = min(dumps.values(), key=lambda d: float(d.get("detected_at", 0)))

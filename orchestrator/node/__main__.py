@@ -4,12 +4,12 @@
 
   supervise  start torchrun for a run and watch over it (supervise.py)
   follow     print a run's output as it grows, ending with the exit marker (follow.py)
-  stop       stop a run's processes on this node (stop.py)
+  stop       stop a run's processes on this node (terminate.py)
   dump       every worker's stack and flight recorder, as JSON (dump.py)
-  probe      preflight's round 1: this node as it is now (probe.py; request on stdin)
-  reach      preflight's round 2: node 0's token and master port (probe.py)
-  unlisten   end node 0's preflight listener (probe.py)
-  release    drop the master-port claim of a run (probe.py)
+  probe      preflight's round 1: this node as it is now (preflight.py; request on stdin)
+  reach      preflight's round 2: node 0's token and master port (preflight.py)
+  unlisten   end node 0's preflight listener (preflight.py)
+  release    drop the master-port claim of a run (preflight.py)
   allocate   hold a Slurm allocation while the controller's connection lives (allocate.py)
   busy       this node's live runs (any user's) and GPU processes, as JSON (busy.py)
   envs       the user's own environments here, as JSON; --rm and --prune remove (envs.py)
@@ -23,6 +23,9 @@
   torch      import torch in this Python and say what it sees (fingerprint.py)
   carry      what a job wrote in its working directory, into the next run's (carry.py)
   worker     run one training worker to a clean end (worker.py; torchrun starts it)
+
+A verb that answers prints its answer, the dataclass its request names (requests.py
+ANSWER, answers.py), as one JSON object on the last line of its output.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import requests as rq
+from . import answers as an, requests as rq
 
 
 @dataclass(frozen=True)
@@ -47,8 +50,9 @@ class Verb:
     handle: Callable[[Any], int]
 
 
-def _print_json(value: object) -> int:
-    print(json.dumps(value))
+def _answer(answer: an.Answer) -> int:
+    """Print ANSWER, the verb's, as the last line of its output (answers.py)."""
+    print(json.dumps(answer.to_json()))
     return 0
 
 
@@ -85,23 +89,24 @@ def _follow(r: rq.Follow) -> int:
 
 def _stop(r: rq.Stop) -> int:
     from .terminate import stop_tree
-    return _print_json(stop_tree(_job(r.jobs, r.run), r.run, r.grace))
+    return _answer(an.StopAnswer.from_json(stop_tree(_job(r.jobs, r.run), r.run, r.grace)))
 
 
 def _dump(r: rq.Dump) -> int:
     from .dump import dump_workers
-    return _print_json({"ranks": dump_workers(_job(r.jobs, r.run), r.run, r.py_spy, r.native)})
+    return _answer(an.DumpAnswer.from_json(
+        {"ranks": dump_workers(_job(r.jobs, r.run), r.run, r.py_spy, r.native)}))
 
 
 # -- preflight: probe, reach, unlisten, release ------------------------------------------
 def _probe(r: rq.Probe) -> int:
     from .preflight import probe
-    return _print_json(probe(json.load(sys.stdin)))
+    return _answer(an.ProbeAnswer.from_json(probe(json.load(sys.stdin))))
 
 
 def _reach(r: rq.Reach) -> int:
     from .preflight import reach
-    return _print_json(reach(json.load(sys.stdin)))
+    return _answer(an.ReachAnswer.from_json(reach(json.load(sys.stdin))))
 
 
 def _unlisten(r: rq.Unlisten) -> int:
@@ -119,15 +124,15 @@ def _release(r: rq.Release) -> int:
 # -- the node's own: busy, envs, allocate, states, cordon, du, usage, torch, carry -----------------
 def _busy(r: rq.Busy) -> int:
     from .busy import scan
-    return _print_json(scan(exclude=r.exclude).to_json())
+    return _answer(scan(exclude=r.exclude))
 
 
 def _envs(r: rq.Envs) -> int:
     from . import envs
     if r.name and r.prune is not None:
-        return _print_json(envs.prune(r.name, r.prune))
-    return _print_json(envs.remove(r.name, r.key) if r.rm and r.name
-                       else envs.list_envs(r.name))
+        return _answer(an.EnvsAnswer.from_json(envs.prune(r.name, r.prune)))
+    return _answer(an.EnvsAnswer.from_json(envs.remove(r.name, r.key) if r.rm and r.name
+                                           else envs.list_envs(r.name)))
 
 
 def _allocate(r: rq.Allocate) -> int:
@@ -137,12 +142,12 @@ def _allocate(r: rq.Allocate) -> int:
 
 def _states(r: rq.States) -> int:
     from .states import read_states
-    return _print_json(read_states(r.state_dir))
+    return _answer(an.StatesAnswer.from_json(read_states(r.state_dir)))
 
 
 def _cordon(r: rq.Cordon) -> int:
     from .cordon import main as cordon
-    return _print_json(cordon(json.load(sys.stdin)))
+    return _answer(an.CordonAnswer.from_json(cordon(json.load(sys.stdin))))
 
 
 def _health(r: rq.Health) -> int:
@@ -150,12 +155,12 @@ def _health(r: rq.Health) -> int:
     out: dict[str, object] = {"state": read_state()}
     if r.share:
         out.update(nodes_view(r.share, r.since, r.admin_group))
-    return _print_json(out)
+    return _answer(an.HealthAnswer.from_json(out))
 
 
 def _du(r: rq.Du) -> int:
     from .du import usage
-    return _print_json(usage(r.share))
+    return _answer(an.DuAnswer.from_json(usage(r.share)))
 
 
 def _usage(r: rq.Usage) -> int:
@@ -166,17 +171,18 @@ def _usage(r: rq.Usage) -> int:
     if r.sacct:
         from .sacct import slurm_usage
         found["slurm"] = slurm_usage(r.since, time.time())
-    return _print_json(found)
+    return _answer(an.UsageAnswer.from_json(found))
 
 
 def _torch(r: rq.Torch) -> int:
     from .fingerprint import checks
-    return _print_json(checks())
+    return _answer(an.TorchAnswer.from_json(checks()))
 
 
 def _carry(r: rq.Carry) -> int:
-    from .carry import main as carry
-    return carry(r.code_root, r.run, r.key)
+    from .carry import carry
+    return _answer(an.CarryAnswer.from_json(
+        carry(os.path.expanduser(r.code_root), r.run, r.key)))
 
 
 # Every verb but `worker` (its script's own arguments follow: main hands them on unparsed).

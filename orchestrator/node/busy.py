@@ -3,7 +3,8 @@ runs of every user, found by their supervisors' processes, and the processes on 
 (nvidia-smi), each with its owner and the Slurm job it is a step of, if any (a queued run's
 preflight leaves those to Slurm, which gave them other GPUs). Everything is read from /proc
 as it is now, never from a run's state files: a stale file cannot make a node look busy,
-nor a live run look gone.
+nor a live run look gone. What it finds is the verb's answer (answers.py: Busy, LiveRun,
+GpuProcess).
 """
 
 from __future__ import annotations
@@ -13,9 +14,8 @@ import pwd
 import re
 import shutil
 import subprocess
-from dataclasses import asdict, dataclass, field
-from typing import Any
 
+from .answers import Busy, GpuProcess, LiveRun
 from .health import supervised_run
 from .protocol import NOTEBOOK_MODULE
 from .util import process_table
@@ -31,50 +31,6 @@ _STEPD = re.compile(r"slurmstepd: \[(\d+)[.\]]")
 # A Slurm job's cgroup (proctrack/cgroup, v1 and v2): a process that left its stepd's tree.
 _JOB_CGROUP = re.compile(r"/job_(\d+)/")
 ANCESTORS = 64       # parents looked through for a run's supervisor or a slurmstepd
-
-
-@dataclass
-class GpuProcess:
-    """A process with a context on a GPU (a row of `nvidia-smi --query-compute-apps`)."""
-    pid: int
-    uuid: str
-    gpu: int | None = None        # the GPU's index (None: not among nvidia-smi's GPUs)
-    used_mib: int | None = None   # None: nvidia-smi says [N/A]
-    user: str | None = None       # None: not visible here (another container's, say)
-    command: str = ""
-    slurm_job: str | None = None  # the Slurm job it is a step of (None: none seen)
-
-
-@dataclass
-class LiveRun:
-    """A run with a live supervisor on this node: its id, owner, supervisor PIDs and the
-    GPUs its processes hold."""
-    run: str
-    user: str
-    pids: list[int] = field(default_factory=list)
-    gpus: list[int] = field(default_factory=list)
-    kind: str = "run"     # "notebook": `clustertrain notebook`'s JupyterLab
-    slurm_job: str | None = None   # its supervisor a step of this Slurm job (--queue)
-
-
-@dataclass
-class Busy:
-    """The node's other users: runs, and GPU processes of no run. HIDDEN: this user cannot
-    see other users' processes (/proc mounted with hidepid). ERROR: nvidia-smi failed, so
-    whether the GPUs are in use is not known."""
-    runs: list[LiveRun] = field(default_factory=list)
-    gpu_processes: list[GpuProcess] = field(default_factory=list)
-    hidden: bool = False
-    error: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Busy:
-        return cls(runs=[LiveRun(**r) for r in data.get("runs", [])],
-                   gpu_processes=[GpuProcess(**g) for g in data.get("gpu_processes", [])],
-                   hidden=bool(data.get("hidden")), error=data.get("error"))
 
 
 # --- nvidia-smi's answers ---------------------------------------------------------------------
@@ -228,18 +184,18 @@ def scan(exclude: str | None = None, smi: str = "nvidia-smi") -> Busy:
     for r in runs.values():
         r.slurm_job = next(filter(None, (slurm_job_of(p, parents) for p in r.pids)), None)
     by_run = {r.run: r for r in runs.values()}
-    found = Busy(hidden=not os.access("/proc/1/cmdline", os.R_OK))
-    used, found.error = gpu_processes(smi)
+    used, error = gpu_processes(smi)
+    bare: list[GpuProcess] = []
     for g in used:
         run = _run_of(g.pid, supervisors, parents)
         if run is None:
             g.user = _owner(g.pid)
             g.command = " ".join(_cmdline(g.pid))[:COMMAND_CHARS]
             g.slurm_job = slurm_job_of(g.pid, parents)
-            found.gpu_processes.append(g)
+            bare.append(g)
         elif run in by_run and g.gpu is not None and g.gpu not in by_run[run].gpus:
             by_run[run].gpus.append(g.gpu)
-    found.runs = sorted(runs.values(), key=lambda r: (r.user, r.run))
-    for r in found.runs:
+    for r in runs.values():
         r.gpus.sort()
-    return found
+    return Busy(sorted(runs.values(), key=lambda r: (r.user, r.run)), bare,
+                hidden=not os.access("/proc/1/cmdline", os.R_OK), error=error)

@@ -12,7 +12,6 @@ snapshot's manifest is written first, so that what is carried is carried again n
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -100,8 +99,3 @@ def kept(code_root: str) -> set[str]:
                 for k in os.listdir(links)}
     except OSError:
         return set()
-
-
-def main(code_root: str, run: str, key: str) -> int:
-    print(json.dumps(carry(os.path.expanduser(code_root), run, key)))
-    return 0

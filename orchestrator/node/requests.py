@@ -7,6 +7,11 @@ Standard library only, as the whole node package. A field is an option `--name` 
 with dashes) unless its metadata says `positional`; a bool is a flag (given when true); a
 tuple is one comma-separated value; None is not given. `rest`: the words after `--`
 (torchrun's command line, salloc's options), handed on unparsed.
+
+Each request names its answer, the class it is a Request of (`Stop(Request[StopAnswer])`,
+answers.py: the JSON object its verb prints last, and what `nodelib.ask` returns); its
+ANSWER is that class, None for a verb that answers nothing (a stream of output, a process
+left running, an exit status).
 """
 
 from __future__ import annotations
@@ -14,12 +19,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar, cast, get_args, get_origin
 
+from . import answers as an
 from .protocol import GO, GRACE, KEEP_RUNS, LEASE_TIMEOUT, READY
 
 _KINDS: dict[str, Any] = {"str": str, "int": int, "float": float}
 R = TypeVar("R", bound="Request")
+A = TypeVar("A")   # a request's answer: an answers.Answer, or None
 
 
 def opt(default: Any = dataclasses.MISSING, *, help: str = "", choices: tuple[str, ...] = (),
@@ -29,9 +36,31 @@ def opt(default: Any = dataclasses.MISSING, *, help: str = "", choices: tuple[st
     return field(default=default, metadata=meta)
 
 
-class Request:
-    """A node verb's request (a frozen dataclass with VERB)."""
+class Request(Generic[A]):
+    """A node verb's request (a frozen dataclass with VERB), answered by its ANSWER: the
+    class it is a Request of (`class Stop(Request[StopAnswer])`; None: no answer)."""
     VERB: ClassVar[str]
+    ANSWER: ClassVar[type[an.Answer] | None] = None
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        for base in getattr(cls, "__orig_bases__", ()):
+            if get_origin(base) is Request:
+                [answer] = get_args(base)
+                if answer is type(None):
+                    cls.ANSWER = None
+                elif isinstance(answer, type) and issubclass(answer, an.Answer):
+                    cls.ANSWER = answer
+                else:
+                    raise TypeError(f"{cls.__name__} is a Request of {answer!r}: an "
+                                    "answers.Answer is what a verb answers, None nothing")
+
+    def read_answer(self, data: dict[str, Any]) -> A:
+        """This request's answer in DATA, its verb's JSON object (answers.AnswerError
+        naming the field that is not as ANSWER declares it)."""
+        if self.ANSWER is None:
+            raise TypeError(f"`node.py {self.VERB}` answers nothing to read")
+        return cast(A, self.ANSWER.from_json(data))
 
     @classmethod
     def _fields(cls) -> list[dataclasses.Field]:
@@ -108,7 +137,7 @@ def _kind(f: dataclasses.Field) -> Any:
 
 # -- the verbs -------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
-class Supervise(Request):
+class Supervise(Request[None]):   # answers nothing: its words (READY, its end), its status
     """Start torchrun for a run and watch over it (supervise.py)."""
     VERB: ClassVar[str] = "supervise"
     wait_go: bool = opt(False, help=f"say {READY}, start on {GO!r} (on stdin: it brings "
@@ -140,7 +169,7 @@ class Supervise(Request):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Follow(Request):
+class Follow(Request[None]):   # answers nothing: the run's output, then the exit marker
     """Print a run's output as it grows, ending with the exit marker (follow.py)."""
     VERB: ClassVar[str] = "follow"
     job: str = opt(help="the run's job directory on this node")
@@ -150,8 +179,8 @@ class Follow(Request):
 
 
 @dataclass(frozen=True)
-class Stop(Request):
-    """Stop a run's processes on this node (stop.py)."""
+class Stop(Request[an.StopAnswer]):
+    """Stop a run's processes on this node (terminate.py)."""
     VERB: ClassVar[str] = "stop"
     jobs: str = opt(positional=True, help="the jobs directory, relative to the home")
     run: str = opt(positional=True)
@@ -159,7 +188,7 @@ class Stop(Request):
 
 
 @dataclass(frozen=True)
-class Dump(Request):
+class Dump(Request[an.DumpAnswer]):
     """Every worker's stack and flight recorder, as JSON (dump.py)."""
     VERB: ClassVar[str] = "dump"
     jobs: str = opt(positional=True, help="the jobs directory, relative to the home")
@@ -169,7 +198,7 @@ class Dump(Request):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Standby(Request):
+class Standby(Request[None]):   # answers nothing: STARTED, then its own log
     """A spare of a detached run that may recover: waits for its place (recover.py)."""
     VERB: ClassVar[str] = "standby"
     plan: str = opt(help="the run's recovery plan on the share")
@@ -180,35 +209,35 @@ class Standby(Request):
 
 
 @dataclass(frozen=True)
-class RecoveryPlan(Request):
+class RecoveryPlan(Request[None]):   # answers nothing: its exit status
     """Write a detached run's recovery plan on the share (JSON on stdin)."""
     VERB: ClassVar[str] = "recovery-plan"
     path: str = opt(positional=True, help="where the plan goes")
 
 
 @dataclass(frozen=True)
-class Probe(Request):
-    """Preflight's round 1: this node as it is now (probe.py; the request on stdin)."""
+class Probe(Request[an.ProbeAnswer]):
+    """Preflight's round 1: this node as it is now (preflight.py; the request on stdin)."""
     VERB: ClassVar[str] = "probe"
 
 
 @dataclass(frozen=True)
-class Reach(Request):
-    """Preflight's round 2: node 0's token and master port (probe.py; stdin)."""
+class Reach(Request[an.ReachAnswer]):
+    """Preflight's round 2: node 0's token and master port (preflight.py; stdin)."""
     VERB: ClassVar[str] = "reach"
 
 
 @dataclass(frozen=True)
-class Unlisten(Request):
-    """End node 0's preflight listener (probe.py)."""
+class Unlisten(Request[None]):   # answers nothing: its exit status
+    """End node 0's preflight listener (preflight.py)."""
     VERB: ClassVar[str] = "unlisten"
     port: int = opt(positional=True)
     nonce: str = opt(positional=True)
 
 
 @dataclass(frozen=True)
-class Release(Request):
-    """Drop the master-port claim of a run (probe.py)."""
+class Release(Request[None]):   # answers nothing: its exit status
+    """Drop the master-port claim of a run (preflight.py)."""
     VERB: ClassVar[str] = "release"
     run: str = opt(positional=True)
     once_bound: int | None = opt(None, metavar="PORT", help="first wait until PORT is "
@@ -216,7 +245,7 @@ class Release(Request):
 
 
 @dataclass(frozen=True)
-class Busy(Request):
+class Busy(Request[an.Busy]):
     """This node's live runs (any user's) and GPU processes, as JSON (busy.py)."""
     VERB: ClassVar[str] = "busy"
     exclude: str | None = opt(None, metavar="RUN", help="leave this run out (the one "
@@ -224,7 +253,7 @@ class Busy(Request):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Envs(Request):
+class Envs(Request[an.EnvsAnswer]):
     """The user's own environments here, as JSON; --rm and --prune remove (envs.py)."""
     VERB: ClassVar[str] = "envs"
     name: str | None = opt(None, help="only this environment's states")
@@ -235,7 +264,7 @@ class Envs(Request):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Allocate(Request):
+class Allocate(Request[None]):   # answers nothing: a stream of events, one JSON a line
     """Hold a Slurm allocation while the controller's connection lives (allocate.py)."""
     VERB: ClassVar[str] = "allocate"
     name: str = opt(help="the Slurm job's name")
@@ -244,20 +273,20 @@ class Allocate(Request):
 
 
 @dataclass(frozen=True)
-class States(Request):
+class States(Request[an.StatesAnswer]):
     """The run's node states, hang dumps and recovery decision on the share (states.py)."""
     VERB: ClassVar[str] = "states"
     state_dir: str = opt(positional=True)
 
 
 @dataclass(frozen=True)
-class Cordon(Request):
+class Cordon(Request[an.CordonAnswer]):
     """Add a node's cordon or uncordon to the share's record, or list (cordon.py; stdin)."""
     VERB: ClassVar[str] = "cordon"
 
 
 @dataclass(frozen=True, kw_only=True)
-class Health(Request):
+class Health(Request[an.HealthAnswer]):
     """This node's health verdict; with --share, every node's history (health.py)."""
     VERB: ClassVar[str] = "health"
     share: str | None = opt(None, help="read every node's history and cordons there too")
@@ -266,14 +295,14 @@ class Health(Request):
 
 
 @dataclass(frozen=True)
-class Du(Request):
+class Du(Request[an.DuAnswer]):
     """The share's bytes by owner and kind, as JSON (du.py)."""
     VERB: ClassVar[str] = "du"
     share: str = opt(positional=True)
 
 
 @dataclass(frozen=True)
-class Usage(Request):
+class Usage(Request[an.UsageAnswer]):
     """Node- and GPU-hours per user and run from the records on the share (usage.py)."""
     VERB: ClassVar[str] = "usage"
     share: str = opt(positional=True)
@@ -282,13 +311,13 @@ class Usage(Request):
 
 
 @dataclass(frozen=True)
-class Torch(Request):
+class Torch(Request[an.TorchAnswer]):
     """Import torch in this Python and say what it sees (fingerprint.py)."""
     VERB: ClassVar[str] = "torch"
 
 
 @dataclass(frozen=True)
-class Carry(Request):
+class Carry(Request[an.CarryAnswer]):
     """What a job wrote in its working directory, into the next run's (carry.py)."""
     VERB: ClassVar[str] = "carry"
     code_root: str = opt(positional=True, help="~/.clustertrain/code")

@@ -20,6 +20,7 @@ from ..cluster.playbook import run_playbook
 from ..defaults import KEEP_ENVS
 from ..errors import ClusterError, InputError
 from ..node import fingerprint
+from ..node.answers import EnvsAnswer
 from ..node.requests import Envs
 from ..node.util import ago
 from ..resources import project
@@ -164,7 +165,7 @@ def create(cluster: Cluster, env_file: EnvFile, name: str, wheelhouse: str | Non
                        + "; ".join(failed))
     created.check_identical()
     pruned = _on_nodes(cluster, Envs(name=name, prune=keep))
-    created.pruned = {n: r["removed"] for n, r in pruned.items() if r["removed"]}
+    created.pruned = {n: r.removed for n, r in pruned.items() if r.removed}
     for node, dirs in created.pruned.items():
         say(f"  {node}: removed the older {', '.join(Path(d).name for d in dirs)} (unused; "
             f"the {keep} newest states of {name} are kept)")
@@ -198,10 +199,10 @@ def _check_wheelhouse(cluster: Cluster, wheelhouse: str, name: str) -> None:
 
 
 # -- env list, env rm: through the node package --------------------------------------------
-def _on_nodes(cluster: Cluster, request: Envs) -> dict[str, dict[str, Any]]:
-    """`node.py envs` (REQUEST) on every node at once: {node: its JSON}; ClusterError
+def _on_nodes(cluster: Cluster, request: Envs) -> dict[str, EnvsAnswer]:
+    """`node.py envs` (REQUEST) on every node at once: {node: its answer}; ClusterError
     naming the first node that failed."""
-    def one(node: Any) -> dict[str, Any]:
+    def one(node: Any) -> EnvsAnswer:
         conn = ssh.connect(node.name, node.ssh)
         try:
             return nodelib.ask(conn, node.python, request, node=node.name, timeout=120)
@@ -238,23 +239,22 @@ def list_envs(cluster: Cluster, name: str | None = None) -> list[EnvState]:
     return merge(_on_nodes(cluster, Envs(name=name or None)))
 
 
-def merge(listed_by_node: dict[str, dict[str, Any]]) -> list[EnvState]:
+def merge(listed_by_node: dict[str, EnvsAnswer]) -> list[EnvState]:
     """Each node's `node.py envs` answer, as one list of states by name and key."""
     states: dict[tuple[str, str], EnvState] = {}
     for node, listed in listed_by_node.items():
-        for env in listed["envs"]:
-            st = states.setdefault((env["name"], env["key"]),
-                                   EnvState(env["name"], env["key"]))
+        for env in listed.envs:
+            st = states.setdefault((env.name, env.key), EnvState(env.name, env.key))
             st.nodes.append(node)
-            if env["current"]:
+            if env.current:
                 st.current.append(node)
-            st.size = max(st.size, int(env["size"]))
-            if env["last_used"] and (st.last_used or 0) < env["last_used"]:
-                st.last_used = env["last_used"]
-            if env["in_use"]:
-                st.in_use[node] = env["in_use"]
-            if env.get("complete", True):
-                st.fingerprints.add(env["fingerprint"])
+            st.size = max(st.size, env.size)
+            if env.last_used and (st.last_used or 0) < env.last_used:
+                st.last_used = env.last_used
+            if env.in_use:
+                st.in_use[node] = env.in_use
+            if env.complete:
+                st.fingerprints.add(env.fingerprint)
             else:
                 st.incomplete.append(node)
     return sorted(states.values(), key=lambda s: (s.name, not s.current, s.key))
@@ -302,8 +302,8 @@ def remove(cluster: Cluster, name: str, key: str | None = None) -> dict[str, lis
                        "run first (python -m orchestrator stop RUN), or wait for its end. "
                        "Nothing was removed")
     done = _on_nodes(cluster, Envs(name=name, rm=True, key=key or None))
-    late = {n: r["in_use"] for n, r in done.items() if r["in_use"]}
+    late = {n: r.in_use for n, r in done.items() if r.in_use}
     if late:
         raise EnvError(f"env rm {name}: a run started using it meanwhile on "
                        f"{', '.join(late)}; it was kept there")
-    return {n: r["removed"] for n, r in done.items()}
+    return {n: r.removed for n, r in done.items()}

@@ -1,5 +1,5 @@
 """How a run's supervisors are started, watched, cancelled and their logs read: the seam
-between the run (lifecycle.py, follow.py, settle.py, stop.py) and the way the nodes are
+between the run (lifecycle.py, job.py, settle.py, stop.py) and the way the nodes are
 reached. torchx's Scheduler is the model: submit, describe, cancel, log_iter. SSH is the
 first implementation (the nodes are reached as Ansible reaches them); Slurm (SlurmScheduler,
 for a run that holds a Slurm allocation: `train --queue`) starts the same supervisors as
@@ -16,7 +16,7 @@ from __future__ import annotations
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Generic, Protocol, TypeVar
 
 from ..cluster import nodelib, ssh
@@ -25,6 +25,7 @@ from ..cluster.inventory import NodeSpec
 from ..diagnosis.dumps import NodeDumps, collect, targets_of
 from ..errors import PreflightError
 from ..node import requests as rq
+from ..node.answers import StatesAnswer
 from ..node.protocol import JOBS_DIR
 from .command import NodeCommand
 from .launch import Launch
@@ -44,16 +45,6 @@ class StopResult:
     stale: bool = False    # the recorded group is another process now: nothing signalled
 
 
-@dataclass(frozen=True)
-class NodeStates:
-    """What the nodes of a run left on the share, as one node read it."""
-    states: dict[str, dict]   # node -> its state (running, with a heartbeat; or ended)
-    now: float                # that node's clock
-    hang: dict[str, dict] = field(default_factory=dict)   # node -> its hang dumps
-    # A detached run that may recover: the nodes' decision of its next attempt, if any.
-    next: dict | None = None
-
-
 @dataclass
 class Submitted(Generic[T]):
     """A submitted run: what was done meanwhile (the code sync), and each node that
@@ -70,7 +61,7 @@ class Scheduler(Protocol):
         sync) while they get ready; SECRETS go to them by a way no other user reads."""
         ...
 
-    def describe(self, nodes: list[tuple[NodeSpec, str]]) -> NodeStates:
+    def describe(self, nodes: list[tuple[NodeSpec, str]]) -> StatesAnswer:
         """The run's node states and hang dumps (NODES: each node and the run's state
         directory on the share)."""
         ...
@@ -128,7 +119,7 @@ class SshScheduler:
             self.cancel(started, nodes[0][1].run_id, nodes[0][1].grace)
         return Submitted(done, launch, failed)
 
-    def describe(self, nodes: list[tuple[NodeSpec, str]]) -> NodeStates:
+    def describe(self, nodes: list[tuple[NodeSpec, str]]) -> StatesAnswer:
         errors = []
         for spec, state_dir in nodes:
             try:
@@ -137,7 +128,7 @@ class SshScheduler:
                 errors.append(str(exc))
                 continue
             try:
-                data = nodelib.ask(conn, spec.python, rq.States(state_dir),
+                return nodelib.ask(conn, spec.python, rq.States(state_dir),
                                    node=spec.name, timeout=30)
             except nodelib.NodeAnswerError as exc:
                 errors.append(f"{spec.name}: {exc.said}")
@@ -148,8 +139,6 @@ class SshScheduler:
             finally:
                 if own:
                     conn.close()
-            return NodeStates(data["states"], float(data["now"]), data.get("hang") or {},
-                              data.get("next"))
         raise OSError("no node of the run answered: " + "; ".join(errors))
 
     def cancel(self, nodes: list[NodeSpec], run_id: str, grace: float) -> dict[str, StopResult]:
@@ -221,8 +210,7 @@ def stop_job(conn: ssh.Connection, python: str, run_id: str, grace: float, *,
     """Stop run RUN_ID's processes on NODE, behind CONN: the node package's stop
     (node/terminate.py), the one implementation of "stop this run's process tree" for the
     supervisor, train and `stop`; NodeAnswerError (a RuntimeError) when it failed."""
-    data = nodelib.ask(conn, python, rq.Stop(JOBS_DIR, run_id, grace), node=node,
+    said = nodelib.ask(conn, python, rq.Stop(JOBS_DIR, run_id, grace), node=node,
                        timeout=grace + 30)
-    return StopResult(node, data["found"], bool(data.get("initial")),
-                      data.get("killed", []), data.get("left", []), data.get("user", ""),
-                      bool(data.get("stale")))
+    return StopResult(node, said.found, bool(said.initial), said.killed, said.left, said.user,
+                      said.stale)

@@ -19,6 +19,7 @@ from ..cluster.fanout import each
 from ..cluster.inventory import NodeSpec, load_cluster
 from ..diagnosis.dumps import read_node_dumps
 from ..errors import ClusterError
+from ..node.answers import StatesAnswer
 from ..record.rundir import RunDir, latest_attempt, write_private
 from ..record.status import ends_of, summarize
 from ..record.summary import Recovery, RunStatus, Summary
@@ -26,14 +27,14 @@ from .command import EXIT_MARKER, NodeCommand
 from .conclude import write_summary
 from .job import whole_log
 from .recovery import attempt_info, node_failure
-from .scheduler import NodeStates, scheduler_for, slurm_job_of
+from .scheduler import scheduler_for, slurm_job_of
 
 # Who found a detached run hung, in its summary.
 DETACHED = "the nodes (detached run)"
 FETCH_TIMEOUT = 60.0   # seconds for a node's whole log of a run that has ended
 
 
-def node_states(info: dict[str, Any]) -> NodeStates:
+def node_states(info: dict[str, Any]) -> StatesAnswer:
     """What the run's nodes left on the share (their states, hang dumps and, a detached run
     that may recover, their decision of its next attempt), read through the run's
     scheduler from the first node that answers."""

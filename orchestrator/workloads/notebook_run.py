@@ -198,11 +198,10 @@ def busy_count(node: NodeSpec) -> int:
     """How many live runs and GPU processes (any user's) NODE has now (`node.py busy`)."""
     conn = connect(node.name, node.ssh, within=30)
     try:
-        said = nodelib.call(conn, node.python, rq.Busy(), timeout=60)
+        said = nodelib.ask(conn, node.python, rq.Busy(), node=node.name, timeout=60)
     finally:
         conn.close()
-    data = json.loads(said.stdout)
-    return len(data.get("runs", [])) + len(data.get("gpu_processes", []))
+    return len(said.runs) + len(said.gpu_processes)
 
 
 def least_busy(cluster: Cluster, count: Callable[[NodeSpec], int] = busy_count) -> str:

@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 from orchestrator.cluster import nodelib
-from orchestrator.cluster.ssh import Result
+from orchestrator.cluster.ssh import Result, SshTarget
 
 
 class LocalNode:
@@ -21,6 +21,13 @@ class LocalNode:
         self.home = home
         self.env = {**os.environ, "HOME": str(home)}
         self.runs: list[str] = []   # every command run, in order
+        self.target = SshTarget("localnode")
+
+    def shell(self) -> list[str]:
+        """A remote shell for rsync's --rsh, as Connection.shell: it drops the host rsync
+        names and runs the command in HOME."""
+        return ["env", f"HOME={self.home}", "sh", "-c", 'cd "$HOME" && shift && exec "$@"',
+                "rsh"]
 
     def run(self, command: str, timeout: float = 60.0, stdin: str | None = None) -> Result:
         self.runs.append(command)

@@ -14,7 +14,8 @@ from orchestrator.checks.preflight import (
 from orchestrator.checks.probe import NodeFacts
 from orchestrator.cluster.inventory import Cluster, NodeSpec
 from orchestrator.cluster.ssh import SshTarget
-from orchestrator.node.busy import Busy, GpuProcess, LiveRun, parse_apps, parse_gpus
+from orchestrator.node.answers import Busy, GpuProcess, LiveRun, ReachAnswer
+from orchestrator.node.busy import parse_apps, parse_gpus
 
 
 def spec(name: str, address: str | None = None) -> NodeSpec:
@@ -34,6 +35,11 @@ def facts(name: str, packages: dict, **kw) -> NodeFacts:
         user="alice", uid=1001, home="/home/alice")
     defaults.update(kw)
     return NodeFacts(node, **defaults)
+
+
+def reached(data: dict) -> ReachAnswer:
+    """A node's round 2, as its `reach` answers it."""
+    return ReachAnswer.from_json(data)
 
 
 def report(*f: NodeFacts, port: int = 29500) -> Report:
@@ -204,11 +210,13 @@ def test_a_squatted_place_on_the_share_is_refused_with_the_nodes_own_fix() -> No
 
 def test_master_port_not_reached_and_another_filesystem_are_named() -> None:
     n0 = facts("node0", {}, listener={"port": 29500, "ok": True, "self": {"ok": True}})
-    n1 = facts("node1", {}, reach={"token": {"ok": True},
-                                   "connect": {"ok": False, "error": "no answer within 3 s "
-                                               "(packets dropped: a firewall?)"}})
-    n2 = facts("node2", {}, reach={"token": {"ok": False, "error": "No such file or directory"},
-                                   "connect": {"ok": True}})
+    n1 = facts("node1", {}, reach=reached({"token": {"ok": True},
+                                           "connect": {"ok": False, "error": "no answer "
+                                                       "within 3 s (packets dropped: a "
+                                                       "firewall?)"}}))
+    n2 = facts("node2", {}, reach=reached({"token": {"ok": False,
+                                                     "error": "No such file or directory"},
+                                           "connect": {"ok": True}}))
     r = report(n0, n1, n2)
     _judge_reach(r, 29500)
     text = "\n".join(r.problems)
@@ -232,14 +240,14 @@ def test_round_two_asks_only_the_nodes_that_could_not_check_ahead(monkeypatch) -
 
     def reach(node, conn, *, addr, port, rendezvous, shared_path):  # noqa: ANN001, ANN202
         asked.append((node.name, port))
-        return {"token": {"ok": True}, "connect": {"ok": True}}
+        return reached({"token": {"ok": True}, "connect": {"ok": True}})
 
     monkeypatch.setattr(preflight, "reach", reach)
     ahead = {"addr": "192.0.2.10", "port": 29501, "token": {"ok": True},
              "connect": {"ok": True}}
     r = report(facts("node0", {}, listener={"port": 29501, "ok": True, "self": {"ok": True}}),
-               facts("node1", {}, reach=ahead), facts("node2", {}, reach=None),
-               facts("node3", {}, reach={**ahead, "port": 29500}))
+               facts("node1", {}, reach=reached(ahead)), facts("node2", {}, reach=None),
+               facts("node3", {}, reach=reached({**ahead, "port": 29500})))
     r.clients = {f.node.name: object() for f in r.facts}  # type: ignore[misc]
     preflight._second_round(r, Rendezvous.new(4))
     assert asked == [("node2", 29501), ("node3", 29501)]
@@ -254,11 +262,12 @@ def test_a_stranger_at_node0s_listener_is_named_never_the_share_or_the_firewall(
     read its greeting): node1 learnt it when it got through, node2 could not connect. The
     verdict names the stranger, not node2's firewall; without a failure it is a warning."""
     n0 = facts("node0", {}, listener={"port": 29500, "ok": True, "self": {"ok": True}})
-    n1 = facts("node1", {}, reach={"token": {"ok": True}, "connect": {"ok": True},
-                                   "strangers": [STRANGER]})
-    n2 = facts("node2", {}, reach={"token": {"ok": True},
-                                   "connect": {"ok": False, "error": "no answer within 3 s "
-                                               "(packets dropped: a firewall?)"}})
+    n1 = facts("node1", {}, reach=reached({"token": {"ok": True}, "connect": {"ok": True},
+                                           "strangers": [STRANGER]}))
+    n2 = facts("node2", {}, reach=reached({"token": {"ok": True},
+                                           "connect": {"ok": False, "error": "no answer "
+                                                       "within 3 s (packets dropped: a "
+                                                       "firewall?)"}}))
     r = report(n0, n1, n2)
     _judge_reach(r, 29500)
     assert r.problems == [
@@ -266,7 +275,7 @@ def test_a_stranger_at_node0s_listener_is_named_never_the_share_or_the_firewall(
         "connected to node0's listener on port 29500 (from 192.0.2.66, saying 'stop "
         "1a2b3c4d 5e6f') and could not prove the run's key: another user's process? Run "
         "again; if it recurs, ask an admin who connects to node0:29500 from 192.0.2.66"]
-    n2.reach = {"token": {"ok": True}, "connect": {"ok": True}}
+    n2.reach = reached({"token": {"ok": True}, "connect": {"ok": True}})
     r = report(n0, n1, n2)
     _judge_reach(r, 29500)
     assert r.problems == [] and r.warnings == [
@@ -282,7 +291,7 @@ def test_a_stranger_node0s_listener_names_when_stopped_is_in_the_verdict(monkeyp
     from orchestrator.checks.probe import Rendezvous
 
     def reach(node, conn, *, addr, port, rendezvous, shared_path):  # noqa: ANN001, ANN202
-        return {"token": {"ok": True}, "connect": {"ok": False, "error": "timed out"}}
+        return reached({"token": {"ok": True}, "connect": {"ok": False, "error": "timed out"}})
 
     def stop_listener(node, conn, port, rendezvous):  # noqa: ANN001, ANN202
         return [STRANGER]
@@ -352,13 +361,13 @@ def judged(*f: NodeFacts, share_gpus: bool = False,
 
 def test_a_node_with_another_users_run_is_refused_naming_user_and_run() -> None:
     """The CPU-node path: a live run of any user, this user's other runs too."""
-    idle = Busy().to_json()
+    idle = Busy()
     r = judged(facts("node0", {}, busy=idle),
-               facts("node1", {}, busy=Busy(runs=[LiveRun(RUN, "alice", [4242])]).to_json()),
+               facts("node1", {}, busy=Busy(runs=[LiveRun(RUN, "alice", [4242])])),
                facts("node2", {}, user="bob", busy=Busy(runs=[
                    LiveRun(RUN, "alice", [5151]), LiveRun("20260101-130000-d4e5f6", "bob",
                                                           [5252], kind="notebook")]
-                                          ).to_json()))
+                                          )))
     assert r.problems == [
         f"node1 is in use by alice's run {RUN}. Wait for it to end or have it stopped "
         "(`python -m orchestrator runs` lists a user's runs, `python -m orchestrator stop "
@@ -384,7 +393,7 @@ def gpu_node() -> Busy:
 
 
 def test_a_node_whose_gpus_are_in_use_is_refused_naming_runs_processes_and_gpus() -> None:
-    r = judged(facts("node0", {}), facts("node1", {}, busy=gpu_node().to_json()))
+    r = judged(facts("node0", {}), facts("node1", {}, busy=gpu_node()))
     [problem] = r.problems
     assert problem.startswith(
         f"node1 is in use by bob's run {RUN} on GPUs 0, 1; PID 2290117 of carol "
@@ -394,8 +403,8 @@ def test_a_node_whose_gpus_are_in_use_is_refused_naming_runs_processes_and_gpus(
 
 
 def test_share_gpus_runs_beside_them_with_a_warning() -> None:
-    r = judged(facts("node0", {}, busy=Busy(runs=[LiveRun(RUN, "alice", [1])]).to_json()),
-               facts("node1", {}, busy=gpu_node().to_json()), share_gpus=True)
+    r = judged(facts("node0", {}, busy=Busy(runs=[LiveRun(RUN, "alice", [1])])),
+               facts("node1", {}, busy=gpu_node()), share_gpus=True)
     assert r.problems == []
     assert r.warnings[0] == (f"node0 is in use by alice's run {RUN}; running beside it "
                              "(--share-gpus)")
@@ -412,7 +421,7 @@ def slurm_node() -> Busy:
 
 def test_a_queued_run_beside_slurms_own_jobs_is_no_refusal_and_no_warning() -> None:
     """Slurm gave those jobs other GPUs of the node (issue 69: without --share-gpus)."""
-    r = judged(facts("node0", {}, busy=slurm_node().to_json()), queued={"node0": [3]})
+    r = judged(facts("node0", {}, busy=slurm_node()), queued={"node0": [3]})
     assert (r.problems, r.warnings) == ([], [])
 
 
@@ -423,8 +432,8 @@ def test_a_queued_run_on_a_node_slurm_does_not_know_is_used_is_refused() -> None
                          LiveRun("20260101-130000-d4e5f6", "bob", [5151], [2],
                                  slurm_job="41")],
                    gpu_processes=[GpuProcess(3011554, "GPU-3", 3, 300, "carol", "python e.py")])
-    r = judged(facts("node0", {}, busy=Busy().to_json()),
-               facts("node1", {}, busy=outside.to_json()), queued={"node1": [0]})
+    r = judged(facts("node0", {}, busy=Busy()),
+               facts("node1", {}, busy=outside), queued={"node1": [0]})
     assert r.warnings == []
     assert r.problems == [
         f"node1 is in use by alice's run {RUN} on GPUs 0, 1; PID 3011554 of carol "
@@ -433,7 +442,7 @@ def test_a_queued_run_on_a_node_slurm_does_not_know_is_used_is_refused() -> None
         "end or have them stopped (`python -m orchestrator runs` lists a user's runs, "
         "`python -m orchestrator stop RUN` stops one) and run again, ask for other nodes "
         "(--hosts), or pass --share-gpus to run beside them"]
-    shared = judged(facts("node1", {}, busy=outside.to_json()), queued={"node1": [0]},
+    shared = judged(facts("node1", {}, busy=outside), queued={"node1": [0]},
                     share_gpus=True)
     assert shared.problems == []
     assert shared.warnings == [f"node1 is in use by alice's run {RUN} on GPUs 0, 1; PID "
@@ -448,13 +457,13 @@ def test_a_queued_run_counts_a_process_it_cannot_trace_when_it_holds_the_runs_gp
     for sure (Slurm gives a GPU to one job); on another GPU, it is only said."""
     unseen = Busy(gpu_processes=[GpuProcess(3011554, "GPU-3", 3, 300),
                                  GpuProcess(3011555, "GPU-1", 1, 100)], hidden=True)
-    apart = judged(facts("node1", {}, busy=unseen.to_json()), queued={"node1": [0, 2]})
+    apart = judged(facts("node1", {}, busy=unseen), queued={"node1": [0, 2]})
     assert apart.problems == []
     assert apart.warnings[-1] == (
         "node1: PID 3011554 of a user not visible here on GPU 3, 300 MiB; PID 3011555 of a "
         "user not visible here on GPU 1, 100 MiB: whether Slurm knows of them cannot be "
         "told from here (not on this run's GPUs)")
-    on_mine = judged(facts("node1", {}, busy=unseen.to_json()), queued={"node1": [0, 1]})
+    on_mine = judged(facts("node1", {}, busy=unseen), queued={"node1": [0, 1]})
     [problem] = on_mine.problems
     assert problem.startswith("node1 is in use by PID 3011555 of a user not visible here on "
                               "GPU 1, 100 MiB, started outside Slurm"), problem
@@ -463,7 +472,7 @@ def test_a_queued_run_counts_a_process_it_cannot_trace_when_it_holds_the_runs_gp
 
 
 def test_a_run_without_the_queue_is_refused_beside_a_queued_one_naming_its_job() -> None:
-    r = judged(facts("node0", {}, busy=slurm_node().to_json()))
+    r = judged(facts("node0", {}, busy=slurm_node()))
     [problem] = r.problems
     assert problem.startswith(
         f"node0 is in use by bob's run {RUN} on GPUs 0, 1 (Slurm job 41); PID 2290117 of "
@@ -473,7 +482,7 @@ def test_a_run_without_the_queue_is_refused_beside_a_queued_one_naming_its_job()
 def test_gpus_that_cannot_be_read_and_hidden_processes_are_warned_about() -> None:
     r = judged(facts("node0", {}, busy=Busy(error="nvidia-smi --query-compute-apps=pid,"
                                             "gpu_uuid,used_memory: NVIDIA-SMI has failed",
-                                            hidden=True).to_json()))
+                                            hidden=True)))
     assert r.problems == []
     assert r.warnings == [
         "node0: cannot tell whether its GPUs are in use: nvidia-smi --query-compute-apps="

@@ -87,7 +87,7 @@ def test_the_scan_names_the_slurm_job_of_each_run_and_gpu_process(node) -> None:
 
 def test_a_queued_run_is_refused_only_for_what_runs_outside_slurm(node) -> None:
     found, in_job, outside = node
-    r = judged(facts("node1", {}, busy=found.to_json()), queued={"node1": [0]})
+    r = judged(facts("node1", {}, busy=found), queued={"node1": [0]})
     [problem] = r.problems
     assert f"'s run {OUTSIDE}" in problem and f" PID {outside} of " in problem, problem
     assert IN_SLURM not in problem and f"PID {in_job} " not in problem, problem

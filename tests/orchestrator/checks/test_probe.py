@@ -9,6 +9,7 @@ from typing import cast
 from orchestrator.checks.probe import Rendezvous, probe, reach, stop_listener
 from orchestrator.cluster.inventory import NodeSpec
 from orchestrator.cluster.ssh import Connection, Result, SshTarget
+from orchestrator.node.answers import ReachAnswer
 
 from ..local_node import Canned
 
@@ -34,8 +35,8 @@ def test_a_reach_answered_with_no_json_is_its_error_and_a_stop_finds_no_stranger
     rendezvous = Rendezvous.new(2)
     cut = Result(0, '{"reached": true, "token"', "")
     assert reach(NODE, conn(cut), addr="10.0.0.1", port=29500, rendezvous=rendezvous,
-                 shared_path="/mnt/s") == {
-        "error": 'its answer was cut short: {"reached": true, "token"'}
+                 shared_path="/mnt/s") == ReachAnswer(
+        error='its answer was cut short: {"reached": true, "token"')
     assert stop_listener(NODE, conn(GARBAGE), 29500, rendezvous) == []
     assert stop_listener(NODE, conn(Result(0, '{"strangers": [{"from": "10.0.0.9"}]}', "")),
                          29500, rendezvous) == [{"from": "10.0.0.9"}]

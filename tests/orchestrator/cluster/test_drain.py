@@ -10,6 +10,7 @@ from pathlib import Path
 from orchestrator.cluster.drain import KeptOut, cordon_event
 from orchestrator.cluster.inventory import Cluster, NodeSpec
 from orchestrator.cluster.ssh import Result, SshTarget
+from orchestrator.node.answers import CordonAnswer
 from orchestrator.node.cordon import CORDON
 from orchestrator.record.summary import Summary
 from orchestrator.run.recovery import keep_out_lost, lost_nodes
@@ -60,7 +61,7 @@ def test_a_cordon_answered_with_no_json_is_said_as_the_nodes_failure() -> None:
     asker = NodeSpec("node0", SshTarget("10.0.0.1"), "10.0.0.1")
     said = cordon_event(cluster, asker, Canned(Result(0, "Last login: today\n", "")),
                         "node1", CORDON, "lost", "r1")
-    assert said == {"error": "its answer was not JSON: Last login: today"}
+    assert said == CordonAnswer(error="its answer was not JSON: Last login: today")
     failed = cordon_event(cluster, asker, Canned(Result(1, "", "OSError: read-only\n")),
                           "node1", CORDON, "lost", "r1")
-    assert failed == {"error": "OSError: read-only"}
+    assert failed == CordonAnswer(error="OSError: read-only")

@@ -12,15 +12,28 @@ import shlex
 import sys
 import threading
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
 from orchestrator.cluster import nodelib
 from orchestrator.cluster.ssh import Result
 from orchestrator.node import requests as rq, role_module_files
+from orchestrator.node.answers import (
+    Busy,
+    CarryAnswer,
+    DuAnswer,
+    EnvsAnswer,
+    HealthAnswer,
+    LiveRun,
+    StatesAnswer,
+    UsageAnswer,
+)
 from orchestrator.run.command import NodeCommand
 
 from ..local_node import Canned, LocalNode
+
+A = TypeVar("A")
 
 NODE = Path(nodelib.__file__).resolve().parents[1] / "node"
 ORCHESTRATOR = NODE.parent
@@ -177,10 +190,11 @@ def test_a_verbs_request_and_answer_round_trip_through_the_node_program(tmp_path
     node = LocalNode(tmp_path / "home")
     said = nodelib.ask(node, sys.executable, rq.Cordon(), node="n0", stdin=json.dumps(
         {"share": str(share), "node": "n1", "action": "cordon", "why": "bad GPU"}))
-    assert said["event"]["node"] == "n1" and said["event"]["why"] == "bad GPU"
+    assert said.event is not None
+    assert said.event["node"] == "n1" and said.event["why"] == "bad GPU"
     listed = nodelib.ask(node, sys.executable, rq.Cordon(), node="n0",
                          stdin=json.dumps({"share": str(share)}))
-    assert list(listed["cordoned"]) == ["n1"]
+    assert list(listed.cordoned) == ["n1"]
 
 
 @pytest.mark.parametrize(("result", "said"), [
@@ -206,8 +220,70 @@ def test_an_answer_that_is_not_one_is_a_typed_error_naming_node_verb_and_what_it
     assert (error.node, error.verb, error.said, error.exit_code) == (
         "node7", "states", said, result.exit_code)
     assert str(error).startswith("node7: ") and "states" in str(error) and said in str(error)
-    with pytest.raises(nodelib.NodeAnswerError):
-        nodelib.answer_of(result, "node7", "states")
+
+
+def test_the_real_node_programs_answers_are_read_as_their_requests_declare_them(
+        tmp_path: Path) -> None:
+    """The node and the controller read one declaration (node/answers.py): what the node
+    program prints is read back by `ask` as its request's ANSWER, attributes and all."""
+    share, home = tmp_path / "share", tmp_path / "home"
+    (share / "data").mkdir(parents=True)
+    (share / "data" / "x.bin").write_bytes(b"\0" * 8192)
+    (share / "state" / "hang").mkdir(parents=True)
+    (share / "state" / "n0.json").write_text(json.dumps({"state": "running", "time": 1.0}))
+    node = LocalNode(home)
+
+    def ask(request: rq.Request[A]) -> A:
+        return nodelib.ask(node, sys.executable, request, node="n0")
+
+    states = ask(rq.States(str(share / "state")))
+    assert isinstance(states, StatesAnswer) and states.states == {
+        "n0": {"state": "running", "time": 1.0}} and states.hang == {} and states.next is None
+    du = ask(rq.Du(str(share)))
+    assert isinstance(du, DuAnswer) and du.share == str(share.resolve()) and du.unread == []
+    assert [kinds["data"] >= 8192 for kinds in du.users.values()] == [True]
+    usage = ask(rq.Usage(str(share)))
+    assert isinstance(usage, UsageAnswer) and (usage.runs, usage.users, usage.slurm) == (
+        [], {}, None)
+    envs = ask(rq.Envs())
+    assert isinstance(envs, EnvsAnswer) and envs.envs == [] and envs.root == str(
+        home / ".clustertrain" / "envs")
+    busy = ask(rq.Busy(exclude="none-such"))
+    assert isinstance(busy, Busy) and all(isinstance(r, LiveRun) for r in busy.runs)
+    health = ask(rq.Health())
+    assert isinstance(health, HealthAnswer) and health.history == {}
+
+
+def test_carry_is_read_as_its_answer(tmp_path: Path) -> None:
+    """sync.py reads `carry`'s output (run with the reuse or the seal in one round trip) as
+    the request's answer."""
+    code = tmp_path / "home" / "code"
+    (code / "r1").mkdir(parents=True)
+    (code / "r1" / "train.py").write_text("print(1)\n")
+    node = LocalNode(tmp_path / "home")
+    request = rq.Carry(str(code), "r1", "work")
+    result = nodelib.call(node, sys.executable, request)
+    assert nodelib.answer_to(result, "n0", request) == CarryAnswer(None, [], [], False)
+
+
+@pytest.mark.parametrize(("request_", "out", "field", "said"), [
+    (rq.States("/s"), '{"states": {}}', "now", "its answer's now is missing"),
+    (rq.States("/s"), '{"states": {}, "now": "soon"}', "now",
+     "its answer's now is a string ('soon'), not float"),
+    (rq.Stop("jobs", "r1", 5.0), '{"found": true, "user": "a", "killed": ["x"], "left": []}',
+     "killed[0]", "its answer's killed[0] is a string ('x'), not int"),
+    (rq.Dump("jobs", "r1", "py-spy"), '{"ranks": [{"rank": 0}]}', "ranks[0].pid",
+     "its answer's ranks[0].pid is missing"),
+], ids=["missing", "wrong-kind", "in-a-list", "nested"])
+def test_an_answer_of_the_wrong_shape_is_a_typed_error_naming_node_verb_and_field(
+        request_: rq.Request, out: str, field: str, said: str) -> None:
+    with pytest.raises(nodelib.NodeAnswerError) as caught:
+        nodelib.ask(Canned(Result(0, out + "\n", "")), "/usr/bin/python3", request_,
+                    node="node7")
+    error = caught.value
+    assert (error.node, error.verb, error.field, error.said) == (
+        "node7", request_.VERB, field, said)
+    assert str(error) == f"node7: `node.py {request_.VERB}` failed: {said}"
 
 
 def test_the_roles_files_are_modules_of_the_package_with_no_link_in_it() -> None:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import zlib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ import pytest
 from orchestrator.diagnosis.dumps import NodeDumps, analyse
 from orchestrator.diagnosis.hang import RankId, parse_pyspy_dump
 from orchestrator.node import terminate as node_stop
+from orchestrator.node.answers import DumpAnswer, RankDump
 
 DUMPS = Path(__file__).parents[1] / "hang_dumps"
 PY_SPY = shutil.which("py-spy", path=os.path.dirname(sys.executable))
@@ -61,29 +63,30 @@ def fake_run(tmp_path: Path):
     proc.wait()
 
 
-def node_dump(job: Path, py_spy: str) -> list[dict]:
-    """The dump verb as the node runs it: HOME/<jobs dir>/<run id>."""
+def node_dump(job: Path, py_spy: str) -> list[RankDump]:
+    """The dump verb as the node runs it: HOME/<jobs dir>/<run id>; its answer's ranks."""
     out = subprocess.run([sys.executable, "-m", "orchestrator.node", "dump", job.parent.name,
                           job.name, py_spy], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "HOME": str(job.parent.parent)})
     assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout.strip().splitlines()[-1])["ranks"]
+    return DumpAnswer.from_json(json.loads(out.stdout.strip().splitlines()[-1])).ranks
 
 
 def test_the_node_dumps_every_worker_of_the_run_and_no_other_process(fake_run: Path) -> None:
     assert PY_SPY is not None, "py-spy is a test dependency (pyproject.toml): make test-venv"
     entries = node_dump(fake_run, PY_SPY)
-    assert [e["rank"] for e in entries] == [0, 1], entries  # not the data-loader child
+    assert [e.rank for e in entries] == [0, 1], entries  # not the data-loader child
     for e in entries:
-        stacks = parse_pyspy_dump(e["dump"], RankId("n0", e["rank"], e["pid"]))
+        assert e.dump is not None
+        stacks = parse_pyspy_dump(e.dump, RankId("n0", e.rank, e.pid))
         main = stacks.threads[0]
-        assert any(f.function == f"waiting_in_rank_{e['rank']}" for f in main.frames)
+        assert any(f.function == f"waiting_in_rank_{e.rank}" for f in main.frames)
 
 
 def test_a_missing_py_spy_is_said_for_each_rank(fake_run: Path, tmp_path: Path) -> None:
     entries = node_dump(fake_run, str(tmp_path / "no" / "py-spy"))
-    assert [e["rank"] for e in entries] == [0, 1]
-    assert all("No such file" in e["error"] and "dump" not in e for e in entries)
+    assert [e.rank for e in entries] == [0, 1]
+    assert all("No such file" in (e.error or "") and e.dump is None for e in entries)
     diagnosis = analyse([[NodeDumps("node0", entries)]], tmp_path / "hang")
     assert diagnosis.analysis is None
     report = diagnosis.report()
@@ -95,13 +98,12 @@ def stall_round(rank2_from: int = 2) -> list[NodeDumps]:
     the others in it), as two nodes' dump verbs return them; rank 2's dump may be another
     rank's (rank 2 has moved on)."""
     ranks = json.loads((DUMPS / "stall" / "ranks.json").read_text())
-    by_node: dict[str, list[dict]] = {}
+    by_node: dict[str, list[RankDump]] = {}
     for r in ranks:
         source = ranks[rank2_from] if r["rank"] == 2 else r
         dump = (DUMPS / "stall" / f"rank{source['rank']}.json").read_text()
         dump = dump.replace(f'"pid": {source["pid"]}', f'"pid": {r["pid"]}')
-        by_node.setdefault(r["node"], []).append({"rank": r["rank"], "pid": r["pid"],
-                                                  "dump": dump})
+        by_node.setdefault(r["node"], []).append(RankDump(r["rank"], r["pid"], dump=dump))
     return [NodeDumps(n, e) for n, e in by_node.items()]
 
 
@@ -140,8 +142,8 @@ def as_sent(path: Path) -> str:
 
 def with_records(dumps: list[NodeDumps], case: str) -> list[NodeDumps]:
     for node in dumps:
-        for entry in node.ranks:
-            entry["fr"] = as_sent(DUMPS / case / f"fr_rank{entry['rank']}.pkl")
+        node.ranks = [replace(entry, fr=as_sent(DUMPS / case / f"fr_rank{entry.rank}.pkl"))
+                      for entry in node.ranks]
     return dumps
 
 
@@ -168,10 +170,10 @@ def test_the_flight_recorder_names_the_rank_when_the_stacks_agree(tmp_path: Path
                for r in json.loads((DUMPS / "healthy" / "ranks.json").read_text())}
     stacks = stall_round()
     for node in stacks:
-        for entry in node.ranks:
-            dump = (DUMPS / "healthy" / f"rank{entry['rank']}.json").read_text()
-            entry["dump"] = dump.replace(f'"pid": {healthy[entry["rank"]]}',
-                                         f'"pid": {entry["pid"]}')
+        node.ranks = [replace(entry, dump=(DUMPS / "healthy" / f"rank{entry.rank}.json")
+                              .read_text().replace(f'"pid": {healthy[entry.rank]}',
+                                                   f'"pid": {entry.pid}'))
+                      for entry in node.ranks]
     diagnosis = analyse([with_records(stacks, "stall")], tmp_path / "hang")
     assert diagnosis.stacks is not None and diagnosis.stacks.suspects == []
     data = diagnosis.to_json()
@@ -183,8 +185,8 @@ def test_a_rank_without_a_flight_recorder_is_said_and_the_stacks_still_read(
         tmp_path: Path) -> None:
     dumps = stall_round()
     for node in dumps:
-        for entry in node.ranks:
-            entry["fr_error"] = "the worker serves no flight recorder (No such file or directory)"
+        node.ranks = [replace(entry, fr_error="the worker serves no flight recorder (No such "
+                              "file or directory)") for entry in node.ranks]
     diagnosis = analyse([dumps], tmp_path / "hang")
     assert diagnosis.flight is None and diagnosis.analysis is not None
     assert [(s.node, s.rank) for s in diagnosis.analysis.suspects] == [("node1", 2)]
@@ -198,9 +200,8 @@ def test_a_recorded_nccl_rank_shows_the_collective_its_stack_has_left(tmp_path: 
     outside any collective; its recorder holds the collective, its number and its caller."""
     nccl = DUMPS / "nccl"
     pid = json.loads((nccl / "rank0.json").read_text())[0]["pid"]
-    dumps = [NodeDumps("gpu0", [{"rank": 0, "pid": pid,
-                                 "dump": (nccl / "rank0.json").read_text(),
-                                 "fr": as_sent(nccl / "fr_request_rank0.pkl")}])]
+    dumps = [NodeDumps("gpu0", [RankDump(0, pid, dump=(nccl / "rank0.json").read_text(),
+                                         fr=as_sent(nccl / "fr_request_rank0.pkl"))])]
     diagnosis = analyse([dumps], tmp_path / "d")
     assert diagnosis.stacks is not None and diagnosis.flight is not None
     assert "outside any collective" in diagnosis.stacks.report()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from orchestrator.cli.cmd_du import table
 from orchestrator.node import du
+from orchestrator.node.answers import DuAnswer
 from orchestrator.node.health import walk
 
 MIB = 1 << 20
@@ -53,7 +54,7 @@ def test_the_table_puts_the_biggest_user_first_and_names_what_it_did_not_read(
     found["users"]["bob"] = {k: 0 for k in du.KINDS} | {"data": 5 * MIB}   # the biggest
     found["unread"] = [{"path": f"{tmp_path}/checkpoints/carol", "owner": "carol",
                         "why": "Permission denied"}]
-    lines = table(found)
+    lines = table(DuAnswer.from_json(found))
     assert lines[0].startswith(f"the share {tmp_path.resolve()}: ") and " free of " in lines[0]
     assert lines[1].split() == ["USER", "CHECKPOINTS", "RUN", "RECORDS", "DATA",
                                 "WHEELHOUSES", "OTHER", "TOTAL"]

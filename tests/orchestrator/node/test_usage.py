@@ -19,6 +19,7 @@ import pytest
 from orchestrator.cli.cmd_usage import since_of, table
 from orchestrator.errors import InputError
 from orchestrator.node import usage
+from orchestrator.node.answers import UsageAnswer
 
 NOW = 1_800_000_000.0
 H = 3600.0
@@ -108,7 +109,7 @@ def test_hours_per_user_and_run_are_the_hand_computed_figures(share: Path) -> No
 
 
 def test_the_table_puts_the_most_gpu_hours_first_and_lists_runs(share: Path) -> None:
-    lines = table(usage.usage(str(share), SINCE, NOW), runs=True)
+    lines = table(UsageAnswer.from_json(usage.usage(str(share), SINCE, NOW)), runs=True)
     assert lines[1].split() == ["USER", "RUNS", "NODE-HOURS", "GPU-HOURS", "IDLE"]
     assert lines[2].split() == ["alice", "2", "4.48", "16.00", "6.00"]
     assert lines[3].split() == ["bob", "1", "3.00", "6.00", "1.50"]

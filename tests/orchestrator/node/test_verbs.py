@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.node import __main__ as verbs
+from orchestrator.node.answers import EnvsAnswer
 from orchestrator.node.cordon import CORDON, record
 from orchestrator.node.protocol import (
     EXIT_MARKER,
@@ -272,10 +273,10 @@ def test_verb_envs_lists_prunes_and_removes_the_users_environments(node: Node) -
     assert isinstance(said, dict)
     assert sorted((e["key"], e["current"]) for e in said["envs"]) == [
         ("aaaaaaaaaaaa", False), ("bbbbbbbbbbbb", True)]
-    pruned = last_json(node.verb("envs", "--name", "proj", "--prune", "1"))
-    assert pruned == {"removed": [str(root / "proj-aaaaaaaaaaaa")], "in_use": {}}
-    removed = last_json(node.verb("envs", "--name", "proj", "--rm"))
-    assert removed == {"removed": [str(root / "proj-bbbbbbbbbbbb")], "in_use": {}}
+    pruned = EnvsAnswer.from_json(last_json(node.verb("envs", "--name", "proj", "--prune", "1")))
+    assert (pruned.removed, pruned.in_use) == ([str(root / "proj-aaaaaaaaaaaa")], {})
+    removed = EnvsAnswer.from_json(last_json(node.verb("envs", "--name", "proj", "--rm")))
+    assert (removed.removed, removed.in_use) == ([str(root / "proj-bbbbbbbbbbbb")], {})
     assert not root.joinpath("proj").is_symlink()
 
 

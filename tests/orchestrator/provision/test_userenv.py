@@ -10,6 +10,7 @@ import pytest
 
 from orchestrator.cluster.inventory import Cluster
 from orchestrator.errors import InventoryError
+from orchestrator.node.answers import EnvsAnswer
 from orchestrator.provision import userenv
 from orchestrator.provision.userenv import EnvError, EnvFile
 
@@ -78,12 +79,14 @@ def test_the_nodes_answers_are_merged_by_name_and_key() -> None:
 
     def env(key: str, current: bool, size: int, used: float | None = None,
             pids: list[int] | None = None) -> dict:
-        return {"name": "proj", "key": key, "current": current, "size": size,
+        return {"name": "proj", "key": key, "dir": f"/h/proj-{key}", "current": current,
+                "complete": True, "backend": "venv", "packages": 3, "size": size,
                 "last_used": used, "in_use": pids or [], "fingerprint": "f" + key}
 
     states = userenv.merge({
-        "node0": {"envs": [env("aaa", False, 10, now - 7200), env("bbb", True, 30)]},
-        "node1": {"envs": [env("bbb", True, 20, now - 5, [42])]},
+        "node0": EnvsAnswer.from_json({"envs": [env("aaa", False, 10, now - 7200),
+                                                env("bbb", True, 30)]}),
+        "node1": EnvsAnswer.from_json({"envs": [env("bbb", True, 20, now - 5, [42])]}),
     })
     assert [(s.key, s.nodes, s.current) for s in states] == [
         ("bbb", ["node0", "node1"], ["node0", "node1"]), ("aaa", ["node0"], [])]
@@ -100,11 +103,12 @@ def test_the_nodes_answers_are_merged_by_name_and_key() -> None:
 def test_an_unfinished_create_is_listed_as_such_with_what_to_do() -> None:
     """An env create interrupted on node1: the state is there on node0 whole, on node1
     unfinished; the list says so and how to finish or remove it."""
-    whole = {"name": "proj", "key": "ccc", "current": True, "size": 10, "last_used": None,
+    whole = {"name": "proj", "key": "ccc", "dir": "/h/proj-ccc", "current": True,
+             "backend": "venv", "packages": 3, "size": 10, "last_used": None,
              "in_use": [], "fingerprint": "fff", "complete": True}
-    states = userenv.merge({"node0": {"envs": [whole]},
-                            "node1": {"envs": [dict(whole, current=False, fingerprint="",
-                                                    complete=False)]}})
+    states = userenv.merge({"node0": EnvsAnswer.from_json({"envs": [whole]}),
+                            "node1": EnvsAnswer.from_json({"envs": [dict(
+                                whole, current=False, fingerprint="", complete=False)]})})
     assert states[0].incomplete == ["node1"] and states[0].fingerprints == {"fff"}
     text = userenv.render(states, ["node0", "node1"])
     assert "2/2 (unfinished on node1)" in text.splitlines()[1]

@@ -14,12 +14,16 @@ import pytest
 from orchestrator.cluster.inventory import Cluster, NodeSpec
 from orchestrator.cluster.ssh import Connection, Result, SshTarget
 from orchestrator.errors import LaunchError
+from orchestrator.node.answers import CarryAnswer
 from orchestrator.run.sync import (
-    carry,
+    FIRST,
+    NOT_REUSED,
     code_digest,
     reuse_and_carry,
     reuse_command,
+    seal_and_carry,
     seal_command,
+    sync_code,
     work_key,
 )
 
@@ -66,6 +70,12 @@ def on_node(home: Path, command: str) -> int:
 def test_a_sealed_untouched_snapshot_is_linked_not_copied(tmp_path) -> None:
     home = tmp_path / "home with space"
     root = home / ".clustertrain" / "code"
+    # No snapshot yet, or a latest link whose snapshot is gone: the first copy's.
+    assert on_node(home, reuse_command("r1", "D1")) == FIRST
+    root.mkdir(parents=True)
+    (root / "latest").symlink_to("r0")
+    assert on_node(home, reuse_command("r1", "D1")) == FIRST
+    (root / "latest").unlink()
     snap = code_tree(root / "r1")
     (snap / ".clustertrain").mkdir()
     (snap / ".clustertrain" / "run_worker.py").write_text("runner")
@@ -117,16 +127,16 @@ def test_linked_code_and_the_last_runs_files_come_in_one_round_trip(tmp_path) ->
                                                     python=sys.executable),))
     node = LocalNode(home)
     clients = {"n0": cast(Connection, node)}
-    assert carry(cluster, work, "r1", clients, ["n0"])["n0"]["from"] is None   # WORK's first
+    assert seal_and_carry(cluster, work, "r1", "D1", clients, ["n0"])["n0"].from_ is None
 
     node.runs.clear()
-    assert reuse_and_carry(cluster, work, "r2", "D2", clients) == {}
+    assert reuse_and_carry(cluster, work, "r2", "D2", clients) == {"n0": NOT_REUSED}
     assert not (root / "r2").exists() and len(node.runs) == 1
 
     node.runs.clear()
-    found = reuse_and_carry(cluster, work, "r2", "D1", clients)
+    found = reuse_and_carry(cluster, work, "r2", "D1", clients)["n0"]
     assert len(node.runs) == 1
-    assert found["n0"]["from"] == "r1" and found["n0"]["carried"] == []
+    assert isinstance(found, CarryAnswer) and (found.from_, found.carried) == ("r1", [])
     assert (root / "r2" / "train.py").stat().st_ino == (snap / "train.py").stat().st_ino
     assert os.readlink(root / ".work" / work_key(work)) == "../r2"   # WORK's latest now
 
@@ -141,4 +151,38 @@ def test_a_node_that_carries_with_no_answer_fails_the_launch_naming_it(tmp_path)
                                  "snapshot: it gave no answer")
     node.results = [Result(0, "carried\n", "")]
     with pytest.raises(LaunchError, match="snapshot: its answer was not JSON: carried$"):
-        carry(cluster, tmp_path, "r2", {"n0": cast(Connection, node)}, ["n0"])
+        seal_and_carry(cluster, tmp_path, "r2", "D1", {"n0": cast(Connection, node)}, ["n0"])
+
+
+def test_an_edited_tree_is_sent_as_a_delta_against_the_latest_snapshot(tmp_path) -> None:
+    """The edit-and-run loop: the node has a snapshot of other code; rsync sends only what
+    changed over the node's connection (here a local remote shell, rsync as it runs), every
+    unchanged file is a hard link to the latest snapshot, the new one becomes the latest,
+    sealed: the next run of the same code is linked."""
+    home = tmp_path / "n0"
+    installed(home)
+    root = home / ".clustertrain" / "code"
+    work = code_tree(tmp_path / "work")
+    (work / "lib.py").write_text("X = 1\n")
+    root.mkdir(parents=True)
+    subprocess.run(["cp", "-a", f"{work}/.", str(root / "r1")], check=True)
+    (root / "latest").symlink_to("r1")
+    assert on_node(home, seal_command("r1", "D1")) == 0
+    cluster = Cluster(tmp_path / "hosts", (NodeSpec("n0", SshTarget("127.0.0.1"), "127.0.0.1",
+                                                    python=sys.executable),))
+    clients = {"n0": cast(Connection, LocalNode(home))}
+
+    (work / "train.py").write_text("print('v2')\n")
+    edited = sync_code(cluster, work, "r2", clients=clients)
+    assert (edited.delta, edited.reused) == (["n0"], [])
+    r1, r2 = root / "r1", root / "r2"
+    assert (r2 / "train.py").read_text() == "print('v2')\n"
+    assert (r2 / "lib.py").stat().st_ino == (r1 / "lib.py").stat().st_ino
+    assert (r1 / "train.py").read_text() == "print('v1')\n"   # the old snapshot as it was
+    assert not (r2 / "data" / "model.ckpt").exists()           # .gitignore'd
+    assert os.readlink(root / "latest") == "r2"
+    assert edited.carried["n0"].carried == []
+
+    again = sync_code(cluster, work, "r3", clients=clients)
+    assert (again.delta, again.reused) == ([], ["n0"])
+    assert (root / "r3" / "train.py").stat().st_ino == (r2 / "train.py").stat().st_ino

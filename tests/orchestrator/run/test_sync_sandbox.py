@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -52,36 +54,61 @@ def test_unchanged_code_is_linked_without_a_playbook(sandbox_cluster: Sandbox,
     code = tmp_path / "code"
     code.mkdir()
     (code / "train.py").write_text("print('v1')\n")
+    (code / "lib.py").write_text("X = 1\n")
+    (code / "data.txt").write_text("a line of data\n" * 2000)
+    (code / "keep.py").write_text("Y = 2\n")
     cluster = load_cluster(sandbox_cluster.inventory).select(nodes=2)
     clients = {n.name: ssh.connect(n.name, n.ssh) for n in cluster.nodes}
     root = "/home/alice/.clustertrain/code"
+    run = f"orch-test-reuse-{os.getpid()}"   # a run id is never used twice on a cluster
 
     def sh(node: str, cmd: str) -> str:
         return sandbox_cluster.exec(node, "runuser", "-u", "alice", "--", "sh", "-c",
                                     cmd).stdout.strip()
     try:
-        assert sync_code(cluster, code, "orch-test-reuse-1", clients=clients).reused == []
-        second = sync_code(cluster, code, "orch-test-reuse-2", clients=clients)
+        assert sync_code(cluster, code, f"{run}-1", clients=clients).reused == []
+        second = sync_code(cluster, code, f"{run}-2", clients=clients)
         assert second.reused == ["node0", "node1"]
         for node in ("node0", "node1"):
-            assert sh(node, f"cat {root}/orch-test-reuse-2/train.py") == "print('v1')"
-            assert sh(node, f"stat -c %i {root}/orch-test-reuse-1/train.py") == \
-                sh(node, f"stat -c %i {root}/orch-test-reuse-2/train.py")
-            assert sh(node, f"readlink {root}/latest") == "orch-test-reuse-2"
+            assert sh(node, f"cat {root}/{run}-2/train.py") == "print('v1')"
+            assert sh(node, f"stat -c %i {root}/{run}-1/train.py") == \
+                sh(node, f"stat -c %i {root}/{run}-2/train.py")
+            assert sh(node, f"readlink {root}/latest") == f"{run}-2"
         # The job on node1 wrote into its working directory: node1 is synced again, and
         # what the job wrote is in the next run's working directory (carried: the
         # tutorial's snapshot.pt resumes); node0 is still linked.
-        sh("node1", f"echo partial > {root}/orch-test-reuse-2/out.txt")
-        third = sync_code(cluster, code, "orch-test-reuse-3", clients=clients)
-        assert third.reused == ["node0"]
-        assert sh("node1", f"ls {root}/orch-test-reuse-3") == "out.txt\ntrain.py"
-        assert third.carried["node1"]["carried"] == ["out.txt"]
-        assert third.carried["node0"]["carried"] == []
-        # Edited locally: synced everywhere, and the new code is what runs.
+        sh("node1", f"echo partial > {root}/{run}-2/out.txt")
+        third = sync_code(cluster, code, f"{run}-3", clients=clients)
+        assert (third.reused, third.delta) == (["node0"], ["node1"])
+        assert sh("node1", f"ls {root}/{run}-3") == \
+            "data.txt\nkeep.py\nlib.py\nout.txt\ntrain.py"
+        assert third.carried["node1"].carried == ["out.txt"]
+        assert third.carried["node0"].carried == []
+        # Edited locally: only the edit is sent to every node, over its open connection
+        # (the rest hard-linked to the latest snapshot), and the new code is what runs.
+        # data.txt edited in part and lib.py touched (as a checkout does): most of each
+        # is what the latest snapshot holds.
         (code / "train.py").write_text("print('v2')\n")
-        assert sync_code(cluster, code, "orch-test-reuse-4", clients=clients).reused == []
+        with (code / "data.txt").open("a") as data:
+            data.write("one more line\n")
+        lib_ino = {n: sh(n, f"stat -c %i {root}/{run}-3/lib.py")
+                   for n in ("node0", "node1")}
+        os.utime(code / "lib.py")
+        fourth = sync_code(cluster, code, f"{run}-4", clients=clients)
+        assert (fourth.reused, fourth.delta) == ([], ["node0", "node1"])
         for node in ("node0", "node1"):
-            assert sh(node, f"cat {root}/orch-test-reuse-4/train.py") == "print('v2')"
+            assert sh(node, f"cat {root}/{run}-4/train.py") == "print('v2')"
+            assert sh(node, f"md5sum < {root}/{run}-4/data.txt") == \
+                sh(node, f"echo '{hashlib.md5((code / 'data.txt').read_bytes()).hexdigest()}  -'")
+            assert sh(node, f"cat {root}/{run}-4/lib.py") == "X = 1"
+            assert sh(node, f"stat -c %i {root}/{run}-4/lib.py") != lib_ino[node]
+            assert sh(node, f"stat -c %i {root}/{run}-3/train.py") != \
+                sh(node, f"stat -c %i {root}/{run}-4/train.py")
+            assert sh(node, f"stat -c %i {root}/{run}-3/data.txt") != \
+                sh(node, f"stat -c %i {root}/{run}-4/data.txt")
+            assert sh(node, f"stat -c %i {root}/{run}-3/keep.py") == \
+                sh(node, f"stat -c %i {root}/{run}-4/keep.py")
+            assert sh(node, f"readlink {root}/latest") == f"{run}-4"
     finally:
         for client in clients.values():
             client.close()
