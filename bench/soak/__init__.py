@@ -1,0 +1,1 @@
+"""The soak (issue 69): its history, its invariants."""
