@@ -3,14 +3,17 @@ one that breaks it, the violation naming what a person needs to find it."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import sys
+from datetime import datetime
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
 
-from soak import invariants as inv  # noqa: E402
+from soak import invariants as inv, observe  # noqa: E402
 from soak.history import Cordon, Event, Hold, ProcessSeen, RunSeen, Sample, around  # noqa: E402
 
 OK = RunSeen("r1", "alice", "succeeded", 10.0, 70.0, ("node0", "node1"),
@@ -127,3 +130,37 @@ def test_a_violation_comes_with_the_actions_and_faults_around_it() -> None:
     near = around(history, 60.0, before=30.0, after=5.0)
     assert [e.what for e in near] == ["kill-node", "stop"]
     assert near[1].line() == "     55.0 s  bob      invoke stop run=r1 -> refused"
+
+
+RECORDS = Path(__file__).resolve().parents[1] / "orchestrator" / "record" / "records"
+
+
+def stored(name: str):  # noqa: ANN201 - a Summary
+    from orchestrator.record.summary import Summary
+    return Summary.from_json(json.loads((RECORDS / name).read_text()))
+
+
+def test_a_stored_record_is_read_as_the_invariants_see_it() -> None:
+    """A real run's summary (stored from a sandbox run): on the soak's clock, its nodes,
+    the checkpoints its log says it saved, and the GPUs it held (none on these nodes but
+    what the test says they have: every GPU of each node, as a run beside the queue)."""
+    summary = stored("summary-v2-recovered.json")
+    t0 = datetime.fromisoformat("2026-12-07T19:00:00+00:00").timestamp()
+    shown = ("node0/0 | checkpoint /mnt/cluster/checkpoints/alice/c/ep1.pt (0.12s)",
+             "node0/0 | checkpoint /mnt/cluster/checkpoints/alice/c/ep2.pt (0.10s)",
+             "node0/0 | checkpoint /mnt/cluster/checkpoints/alice/c/ep2.pt (0.11s)")
+    seen = observe.run_seen(summary, "alice", t0, shown, may_recover=True)
+    assert (seen.run_id, seen.status, seen.nodes) == (
+        "20261207-190025-4c07be.r1", "failed", ("node0", "node2"))
+    assert round(seen.start, 3) == 37.088 and round(seen.end or 0, 3) == 43.209
+    assert seen.saved == ("/mnt/cluster/checkpoints/alice/c/ep1.pt",
+                          "/mnt/cluster/checkpoints/alice/c/ep2.pt")
+    assert names(inv.recoverable_runs_finish(inv.Seen(runs=[seen]))) == [
+        "20261207-190025-4c07be.r1 of alice could recover and ended 'failed'"]
+    holds = observe.holds_of(summary, t0, {"node0": 2, "node2": 2})
+    assert [(h.node, h.gpu) for h in holds] == [("node0", 0), ("node0", 1), ("node2", 0),
+                                                ("node2", 1)]
+    queued = dataclasses.replace(summary, info={**summary.info, "slurm": {
+        "job_id": "41", "nodes": ["node0", "node2"], "gpus": {"node0": [1], "node2": [0]}}})
+    assert [(h.node, h.gpu) for h in observe.holds_of(queued, t0, {"node0": 2})] == [
+        ("node0", 1), ("node2", 0)]
