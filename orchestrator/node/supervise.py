@@ -73,7 +73,7 @@ from .requests import Supervise
 from .ring import Counters, Ring, read_state, resolve, ring_socket
 from .space import out_of_space
 from .statefile import StateFile
-from .terminate import stop_tree
+from .terminate import STARTING, STOP_SETTLE, stop_tree
 from .usage import gpus_used
 from .util import detach, read_json, read_pid, redirect, tail_text, write_json
 
@@ -426,6 +426,7 @@ class Supervisor:
         """Tick until torchrun ends; the ending decided meanwhile (torchrun's tree was
         stopped for it), or None."""
         ending: Ending | None = None
+        stopping: threading.Thread | None = None
         looked = time.monotonic()
         while self.proc.poll() is None:
             quiet = _quiet_for(self.job, self.output)
@@ -435,12 +436,17 @@ class Supervisor:
             if ending is None:
                 ending = self._tick(quiet)
                 if ending is not None and ending.stops_tree:
-                    threading.Thread(target=stop_tree, daemon=True,
-                                     args=(self.job, self.args.run, self.args.grace)).start()
+                    stopping = threading.Thread(target=stop_tree, daemon=True, args=(
+                        self.job, self.args.run, self.args.grace))
+                    stopping.start()
             try:
                 self.proc.wait(timeout=BEAT)
             except subprocess.TimeoutExpired:
                 pass
+        if stopping is not None:
+            # torchrun ended first; its workers, in sessions of their own, may not have:
+            # the end is recorded once the stop has ended (or killed) every one of them.
+            stopping.join(timeout=STARTING + self.args.grace + STOP_SETTLE)
         return ending
 
     def _note_first_beat(self) -> None:

@@ -55,6 +55,8 @@ def belongs(pid: int | None, run_id: str) -> bool:
 
 # A supervisor launched a moment ago starts torchrun and records its group within this.
 STARTING = 10.0
+# After the SIGKILL, the killed processes' end is waited for this long (a busy node).
+STOP_SETTLE = 5.0
 # torchrun alone, its workers ended: this long to copy their last output into the log, then
 # SIGKILL. The rest of its end is the interpreter's teardown of torch, worth nothing here
 # and seconds long on a loaded node (64 sandbox nodes on two cores: every torchrun outlived
@@ -134,7 +136,7 @@ def stop_tree(job: str, run_id: str, grace: float) -> dict:
             os.kill(p, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-    deadline = time.monotonic() + 5  # a killed process needs a moment on a busy node
+    deadline = time.monotonic() + STOP_SETTLE
     while tree.members() and time.monotonic() < deadline:
         time.sleep(0.1)
     with open(os.path.join(job, STOPPED_FILE), "w") as fh:

@@ -555,6 +555,49 @@ def slurm_doubles(tmp: Path, squeue_says: str) -> dict[str, str]:
     return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "CLUSTERTRAIN_SLURM_JOB": "77"}
 
 
+def run_processes(run: str) -> list[int]:
+    """The live processes (not zombies) that carry RUN's id in their environment, as the
+    stop finds a run's (node/terminate.py belongs)."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if f"{protocol.RUN_ID_ENV}={run}".encode() in (proc / "environ").read_bytes().split(
+                    b"\0") and (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                found.append(int(proc.name))
+        except (OSError, IndexError):
+            continue   # it ended while we looked, or is not ours to read
+    return found
+
+
+def test_no_process_of_a_stopped_run_outlives_its_recorded_end(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run's Slurm job ended: the node stops the run's tree, and only then records its
+    end and exits. The job's leader ends at once on the group's SIGTERM; its child, in a
+    session of its own as torchrun's workers are, hears nothing of it and is killed after
+    the grace: the supervisor did not exit before that (its stop ran on a thread that its
+    exit cut short, and the child lived on with the run recorded as ended)."""
+    says = tmp_path / "squeue-says"
+    says.write_text("RUNNING\n")
+    for key, value in slurm_doubles(tmp_path, f"$(cat {says})").items():
+        monkeypatch.setenv(key, value)
+    run = f"r{os.getpid()}-left"
+    sup = start(tmp_path, "n0", nodes="n0", run=run)
+    try:
+        output = tmp_path / "n0" / "job" / "output.log"
+        deadline = time.monotonic() + 30
+        while not (output.exists() and "job started" in output.read_text()):
+            assert time.monotonic() < deadline and sup.poll() is None, "the job never started"
+            time.sleep(0.1)
+        says.write_text("CANCELLED\n")   # the job's child runs: Slurm ends the job now
+        assert sup.wait(timeout=60) == 0
+        assert wait_file(tmp_path / "n0" / "job" / "exit")["reason"] == "stopped"
+        assert run_processes(run) == []
+    finally:
+        sup.kill()
+        for pid in run_processes(run):
+            os.kill(pid, 9)
+
+
 def test_a_run_whose_slurm_job_ended_stops_and_says_why(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """scancel of the run's job (or its time limit): the node stops its ranks, its state
