@@ -1,5 +1,6 @@
-"""The soak's invariants (bench/soak/invariants.py), each on a history that keeps it and on
-one that breaks it, the violation naming what a person needs to find it."""
+"""The soak's parts that need no cluster (bench/soak/): each invariant on a history that
+keeps it and on one that breaks it, the violation naming what a person needs to find it;
+a stored record read as the invariants see it; the schedule, from its seed alone."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
 
-from soak import invariants as inv, observe  # noqa: E402
+from soak import invariants as inv, observe, plan as soak_plan  # noqa: E402
 from soak.history import Cordon, Event, Hold, ProcessSeen, RunSeen, Sample, around  # noqa: E402
 
 OK = RunSeen("r1", "alice", "succeeded", 10.0, 70.0, ("node0", "node1"),
@@ -164,3 +167,39 @@ def test_a_stored_record_is_read_as_the_invariants_see_it() -> None:
         "job_id": "41", "nodes": ["node0", "node2"], "gpus": {"node0": [1], "node2": [0]}}})
     assert [(h.node, h.gpu) for h in observe.holds_of(queued, t0, {"node0": 2})] == [
         ("node0", 1), ("node2", 0)]
+
+
+def test_the_schedule_is_its_seeds_and_an_hour_holds_what_the_soak_needs() -> None:
+    """One seed, one schedule (a violation is reproduced by its seed); an hour of it uses
+    every verb of a researcher and of the admin, at least 20 faults of every kind, the
+    pusher's attacks on the others only; stop and attach act on the user's own runs."""
+    hour = soak_plan.plan(7, 3600)
+    assert hour == soak_plan.plan(7, 3600) and hour != soak_plan.plan(8, 3600)
+    assert [a.t for a in hour] == sorted(a.t for a in hour) and hour[-1].t < 3600
+    by_actor: dict[str, set[str]] = {}
+    for a in hour:
+        by_actor.setdefault(a.actor, set()).add(a.verb)
+    cast = soak_plan.Cast()
+    assert set(soak_plan.USER_VERBS) <= set().union(*(by_actor[u] for u in cast.researchers))
+    assert set(soak_plan.ADMIN_VERBS) <= by_actor[cast.admin]
+    faults = [a for a in hour if a.actor == "nemesis"]
+    assert len(faults) >= 20 and {a.verb for a in faults} == set(soak_plan.FAULTS)
+    attacks = [a for a in hour if a.verb in soak_plan.ATTACKS]
+    assert attacks and all(a.actor == cast.pusher and a.args["victim"] != cast.pusher
+                           for a in attacks)
+    starts = {a.ref: a for a in hour if a.verb in soak_plan.STARTS}
+    starts_runs = len([a for a in hour if a.verb in soak_plan.STARTS or a.verb == "sweep"])
+    assert starts_runs >= 100
+    for a in hour:
+        if a.verb in ("stop", "attach"):
+            started = starts[a.ref]
+            assert started.actor == a.actor and started.t < a.t, a
+            if a.verb == "attach":
+                assert started.verb in ("train-detach", "train-recover"), a
+
+
+def test_a_soak_needs_three_researchers_one_of_them_pushing() -> None:
+    with pytest.raises(ValueError, match="three researchers"):
+        soak_plan.Cast(researchers=("bob", "carol"), pusher="bob")
+    with pytest.raises(ValueError, match="the pusher one of them"):
+        soak_plan.Cast(pusher="mallory")
