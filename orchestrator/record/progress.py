@@ -99,6 +99,7 @@ class Straggler:
     step_s: float     # its median step time, in the windows where the node was slower
     median_s: float   # the other nodes' median in those windows
     windows: tuple[int, int] = (0, 0)   # windows it was slower in, of those judged
+    waited_s: float | None = None   # what the others waited for it a step (their wait_s)
 
     @property
     def slower_pct(self) -> int:
@@ -107,34 +108,54 @@ class Straggler:
     def message(self) -> str:
         slow, judged = self.windows
         over = (f" in {slow} of {judged} windows of {WINDOW_S:g} s" if judged else "")
+        waited = (f"; the other nodes waited {self.waited_s:.3f} s a step for it"
+                  if self.waited_s is not None else "")
         return (f"{self.node} is {self.slower_pct} % slower than the median step time "
                 f"(rank {self.rank}: {self.step_s:.3f} s per step, median "
-                f"{self.median_s:.3f} s){over}")
+                f"{self.median_s:.3f} s){over}{waited}")
+
+    @classmethod
+    def from_json(cls, raw: dict) -> Straggler:
+        """A straggler as a summary keeps it (to_json)."""
+        waited = raw.get("waited_s")
+        return cls(raw["node"], raw["rank"], raw["step_s"], raw["median_step_s"],
+                   tuple(raw.get("windows") or (0, 0)),
+                   float(waited) if isinstance(waited, (int, float)) else None)
 
     def to_json(self) -> dict:
         return {"node": self.node, "rank": self.rank, "step_s": round(self.step_s, 6),
                 "median_step_s": round(self.median_s, 6), "slower_pct": self.slower_pct,
-                "windows": list(self.windows)}
+                "windows": list(self.windows),
+                **({"waited_s": round(self.waited_s, 6)} if self.waited_s is not None
+                   else {})}
 
 
 @dataclass(frozen=True)
 class Judged:
     """One node in one window: its slowest rank, that rank's median step time, the other
-    nodes' median, and whether it was slower by the rule."""
+    nodes' median, and whether it was slower by the rule; WAITED_S: what the others
+    waited for it a step, when it was the node they waited for."""
     rank: int
     step_s: float
     reference_s: float
     slow: bool
+    waited_s: float | None = None
 
 
-def judge_window(ranks: dict[tuple[str, int], list[float]]) -> dict[str, Judged]:
+def judge_window(ranks: dict[tuple[str, int], list[float]],
+                 waits: dict[tuple[str, int], list[float]] | None = None
+                 ) -> dict[str, Judged]:
     """Each node of one window, against the other nodes' ranks in it (with MIN_STEPS step
-    times or more); nothing when fewer than two nodes reported."""
+    times or more); nothing when fewer than two nodes reported. A node is slower when its
+    step time is above the others' by the ratio and their spread, or when it is the node
+    the others waited for (WAITS: each rank's wait_s, waited_for): a second noisy node
+    widens the spread and drags the others' median, but not what the waits say."""
     steps = {key: times for key, times in ranks.items() if len(times) >= MIN_STEPS}
     nodes = sorted({node for node, _ in steps})
     if len(nodes) < 2:
         return {}
     medians = {key: statistics.median(times) for key, times in steps.items()}
+    held = waited_for(nodes, medians, waits or {})
     judged = {}
     for node in nodes:
         rank, slowest = max(((r, m) for (n, r), m in medians.items() if n == node),
@@ -144,10 +165,31 @@ def judge_window(ranks: dict[tuple[str, int], list[float]]) -> dict[str, Judged]
         pooled = [t for (n, _), times in steps.items() if n != node for t in times]
         centre = statistics.median(pooled)
         spread = 1.4826 * statistics.median(abs(t - centre) for t in pooled)
+        waited = held[1] if held and held[0] == node else None
         judged[node] = Judged(rank, slowest, reference,
-                              slowest > reference * STRAGGLER_RATIO
-                              and slowest - reference > SPREAD_K * spread)
+                              waited is not None or (slowest > reference * STRAGGLER_RATIO
+                                                     and slowest - reference > SPREAD_K * spread),
+                              waited)
     return judged
+
+
+def waited_for(nodes: list[str], medians: dict[tuple[str, int], float],
+               waits: dict[tuple[str, int], list[float]]) -> tuple[str, float] | None:
+    """The node the others waited for in a window, and how long a step: the node whose
+    ranks waited least (its slowest rank waits for nobody), when the other nodes' median
+    wait exceeds its own by more than STRAGGLER_RATIO's share of their step time. None
+    unless every node's ranks said their waits (MIN_STEPS of them: DDP's measured beats)."""
+    node_wait = {}
+    for node in nodes:
+        mine = [statistics.median(w) for (n, r), w in waits.items()
+                if n == node and (n, r) in medians and len(w) >= MIN_STEPS]
+        if not mine:
+            return None
+        node_wait[node] = min(mine)
+    held = min(nodes, key=lambda n: node_wait[n])
+    waited = statistics.median(w for n, w in node_wait.items() if n != held) - node_wait[held]
+    reference = statistics.median(m for (n, _), m in medians.items() if n != held)
+    return (held, waited) if waited > (STRAGGLER_RATIO - 1) * reference else None
 
 
 def stragglers_of(windows: list[dict[str, Judged]]) -> list[Straggler]:
@@ -159,9 +201,11 @@ def stragglers_of(windows: list[dict[str, Judged]]) -> list[Straggler]:
         if len(mine) < MIN_WINDOWS or len(slow) < MOST * len(mine):
             continue
         rank = statistics.mode(j.rank for j in slow)
+        waited = [j.waited_s for j in slow if j.waited_s is not None]
         found.append(Straggler(node, rank, statistics.median(j.step_s for j in slow),
                                statistics.median(j.reference_s for j in slow),
-                               (len(slow), len(mine))))
+                               (len(slow), len(mine)),
+                               statistics.median(waited) if waited else None))
     return found
 
 
@@ -324,6 +368,8 @@ class Progress:
                     beats = self._windows[index]
                     self._judged[index] = judge_window(
                         {key: [b.step_s for b in bs if b.step_s is not None]
+                         for key, bs in beats.items()},
+                        {key: [b.wait_s for b in bs if b.wait_s is not None]
                          for key, bs in beats.items()})
                     point = point_of(self._wall + index * WINDOW_S, beats, self._judged[index])
                     if point is not None:

@@ -175,9 +175,7 @@ def show(run_id: str, summary: Summary, what: str) -> list[str]:
         lines.append(f"  {node.name:<12} {code:>5}  {node.end_reason:<14} "
                      f"{step:>8} {wait:>8} {rate:>10}")
     for s in summary.stragglers:
-        lines.append("  straggler: " + Straggler(
-            s["node"], s["rank"], s["step_s"], s["median_step_s"],
-            tuple(s.get("windows") or (0, 0))).message())
+        lines.append("  straggler: " + Straggler.from_json(s).message())
     lines += [f"  system: {f['message']}" for f in summary.system_flags
               if isinstance(f, dict) and f.get("message")]
     hang = summary.hang
