@@ -59,8 +59,8 @@ def keep_out(cluster: Cluster, reasons: Mapping[str, str], run_id: str | None,
         cordoned = {}
         for node, why in reasons.items():
             said = cordon_event(cluster, spec, conn, node, CORDON, why, run_id)
-            if said.event is None:
-                say(f"{pre}could not cordon {node}: {why_not(said)}")
+            if said.error:
+                say(f"{pre}could not cordon {node}: {said.error}")
             else:
                 cordoned[node] = why
         drained = _drain(cluster, reasons, pre, conn, say)
@@ -72,11 +72,6 @@ def keep_out(cluster: Cluster, reasons: Mapping[str, str], run_id: str | None,
             f"keep it out until `python -m orchestrator uncordon {node}` once it is fixed "
             "(or a clean `doctor` on it)")
     return KeptOut(cordoned, drained)
-
-
-def why_not(said: CordonAnswer) -> str:
-    """Why a cordon event was not recorded, as its node answered."""
-    return said.refused or said.error or "its node answered no event"
 
 
 def cordon_event(cluster: Cluster, spec: NodeSpec, conn: nodelib.Runs, node: str,
@@ -126,8 +121,8 @@ def uncordon(cluster: Cluster, node: str, why: str = "") -> str:
     try:
         said = cordon_event(cluster, first, conn, node, UNCORDON,
                             why or "returned to service", None)
-        if said.event is None:
-            raise ClusterError(f"uncordon {node}: {why_not(said)}")
+        if said.refused or said.error:
+            raise ClusterError(f"uncordon {node}: {said.refused or said.error}")
         held = said.held
         if held:
             authors = " and ".join(dict.fromkeys(c["by"] for c in held))
