@@ -65,3 +65,31 @@ def test_a_cordon_answered_with_no_json_is_said_as_the_nodes_failure() -> None:
     failed = cordon_event(cluster, asker, Canned(Result(1, "", "OSError: read-only\n")),
                           "node1", CORDON, "lost", "r1")
     assert failed == CordonAnswer(error="OSError: read-only")
+
+
+def test_uncordon_of_a_node_nothing_holds_is_done(tmp_path: Path, monkeypatch) -> None:
+    """The real node program answers an uncordon with no cordon to lift with no event
+    (`"event": null`): nothing held, nothing written, and `uncordon` returns it to service
+    without an error (an answer typed more strictly once refused it, and doctor's tests,
+    which uncordon the nodes they may have cordoned, failed on it)."""
+    import sys
+
+    from orchestrator.cluster import drain
+    from orchestrator.cluster.ssh import SshTarget as Target
+
+    from ..local_node import LocalNode, installed
+
+    class Node(LocalNode):
+        def close(self) -> None:
+            pass
+
+    home = tmp_path / "home"
+    installed(home)
+    share = tmp_path / "share"
+    (share / "cordons").mkdir(parents=True, mode=0o1777)   # as the nfs_server role makes it
+    cluster = Cluster(tmp_path / "hosts.yml", (
+        NodeSpec("node0", Target("127.0.0.1"), "127.0.0.1", python=sys.executable),
+        NodeSpec("node1", Target("127.0.0.2"), "127.0.0.2", python=sys.executable)),
+        shared_path=str(share))
+    monkeypatch.setattr(drain.ssh, "connect", lambda name, target: Node(home))
+    assert drain.uncordon(cluster, "node1") == ""   # no Slurm: nothing more to say
