@@ -23,6 +23,7 @@
   torch      import torch in this Python and say what it sees (fingerprint.py)
   carry      what a job wrote in its working directory, into the next run's (carry.py)
   worker     run one training worker to a clean end (worker.py; torchrun starts it)
+  torchrun   torch's torchrun, its agents leaving the end together (torchrun.py)
 
 A verb that answers prints its answer, the dataclass its request names (requests.py
 ANSWER, answers.py), as one JSON object on the last line of its output.
@@ -185,7 +186,8 @@ def _carry(r: rq.Carry) -> int:
         carry(os.path.expanduser(r.code_root), r.run, r.key)))
 
 
-# Every verb but `worker` (its script's own arguments follow: main hands them on unparsed).
+# Every verb but `worker` and `torchrun` (the script's or torchrun's own arguments follow:
+# main hands them on unparsed).
 VERBS: dict[str, Verb] = {v.request.VERB: v for v in (
     Verb(rq.Supervise, _supervise), Verb(rq.Standby, _standby),
     Verb(rq.RecoveryPlan, _recovery_plan), Verb(rq.Follow, _follow), Verb(rq.Stop, _stop),
@@ -216,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
         from . import worker
         worker.main(argv[1:])
         return 0  # not reached: the worker leaves with os._exit
+    if argv[:1] == ["torchrun"]:  # torchrun's own arguments: torch parses them
+        from . import torchrun
+        return torchrun.main(argv[1:])
     args = _parser(argv[0] if argv else None).parse_args(argv)
     spec = VERBS[args.verb]
     return spec.handle(spec.request.from_args(args))

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import slurmjob, sysmetrics
+from . import slurmjob, sysmetrics, torchrun
 from .carry import kept
 from .dump import dump_workers, py_spy_for
 from .protocol import (
@@ -357,6 +357,13 @@ def _stopped_before_start(args: Supervise) -> None:
     write_json(os.path.join(args.job, EXIT_FILE), final)
 
 
+def _entry() -> str:
+    """node.py beside this package (~/.clustertrain/lib/<version>/node.py on a node; in a
+    checkout, where there is none, torchrun is started as it is: torchrun.command)."""
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))), "node.py")
+
+
 def _start(args: Supervise, secret_env: dict[str, str]) -> subprocess.Popen:
     """torchrun in a session of its own, its output in JOB/output.log, its process group
     in JOB/pgid; old runs' files are pruned while it starts, not before."""
@@ -365,7 +372,8 @@ def _start(args: Supervise, secret_env: dict[str, str]) -> subprocess.Popen:
     with open(os.path.join(job, OUTPUT_LOG), "ab") as out:
         # The job's secret variables reach torchrun and its workers in their environment
         # (which only this user and root can read), never on a command line.
-        proc = subprocess.Popen(list(args.rest), stdin=subprocess.DEVNULL, stdout=out,
+        proc = subprocess.Popen(torchrun.command(list(args.rest), _entry()),
+                                stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True,
                                 env={**os.environ, **secret_env} if secret_env else None)
     with open(os.path.join(job, PGID_FILE), "w") as fh:

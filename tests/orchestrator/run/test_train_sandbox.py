@@ -229,6 +229,9 @@ def test_ctrl_c_leaves_no_process(sandbox_cluster: Sandbox, tmp_path: Path) -> N
               "--sleep", "600")
     t.wait_for("sum 3 ok", count=2)
     assert sandbox_cluster.job_processes("node0") and sandbox_cluster.job_processes("node1")
+    # the agents are torchrun as the node package runs it (node/torchrun.py), and stop alike
+    assert all(any("node.py torchrun --nnodes 2" in p for p in sandbox_cluster.job_processes(n))
+               for n in ("node0", "node1"))
     t.proc.send_signal(signal.SIGINT)
     sent = time.monotonic()
     code = t.finish(timeout=30)
