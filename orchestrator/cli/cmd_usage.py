@@ -1,6 +1,8 @@
 """`usage [--since DATE] [--runs] [--all]`: node- and GPU-hours per user (and per run),
 the GPU-hours that sat idle (IDLE), and the runs that held GPUs idle for an hour or more,
-from the runs' records on the share (node/usage.py says how a run is counted)."""
+from the runs' records on the share and, for runs folded away after FOLD_AFTER, their
+users' ledgers by the day (node/usage.py says how a run is counted, node/fold.py when one
+is folded)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from ..cluster.inventory import load_cluster
 from ..cluster.share_usage import run_usage
 from ..errors import InputError
 from ..node.answers import UsageAnswer
+from ..node.fold import FOLD_AFTER
 from ..node.sysmetrics import GPU_IDLE_PCT
 from . import values
 
@@ -26,7 +29,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "whose GPUs did nothing (IDLE), and the runs and notebooks that held "
                        "GPUs idle for an hour or more, from the runs' records on the share: "
                        "every run of every way of starting one (attached, detached, queued, "
-                       "notebooks). Yours; an admin sees "
+                       f"notebooks). A run that ended over {FOLD_AFTER / 86400:.0f} days ago "
+                       "is folded into its user's ledger on the share by a later run's start "
+                       "and counted from there by the UTC day (a day counts whole when most "
+                       "of it lies in the window), with no line of its own. Yours; an admin "
+                       "sees "
                        "everyone's with --all (as root, through sudo). On a Slurm cluster, "
                        "Slurm's own accounting (sacct) of the same window follows: every "
                        "allocation, whatever started it.")
@@ -87,6 +94,11 @@ def table(found: UsageAnswer, runs: bool = False) -> list[str]:
                          f"{r.node_hours:>12.2f}{r.gpu_hours:>11.2f}"
                          f"{r.idle_gpu_hours:>8.2f}  "
                          f"{_when(r.start):<17} {_when(r.end)}")
+    for user, f in found.ledger.items():
+        lines.append(f"folded: {user}'s runs of {f.first_day} to {f.last_day} (UTC days; "
+                     f"{f.runs} started then) are counted by the day from the usage ledger: "
+                     f"their records were folded {FOLD_AFTER / 86400:.0f} days after they "
+                     "ended")
     for r in sorted(found.idle, key=lambda r: -r.idle_gpu_hours):
         lines.append(f"idle: {r.run} ({r.user}, {', '.join(r.nodes)}) held "
                      f"{r.idle_gpu_hours:.2f} of its {r.gpu_hours:.2f} GPU-hours with "

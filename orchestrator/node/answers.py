@@ -389,6 +389,18 @@ class UserUsage:
 
 
 @dataclass(frozen=True)
+class LedgerUsage:
+    """The part of a user's figures their usage ledger gave (ledger.py): the runs folded
+    away, counted by the UTC days FIRST_DAY to LAST_DAY inside the window."""
+    runs: int
+    node_hours: float
+    gpu_hours: float
+    idle_gpu_hours: float
+    first_day: str
+    last_day: str
+
+
+@dataclass(frozen=True)
 class SlurmUser:
     """One user's allocations in Slurm's accounting (sacct.py)."""
     jobs: int
@@ -406,13 +418,15 @@ class SlurmUsage:
 @dataclass(frozen=True)
 class UsageAnswer(Answer):
     """`usage` (usage.py usage): node- and GPU-hours per run and user from SINCE on, the
-    runs whose GPUs sat IDLE, what was not read or counted; with --sacct, Slurm's word."""
+    runs whose GPUs sat IDLE, what was not read or counted; the part of USERS that the
+    users' ledgers gave (LEDGER: folded runs, by the day); with --sacct, Slurm's word."""
     since: float
     runs: list[RunUsage]
     users: dict[str, UserUsage]
     idle: list[RunUsage]
     unread: list[Unread]
     refused: list[Unread]
+    ledger: dict[str, LedgerUsage] = field(default_factory=dict)
     slurm: SlurmUsage | None = None
 
 

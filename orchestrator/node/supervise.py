@@ -366,7 +366,9 @@ def _entry() -> str:
 
 def _start(args: Supervise, secret_env: dict[str, str]) -> subprocess.Popen:
     """torchrun in a session of its own, its output in JOB/output.log, its process group
-    in JOB/pgid; old runs' files are pruned while it starts, not before."""
+    in JOB/pgid; old runs' files are pruned while it starts, not before, and on node 0 the
+    user's runs on the share that ended long ago are folded into their usage ledger
+    (fold.py)."""
     job = args.job
     os.makedirs(os.path.join(job, FR_SUBDIR), exist_ok=True)  # torch's timeout dumps too
     with open(os.path.join(job, OUTPUT_LOG), "ab") as out:
@@ -381,7 +383,15 @@ def _start(args: Supervise, secret_env: dict[str, str]) -> subprocess.Popen:
     if args.keep_runs:
         threading.Thread(target=prune, args=(os.path.dirname(os.path.dirname(job)),
                                               args.keep_runs, args.run), daemon=True).start()
+    if args.nodes and args.node == args.nodes[0]:   # the user's old records on the share
+        threading.Thread(target=_fold, args=(args.state_dir,), daemon=True).start()
     return proc
+
+
+def _fold(state_dir: str) -> None:
+    """The user's old records folded (fold.py, imported here: not on the launch's way)."""
+    from .fold import fold_quietly
+    fold_quietly(state_dir)
 
 
 class Supervisor:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import fcntl
 import os
+import pwd
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,3 +52,32 @@ def shm_share() -> Iterator[Path]:
             yield SHM
         finally:
             shutil.rmtree(SHM / "checkpoints", ignore_errors=True)
+
+
+PEOPLE = ("alice", "bob")
+
+
+@pytest.fixture(scope="module")
+def people() -> Iterator[None]:
+    """alice and bob, real users of this machine (made here when missing, removed after)."""
+    if os.geteuid() != 0:
+        pytest.skip("records of other owners need root")
+    made = []
+    for name in PEOPLE:
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            subprocess.run(["useradd", "-M", "-N", "-s", "/usr/sbin/nologin", name],
+                           check=True, capture_output=True)
+            made.append(name)
+    yield
+    for name in made:
+        subprocess.run(["userdel", name], check=False, capture_output=True)
+
+
+def give(path: Path, owner: str, top: Path) -> None:
+    """PATH and every directory above it up to TOP, OWNER's."""
+    pw = pwd.getpwnam(owner)
+    while path != top:
+        os.lchown(path, pw.pw_uid, pw.pw_gid)
+        path = path.parent

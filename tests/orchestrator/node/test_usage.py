@@ -8,51 +8,22 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
-import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from orchestrator.cli.cmd_usage import since_of, table
 from orchestrator.errors import InputError
-from orchestrator.node import usage
+from orchestrator.node import ledger, usage
 from orchestrator.node.answers import UsageAnswer
+
+from .conftest import give
 
 NOW = 1_800_000_000.0
 H = 3600.0
+D = 86400.0
 SINCE = NOW - 24 * H
-
-
-PEOPLE = ("alice", "bob")
-
-
-@pytest.fixture(scope="module")
-def people() -> Iterator[None]:
-    """alice and bob, real users of this machine (made here when missing, removed after)."""
-    if os.geteuid() != 0:
-        pytest.skip("records of other owners need root")
-    made = []
-    for name in PEOPLE:
-        try:
-            pwd.getpwnam(name)
-        except KeyError:
-            subprocess.run(["useradd", "-M", "-N", "-s", "/usr/sbin/nologin", name],
-                           check=True, capture_output=True)
-            made.append(name)
-    yield
-    for name in made:
-        subprocess.run(["userdel", name], check=False, capture_output=True)
-
-
-def give(path: Path, owner: str, top: Path) -> None:
-    """PATH and every directory above it up to TOP, OWNER's."""
-    pw = pwd.getpwnam(owner)
-    while path != top:
-        os.lchown(path, pw.pw_uid, pw.pw_gid)
-        path = path.parent
 
 
 def record(share: Path, user: str, run: str, node: str, owner: str | None = None,
@@ -138,6 +109,34 @@ def test_a_node_whose_supervisor_went_silent_ended_at_its_last_word(tmp_path: Pa
     runs = {r["run"]: r for r in usage.usage(str(tmp_path), SINCE, NOW)["runs"]}
     assert runs["a3"]["end"] == NOW - H and runs["a3"]["node_hours"] == 1.5
     assert runs["a4"]["end"] is None   # its supervisor wrote a minute ago: still running
+
+
+def test_a_users_ledger_counts_its_days_in_the_window_and_its_pending_runs_once(
+        share: Path) -> None:
+    """bob's runs folded away (node/fold.py) count from his ledger: its days whose middle
+    lies in the window, whole; a run it names pending (counted, its directory not removed
+    yet) is not counted again from its records. The table says which days it gave."""
+    day = ledger.day_of(SINCE + 4 * H)   # its middle inside the window, the day before's not
+    before = ledger.day_of(SINCE - D)
+    book = ledger.Ledger({before: ledger.Day(5, 10 * H, 80 * H, 0.0),
+                          day: ledger.Day(2, 4 * H, 8 * H, 2 * H)}, pending=["b1"])
+    path = share / "checkpoints/bob/.clustertrain" / ledger.LEDGER
+    path.write_text(json.dumps(book.to_json()))
+    give(path, "bob", share / "checkpoints")
+    found = usage.usage(str(share), SINCE, NOW)
+    assert found["users"]["bob"] == {"runs": 2, "node_hours": 4.0, "gpu_hours": 8.0,
+                                     "idle_gpu_hours": 2.0}
+    assert found["ledger"] == {"bob": {"runs": 2, "node_hours": 4.0, "gpu_hours": 8.0,
+                                       "idle_gpu_hours": 2.0, "first_day": day,
+                                       "last_day": day}}
+    assert "b1" not in {r["run"] for r in found["runs"]}
+    assert found["users"]["alice"]["gpu_hours"] == 16.0   # hers as before: no ledger
+    lines = table(UsageAnswer.from_json(found))
+    assert f"folded: bob's runs of {day} to {day} (UTC days; 2 started then) are counted " \
+        "by the day from the usage ledger: their records were folded 30 days after they " \
+        "ended" in lines, lines
+    earlier = usage.usage(str(share), SINCE - D, NOW)["ledger"]["bob"]
+    assert (earlier["first_day"], earlier["runs"], earlier["gpu_hours"]) == (before, 7, 88.0)
 
 
 def test_the_gpus_a_nodes_part_uses() -> None:
