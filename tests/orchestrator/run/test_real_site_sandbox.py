@@ -64,7 +64,7 @@ def test_two_users_train_at_once_each_as_themselves(sandbox_cluster: Provisioned
     # shares the nodes knowingly (--share-gpus): without it, whichever preflight saw the
     # other's supervisors would refuse (test_busy_sandbox.py).
     alice = start_train(alice_inv, alice_runs, "--nodes", "3", "--share-gpus", "train.py",
-                        "--", "--epochs", "3", "--run-name", "site-alice", *SMALL)
+                        "--", "--epochs", "2", "--run-name", "site-alice", *SMALL)
     bob = start_train(bob_inv, bob_runs, "--nodes", "3", "--share-gpus", "train.py", "--",
                       "--epochs", "2", "--run-name", "site-bob", *SMALL)
     try:
