@@ -32,19 +32,22 @@ LEFT_KEY = "clustertrain/agents-left"   # in the agents' store: how many have pa
 LINGER = 15.0   # seconds an agent waits at most for the others to count themselves out
 POLL = 0.05     # seconds between two looks at the count
 VERB = "torchrun"
+ENTRY_POINT = b"from torch.distributed.run import main"   # what pip and conda write
 _WRAPPED = "_clustertrain_waits_for_all"
 
 
 def interpreter(script: str) -> str | None:
-    """The Python that SCRIPT's first line (#!) names, or None: not a script, or a first
-    line that is more than one Python's path (conda writes `#!/bin/sh` with an `exec`
-    for a path too long for #!)."""
+    """The Python that SCRIPT, torch's torchrun console script, names on its first line
+    (#!), or None: not such a script (a wrapper of a site's own, a test's double), or a
+    first line that is more than one Python's path (conda writes `#!/bin/sh` with an
+    `exec` for a path too long for #!)."""
     try:
         with open(script, "rb") as fh:
-            first = fh.readline(512)
+            head = fh.read(4096)
     except OSError:
         return None
-    if not first.startswith(b"#!"):
+    first, _, rest = head.partition(b"\n")
+    if not first.startswith(b"#!") or ENTRY_POINT not in rest:
         return None
     words = first[2:].decode(errors="replace").split()
     if len(words) != 1 or not os.path.basename(words[0]).startswith("python"):

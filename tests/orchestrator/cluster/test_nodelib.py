@@ -39,8 +39,8 @@ NODE = Path(nodelib.__file__).resolve().parents[1] / "node"
 ORCHESTRATOR = NODE.parent
 REPO = ORCHESTRATOR.parent
 # What runs in the job's environment rather than the node's bare Python imports torch when
-# it runs: the doctor's measurements, and the torch check of the fingerprint.
-TORCH_WHEN_RUN = {"doctor.py", "fingerprint.py"}
+# it runs: the doctor's measurements, the torch check of the fingerprint, and torchrun.
+TORCH_WHEN_RUN = {"doctor.py", "fingerprint.py", "torchrun.py"}
 
 
 def imports(tree: ast.AST, top_level: bool) -> set[str]:

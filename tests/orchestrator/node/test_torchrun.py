@@ -107,18 +107,23 @@ def test_the_command_runs_the_scripts_own_python(tmp_path: Path) -> None:
     entry = tmp_path / "node.py"
     entry.write_text("")
     script = tmp_path / "torchrun"
-    script.write_text("#!/opt/env/bin/python3.11\nimport sys\n")
+    script.write_text("#!/opt/env/bin/python3.11\nimport sys\n"
+                      "from torch.distributed.run import main\nsys.exit(main())\n")
     assert torchrun.command([str(script), "--nnodes", "2", "job.py"], str(entry)) == [
         "/opt/env/bin/python3.11", str(entry), "torchrun", "--nnodes", "2", "job.py"]
 
 
-@pytest.mark.parametrize("first", ["#!/bin/sh\n", "#!/usr/bin/env python3\n", "import sys\n"])
-def test_a_torchrun_that_names_no_python_of_its_own_runs_as_it_is(
+@pytest.mark.parametrize("first", [
+    "#!/bin/sh\n", "#!/usr/bin/env python3\n", "import sys\n",
+    "#!/opt/env/bin/python3\nimport runpy\n",   # a python script, not torch's torchrun
+])
+def test_a_torchrun_that_is_not_torchs_own_with_a_python_of_its_own_runs_as_it_is(
         tmp_path: Path, first: str) -> None:
     entry = tmp_path / "node.py"
     entry.write_text("")
     script = tmp_path / "torchrun"
-    script.write_text(first)
+    script.write_text(first + ("" if "runpy" in first
+                               else "from torch.distributed.run import main\n"))
     argv = [str(script), "--nnodes", "2", "job.py"]
     assert torchrun.command(argv, str(entry)) == argv
     assert torchrun.command(argv, str(tmp_path / "none.py")) == argv   # no node.py there
