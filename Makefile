@@ -143,20 +143,21 @@ bench: test-deps test-venv
 	$(PY) bench/ring_mac.py
 
 # Everything CI runs (.ci/run calls this). The sandbox tests' two shared clusters
-# (tests/shared_cluster.py: sandbox up, then their site.yml runs at once) are made first,
-# and they have the cores first: the sandbox tests wait for them, nothing waits for the
-# rest. Beside them, in the background at nice UNIT_NICE, the unit tests, then at nice 19:
-# lint (CPU only, nothing timed), the sandbox tests that make sandboxes of their own
-# (marker own_sandbox), molecule's scenarios one at a time (they mostly wait on containers
-# and SSH); their output kept until the end. The unit tests go on while the sandbox tests
-# run, in the time those spend waiting (a node's death to be noticed, a timeout to pass).
-# Once the clusters are ready, the sandbox tests in two lanes, each on a cluster of its own
-# (a test file at a time, the files with a long test first; each lane's time per file is
-# printed at the end), all but the `extended` scenarios (make test-extended;
-# docs/sandbox.md). The tests send Ctrl-C to the trains they start, which SIGINT ignored
-# by a background start would defeat: tests/conftest.py restores it. The failed tests are
-# named again at the very end.
-UNIT_NICE ?= 5
+# (tests/shared_cluster.py: sandbox up, then their site.yml runs at once) are made in the
+# background while the unit tests run (in a session of its own, so that a failing unit stage
+# stops it; the clusters are removed on every exit). Once the unit tests pass, at nice 19
+# (what the clusters and the sandbox tests leave of the cores), their output kept until the
+# end: lint (CPU only, nothing timed), the sandbox tests that make sandboxes of their own
+# (marker own_sandbox), then molecule's scenarios one at a time (they mostly wait on
+# containers and SSH). Begun there, not once the clusters are ready, they end with the
+# sandbox tests rather than a minute after them (the unit tests ended 45 s before the
+# clusters were ready, measured). Once the clusters are ready, the sandbox tests in two
+# lanes, each on a cluster of its own (a test file at a time, the files with a long test
+# first; each lane's time per file is printed at the end), all but the `extended` scenarios
+# (make test-extended; docs/sandbox.md). The cores are busy throughout: two lanes on two
+# cores, no more. The tests send Ctrl-C to the trains they start, which SIGINT ignored by a
+# background start would defeat: tests/conftest.py restores it. The failed tests are named
+# again at the very end.
 FAILED := .cache/failed-tests
 SHARED := .cache/shared-cluster
 test: test-deps test-venv
@@ -171,28 +172,26 @@ test: test-deps test-venv
 	echo "making the shared clusters $$names beside the unit tests ($(SHARED).log)"; \
 	setsid sh -c '$(PY) -m tests.shared_cluster up $$1 >$(SHARED).json 2>$(SHARED).log; \
 	  echo $$? >$(SHARED).rc' sh "$$names" & prov=$$!; started=$$(date +%s); \
-	( nice -n $(UNIT_NICE) $(PYTEST_UNIT) -m "not sandbox and not e2e" --durations=10; unit=$$?; \
-	  echo "the unit tests ended $$(( $$(date +%s) - started )) s after they were begun"; \
-	  nice -n 19 $(MAKE) --no-print-directory lint; lint=$$?; \
+	$(PYTEST_UNIT) -m "not sandbox and not e2e" --durations=10; rc=$$?; \
+	echo "the unit tests ended $$(( $$(date +%s) - started )) s after they were begun"; \
+	if [ $$rc -ne 0 ]; then kill -TERM -- -$$prov 2>/dev/null; wait $$prov; failed; \
+	  exit $$rc; fi; \
+	( nice -n 19 $(MAKE) --no-print-directory lint; lint=$$?; \
 	  nice -n 19 $(BIN)/pytest -m own_sandbox -q -p no:cacheprovider \
 	    --basetemp=.cache/own-sandbox-tmp; own=$$?; \
-	  nice -n 19 $(MAKE) --no-print-directory molecule-all MOLECULE_JOBS=1; mol=$$?; \
-	  echo "unit tests: exit $$unit; lint: exit $$lint; own-sandbox tests: exit $$own; \
-	    molecule: exit $$mol"; \
-	  [ $$unit -eq 0 ] && [ $$lint -eq 0 ] && [ $$own -eq 0 ] && [ $$mol -eq 0 ] \
+	  nice -n 19 $(MAKE) --no-print-directory molecule-all MOLECULE_JOBS=1; \
+	  mol=$$?; [ $$lint -eq 0 ] && [ $$own -eq 0 ] && [ $$mol -eq 0 ] \
 	) >.cache/molecule-logs/all.log 2>&1 & \
-	background=$$!; \
+	molecule=$$!; \
 	wait $$prov; cat $(SHARED).log; \
 	echo "the shared clusters were ready $$(( $$(date +%s) - started )) s after they were begun"; \
 	if [ "$$(cat $(SHARED).rc 2>/dev/null)" = 0 ]; then \
 	  CLUSTERTRAIN_TEST_SANDBOX=$$name-a,$$name-b $(MAKE) --no-print-directory sandbox-tests \
 	    LANES=2 SANDBOX_SELECT="(sandbox or e2e) and not own_sandbox and not extended"; rc=$$?; \
 	else echo "the shared clusters could not be made: no sandbox test ran"; rc=1; fi; \
-	echo "the sandbox tests ended $$(( $$(date +%s) - started )) s after the start"; \
-	wait $$background; mol=$$?; \
+	wait $$molecule; mol=$$?; \
 	cat .cache/molecule-logs/all.log; \
-	echo "the unit tests, lint, own-sandbox tests and molecule ended $$(( $$(date +%s) - started )) s after the start"; \
-	echo "sandbox tests: exit $$rc; unit tests, lint, own-sandbox tests and molecule: exit $$mol"; \
+	echo "sandbox tests: exit $$rc; lint, own-sandbox tests and molecule: exit $$mol"; \
 	failed; [ $$rc -eq 0 ] && [ $$mol -eq 0 ]
 
 demo: deps venv
