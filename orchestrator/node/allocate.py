@@ -8,17 +8,20 @@ user or per-job GPUs, the partition's nodes or MaxTime) is refused: one line {"e
 "over-limit", "nodes", "gpus_per_node", "limits"} says which, and the command ends with
 exit 2. The partition's limits are checked before anything is submitted, the QOS's while
 salloc submits (Slurm refuses a request above a DenyOnLimit QOS itself; a job waiting
-above another QOS's limit is cancelled). Else `salloc --no-shell` asks for the allocation
-(G GPUs per node; all: as many as the nodes with the fewest have). While it waits, a JSON
+above another QOS's limit is cancelled). Else a batch job asks for the allocation (G GPUs
+per node; all: as many as the nodes with the fewest have), its script (HOLD) holding it
+and doing nothing else: the run's steps come beside it (srun --overlap). While it waits, a JSON
 line is printed each time what Slurm says of the job changes: {"event": "pending", "job",
 "user", "reason", "position", "holders"} (user: the job's; holders: the running jobs, with
 their user, nodes and GPUs per node). Once granted: {"event": "granted", "job", "nodes",
 "gpus"} (gpus: each node's GPU indices). Then it reads its standard input to the end,
 which comes when the controller's `train` ends, however it ends (Ctrl-C, a closed
 terminal, kill -9: the SSH connection closes), and cancels the job: nothing is left in the
-queue. SIGHUP is ignored, so that a closing session cannot skip the cancel. The line KEEP
-instead leaves the granted job to the run (a detached run: its supervisors cancel it when
-it ends, node/slurmjob.py) and ends this command.
+queue. SIGHUP is ignored, so that a closing session cannot skip the cancel. A line
+`END C` before the end says how the run ended (C 0: it succeeded): the job then ends as
+the run did, COMPLETED or FAILED in Slurm's accounting, not CANCELLED (end_job). The line
+KEEP instead leaves the granted job to the run (a detached run: its supervisors end it
+when it ends, node/slurmjob.py) and ends this command.
 """
 
 from __future__ import annotations
@@ -33,12 +36,19 @@ import threading
 import time
 
 from . import queuelimits
+from .slurmjob import end_job
 
-POLL = 1.0   # seconds between two looks at a waiting job (the first after one)
-TICK = 0.05  # seconds between two looks at salloc
-_JOB_RE = re.compile(r"job allocation (\d+)")
+POLL = 1.0   # seconds between two looks at a waiting job's reason and place
+TICK = 0.25  # seconds between two looks at whether the job was granted
+SUBMIT_WAIT = 60.0   # seconds sbatch may take to answer
 _GRES_IDX = re.compile(r"gpu(?::[^(\s]*)?\(IDX:([0-9,-]*)\)")
 KEEP = "keep"
+END = "end"
+# The batch job's script: it holds the allocation until it is told how the run ended
+# (slurmjob.end_job: USR1 succeeded, USR2 failed) or the job is cancelled. A trap runs as
+# soon as the signal comes while the shell waits on its sleep.
+HOLD = ("trap 'exit 0' USR1; trap 'exit 1' USR2; "
+        "while :; do sleep 5 & wait $!; done")
 
 
 def say(event: dict) -> None:
@@ -122,47 +132,73 @@ def over_limit(ask: queuelimits.Ask, over: list[queuelimits.Breach]) -> int:
     return 2
 
 
-def watch_input() -> tuple[threading.Event, threading.Event]:
-    """(ended, kept): set when the standard input ends (the controller's `train` is gone),
-    and when it said KEEP (ended then too)."""
-    ended, kept = threading.Event(), threading.Event()
+class Input:
+    """What the controller's `train` says on the standard input, read in a thread: KEEP
+    (a detached run: leave the job to it), END C (the run ended, C 0 if it succeeded), and
+    when the input ends (`train` is gone, however it went); `ended` is set then."""
 
-    def watch() -> None:
-        try:
-            for line in sys.stdin:
-                if line.strip() == KEEP:
-                    kept.set()
-                    return
-        finally:
-            ended.set()
-
-    threading.Thread(target=watch, daemon=True).start()
-    return ended, kept
-
-
-class Salloc:
-    """salloc started with ARGV, its output read as it comes: the job's id once Slurm
-    has given one, and every line it said."""
-
-    def __init__(self, argv: list[str]) -> None:
-        self.job, self.lines = "", list[str]()
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True)
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
+    def __init__(self) -> None:
+        self.ended, self.kept = threading.Event(), threading.Event()
+        self.code: int | None = None
+        threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip())
-            found = _JOB_RE.search(line)
-            if found:
-                self.job = found.group(1)
+        try:
+            for line in sys.stdin:
+                word, _, code = line.strip().partition(" ")
+                if word == KEEP:
+                    self.kept.set()
+                    return
+                if word == END and code.lstrip("-").isdigit():
+                    self.code = int(code)
+        finally:
+            self.ended.set()
+
+
+def submit(name: str, asked: list[str], args: list[str]) -> tuple[str, list[str], int]:
+    """(the job's id, what sbatch said, its exit status): the holding batch job submitted
+    (HOLD), which Slurm starts on the first of its nodes once it grants them."""
+    try:
+        proc = subprocess.run(["sbatch", "--parsable", f"--job-name={name}", "--chdir=/",
+                               "--output=/dev/null", "--error=/dev/null", f"--wrap={HOLD}",
+                               *asked, *args], capture_output=True, text=True,
+                              timeout=SUBMIT_WAIT, check=False)
+    except subprocess.TimeoutExpired:
+        return "", [f"sbatch did not answer in {SUBMIT_WAIT:.0f} s (slurmctld down?)"], 1
+    said = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    first = proc.stdout.strip().split(";")[0] if proc.returncode == 0 else ""
+    return (first if first.isdigit() else ""), said, proc.returncode
+
+
+def cancel(job: str, name: str) -> None:
+    """Cancel JOB, and any job of this user's named NAME (a submission whose answer was
+    lost): nothing of the run is left in the queue."""
+    user = os.environ.get("USER") or str(os.getuid())
+    try:
+        if job:
+            slurm("scancel", job)
+        slurm("scancel", f"--name={name}", f"--user={user}")
+    except (OSError, subprocess.TimeoutExpired):
+        pass   # no Slurm client here: nothing was queued
+
+
+def job_state(job: str) -> str | None:
+    """JOB's state as squeue says it ('' once Slurm has forgotten it), None when Slurm
+    does not answer (slurmctld restarting): not an end."""
+    try:
+        done = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True,
+                              text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0 and "invalid job id" not in done.stderr.lower():
+        return None
+    out = done.stdout.split()
+    return out[0] if out else ""
 
 
 def main(name: str, gpus_per_node: str, salloc_args: list[str]) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    ended, kept = watch_input()
+    given = Input()
     asked = gres(gpus_per_node)
     ask = queuelimits.Ask.from_salloc(salloc_args, asked)
     part = queuelimits.partition(ask)
@@ -170,58 +206,61 @@ def main(name: str, gpus_per_node: str, salloc_args: list[str]) -> int:
     if over:   # it would wait for ever: refused before anything is queued
         return over_limit(ask, over)
     # The QOS's limits, from Slurm's accounting (a third of a second away), are read
-    # beside salloc: Slurm refuses a request above a QOS with DenyOnLimit (the role's)
-    # itself, and a job that waits above another QOS's is cancelled once that is known.
+    # beside the submission: Slurm refuses a request above a QOS with DenyOnLimit (the
+    # role's) itself, and a job that waits above another QOS's is cancelled once known.
     qos_over: list[queuelimits.Breach] = []
     qos_read = threading.Thread(target=lambda: qos_over.extend(
         queuelimits.breaches(ask, part, queuelimits.qos_of(ask, part))), daemon=True)
     qos_read.start()
+    job, granted, tried = "", False, False
     try:
-        salloc = Salloc(["salloc", "--no-shell", f"--job-name={name}", *asked, *salloc_args])
-    except FileNotFoundError:
-        say({"event": "refused", "job": "", "exit": 127, "said": [
-            "this node has no Slurm client (salloc); provision Slurm with site.yml and "
-            "cluster_scheduler: slurm"]})
-        return 127
-    proc, granted = salloc.proc, False
-    last = None
-    next_look = time.monotonic() + POLL
-    try:
-        while proc.poll() is None:
-            if ended.wait(TICK):
+        try:
+            tried = True
+            job, said, code = submit(name, asked, salloc_args)
+        except FileNotFoundError:
+            say({"event": "refused", "job": "", "exit": 127, "said": [
+                "this node has no Slurm client (sbatch); provision Slurm with site.yml and "
+                "cluster_scheduler: slurm"]})
+            return 127
+        if not job:
+            qos_read.join(timeout=60)
+            if qos_over:     # Slurm's refusal (DenyOnLimit), said with the limit's name
+                return over_limit(ask, qos_over)
+            say({"event": "refused", "job": "", "said": said[-5:], "exit": code})
+            return code or 1
+        last = None
+        next_look = time.monotonic() + POLL
+        while True:
+            if given.ended.wait(TICK):
                 return 130   # the controller went away while waiting: cancel (finally)
             if qos_over:     # it would wait for ever: cancelled (finally)
                 return over_limit(ask, qos_over)
-            if salloc.job and time.monotonic() >= next_look:
+            state = job_state(job)
+            if state in ("RUNNING", "CONFIGURING"):
+                break
+            if state is not None and state not in ("PENDING", "REQUEUED", "RESIZING",
+                                                   "SUSPENDED"):
+                say({"event": "refused", "job": job, "exit": 1, "said": [
+                    f"Slurm ended job {job} before it was granted"
+                    + (f" ({state})" if state else "")]})
+                return 1
+            if time.monotonic() >= next_look:
                 next_look = time.monotonic() + POLL
-                now = waiting(salloc.job)
+                now = waiting(job)
                 key = (now["reason"], now["position"], [h["job"] for h in now["holders"]])
                 if now["state"] == "PENDING" and key != last:
                     say(now)
                     last = key
-        salloc.reader.join(timeout=5)
-        job = salloc.job
-        if proc.returncode != 0 or not job:
-            qos_read.join(timeout=60)
-            if qos_over:     # Slurm's refusal (DenyOnLimit), said with the limit's name
-                return over_limit(ask, qos_over)
-            said = [line for line in salloc.lines if line]
-            say({"event": "refused", "job": job, "said": said[-5:],
-                 "exit": proc.returncode})
-            return proc.returncode or 1
         detail = slurm("scontrol", "show", "job", "-d", job)
         nodes = re.search(r"\bNodeList=(\S+)", detail)
         say({"event": "granted", "job": job,
              "nodes": hostnames(nodes.group(1)) if nodes else [], "gpus": job_gpus(detail),
              "at": time.time()})
         granted = True
-        ended.wait()
+        given.ended.wait()
         return 0
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-        if not (granted and kept.is_set()):   # KEEP: the run's supervisors cancel it
-            user = os.environ.get("USER") or str(os.getuid())
-            if salloc.job:
-                slurm("scancel", salloc.job)
-            slurm("scancel", f"--name={name}", f"--user={user}")
+        if granted and given.kept.is_set():
+            pass   # KEEP: the run's supervisors end it (slurmjob.py)
+        elif tried and not (granted and end_job(job, given.code)):
+            cancel(job, name)

@@ -5,9 +5,11 @@ SLURM_JOB_ID too) when the run has one.
 - While the run runs, the job is watched: once Slurm ends it (`scancel` by anyone, its
   time limit), the run ends on this node too: no rank goes on using GPUs that Slurm
   has given to someone else.
-- When the run ends, the job is cancelled, once every peer has ended (or PEERS_END_WAIT
-  passed): a detached run (`train --queue --detach`) gives its GPUs back without its
-  `train`; for an attached one, whose `train` cancels it too, this is a no-op.
+- When the run ends, its job ends, once every peer has ended (or PEERS_END_WAIT passed):
+  COMPLETED in Slurm's accounting if the run succeeded, FAILED if it failed, cancelled if
+  it was stopped (`outcome`, read from every node's state). A detached run (`train --queue
+  --detach`) gives its GPUs back without its `train`; for an attached one, whose `train`
+  ends it too, this is a no-op.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from collections.abc import Callable
 JOB_ENV = "CLUSTERTRAIN_SLURM_JOB"   # a reserved name: a job's --env cannot set it
 LOOK = 10.0            # seconds between two looks at the job while the run runs
 PEERS_END_WAIT = 60.0  # at most this long for the peers to end before the job is cancelled
+END_WAIT = 15.0        # ... and for the job to end once told how its run ended
+# A node's end reasons (protocol.End) of a run that was stopped, not ended by itself.
+STOPPED = frozenset({"stopped", "controller-lost", "peer-stopped"})
 # squeue's states of a job that holds its nodes no more.
 _OVER = frozenset({"COMPLETING", "COMPLETED", "CANCELLED", "TIMEOUT", "FAILED", "NODE_FAIL",
                    "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY", "REVOKED"})
@@ -78,13 +83,56 @@ class Watch:
         self._done.set()
 
 
-def release(job: str, peers_ended: Callable[[], bool], wait: float = PEERS_END_WAIT) -> None:
-    """Cancel JOB once PEERS_ENDED() says every peer's part has ended (a node still writing
+def outcome(states: list[dict | None]) -> int | None:
+    """How a run ended, from its nodes' STATES (as their supervisors wrote them): 0 every
+    node's torchrun exited with 0, 1 a node failed (or was lost), None it was stopped (a
+    stop, Ctrl-C, its train gone) or a state is missing: its job is cancelled then."""
+    ended = [s for s in states if s and s.get("state") == "ended"]
+    if len(ended) < len(states):
+        return None
+    reasons = {str(s.get("reason")) for s in ended}
+    if reasons & STOPPED:
+        return None
+    return 0 if reasons == {"exited"} and all(s.get("code") == 0 for s in ended) else 1
+
+
+def end_job(job: str, code: int | None, wait: float | None = None,
+            is_over: Callable[[str], bool] = ended) -> bool:
+    """End JOB as its run ended: CODE 0 (succeeded) makes it COMPLETED, another code
+    FAILED (the holding batch script leaves with 0 on SIGUSR1, 1 on SIGUSR2); whether the
+    job ended so within WAIT seconds. A job with no such script (submitted by an older
+    version) does not: its caller cancels it."""
+    if code is None:
+        return False
+    signal_name = "USR1" if code == 0 else "USR2"
+    try:
+        done = subprocess.run(["scancel", "--batch", f"--signal={signal_name}", job],
+                              capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    if done.returncode != 0:
+        return False
+    # a job still held after WAIT (END_WAIT) is cancelled after all
+    deadline = time.monotonic() + (END_WAIT if wait is None else wait)
+    while not is_over(job):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
+def release(job: str, peers_ended: Callable[[], bool],
+            ended_as: Callable[[], int | None] = lambda: None,
+            wait: float = PEERS_END_WAIT) -> None:
+    """End JOB once PEERS_ENDED() says every peer's part has ended (a node still writing
     its last checkpoint keeps its GPUs), or WAIT seconds passed (a peer that died never
-    says so). Cancelling a job that is over already does nothing."""
+    says so): as the run ended (ENDED_AS: 0 succeeded, 1 failed; end_job makes the job
+    COMPLETED or FAILED), else cancelled. Ending a job that is over does nothing."""
     deadline = time.monotonic() + wait
     while not peers_ended() and time.monotonic() < deadline:
         time.sleep(1.0)
+    if end_job(job, ended_as()):
+        return
     try:
         subprocess.run(["scancel", job], capture_output=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired):

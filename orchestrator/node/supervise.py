@@ -135,10 +135,15 @@ class Peers:
         return self.ring.quiet()
 
 
+def node_states(state_dir: str, names: list[str]) -> list[dict | None]:
+    """Every node's state file, read now (None: none, or not one)."""
+    states = [read_json(os.path.join(state_dir, f"{n}.json")) for n in names]
+    return [s if isinstance(s, dict) else None for s in states]
+
+
 def all_ended(state_dir: str, names: list[str]) -> bool:
     """Every node's state file, read now, says its part has ended."""
-    return all((read_json(os.path.join(state_dir, f"{n}.json")) or {}).get("state")
-               == "ended" for n in names)
+    return all((s or {}).get("state") == "ended" for s in node_states(state_dir, names))
 
 
 def _live(job: str) -> bool:
@@ -292,7 +297,7 @@ def _failed(args: Supervise, why: str, ring: Ring) -> None:
     ring.close()
     slurm = slurmjob.job_id()
     if slurm:   # the run has failed (its peers stop too): its Slurm job goes now
-        slurmjob.release(slurm, lambda: True)
+        slurmjob.release(slurm, lambda: True, lambda: 1)
 
 
 def _append(path: str, text: str) -> None:
@@ -585,7 +590,8 @@ class Supervisor:
         if self.slurm:
             if self.slurm_watch is not None:
                 self.slurm_watch.close()
-            slurmjob.release(self.slurm, lambda: all_ended(self.args.state_dir, names))
+            slurmjob.release(self.slurm, lambda: all_ended(self.args.state_dir, names),
+                             lambda: slurmjob.outcome(node_states(self.args.state_dir, names)))
         if self.args.recovery and reason in (End.PEER_LOST, End.PEER_FAILED):
             from .recover import after_end  # a detached run that may recover: its next try
             after_end(self.args.state_dir, self.args.run, self.args.node, names, reason, why,

@@ -28,7 +28,7 @@ from ..cluster.inventory import Cluster
 from ..cluster.slurm import limit_words, waiting_line
 from ..errors import ClusterError, LaunchError, QueueLimitError
 from ..node import requests as rq
-from ..node.allocate import KEEP
+from ..node.allocate import END, KEEP
 from ..node.protocol import STOP_REQUESTED
 from ..node.slurmjob import JOB_ENV
 from ..record.rundir import RunDir, iso, write_private
@@ -107,6 +107,19 @@ class Allocation:
             except OSError:
                 pass   # the command is gone already, and so is the job: release() says so
         self.release()
+
+    def end(self, status: RunStatus | None) -> None:
+        """Say how the run ended (its summary's STATUS) before the allocation is given
+        back: its job then ends as the run did, COMPLETED or FAILED in Slurm's accounting
+        (node/allocate.py END); a run stopped, or with no summary, has its job cancelled."""
+        code = {RunStatus.SUCCEEDED: 0, RunStatus.FAILED: 1, RunStatus.HUNG: 1}.get(
+            status) if status is not None else None
+        if code is not None and self.proc is not None and self.proc.stdin is not None:
+            try:
+                self.proc.stdin.write(f"{END} {code}\n".encode())
+                self.proc.stdin.flush()
+            except OSError:
+                pass   # the command is gone already, and so is the job
 
     def release(self) -> None:
         """Give the allocation back: the node cancels the job when its input ends."""

@@ -37,6 +37,7 @@ from ..node import requests as rq
 from ..node.protocol import GO, JOBS_SUBDIR, PEER_TIMEOUT, STARTED
 from ..node.recover import DECISION_WAIT, plan_path
 from ..record.rundir import (
+    RecordUnreadable,
     RunDir,
     code_revision,
     iso,
@@ -345,6 +346,8 @@ def _attempt(spec: RunSpec, whole: Cluster, cluster: Cluster, run_id: str, dry_r
             # After the session's end, which may still use the allocation's connection.
             if spec.detach and allocation is not None:
                 allocation.keep()   # running on the nodes: they give it back at the end
+            elif allocation is not None:   # its job ends as the run did (sacct)
+                allocation.end(_status(RunDir(spec.runs_dir, run_id)))
             return code
         except BaseException as exc:
             if allocation is not None:
@@ -353,6 +356,15 @@ def _attempt(spec: RunSpec, whole: Cluster, cluster: Cluster, run_id: str, dry_r
         finally:
             if allocation is not None:
                 allocation.release()
+
+
+def _status(run: RunDir) -> RunStatus | None:
+    """The status RUN's summary gives it, None without one (or one that does not read)."""
+    try:
+        summary = run.summary()
+    except (OSError, RecordUnreadable):
+        return None
+    return summary.status if summary is not None else None
 
 
 def _ended_unrun(run: RunDir, exc: BaseException) -> None:

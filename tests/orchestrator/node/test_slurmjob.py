@@ -76,6 +76,62 @@ def test_release_does_not_wait_for_a_peer_that_never_ends(
     assert log.read_text() == "9\n"
 
 
+def _ended(reason: str = "exited", code: int = 0) -> dict:
+    return {"state": "ended", "reason": reason, "code": code}
+
+
+@pytest.mark.parametrize(("states", "outcome"), [
+    ([_ended(), _ended()], 0),                                      # succeeded
+    ([_ended(code=3), _ended("peer-failed", -15)], 1),              # a node failed
+    ([_ended("peer-lost", -15), _ended()], 1),                      # a node was lost
+    ([_ended("hung", -15), _ended("hung", -15)], 1),
+    ([_ended("stopped", -2), _ended("peer-stopped", -15)], None),   # stop, Ctrl-C
+    ([_ended("controller-lost", -15), _ended()], None),             # its train went away
+    ([_ended(), {"state": "running"}], None),                       # not every part ended
+    ([_ended(), None], None),                                       # a state not read
+])
+def test_how_the_run_ended_by_its_nodes_states(states: list, outcome: int | None) -> None:
+    assert slurmjob.outcome(states) == outcome
+
+
+@pytest.mark.parametrize(("ended_as", "said"), [
+    (0, "--batch --signal=USR1 9\n"), (1, "--batch --signal=USR2 9\n"), (None, "9\n")])
+def test_release_ends_the_job_as_the_run_ended(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ended_as: int | None,
+        said: str) -> None:
+    """Succeeded or failed: the job's holding script is told (COMPLETED or FAILED in
+    sacct); stopped or unknown: the job is cancelled."""
+    log = tmp_path / "scancel.log"
+    fake(tmp_path, monkeypatch, "scancel", f'echo "$@" >> {log}\n')
+    fake(tmp_path, monkeypatch, "squeue", f'[ -e {log} ] || echo RUNNING\n')
+    slurmjob.release("9", lambda: True, lambda: ended_as, wait=5)
+    assert log.read_text() == said
+
+
+def test_a_job_that_goes_on_after_it_was_told_is_cancelled(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Told how its run ended, a job that squeue still lists END_WAIT later (its script
+    did not leave) is cancelled: no run's GPUs are held after it."""
+    log = tmp_path / "scancel.log"
+    fake(tmp_path, monkeypatch, "scancel", f'echo "$@" >> {log}\n')
+    fake(tmp_path, monkeypatch, "squeue", "echo RUNNING\n")
+    monkeypatch.setattr(slurmjob, "END_WAIT", 1.0)
+    assert slurmjob.end_job("9", 0, wait=1.0) is False
+    slurmjob.release("9", lambda: True, lambda: 0, wait=5)
+    assert log.read_text().splitlines()[-2:] == ["--batch --signal=USR1 9", "9"]
+
+
+def test_a_job_that_cannot_be_told_is_cancelled(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job with no batch script (submitted by an older version): scancel --batch fails,
+    and the job is cancelled."""
+    log = tmp_path / "scancel.log"
+    fake(tmp_path, monkeypatch, "scancel",
+         f'echo "$@" >> {log}\ncase "$1" in --batch) exit 1;; esac\n')
+    slurmjob.release("9", lambda: True, lambda: 0, wait=5)
+    assert log.read_text() == "--batch --signal=USR1 9\n9\n"
+
+
 def test_a_look_now_sees_a_job_that_ended_between_two_looks() -> None:
     """A supervisor whose ranks failed looks at the job once more before it names the end:
     a job cancelled since the watch's last look is seen now (the run stopped; it did not

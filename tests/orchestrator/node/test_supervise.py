@@ -543,12 +543,13 @@ def test_no_node_stops_for_a_hang_before_every_node_has_dumped(tmp_path: Path) -
 
 def slurm_doubles(tmp: Path, squeue_says: str) -> dict[str, str]:
     """squeue and scancel as test doubles (there is no Slurm here; the real path is
-    tests/orchestrator/run/test_queue_sandbox.py): squeue prints SQUEUE_SAYS, scancel
-    writes its arguments to tmp/scancel.log. The environment a --queue run's supervisor
-    gets."""
+    tests/orchestrator/run/test_queue_sandbox.py): squeue prints SQUEUE_SAYS until scancel
+    has said anything to the job (then nothing: the job ended), scancel writes its arguments
+    to tmp/scancel.log. The environment a --queue run's supervisor gets."""
     bin_dir = tmp / "bin"
     bin_dir.mkdir()
-    for name, body in (("squeue", f"echo {squeue_says}\n"),
+    log = tmp / "scancel.log"
+    for name, body in (("squeue", f"[ -e {log} ] || echo {squeue_says}\n"),
                        ("scancel", f'echo "$@" >> {tmp / "scancel.log"}\n')):
         (bin_dir / name).write_text(f"#!/bin/sh\n{body}")
         (bin_dir / name).chmod(0o755)
@@ -654,7 +655,8 @@ def test_a_run_that_ends_gives_its_slurm_job_back(tmp_path: Path,
     assert sup.wait(timeout=30) == 0
     state = wait_file(tmp_path / "n0" / "job" / "exit", timeout=5)
     assert (state["reason"], state["code"]) == ("exited", 0)
-    assert (tmp_path / "scancel.log").read_text() == "77\n"
+    # it succeeded: its job is told so (COMPLETED in sacct), not cancelled
+    assert (tmp_path / "scancel.log").read_text() == "--batch --signal=USR1 77\n"
 
 
 def test_a_supervisor_that_fails_gives_its_slurm_job_back(tmp_path: Path,
@@ -665,4 +667,4 @@ def test_a_supervisor_that_fails_gives_its_slurm_job_back(tmp_path: Path,
     sup = start(tmp_path, "n0", nodes="n0", state_dir=tmp_path / "blocker" / "shared")
     assert sup.wait(timeout=30) == 1
     assert wait_file(tmp_path / "n0" / "job" / "exit", timeout=5)["reason"] == "supervisor-failed"
-    assert (tmp_path / "scancel.log").read_text() == "77\n"
+    assert (tmp_path / "scancel.log").read_text() == "--batch --signal=USR2 77\n"   # FAILED

@@ -104,6 +104,6 @@ def test_the_allocate_verb_copies_the_node_package_only_when_the_node_lacks_it(
         proc, lines = _allocate_on(node, sys.executable, request)
         events = [json.loads(line) for line in lines]
         assert proc.wait() == 127 and events[0]["event"] == "refused", events
-        assert "no Slurm client (salloc)" in events[0]["said"][0]
+        assert "no Slurm client (sbatch)" in events[0]["said"][0]
         assert len(node.runs) == runs, node.runs
     assert Path(nodelib.entry(str(tmp_path))).is_file()

@@ -32,6 +32,19 @@ def slurm(cluster: ProvisionedCluster, *argv: str) -> str:
     return cluster.exec("node0", *argv).stdout
 
 
+def accounted(cluster: ProvisionedCluster, job: str) -> str:
+    """JOB's end state in Slurm's accounting (sacct -X: the job, not its steps), once it
+    has one: slurmdbd records it a moment after the job ends."""
+    found: list[str] = []
+
+    def ended() -> bool:
+        state = slurm(cluster, "sacct", "-X", "-n", "-P", "-j", job, "-o", "State").strip()
+        found[:] = [state]
+        return state not in ("", "PENDING", "RUNNING", "COMPLETING", "REQUEUED")
+    wait_for(ended, 60, f"job {job}'s end in Slurm's accounting")
+    return found[0]
+
+
 def queued_jobs(cluster: ProvisionedCluster, user: str) -> list[str]:
     return slurm(cluster, "squeue", "-h", "-u", user, "-o", "%i %j %T").splitlines()
 
@@ -254,7 +267,8 @@ def test_a_detached_run_holds_its_slurm_job_until_it_ends(
     assert followed.returncode == 0, followed.stdout[-3000:] + followed.stderr[-2000:]
     assert summary_of(tmp_path / "short")["status"] == "succeeded"
     wait_for(lambda: not queued_jobs(sandbox_cluster, "alice"), 90,
-             "the nodes to cancel the finished run's job")
+             "the nodes to end the finished run's job")
+    assert accounted(sandbox_cluster, short["slurm"]["job_id"]) == "COMPLETED"
 
     long = detach(tmp_path / "long", "200")
     job = long["slurm"]["job_id"]

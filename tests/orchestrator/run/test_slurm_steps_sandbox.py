@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ...cluster import ProvisionedCluster, wait_for
-from .test_queue_sandbox import FOUR_GPUS, run_info, slurm, summary_of
+from .test_queue_sandbox import FOUR_GPUS, accounted, run_info, slurm, summary_of
 from .test_real_site_sandbox import SMALL, output, start_train
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -76,8 +76,10 @@ def test_a_queued_runs_processes_are_steps_of_its_job_with_their_cpu_time(
         """Each step's node, name and CPU seconds (slurmdbd has them a moment after)."""
         rows = slurm(sandbox_cluster, "sacct", "-j", job, "-n", "-P", "-o",
                      "JobID,JobName,NodeList,TotalCPU").splitlines()
+        # JOB.N: the run's steps (JOB.batch holds the allocation: node/allocate.py HOLD)
         return {nodes: (name, cpu_seconds(cpu)) for step, name, nodes, cpu in
-                (r.split("|") for r in rows) if step.startswith(f"{job}.")}
+                (r.split("|") for r in rows)
+                if step.startswith(f"{job}.") and step.split(".")[1].isdigit()}
 
     deadline = time.monotonic() + 60
     while not (steps() and all(cpu > 0 for _, cpu in steps().values())) \
@@ -87,6 +89,22 @@ def test_a_queued_runs_processes_are_steps_of_its_job_with_their_cpu_time(
     assert sorted(found) == sorted(info["slurm"]["nodes"]), found
     assert all(name == "clustertrain-supervisor" and cpu > 0
                for name, cpu in found.values()), found
+    # the run succeeded, and so did its job (not CANCELLED: its end was said to Slurm)
+    assert accounted(sandbox_cluster, job) == "COMPLETED"
+
+
+def test_a_queued_run_that_fails_is_a_failed_job_in_slurms_accounting(
+        sandbox_cluster: ProvisionedCluster, tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    proc = start_train(sandbox_cluster.inventories["alice"], runs, *FOUR_GPUS, "train.py",
+                       "--", "--epochs", "1", "--data-dir", "/nonexistent", *SMALL)
+    try:
+        assert proc.wait(timeout=400) != 0, output(runs)[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert summary_of(runs)["status"] == "failed", output(runs)[-3000:]
+    assert accounted(sandbox_cluster, run_info(runs)["slurm"]["job_id"]) == "FAILED"
 
 
 def test_scancel_ends_the_run_on_every_node_before_slurm_lets_the_job_go(
@@ -109,6 +127,7 @@ def test_scancel_ends_the_run_on_every_node_before_slurm_lets_the_job_go(
     summary = summary_of(runs)
     assert summary["status"] == "stopped", summary
     assert f"its Slurm job {job} ended" in json.dumps(summary), summary
+    assert accounted(sandbox_cluster, job).startswith("CANCELLED")
 
 
 def test_after_kill_9_of_train_nothing_of_the_run_outlives_its_slurm_job(
@@ -126,6 +145,7 @@ def test_after_kill_9_of_train_nothing_of_the_run_outlives_its_slurm_job(
         wait_for(lambda: not in_queue(sandbox_cluster, job), 60, "Slurm to let the job go")
         time.sleep(3)
         assert not left_on_nodes(sandbox_cluster, info["run_id"])
+        assert accounted(sandbox_cluster, job).startswith("CANCELLED")
     finally:
         if proc.poll() is None:
             proc.kill()
