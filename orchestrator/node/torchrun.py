@@ -8,10 +8,12 @@ Once the last agent has arrived, the host may leave, and its store with it, whil
 agent's wait is still on its way; that agent then logs "Error waiting on exit barrier" and
 the store's C++ stack ("Failed to recv, got 0 bytes"), some 40 lines, under a run that
 succeeded (pytorch/pytorch#69520; more likely on a loaded host, where an agent is held up
-between its arrival and its wait). Here every agent, once through torch's barrier, counts
-itself out on the store and waits, at most LINGER seconds, until every agent has: the host
-is the last to go, whichever it is. A store that is gone by then is not waited for, and
-not reported: torch's barrier is over, and so is the run.
+between its arrival and its wait). Here, with the static rendezvous (the launch's), every
+other agent, once through torch's barrier, counts itself out on the store, its last word to
+it, and the host waits, at most LINGER seconds, until all have: the host is the last to
+go. (Every agent waiting for all to count out would not do: the host could then leave
+while another still looks at the count, and torch's C++ logs the stack of that failed
+look, caught or not; the soak saw it.)
 
 The change wraps torch's SimpleElasticAgent._exit_barrier, which is not a public API: with
 a torch that lacks it, torchrun runs unchanged. `command` gives the supervisor the command
@@ -63,21 +65,29 @@ def command(argv: list[str], entry: str) -> list[str]:
 
 
 def leave_together(agent: Any, linger: float = LINGER) -> None:
-    """AGENT has passed torch's exit barrier: count it out, then wait until all of its
-    group have counted themselves out (LINGER seconds at most). Nothing is raised."""
+    """AGENT has passed torch's exit barrier. With the static rendezvous: every other
+    agent counts itself out on the store, its last word to it, and leaves; the one that
+    hosts the store (node rank 0) waits until all have (LINGER seconds at most), so that
+    no agent ever speaks to a store that is gone (torch's C++ logs its stack then, even
+    for a call whose error is caught). Another rendezvous is left as torch has it.
+    Nothing is raised."""
     try:
         store = agent._store
-        agents = int(agent._worker_group.group_world_size)
+        group = agent._worker_group
+        agents, rank = int(group.group_world_size), int(group.group_rank)
+        static = group.spec.rdzv_handler.get_backend() == "static"
     except (AttributeError, TypeError, ValueError):
         return
-    if store is None or agents <= 1:
+    if store is None or agents <= 1 or not static:
         return
     try:
-        store.add(LEFT_KEY, 1)
+        if rank != 0:
+            store.add(LEFT_KEY, 1)
+            return
         deadline = time.monotonic() + linger
-        while store.add(LEFT_KEY, 0) < agents and time.monotonic() < deadline:
+        while store.add(LEFT_KEY, 0) < agents - 1 and time.monotonic() < deadline:
             time.sleep(POLL)
-    except Exception:  # noqa: BLE001 - the host left (the run is over): nothing to wait for
+    except Exception:  # noqa: BLE001 - the store failed: torch's end goes on as it would
         pass
 
 
