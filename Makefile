@@ -199,3 +199,14 @@ demo: deps venv
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache
+
+# The soak (issue 69, "a month in an hour"; bench/soak/): a 4-node sandbox with Slurm and
+# users alice (admin), bob, carol and dave, provisioned as the sandbox tests' clusters are;
+# the seed's MINUTES of schedule (researchers, admin, nemesis, attacks) run on it, then its
+# invariants checked; the sandbox removed. Results in bench/results/soak-SEED/
+# (report.html, verdicts.json, history.jsonl). Not part of `make test`.
+SEED ?= 1
+MINUTES ?= 60
+.PHONY: soak
+soak: test-deps test-venv
+	$(PY) -m bench.soak.run --seed $(SEED) --minutes $(MINUTES)

@@ -33,17 +33,20 @@ class ProvisionFailed(Exception):
     """A step of making the shared cluster failed; the message holds its output."""
 
 
-def up(names: list[str], say: Callable[[str], None] = print) -> list[dict[str, Any]]:
+def up(names: list[str], say: Callable[[str], None] = print, nodes: int = 3,
+       users: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """Make and provision the sandboxes NAMES, one per lane of tests (make test runs two
     lanes, each on a cluster of its own); their `sandbox up --json` descriptions. What they
     share is made once (the wheelhouse); their site.yml runs go at once. On failure every
-    one is removed again and ProvisionFailed says which step and why."""
+    one is removed again and ProvisionFailed says which step and why. NODES and USERS (the
+    researchers beside alice and bob): the soak's bigger cluster (bench/soak/run.py)."""
     infos: list[dict[str, Any]] = []
     try:
         for name in names:   # one after another: the first may build the node image
             started = time.monotonic()
-            made = orchestrator("sandbox", "up", "--nodes", "3", "--outsiders", "1",
-                                "--bastion", "--slurm", "--name", name, "--json")
+            made = orchestrator("sandbox", "up", "--nodes", str(nodes), "--outsiders", "1",
+                                "--bastion", "--slurm", "--name", name, "--json",
+                                *(("--users", ",".join(users)) if users else ()))
             if made.returncode != 0:
                 raise ProvisionFailed(f"sandbox up {name}: {made.stdout[-3000:]}"
                                       f"{made.stderr[-3000:]}")

@@ -13,6 +13,8 @@ other).
 - `Sample`: the memory, open files and threads of a long-lived process at a moment, or the
   bytes of the share's records (`what`).
 - `Cordon`: a node kept out at the end, and its reason.
+- `Attack`: what the pushing user tried against another user, and what it got (nothing:
+  it was refused).
 - `Violation`: an invariant broken, with its evidence and the time it names; `around`
   gives the history near that time, so that the report shows the seed, the actions and
   the faults a person needs to reproduce it.
@@ -93,6 +95,16 @@ class Cordon:
     node: str
     by: str
     reason: str
+
+
+@dataclass(frozen=True)
+class Attack:
+    t: float
+    attacker: str
+    victim: str
+    what: str                       # plan.ATTACKS
+    got: tuple[str, ...] = ()       # what it must not have got: paths read, a stop let through
+    said: str = ""                  # what the attacker was told, shortened
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,8 @@ that returns its violations, each with the evidence a person needs; `check` runs
 - saved_checkpoints_load: every checkpoint a run reported saved is there and reads.
 - cordons_have_reasons: every cordon left at the end says why.
 - nobody_changed_anothers_run: no user's action changed another user's run (admins may).
+- attacks_got_nothing: every attack of the pushing user on another user's run or files
+  was refused (a read of their checkpoints counts as much as a stop).
 - bounded: memory, open files and threads of each long-lived process, and the share's
   records, do not keep growing.
 """
@@ -24,7 +26,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .history import Cordon, Hold, ProcessSeen, RunSeen, Sample, Violation
+from .history import Attack, Cordon, Hold, ProcessSeen, RunSeen, Sample, Violation
 
 # A Python traceback, a frame of one, or a C++ stack as torch prints it.
 STACK = re.compile(r"Traceback \(most recent call last\)|^\s*File \".*\", line \d+"
@@ -45,6 +47,7 @@ class Seen:
     checkpoints: dict[str, bool] = field(default_factory=dict)   # path -> loads
     jobs: dict[str, str] = field(default_factory=dict)   # Slurm job -> the run it was for
     admins: frozenset[str] = frozenset()
+    attacks: list[Attack] = field(default_factory=list)
 
 
 def no_stack_in_a_success(seen: Seen) -> list[Violation]:
@@ -142,6 +145,12 @@ def nobody_changed_anothers_run(seen: Seen) -> list[Violation]:
             if who != r.user and who not in seen.admins]
 
 
+def attacks_got_nothing(seen: Seen) -> list[Violation]:
+    return [Violation("attacks_got_nothing", f"{a.attacker}'s {a.what} against {a.victim} got "
+                      f"{'; '.join(a.got)}", a.t, {"attack": a})
+            for a in seen.attacks if a.got]
+
+
 def bounded(seen: Seen, growth: float = GROWTH) -> list[Violation]:
     """Each sampled thing's peak in the last third of its samples against the first
     third's: more than GROWTH times, and by more than GROWTH_FLOOR, is growth without
@@ -171,7 +180,7 @@ INVARIANTS: dict[str, Callable[[Seen], list[Violation]]] = {
     f.__name__: f for f in (no_stack_in_a_success, no_gpu_held_twice, no_process_after_its_end,
                             ends_as_it_happened, recoverable_runs_finish,
                             saved_checkpoints_load, cordons_have_reasons,
-                            nobody_changed_anothers_run, bounded)}
+                            nobody_changed_anothers_run, attacks_got_nothing, bounded)}
 
 
 def check(seen: Seen) -> dict[str, list[Violation]]:

@@ -28,6 +28,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the inventories say cluster_scheduler: slurm: site.yml provisions "
                         "Slurm (with 2 fake GPUs per node, a test double) and train can "
                         "run through its queue")
+    v.add_argument("--users", default="",
+                   help="comma-separated researchers to add to alice (sudo) and bob: login "
+                        "users without sudo, each with an inventory and ssh_config as bob's "
+                        "(default: none)")
     v.add_argument("--name", default="sandbox", type=values.text("a sandbox name"),
                    help="sandbox name (default: sandbox)")
     v.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -88,8 +92,9 @@ def _share_stall(args) -> int:
 
 def _up(args) -> int:
     log = (lambda *_: None) if args.json else print
+    users = tuple(u for u in args.users.split(",") if u)
     cluster.up(args.name, args.nodes, args.outsiders, log=log, bastion=args.bastion,
-               slurm=args.slurm)
+               slurm=args.slurm, users=users)
     info = cluster.status(args.name)
     if args.json:
         print(json.dumps(info, indent=2))

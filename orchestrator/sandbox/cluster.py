@@ -11,6 +11,7 @@ network's DNS; with a bastion, SSH from the host reaches them only through it.
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import subprocess
 import time
@@ -37,6 +38,7 @@ from .layout import (
     sandbox_vars,
     state_root,
     validate_name,
+    validate_users,
 )
 from .limits import check_host
 from .podman import podman, podman_json
@@ -81,6 +83,7 @@ def _run_container(spec: SandboxSpec, node: Node, image: str) -> None:
             "--systemd=always",
             # root's key too: that root cannot log in is then sshd's doing (PermitRootLogin).
             "-v", f"{pub}:/root/.ssh/authorized_keys:ro"]
+    # The image's users (image.py); the extra researchers get theirs in _add_users.
     args += [a for u in USERS for a in ("-v", f"{pub}:/home/{u.name}/.ssh/authorized_keys:ro")]
     if node != spec.bastion_node():
         # nftables in the node's own network namespace; nfs-ganesha's file handles.
@@ -106,6 +109,35 @@ def bastion_ruleset(spec: SandboxSpec) -> str:
             " comment \"sandbox --bastion: SSH from the host only through the bastion\"\n"
             "  }\n"
             "}\n")
+
+
+def add_users_script(spec: SandboxSpec) -> str:
+    """Shell (run as root in a container) that makes the sandbox's extra researchers as
+    the image makes bob: a login user with the same uid and gid on every container, a
+    private home, the sandbox's key authorized, no sudo. It is idempotent: a container
+    started again keeps its users."""
+    out = ["set -eu"]
+    for u in spec.users[len(USERS):]:
+        home = f"/home/{u.name}"
+        out.append(
+            f"getent group {u.name} >/dev/null || groupadd -g {u.uid} {u.name}\n"
+            f"id -u {u.name} >/dev/null 2>&1 || useradd -u {u.uid} -g {u.uid} -m -s /bin/bash "
+            f"-p '*' {u.name}\n"
+            f"chmod 0700 {home}\n"
+            f"install -d -m 0700 -o {u.uid} -g {u.uid} {home}/.ssh\n"
+            f"install -m 0600 -o {u.uid} -g {u.uid} /run/sandbox-key.pub "
+            f"{home}/.ssh/authorized_keys")
+    return "\n".join(out) + "\n"
+
+
+def _add_users(spec: SandboxSpec, node: Node) -> None:
+    """The extra researchers (`--users`) on NODE, with the sandbox's public key."""
+    if not spec.extra_users:
+        return
+    pub = spec.key_path.with_suffix(".pub").read_text()
+    podman(["exec", "-i", node.container, "sh", "-c",
+            f"cat > /run/sandbox-key.pub && sh -c {shlex.quote(add_users_script(spec))}"],
+           input=pub.encode())
 
 
 def _close_to_host(spec: SandboxSpec, node: Node) -> None:
@@ -183,8 +215,10 @@ def ssh_check(spec: SandboxSpec, node: Node, timeout: float = 10,
 
 
 def up(name: str, nodes: int, outsiders: int = 0, log=print, bastion: bool = False,
-       slurm: bool = False) -> SandboxSpec:
+       slurm: bool = False, users: tuple[str, ...] = ()) -> SandboxSpec:
+    """Make the sandbox NAME; USERS: researchers to add to the image's alice and bob."""
     validate_name(name)
+    validate_users(users)
     taken = _existing(name)
     if taken:
         raise SandboxError(
@@ -194,7 +228,7 @@ def up(name: str, nodes: int, outsiders: int = 0, log=print, bastion: bool = Fal
     check_host(nodes + outsiders + (1 if bastion else 0))
     share.check_tools()
     spec = SandboxSpec(name=name, nodes=nodes, outsiders=outsiders, bastion=bastion,
-                       slurm=slurm)
+                       slurm=slurm, extra_users=tuple(users))
     image = ensure_image(state_root().parent / "images", log=log)
     try:
         spec.state_dir.mkdir(parents=True)
@@ -217,20 +251,22 @@ def up(name: str, nodes: int, outsiders: int = 0, log=print, bastion: bool = Fal
         for node in containers:
             _wait_booted(node, deadline)
             known.append(f"{node.address} {_host_key(node, deadline)}")
+            _add_users(spec, node)
         spec.known_hosts.write_text("\n".join(known) + "\n")
-        for user in USERS:
+        for user in spec.users:
             spec.ssh_config_for(user.name).write_text(render_ssh_config(spec, user.name))
         if spec.bastion:
             for node in spec.members():
                 _close_to_host(spec, node)
         for node in containers:
             _wait_ssh(spec, node, deadline)
-        for user in USERS:
+        for user in spec.users:
             spec.inventory_for(user.name).write_text(
                 render_inventory(spec, sandbox_vars(), user=user.name))
         (spec.state_dir / "sandbox.json").write_text(json.dumps(
             {"name": name, "nodes": nodes, "outsiders": outsiders, "subnet": spec.subnet,
-             "gateway": spec.gateway, "bastion": bastion, "slurm": slurm}))
+             "gateway": spec.gateway, "bastion": bastion, "slurm": slurm,
+             "users": list(spec.extra_users)}))
     except BaseException:
         down(name, log=lambda *_: None)
         raise
@@ -261,7 +297,8 @@ def load(name: str) -> SandboxSpec:
     data = json.loads(meta.read_text())
     return SandboxSpec(name=data["name"], nodes=data["nodes"], outsiders=data["outsiders"],
                        subnet=data["subnet"], gateway=data.get("gateway", ""),
-                       bastion=data.get("bastion", False), slurm=data.get("slurm", False))
+                       bastion=data.get("bastion", False), slurm=data.get("slurm", False),
+                       extra_users=tuple(data.get("users") or ()))
 
 
 def status(name: str) -> dict:

@@ -37,9 +37,13 @@ class LoginUser:
     sudo: bool         # passwordless sudo through /etc/sudoers.d
 
 
-# The login users of every sandbox node; alice provisions (become), bob cannot.
+# The login users of every sandbox node; alice provisions (become), bob cannot. They are
+# baked into the node image (image.py); a sandbox may add researchers (`sandbox up
+# --users carol,dave`), made on its containers when they boot (cluster.py).
 USERS = (LoginUser("alice", 1001, True), LoginUser("bob", 1002, False))
 ADMIN_USER = USERS[0]
+USER_RE = re.compile(r"[a-z][a-z0-9]{0,15}")
+MAX_EXTRA_USERS = 8
 BASTION = "bastion"
 # The nftables table (in each node's own network namespace) that keeps the host out
 # of SSH in bastion mode; the firewall role owns another table and leaves this one.
@@ -84,9 +88,11 @@ class SandboxSpec:
     bastion: bool = False
     gateway: str = ""   # the network's gateway: the host (controller) as the nodes see it
     slurm: bool = False  # the inventories say cluster_scheduler: slurm
+    extra_users: tuple[str, ...] = ()   # researchers beyond USERS (no sudo), by name
 
     def __post_init__(self) -> None:
         validate_name(self.name)
+        self.extra_users = validate_users(self.extra_users)
         if not 1 <= self.nodes <= 64:
             raise SandboxError(f"--nodes {self.nodes}: a sandbox has 1 to 64 nodes")
         if not 0 <= self.outsiders <= 8:
@@ -95,6 +101,22 @@ class SandboxSpec:
             self.state_dir = state_root() / self.name
         if not self.gateway:
             self.gateway = default_gateway(self.subnet)
+
+    @property
+    def users(self) -> tuple[LoginUser, ...]:
+        """Every login user of its nodes: USERS, then the extra researchers (uids after
+        USERS', in the order given: the same on every node)."""
+        last = max(u.uid for u in USERS)
+        return USERS + tuple(LoginUser(name, last + 1 + i, False)
+                             for i, name in enumerate(self.extra_users))
+
+    def user(self, name: str) -> LoginUser:
+        for u in self.users:
+            if u.name == name:
+                return u
+        raise SandboxError(f"sandbox {self.name!r} has no login user {name!r} (it has "
+                           f"{', '.join(u.name for u in self.users)}; add researchers with "
+                           "`sandbox up --users NAME,NAME`)")
 
     @property
     def key_path(self) -> Path:
@@ -162,12 +184,23 @@ class SandboxSpec:
         return nets + [f"{bastion.address}/32"] if bastion else nets
 
 
-def _user(name: str) -> LoginUser:
-    for u in USERS:
-        if u.name == name:
-            return u
-    raise SandboxError(f"the sandbox has no login user {name!r} "
-                       f"(it has {', '.join(u.name for u in USERS)})")
+def validate_users(names: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """NAMES, extra login users of a sandbox, if each is a plain user name not already one
+    of USERS and none is given twice; SandboxError saying which one is not, else."""
+    names = tuple(names)
+    base = {u.name for u in USERS}
+    for name in names:
+        if not USER_RE.fullmatch(name):
+            raise SandboxError(f"--users: {name!r} is not a user name (1-16 lowercase letters "
+                               "and digits, starting with a letter)")
+        if name in base:
+            raise SandboxError(f"--users: {name} is already a login user of every sandbox "
+                               f"({', '.join(sorted(base))}); name only the extra ones")
+    if len(set(names)) != len(names):
+        raise SandboxError(f"--users {','.join(names)}: a user is named twice")
+    if len(names) > MAX_EXTRA_USERS:
+        raise SandboxError(f"--users: at most {MAX_EXTRA_USERS} extra users")
+    return names
 
 
 def _ssh_arg(value: object) -> str:
@@ -180,7 +213,7 @@ def render_ssh_config(spec: SandboxSpec, user: str = ADMIN_USER.name) -> str:
     """An ssh_config with one block per container, as users keep in ~/.ssh/config:
     `ssh -F STATE/ssh_config node0` logs in by name. Host keys are pinned by address
     (OpenSSH looks them up by HostName) in STATE/known_hosts."""
-    _user(user)
+    spec.user(user)
     bastion = spec.bastion_node()
     lines = [f"# SSH config of sandbox {spec.name!r} for user {user}, written by "
              "`python -m orchestrator sandbox up`.",
@@ -205,7 +238,7 @@ def render_inventory(spec: SandboxSpec, extra_vars: dict | None = None,
 
     Hosts have no ansible_host: SSH reaches them by name through the ssh_config
     (`-F`), and they reach each other by the same names (the network's DNS)."""
-    login = _user(user)
+    login = spec.user(user)
     members = spec.members()
     train = {n.name: {"cluster_address": n.name} for n in members if not n.outsider}
     outsiders = {n.name: None for n in members if n.outsider}
@@ -214,7 +247,7 @@ def render_inventory(spec: SandboxSpec, extra_vars: dict | None = None,
         "cluster_shared_path": SHARED_PATH,
         "cluster_nfs_export_path": EXPORT_PATH,
         "clustertrain_sandbox": spec.name,
-        "cluster_users": [u.name for u in USERS],
+        "cluster_users": [u.name for u in spec.users],
         **(extra_vars or {}),
         "cluster_scheduler": "slurm" if spec.slurm else "none",
         # How to log in, and from where: not overridable by the sandbox's group_vars.
@@ -275,7 +308,7 @@ def describe(spec: SandboxSpec, states: dict[str, str] | None = None) -> dict:
         "slurm": spec.slurm,
         "users": {u.name: {"inventory": str(spec.inventory_for(u.name)),
                            "ssh_config": str(spec.ssh_config_for(u.name)),
-                           "uid": u.uid, "sudo": u.sudo} for u in USERS},
+                           "uid": u.uid, "sudo": u.sudo} for u in spec.users},
         "bastion": None if bastion is None else {
             "name": bastion.name, "address": bastion.address, "container": bastion.container,
             "state": states.get(bastion.container, "unknown")},

@@ -121,7 +121,7 @@ def test_growth_without_bound_is_named_and_a_flat_or_noisy_one_is_not() -> None:
 
 def test_check_runs_every_invariant_and_a_clean_history_breaks_none() -> None:
     results = inv.check(inv.Seen(runs=[OK], holds=[Hold("run", "r1", "node0", 0, 10.0, 70.0)]))
-    assert set(results) == set(inv.INVARIANTS) and len(results) == 9
+    assert set(results) == set(inv.INVARIANTS) and len(results) == 10
     assert all(found == [] for found in results.values()), results
 
 
