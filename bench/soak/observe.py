@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 
-from orchestrator.record.summary import Summary
+from orchestrator.record.summary import NOT_STARTED, Summary
 
 from .history import Hold, RunSeen
 
@@ -45,14 +45,16 @@ def run_seen(summary: Summary, user: str, t0: float, shown: tuple[str, ...] = ()
 
 
 def holds_of(summary: Summary, t0: float, node_gpus: Mapping[str, int]) -> list[Hold]:
-    """The GPUs SUMMARY's run held, from its start to its end: on each of its nodes those
-    its Slurm job was given, or every GPU the node has (NODE_GPUS: how many) for a run
-    that did not come through the queue."""
+    """The GPUs SUMMARY's run held, from its start to its end: on each of its nodes where
+    it started, those its Slurm job was given, or every GPU the node has (NODE_GPUS: how
+    many) for a run that did not come through the queue."""
     start, end = on_clock(summary.start, t0), on_clock(summary.end, t0)
     slurm = summary.info.get("slurm") or {}
     given: Mapping[str, list[int]] = slurm.get("gpus") or {}
     holds = []
     for node in summary.nodes:
+        if node.end_reason == NOT_STARTED:
+            continue   # refused before its launch there: it held nothing of that node
         gpus = given.get(node.name) or list(range(node_gpus.get(node.name, 0)))
         holds += [Hold("run", summary.run_id, node.name, gpu, start or 0.0, end)
                   for gpu in gpus]

@@ -25,7 +25,7 @@ from typing import Any
 from ..node.protocol import STATE_STALE, STOP_REQUESTED, End, read_end
 from .ends import NodeEnds, how_it_ended, scan_log
 from .rundir import RunDir, iso
-from .summary import NodeSummary, RunStatus, Summary
+from .summary import NOT_STARTED, NodeSummary, RunStatus, Summary
 
 LAST_LINES = 30          # any line of a node's log: torchrun's own error report is about 20
 
@@ -199,7 +199,7 @@ def cut_short(info: dict[str, Any], status: RunStatus, started: float, error: st
         NodeSummary("", None, "stopped", "the launch failed on another node")
     return Summary(status, round(ended - started, 3), iso(started), iso(ended),
                    tuple(replace(left, name=n) if n in launched else
-                         NodeSummary(n, None, "not-started")
+                         NodeSummary(n, None, NOT_STARTED)
                          for n in info.get("nodes", [])),
                    error=error, info=info)
 

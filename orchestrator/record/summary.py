@@ -48,6 +48,9 @@ class RunStatus(str, Enum):
         return self.value
 
 
+NOT_STARTED = "not-started"   # a node's end_reason where its part was never launched
+
+
 class NotASummary(ValueError):
     """A summary.json whose content does not make a summary (the reader names the file)."""
 
@@ -57,7 +60,7 @@ class NodeSummary:
     """One node's end, as the summary keeps it."""
     name: str
     exit_code: int | None           # torchrun's; None: none came back
-    end_reason: str                 # node/protocol.py End's value, or "not-started"
+    end_reason: str                 # node/protocol.py End's value, or NOT_STARTED
     why: str = ""
     nproc: int | None = None
     node_rank: int | None = None

@@ -19,6 +19,8 @@ if str(BENCH) not in sys.path:
 from soak import invariants as inv, observe, plan as soak_plan  # noqa: E402
 from soak.history import Cordon, Event, Hold, ProcessSeen, RunSeen, Sample, around  # noqa: E402
 
+from orchestrator.record.summary import NOT_STARTED  # noqa: E402
+
 OK = RunSeen("r1", "alice", "succeeded", 10.0, 70.0, ("node0", "node1"),
              shown=("node0/0 | step 10 loss 0.3", "node0/0 | done"))
 
@@ -167,6 +169,12 @@ def test_a_stored_record_is_read_as_the_invariants_see_it() -> None:
         "job_id": "41", "nodes": ["node0", "node2"], "gpus": {"node0": [1], "node2": [0]}}})
     assert [(h.node, h.gpu) for h in observe.holds_of(queued, t0, {"node0": 2})] == [
         ("node0", 1), ("node2", 0)]
+    # refused before its launch on node2 (a spare that could not take its place, say):
+    # the run held nothing there (the soak's first runs counted it)
+    refused = dataclasses.replace(summary, nodes=(summary.nodes[0], dataclasses.replace(
+        summary.nodes[1], end_reason=NOT_STARTED)))
+    assert [(h.node, h.gpu) for h in observe.holds_of(refused, t0, {"node0": 2, "node2": 2})
+            ] == [("node0", 0), ("node0", 1)]
 
 
 def test_the_schedule_is_its_seeds_and_an_hour_holds_what_the_soak_needs() -> None:
