@@ -43,6 +43,9 @@ MASTER_PERSIST = 60
 # as "kex_exchange_identification: ..." by the server dropping it, or as "banner exchange:
 # ... Broken pipe" when a bastion on the way (ProxyJump) dropped the jump.
 DROPPED = re.compile(r"kex_exchange_identification|banner exchange")
+# A jump host (ProxyJump) that could not reach the node: OpenSSH's words for the jump's
+# channel, before the same closed connection as a drop. The node is down or cut off.
+UNREACHED = re.compile(r"channel \d+: open failed: (?:connect failed: )?(?P<why>[^\n]+)")
 DROPPED_RETRIES = 5
 DROPPED_PAUSE_MAX = 8.0   # seconds: the longest pause between two tries
 PR_SET_PDEATHSIG = 1
@@ -178,7 +181,8 @@ class Connection:
                 stderr = proc.stderr
                 if proc.returncode == 255 and attempt == 0:
                     stderr += self._proxy_said(limit())
-                if proc.returncode != 255 or not DROPPED.search(stderr) or refused(stderr):
+                if proc.returncode != 255 or not DROPPED.search(stderr) or refused(stderr) \
+                        or UNREACHED.search(stderr):
                     break
                 # Dropped before the login: again after a pause that grows, spread so
                 # that the nodes do not all come back at once. (Any other failure, a
@@ -361,6 +365,11 @@ def explain(name: str, target: SshTarget, stderr: str) -> str:
         return (f"{name}: {target.host}'s host key is not known and host keys are checked; "
                 f"check its fingerprint, then add it with `ssh-keyscan {target.host} >> "
                 "~/.ssh/known_hosts` (or the UserKnownHostsFile your SSH options name)")
+    unreached = UNREACHED.search(stderr)
+    if unreached:
+        return (f"{name}: the jump host on the way to {where} cannot reach it "
+                f"({unreached.group('why').strip()}): is the node up, and on the network? "
+                "Check it from the jump host (ssh to it, then ping the node)")
     if DROPPED.search(stderr):
         return (f"{name}: the connection to {where} was dropped before the login, "
                 f"{DROPPED_RETRIES + 1} times ({said}): an SSH server on the way (the node's, "

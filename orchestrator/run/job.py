@@ -10,8 +10,11 @@ input of each node's follow session: end-of-input gives it up at once.
 
 from __future__ import annotations
 
+import os
 import queue
+import select
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -52,6 +55,25 @@ ERROR_TAIL = 256 * 1024  # bytes of a failed node's log read for its rank's trac
 class Interrupt:
     """Ctrl-C, SIGTERM or SIGHUP, or the output pipe closed: WHY says which."""
     why: str
+
+
+def reader_gone(out: IO[str], done: threading.Event, look: float = 1.0) -> bool:
+    """Whether OUT, a pipe, lost its reader (Linux's poll says POLLERR on a pipe's write
+    end once no reader is left) before DONE was set; False at once for anything but a
+    pipe (a terminal's end is SIGHUP's)."""
+    try:
+        fd = out.fileno()
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return False
+    except (OSError, ValueError, AttributeError):
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLERR)
+    while not done.is_set():
+        if any(mask & (select.POLLERR | select.POLLHUP | select.POLLNVAL)
+               for _, mask in poller.poll(look * 1000)):
+            return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -279,6 +301,15 @@ class Job:
                 except OSError:
                     pass
 
+    def _watch_reader(self) -> None:
+        """`train | head`: once the reader of a piped output has left, stop the job, even
+        while the job says nothing (a write would find out only at its next line, which
+        a quiet job may never print)."""
+        if reader_gone(self.out, self._done):
+            with self._print_lock:
+                self._out_broken = True
+            self.events.put(Interrupt("the output pipe was closed"))
+
     # -- teardown ----------------------------------------------------------------------
     def _stop(self, names: list[str], why: str) -> None:
         todo = [n for n in names if n not in self._stopping
@@ -326,6 +357,7 @@ class Job:
                              name=f"pump-{spec.name}").start()
         if attached:
             threading.Thread(target=self._heartbeat, daemon=True).start()
+            threading.Thread(target=self._watch_reader, daemon=True).start()
         previous = self._install_signals()
         try:
             while f.running and not f.left:

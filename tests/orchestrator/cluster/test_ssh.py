@@ -77,6 +77,26 @@ def test_a_key_the_bastion_refused_is_named_not_taken_for_a_drop(tmp_path: Path)
     assert len(calls.read_text().splitlines()) == 1
 
 
+# OpenSSH's words through a jump host that cannot reach the node (down, cut off).
+UNREACHED = ("channel 0: open failed: connect failed: No route to host\n"
+             "stdio forwarding failed\n"
+             "kex_exchange_identification: Connection closed by remote host\n"
+             "Connection closed by UNKNOWN port 65535")
+
+
+def test_a_node_the_jump_host_cannot_reach_is_named_down_not_taken_for_a_drop(
+        tmp_path: Path) -> None:
+    """Behind a bastion, a node that is down ends the connection as a drop does; what the
+    jump said (asked again without a master) tells them apart: not tried again, and not
+    blamed on MaxStartups (a soak's run whose spare was powered off was)."""
+    target, calls = stand_in_ssh(tmp_path, BASTION_DROP, failures=99, proxy_said=UNREACHED)
+    with pytest.raises(PreflightError) as err:
+        ssh.connect("node0", target)
+    assert "cannot reach it (No route to host): is the node up" in str(err.value)
+    assert "MaxStartups" not in str(err.value)
+    assert len(calls.read_text().splitlines()) == 1
+
+
 @pytest.mark.parametrize("mode", ["0644", "0640"])
 def test_a_private_key_others_can_read_is_named_with_the_fix(tmp_path: Path, mode) -> None:
     said = (f"Permissions {mode} for '/home/me/.ssh/id' are too open.\n"

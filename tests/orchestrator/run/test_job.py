@@ -228,3 +228,32 @@ def test_a_nodes_whole_log_is_kept_as_following_it_keeps_it() -> None:
               f"{SYSTEM_MARKER} {{}}\n{EXIT_MARKER} 0 exited -\n").encode()
     assert whole_log("node1", output) == ["node1/rank1 | epoch 1 loss 0.5",
                                           "node1/rank1 | sum 12", "node1/torchrun | torchrun says"]
+
+
+def test_a_pipe_whose_reader_left_is_seen_without_a_write(tmp_path) -> None:
+    """`train | head` with a quiet job: head has its lines and leaves; train must find
+    out without a line to write (a clean clone's run of the sandbox test hung 300 s)."""
+    import os
+    import threading
+    import time
+
+    from orchestrator.run.job import reader_gone
+
+    read_end, write_end = os.pipe()
+    out = os.fdopen(write_end, "w")
+    out.write("every line head wanted\n")
+    out.flush()
+    threading.Timer(0.3, os.close, args=(read_end,)).start()
+    started = time.monotonic()
+    assert reader_gone(out, threading.Event(), look=0.1) is True
+    assert time.monotonic() - started < 3
+    out.close()
+    # a file is no pipe (nobody leaves it), and a job that ended stops the look
+    with open(tmp_path / "log", "w") as log:
+        assert reader_gone(log, threading.Event()) is False
+    r2, w2 = os.pipe()
+    done = threading.Event()
+    done.set()
+    with os.fdopen(w2, "w") as piped:
+        assert reader_gone(piped, done) is False
+    os.close(r2)
