@@ -36,7 +36,7 @@ import threading
 import time
 
 from . import queuelimits
-from .slurmjob import end_job
+from .slurmjob import end_job, job_state
 
 POLL = 1.0   # seconds between two looks at a waiting job's reason and place
 TICK = 0.25  # seconds between two looks at whether the job was granted
@@ -182,20 +182,6 @@ def cancel(job: str, name: str) -> None:
         pass   # no Slurm client here: nothing was queued
 
 
-def job_state(job: str) -> str | None:
-    """JOB's state as squeue says it ('' once Slurm has forgotten it), None when Slurm
-    does not answer (slurmctld restarting): not an end."""
-    try:
-        done = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True,
-                              text=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if done.returncode != 0 and "invalid job id" not in done.stderr.lower():
-        return None
-    out = done.stdout.split()
-    return out[0] if out else ""
-
-
 def main(name: str, gpus_per_node: str, salloc_args: list[str]) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     given = Input()
@@ -212,10 +198,9 @@ def main(name: str, gpus_per_node: str, salloc_args: list[str]) -> int:
     qos_read = threading.Thread(target=lambda: qos_over.extend(
         queuelimits.breaches(ask, part, queuelimits.qos_of(ask, part))), daemon=True)
     qos_read.start()
-    job, granted, tried = "", False, False
+    job, granted = "", False
     try:
         try:
-            tried = True
             job, said, code = submit(name, asked, salloc_args)
         except FileNotFoundError:
             say({"event": "refused", "job": "", "exit": 127, "said": [
@@ -262,5 +247,5 @@ def main(name: str, gpus_per_node: str, salloc_args: list[str]) -> int:
     finally:
         if granted and given.kept.is_set():
             pass   # KEEP: the run's supervisors end it (slurmjob.py)
-        elif tried and not (granted and end_job(job, given.code)):
+        elif not (granted and end_job(job, given.code)):
             cancel(job, name)

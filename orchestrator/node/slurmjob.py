@@ -40,18 +40,25 @@ def job_id() -> str | None:
     return os.environ.get(JOB_ENV) or None
 
 
-def ended(job: str, timeout: float = 20.0) -> bool:
-    """Whether Slurm says JOB is over. A controller that does not answer is no answer:
-    False (the run is not stopped for a moment's silence of slurmctld)."""
+def job_state(job: str, timeout: float = 20.0) -> str | None:
+    """JOB's state as squeue says it ('' once Slurm has forgotten it: MinJobAge), None
+    when Slurm does not answer (slurmctld restarting): no answer, not an end."""
     try:
         out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True,
                              text=True, timeout=timeout, check=False)
     except (OSError, subprocess.TimeoutExpired):
-        return False
-    if out.returncode != 0:   # once Slurm has forgotten the job (MinJobAge)
-        return "invalid job id" in out.stderr.lower()
-    state = out.stdout.strip()
-    return not state or state.split()[0] in _OVER
+        return None
+    if out.returncode != 0 and "invalid job id" not in out.stderr.lower():
+        return None
+    words = out.stdout.split()
+    return words[0] if words else ""
+
+
+def ended(job: str, timeout: float = 20.0) -> bool:
+    """Whether Slurm says JOB is over. A controller that does not answer is no answer:
+    False (the run is not stopped for a moment's silence of slurmctld)."""
+    state = job_state(job, timeout)
+    return state is not None and (not state or state in _OVER)
 
 
 class Watch:
